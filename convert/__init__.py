@@ -1,0 +1,1 @@
+"""The writer side: plan, pack and verify shards; the ``shardify`` command line."""

@@ -1,0 +1,1 @@
+"""The training side: stream shards into a PyTorch training loop."""

@@ -1,0 +1,15 @@
+"""shardify: pack datasets into deterministic tar shards and stream them into PyTorch.
+
+``shardify`` itself holds the shard format shared by both sides: key rules
+(:mod:`shardify.keys`), the tar layout (:mod:`shardify.tarfmt`, :mod:`shardify.tario`) and
+the manifest (:mod:`shardify.manifest`). ``shardify.convert`` writes, ``shardify.reader``
+reads. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+__all__ = ["__version__", "FORMAT_VERSION"]
+
+__version__ = "0.1.0"
+FORMAT_VERSION = 1
+"""Version of the shard layout and manifest schema; readers refuse newer versions."""

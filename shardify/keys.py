@@ -1,0 +1,133 @@
+"""Key rules of the shard format: what a sample key and a member name may be.
+
+A key is ASCII, starts with a letter or digit, holds only ``[A-Za-z0-9_-]`` (so no
+``.``: webdataset and wids split a member name at the first dot of its base name), and
+``{key}.{ext}`` fits the 100-byte ustar name field, so no PAX or GNU long-name headers are
+ever needed and ``wids`` can index the shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+
+from shardify.errors import KeyRuleError
+
+__all__ = [
+    "MAX_MEMBER_NAME",
+    "MAX_KEY_LENGTH",
+    "MAX_EXT_LENGTH",
+    "KEY_RE",
+    "EXT_RE",
+    "check_key",
+    "check_ext",
+    "member_name",
+    "split_member_name",
+    "key_from_name",
+    "assign_keys",
+]
+
+MAX_MEMBER_NAME = 100
+"""Bytes in the ustar name field; every member name fits it."""
+MAX_EXT_LENGTH = 19
+"""Longest extension (without the dot) a member may have."""
+MAX_KEY_LENGTH = MAX_MEMBER_NAME - 1 - MAX_EXT_LENGTH
+"""Longest key, so that any allowed extension still fits (80 bytes)."""
+
+KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+EXT_RE = re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*\Z")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_HASH_LEN = 10
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it obeys the key rules, else raise :class:`KeyRuleError`."""
+    if not isinstance(key, str) or not KEY_RE.match(key) or len(key) > MAX_KEY_LENGTH:
+        raise KeyRuleError(
+            f"key {key!r} breaks the key rules: want 1..{MAX_KEY_LENGTH} characters of "
+            "[A-Za-z0-9_-], starting with a letter or digit"
+        )
+    return key
+
+
+def check_ext(ext: str) -> str:
+    """Return ``ext`` if it is a valid member extension (lower-case, no leading dot)."""
+    if not isinstance(ext, str) or not EXT_RE.match(ext) or len(ext) > MAX_EXT_LENGTH:
+        raise KeyRuleError(
+            f"extension {ext!r} breaks the key rules: want 1..{MAX_EXT_LENGTH} lower-case "
+            "characters of [a-z0-9_-], dot-separated"
+        )
+    return ext
+
+
+def member_name(key: str, ext: str) -> str:
+    """The tar member name of field ``ext`` of sample ``key``."""
+    return f"{check_key(key)}.{check_ext(ext)}"
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """Split a member name into (key, ext) the way webdataset does.
+
+    The key is everything up to the first dot of the base name (directories included);
+    the extension is the rest, lower-cased. A name without a dot raises KeyRuleError.
+    """
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        raise KeyRuleError(f"member name {name!r} has no key and extension ('key.ext')")
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def _digest(text: str) -> str:
+    raw = text.encode("utf-8", "surrogateescape")
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()[:_HASH_LEN]
+
+
+def key_from_name(name: str) -> tuple[str, bool]:
+    """A candidate key for a relative path or ID (without its extension).
+
+    Returns ``(key, rewritten)``. Path separators become ``__``; any other character outside
+    the key alphabet becomes ``_``. When anything had to be rewritten or cut, a short hash
+    of the original name is appended so that different names stay different keys.
+    """
+    joined = name.replace("\\", "/").strip("/").replace("/", "__")
+    safe = _UNSAFE.sub("_", joined)
+    rewritten = safe != joined or not safe or not safe[0].isalnum()
+    if not safe or not safe[0].isalnum():
+        safe = "k" + safe
+    if len(safe) > MAX_KEY_LENGTH:
+        rewritten = True
+    if rewritten:
+        safe = safe[: MAX_KEY_LENGTH - _HASH_LEN - 1] + "-" + _digest(name)
+    return safe, rewritten
+
+
+def assign_keys(names: Sequence[str]) -> list[str]:
+    """Keys for ``names`` (relative paths or IDs without extension): valid, unique, stable.
+
+    Names that map to the same candidate key all get the hash suffix of their original
+    name; the result depends only on the set of names, never on their order.
+    """
+    candidates = [key_from_name(n)[0] for n in names]
+    seen: dict[str, int] = {}
+    for c in candidates:
+        seen[c] = seen.get(c, 0) + 1
+    keys = []
+    for name, cand in zip(names, candidates):
+        if seen[cand] > 1:
+            cand = cand[: MAX_KEY_LENGTH - _HASH_LEN - 1] + "-" + _digest(name)
+        keys.append(cand)
+    _check_unique(names, keys)
+    return keys
+
+
+def _check_unique(names: Iterable[str], keys: Sequence[str]) -> None:
+    owner: dict[str, str] = {}
+    for name, key in zip(names, keys):
+        if key in owner:
+            raise KeyRuleError(
+                f"names {owner[key]!r} and {name!r} map to the same key {key!r}; rename one"
+            )
+        owner[key] = name
+        check_key(key)

@@ -1,0 +1,298 @@
+"""The manifest: one top-level ``manifest.json`` and one index per split, versioned.
+
+Each split index (``{split}.json``) is a ``wids-shard-index-v1`` file that
+``wids.ShardListDataset`` opens unmodified, plus a ``shardify`` section with our fields.
+Everything is written through a temporary file and :func:`os.replace`, the split index
+before the top-level manifest, so a split exists only once it is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardify import FORMAT_VERSION
+from shardify.errors import ManifestError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "ShardEntry",
+    "SplitIndex",
+    "SplitRef",
+    "Manifest",
+    "index_name",
+    "report_name",
+    "write_json_atomic",
+    "load_json",
+]
+
+MANIFEST_NAME = "manifest.json"
+WIDS_KIND = "wids-shard-index-v1"
+FORMAT_NAME = "shardify"
+
+
+def index_name(split: str) -> str:
+    """File name of a split's index, relative to the dataset directory."""
+    return f"{split}.json"
+
+
+def report_name(split: str) -> str:
+    """File name of a split's report of skipped inputs (JSON lines)."""
+    return f"{split}.report.jsonl"
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder, fsync, replace)."""
+    path = Path(path)
+    text = json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_json(text: str | bytes, *, source: str) -> dict[str, Any]:
+    """Parse JSON text that must hold an object; errors name ``source``."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{source}: not valid JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{source}: expected a JSON object, found {type(obj).__name__}")
+    return obj
+
+
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], source: str) -> Any:
+    if name not in obj:
+        raise ManifestError(f"{source}: field {name!r} is missing")
+    value = obj[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ManifestError(f"{source}: field {name!r} should be {want}, found {value!r}")
+    return value
+
+
+def _check_version(version: int, source: str) -> None:
+    if version < 1 or version > FORMAT_VERSION:
+        raise ManifestError(
+            f"{source}: field 'format_version' is {version}, this shardify reads 1..{FORMAT_VERSION}"
+        )
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a split: its URL relative to the dataset directory, size and checksum."""
+
+    url: str
+    nsamples: int
+    filesize: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, *, source: str) -> ShardEntry:
+        if not isinstance(obj, dict):
+            raise ManifestError(f"{source}: shardlist entry should be an object, found {obj!r}")
+        url = _field(obj, "url", str, source)
+        where = f"{source} (shard {url})"
+        nsamples = _field(obj, "nsamples", int, where)
+        filesize = _field(obj, "filesize", int, where)
+        sha = obj.get("sha256", "")
+        if not isinstance(sha, str):
+            raise ManifestError(f"{where}: field 'sha256' should be str, found {sha!r}")
+        if nsamples < 0 or filesize < 0:
+            raise ManifestError(f"{where}: negative nsamples={nsamples} or filesize={filesize}")
+        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha)
+
+
+@dataclass(frozen=True)
+class SplitIndex:
+    """A split's index: the wids shard list plus shardify's own fields."""
+
+    split: str
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    converter: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    ignored: dict[str, int] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.nsamples for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.filesize for s in self.shards)
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "__kind__": WIDS_KIND,
+            "wids_version": 1,
+            "name": self.split,
+            "shardlist": [s.to_json() for s in self.shards],
+            FORMAT_NAME: {
+                "format_version": self.format_version,
+                "split": self.split,
+                "num_samples": self.num_samples,
+                "classes": list(self.classes),
+                "fields": list(self.fields),
+                "converter": self.converter,
+                "skipped": dict(sorted(self.skipped.items())),
+                "ignored": dict(sorted(self.ignored.items())),
+                "report": report_name(self.split),
+            },
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], *, source: str) -> SplitIndex:
+        if obj.get("wids_version") != 1:
+            raise ManifestError(f"{source}: field 'wids_version' should be 1, found {obj.get('wids_version')!r}")
+        raw_shards = _field(obj, "shardlist", list, source)
+        ours = _field(obj, FORMAT_NAME, dict, source)
+        where = f"{source} [{FORMAT_NAME}]"
+        version = _field(ours, "format_version", int, where)
+        _check_version(version, where)
+        split = _field(ours, "split", str, where)
+        classes = _field(ours, "classes", list, where)
+        if not all(isinstance(c, str) for c in classes):
+            raise ManifestError(f"{where}: field 'classes' should be a list of str")
+        fields = ours.get("fields", [])
+        shards = tuple(ShardEntry.from_json(s, source=source) for s in raw_shards)
+        declared = ours.get("num_samples")
+        index = cls(
+            split=split,
+            shards=shards,
+            classes=tuple(classes),
+            fields=tuple(fields),
+            converter=dict(ours.get("converter", {})),
+            skipped={str(k): int(v) for k, v in dict(ours.get("skipped", {})).items()},
+            ignored={str(k): int(v) for k, v in dict(ours.get("ignored", {})).items()},
+            format_version=version,
+        )
+        if declared is not None and declared != index.num_samples:
+            raise ManifestError(
+                f"{where}: field 'num_samples' is {declared}, the shardlist sums to {index.num_samples}"
+            )
+        return index
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SplitIndex:
+        path = Path(path)
+        try:
+            text = path.read_bytes()
+        except OSError as e:
+            raise ManifestError(f"{path}: cannot read split index: {e}") from e
+        return cls.from_json(load_json(text, source=str(path)), source=str(path))
+
+
+@dataclass(frozen=True)
+class SplitRef:
+    """The top-level manifest's entry for one split."""
+
+    index: str
+    samples: int
+    shards: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The top-level ``manifest.json``: the format, its version, and the finished splits."""
+
+    splits: dict[str, SplitRef]
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "splits": {k: v.to_json() for k, v in sorted(self.splits.items())},
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], *, source: str) -> Manifest:
+        fmt = obj.get("format")
+        if fmt != FORMAT_NAME:
+            raise ManifestError(f"{source}: field 'format' should be {FORMAT_NAME!r}, found {fmt!r}")
+        version = _field(obj, "format_version", int, source)
+        _check_version(version, source)
+        raw = _field(obj, "splits", dict, source)
+        splits = {}
+        for name, ref in raw.items():
+            where = f"{source} (split {name!r})"
+            if not isinstance(ref, dict):
+                raise ManifestError(f"{where}: should be an object, found {ref!r}")
+            splits[name] = SplitRef(
+                index=_field(ref, "index", str, where),
+                samples=_field(ref, "samples", int, where),
+                shards=_field(ref, "shards", int, where),
+                bytes=_field(ref, "bytes", int, where),
+            )
+        return cls(splits=splits, format_version=version)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Manifest:
+        """Load ``manifest.json`` from a dataset directory."""
+        path = Path(directory) / MANIFEST_NAME
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError as e:
+            raise ManifestError(f"{path}: no manifest; is this a finished shardify dataset?") from e
+        except OSError as e:
+            raise ManifestError(f"{path}: cannot read manifest: {e}") from e
+        return cls.from_json(load_json(text, source=str(path)), source=str(path))
+
+    @classmethod
+    def load_or_empty(cls, directory: str | os.PathLike[str]) -> Manifest:
+        if not (Path(directory) / MANIFEST_NAME).exists():
+            return cls(splits={})
+        return cls.load(directory)
+
+    def load_split(self, directory: str | os.PathLike[str], split: str) -> SplitIndex:
+        """Load the index of ``split``; the error lists the splits there are."""
+        if split not in self.splits:
+            raise ManifestError(
+                f"{Path(directory) / MANIFEST_NAME}: no split {split!r}; splits: {sorted(self.splits)}"
+            )
+        index = SplitIndex.load(Path(directory) / self.splits[split].index)
+        if index.split != split:
+            raise ManifestError(
+                f"{Path(directory) / self.splits[split].index}: field 'split' is {index.split!r}, "
+                f"the manifest lists it as {split!r}"
+            )
+        return index
+
+    def with_split(self, split: str, index: SplitIndex) -> Manifest:
+        ref = SplitRef(index=index_name(split), samples=index.num_samples,
+                       shards=len(index.shards), bytes=index.num_bytes)
+        return Manifest(splits={**self.splits, split: ref}, format_version=FORMAT_VERSION)
+
+    def without_split(self, split: str) -> Manifest:
+        return Manifest(splits={k: v for k, v in self.splits.items() if k != split},
+                        format_version=self.format_version)
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        write_json_atomic(Path(directory) / MANIFEST_NAME, self.to_json())

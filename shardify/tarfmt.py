@@ -1,0 +1,98 @@
+"""Tar layout of a shard: names, fixed header fields, block arithmetic.
+
+A shard is an uncompressed POSIX ustar archive. Every member is a regular file whose
+header has fixed fields (mode 0644, uid/gid 0, empty user/group names, mtime 0), so the
+same samples always give the same bytes. Member names fit the 100-byte name field, so no
+PAX or GNU extension headers are written. The archive ends with two zero blocks.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shardify.errors import KeyRuleError, ShardFormatError
+
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "MAX_MEMBER_SIZE",
+    "MTIME",
+    "shard_name",
+    "parse_shard_name",
+    "padded_size",
+    "member_size",
+    "ustar_header",
+    "padding",
+]
+
+BLOCK = 512
+END_OF_ARCHIVE = bytes(2 * BLOCK)
+MTIME = 0
+"""Fixed modification time of every member (seconds since the epoch)."""
+MAX_MEMBER_SIZE = 8**11 - 1
+"""Largest member a ustar size field holds (just under 8 GiB)."""
+
+_SHARD_RE = re.compile(r"(?P<split>[A-Za-z0-9][A-Za-z0-9_-]*)-(?P<index>\d{6,})\.tar\Z")
+_SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+
+
+def check_split_name(split: str) -> str:
+    """Return ``split`` if usable in shard file names, else raise KeyRuleError."""
+    if not isinstance(split, str) or not _SPLIT_RE.match(split) or len(split) > 64:
+        raise KeyRuleError(f"split name {split!r} should be 1..64 characters of [A-Za-z0-9_-]")
+    return split
+
+
+def shard_name(split: str, index: int) -> str:
+    """``{split}-{index:06d}.tar``: the file name of shard ``index`` of ``split``."""
+    if index < 0:
+        raise ValueError(f"{index=} should be >= 0")
+    return f"{check_split_name(split)}-{index:06d}.tar"
+
+
+def parse_shard_name(name: str) -> tuple[str, int]:
+    """Inverse of :func:`shard_name`; raises ShardFormatError for other names."""
+    m = _SHARD_RE.match(name)
+    if not m:
+        raise ShardFormatError("name is not '{split}-{index:06d}.tar'", shard=name)
+    return m.group("split"), int(m.group("index"))
+
+
+def padded_size(size: int) -> int:
+    """Bytes a member's data takes in the archive, rounded up to whole blocks."""
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def member_size(size: int) -> int:
+    """Bytes a member of ``size`` data bytes takes in the archive, header included."""
+    return BLOCK + padded_size(size)
+
+
+def padding(size: int) -> bytes:
+    """The zero bytes that follow ``size`` bytes of data to fill the last block."""
+    return bytes(-size % BLOCK)
+
+
+_HEADER_TEMPLATE = bytearray(BLOCK)
+_HEADER_TEMPLATE[100:108] = b"0000644\x00"
+_HEADER_TEMPLATE[108:116] = b"0000000\x00"
+_HEADER_TEMPLATE[116:124] = b"0000000\x00"
+_HEADER_TEMPLATE[136:148] = b"%011o\x00" % MTIME
+_HEADER_TEMPLATE[148:156] = b" " * 8
+_HEADER_TEMPLATE[156:157] = b"0"
+_HEADER_TEMPLATE[257:263] = b"ustar\x00"
+_HEADER_TEMPLATE[263:265] = b"00"
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The 512-byte ustar header of a regular file ``name`` holding ``size`` bytes."""
+    raw = name.encode("ascii")
+    if not raw or len(raw) > 100:
+        raise KeyRuleError(f"member name {name!r} should be 1..100 ASCII bytes")
+    if not 0 <= size <= MAX_MEMBER_SIZE:
+        raise ShardFormatError(f"member of {size} bytes does not fit a ustar header", shard="-", key=name)
+    header = bytearray(_HEADER_TEMPLATE)
+    header[0 : len(raw)] = raw
+    header[124:136] = b"%011o\x00" % size
+    header[148:156] = b"%06o\x00 " % sum(header)
+    return bytes(header)

@@ -1,0 +1,341 @@
+"""Reading shards: tar members from a byte stream, grouped into samples.
+
+A hand-written ustar/PAX/GNU parser instead of :mod:`tarfile`, because a reader that runs
+for days over shards it did not write must bound its memory by the bytes that are really
+there (not by a size a header declares), check header checksums, refuse names that are
+not plain relative paths, and say which shard and member broke. It reads only forward, so
+it works on pipes, HTTP bodies and gzip streams alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.keys import split_member_name
+from shardify.tarfmt import BLOCK
+
+__all__ = [
+    "Member",
+    "BadMemberHandler",
+    "iter_members",
+    "iter_samples",
+    "scan_sample_offsets",
+    "skip_bytes",
+    "DEFAULT_MAX_MEMBER",
+]
+
+DEFAULT_MAX_MEMBER = 1 << 31
+"""Largest member data the reader accepts by default (2 GiB)."""
+_CHUNK = 1 << 24
+_MAX_EXT_HEADER = 1 << 20
+_REGULAR = (b"0", b"\x00", b"7")
+_SKIPPED_SILENTLY = (b"5", b"g")  # directories, global PAX headers
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One regular file of a shard: its name, its bytes and its header's offset."""
+
+    name: str
+    data: bytes
+    offset: int
+
+
+BadMemberHandler = Callable[[str, str], None]
+"""Called as ``handler(name, reason)`` for a member that is skipped instead of raising."""
+
+
+def skip_bytes(f: BinaryIO, n: int) -> int:
+    """Advance ``f`` by ``n`` bytes (seek when possible); returns how many were skipped."""
+    if n <= 0:
+        return 0
+    try:
+        if f.seekable():
+            here = f.tell()
+            end = f.seek(0, os.SEEK_END)
+            target = min(here + n, end)
+            f.seek(target)
+            return target - here
+    except (OSError, AttributeError):
+        pass
+    done = 0
+    while done < n:
+        chunk = f.read(min(_CHUNK, n - done))
+        if not chunk:
+            break
+        done += len(chunk)
+    return done
+
+
+def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str) -> bytes:
+    """Read exactly ``n`` bytes, growing memory only with bytes that really arrive."""
+    if n <= _CHUNK:
+        data = f.read(n)
+    else:
+        parts, got = [], 0
+        while got < n:
+            part = f.read(min(_CHUNK, n - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        data = b"".join(parts)
+    if len(data) != n:
+        raise ShardFormatError(f"truncated: {what} needs {n} bytes, only {len(data)} left", shard=shard)
+    return data
+
+
+def _octal(field: bytes, *, shard: str, what: str) -> int:
+    if field and field[0] & 0x80:  # GNU base-256
+        value = int.from_bytes(field[1:], "big")
+        return -value if field[0] & 0x40 else value
+    text = field.split(b"\x00", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError as e:
+        raise ShardFormatError(f"corrupt header: {what} field {field!r} is not octal", shard=shard) from e
+
+
+def _checksum_ok(header: bytes, stored: int) -> bool:
+    unsigned = sum(header[:148]) + 256 + sum(header[156:])
+    if unsigned == stored:
+        return True
+    signed = sum((b ^ 0x80) - 0x80 for b in header[:148]) + 256
+    signed += sum((b ^ 0x80) - 0x80 for b in header[156:])
+    return signed == stored
+
+
+def _pax_records(data: bytes, *, shard: str) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        try:
+            length = int(data[pos:space])
+        except ValueError as e:
+            raise ShardFormatError("corrupt PAX header: bad record length", shard=shard) from e
+        if length <= 0 or pos + length > len(data):
+            raise ShardFormatError("corrupt PAX header: record overruns the header", shard=shard)
+        record = data[space + 1 : pos + length - 1]
+        key, _, value = record.partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _unsafe_reason(name: str) -> str | None:
+    if name.startswith("/") or name.startswith("\\"):
+        return "absolute member name"
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "member name contains '..'"
+    if "\x00" in name:
+        return "member name contains NUL"
+    return None
+
+
+def iter_members(
+    f: BinaryIO,
+    *,
+    shard: str,
+    max_member: int = DEFAULT_MAX_MEMBER,
+    on_bad_member: BadMemberHandler | None = None,
+    start_offset: int = 0,
+) -> Iterator[Member]:
+    """Yield the regular-file members of the tar stream ``f`` in archive order.
+
+    Raises ShardFormatError (naming ``shard``) for a truncated or corrupt archive. A member
+    that is well framed but unusable (a link, a device, an unsafe or non-UTF-8 name, data
+    over ``max_member`` bytes) raises too, unless ``on_bad_member`` is given: then it is
+    reported there and skipped. ``start_offset`` is the stream position of ``f`` (used for
+    the offsets reported when reading starts mid-archive).
+    """
+    return _walk(f, shard=shard, max_member=max_member, on_bad_member=on_bad_member,
+                 start_offset=start_offset, read_data=True)
+
+
+def _walk(
+    f: BinaryIO,
+    *,
+    shard: str,
+    max_member: int,
+    on_bad_member: BadMemberHandler | None,
+    start_offset: int,
+    read_data: bool,
+) -> Iterator[Member]:
+    offset = start_offset
+    pending_name: str | None = None
+    pending_size: int | None = None
+    while True:
+        header = f.read(BLOCK)
+        if not header:
+            return  # end of data on a block boundary: treat as end of archive
+        if len(header) < BLOCK:
+            raise ShardFormatError(f"truncated: partial header at byte {offset}", shard=shard)
+        if header == _ZERO_BLOCK:
+            return
+        stored = _octal(header[148:156], shard=shard, what="checksum")
+        if not _checksum_ok(header, stored):
+            raise ShardFormatError(f"corrupt header at byte {offset}: checksum mismatch", shard=shard)
+        typeflag = header[156:157]
+        size = _octal(header[124:136], shard=shard, what="size")
+        if size < 0:
+            raise ShardFormatError(f"corrupt header at byte {offset}: negative size", shard=shard)
+        if pending_size is not None:
+            size, pending_size = pending_size, None
+        raw_name = header[0:100].split(b"\x00", 1)[0]
+        if header[257:262] == b"ustar" and header[345:346] != b"\x00":
+            prefix = header[345:500].split(b"\x00", 1)[0]
+            if prefix:
+                raw_name = prefix + b"/" + raw_name
+        member_offset = offset
+        offset += BLOCK
+        if typeflag in (b"x", b"L"):
+            if size > _MAX_EXT_HEADER:
+                raise ShardFormatError(
+                    f"extension header at byte {member_offset} declares {size} bytes "
+                    f"(limit {_MAX_EXT_HEADER})", shard=shard)
+            data = _read_exact(f, size, shard=shard, what=f"extension header at byte {member_offset}")
+            skip = -size % BLOCK
+            if skip and skip_bytes(f, skip) != skip:
+                raise ShardFormatError("truncated after an extension header", shard=shard)
+            offset += size + skip
+            if typeflag == b"L":
+                pending_name = data.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+            else:
+                records = _pax_records(data, shard=shard)
+                if "path" in records:
+                    pending_name = records["path"]
+                if "size" in records:
+                    try:
+                        pending_size = int(records["size"])
+                    except ValueError as e:
+                        raise ShardFormatError("corrupt PAX header: size is not a number", shard=shard) from e
+                    if pending_size < 0:
+                        raise ShardFormatError("corrupt PAX header: negative size", shard=shard)
+            continue
+        if pending_name is not None:
+            name, pending_name = pending_name, None
+        else:
+            name = raw_name.decode("utf-8", "surrogateescape")
+        data_len = 0 if typeflag in _NO_DATA else size
+        problem = _member_problem(name, typeflag, size, max_member)
+        if problem is not None:
+            total = data_len + (-data_len % BLOCK)
+            if problem:
+                if on_bad_member is None:
+                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard)
+                on_bad_member(name, problem)
+            if skip_bytes(f, total) != total:
+                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+            offset += total
+            continue
+        total = size + (-size % BLOCK)
+        if read_data:
+            data = _read_exact(f, size, shard=shard, what=f"member {name!r}")
+            skip = total - size
+        else:
+            data, skip = b"", total
+        if skip and skip_bytes(f, skip) != skip:
+            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+        offset += total
+        yield Member(name, data, member_offset)
+
+
+_ZERO_BLOCK = bytes(BLOCK)
+_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")
+_KINDS = {b"1": "hard link", b"2": "symbolic link", b"3": "character device",
+          b"4": "block device", b"6": "FIFO"}
+
+
+def _member_problem(name: str, typeflag: bytes, size: int, max_member: int) -> str | None:
+    """Why a member is not yielded: None if it is fine, "" to skip it silently."""
+    if typeflag in _SKIPPED_SILENTLY:
+        return ""
+    if typeflag not in _REGULAR:
+        kind = _KINDS.get(typeflag, f"member of type {typeflag!r}")
+        return f"{kind}, not a regular file"
+    reason = _unsafe_reason(name)
+    if reason is not None:
+        return reason
+    if any("\udc80" <= c <= "\udcff" for c in name):
+        return "member name is not UTF-8"
+    if size > max_member:
+        return f"member declares {size} bytes, over the limit of {max_member}"
+    return None
+
+
+def iter_samples(
+    members: Iterator[Member],
+    *,
+    shard: str,
+    on_bad_member: BadMemberHandler | None = None,
+) -> Iterator[dict[str, object]]:
+    """Group adjacent members by key into sample dicts, webdataset's way.
+
+    A sample is ``{"__key__": key, "__shard__": shard, "__offset__": first header offset,
+    ext: bytes, ...}``. A name without a dot, a field repeated within a sample, or a key
+    that comes back after another key raises ShardFormatError (or goes to ``on_bad_member``).
+    """
+    seen: set[str] = set()
+    current: dict[str, object] | None = None
+    for m in members:
+        try:
+            key, ext = split_member_name(m.name)
+        except KeyRuleError as e:
+            if on_bad_member is None:
+                raise ShardFormatError(str(e), shard=shard) from e
+            on_bad_member(m.name, str(e))
+            continue
+        if current is not None and current["__key__"] == key:
+            if ext in current:
+                problem = f"field {ext!r} appears twice in the sample"
+                if on_bad_member is None:
+                    raise ShardFormatError(problem, shard=shard, key=key)
+                on_bad_member(m.name, problem)
+                continue
+            current[ext] = m.data
+            continue
+        if current is not None:
+            yield current
+            current = None
+        if key in seen:
+            problem = "key appears again after other keys (duplicate or non-adjacent members)"
+            if on_bad_member is None:
+                raise ShardFormatError(problem, shard=shard, key=key)
+            on_bad_member(m.name, problem)
+            continue
+        seen.add(key)
+        current = {"__key__": key, "__shard__": shard, "__offset__": m.offset, ext: m.data}
+    if current is not None:
+        yield current
+
+
+def scan_sample_offsets(
+    f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
+) -> list[tuple[str, int]]:
+    """``[(key, offset of its first header)]`` for each sample, reading headers only.
+
+    Member data is skipped with seeks, so on a local file this costs one 512-byte read per
+    member. Used to start reading in the middle of a shard.
+    """
+    out: list[tuple[str, int]] = []
+    last_key: str | None = None
+    for m in _walk(f, shard=shard, max_member=max_member, on_bad_member=None,
+                   start_offset=0, read_data=False):
+        try:
+            key, _ = split_member_name(m.name)
+        except KeyRuleError as e:
+            raise ShardFormatError(str(e), shard=shard) from e
+        if key != last_key:
+            out.append((key, m.offset))
+            last_key = key
+    return out
