@@ -13,6 +13,7 @@ __all__ = [
     "InputError",
     "SampleError",
     "OutputExistsError",
+    "OutputError",
 ]
 
 
@@ -28,36 +29,73 @@ class KeyRuleError(ShardifyError):
     """A sample key or member name breaks the key rules of the format."""
 
 
-class ShardFormatError(ShardifyError):
+class _Located(ShardifyError):
+    """An error that names where it happened; picklable, and rebuildable from its message.
+
+    Worker processes pickle exceptions, and torch's DataLoader re-creates a worker's error
+    as ``type(message)``: both must give back the same message.
+    """
+
+    def __init__(self, message: str, **where: str | None) -> None:
+        self.reason = message
+        for name, value in where.items():
+            setattr(self, name, value)
+        super().__init__(self._format(message, **where) if any(v is not None for v in where.values()) else message)
+
+    @staticmethod
+    def _format(message: str, **where: str | None) -> str:  # pragma: no cover - overridden
+        return message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0],), {k: v for k, v in self.__dict__.items()})
+
+
+class ShardFormatError(_Located):
     """A shard is truncated, malformed, or not laid out as the format requires."""
 
-    def __init__(self, message: str, *, shard: str, key: str | None = None) -> None:
+    shard: str | None = None
+    key: str | None = None
+
+    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, shard=shard, key=key)
+
+    @staticmethod
+    def _format(message: str, *, shard: str | None = None, key: str | None = None) -> str:
         where = f"shard {shard}" + (f", key {key!r}" if key is not None else "")
-        super().__init__(f"{where}: {message}")
-        self.shard = shard
-        self.key = key
+        return f"{where}: {message}"
 
 
-class InputError(ShardifyError):
+class InputError(_Located):
     """An input of the converter (a file, a listing, a label map) is unusable."""
 
-    def __init__(self, message: str, *, path: str, key: str | None = None) -> None:
-        where = f"{path}" + (f" (key {key!r})" if key is not None else "")
-        super().__init__(f"{where}: {message}")
-        self.path = path
-        self.key = key
-        self.reason = message
+    path: str | None = None
+    key: str | None = None
+
+    def __init__(self, message: str, *, path: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, path=path, key=key)
+
+    @staticmethod
+    def _format(message: str, *, path: str | None = None, key: str | None = None) -> str:
+        return f"{path}" + (f" (key {key!r})" if key is not None else "") + f": {message}"
 
 
-class SampleError(ShardifyError):
+class SampleError(_Located):
     """A sample could not be decoded or transformed while reading."""
 
-    def __init__(self, message: str, *, shard: str, key: str | None) -> None:
-        super().__init__(f"shard {shard}, key {key!r}: {message}")
-        self.shard = shard
-        self.key = key
-        self.reason = message
+    shard: str | None = None
+    key: str | None = None
+
+    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, shard=shard, key=key)
+
+    @staticmethod
+    def _format(message: str, *, shard: str | None = None, key: str | None = None) -> str:
+        return f"shard {shard}, key {key!r}: {message}"
 
 
 class OutputExistsError(ShardifyError):
     """The output already holds a finished split and --overwrite was not given."""
+
+
+class OutputError(ShardifyError):
+    """Writing the output failed (disk full, permissions); nothing was marked finished."""

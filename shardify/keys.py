@@ -84,12 +84,13 @@ def _digest(text: str) -> str:
     return hashlib.sha1(raw, usedforsecurity=False).hexdigest()[:_HASH_LEN]
 
 
-def key_from_name(name: str) -> tuple[str, bool]:
-    """A candidate key for a relative path or ID (without its extension).
+def key_from_name(name: str, *, identity: str | None = None) -> tuple[str, bool]:
+    """A candidate key for a relative path or ID given without its extension.
 
     Returns ``(key, rewritten)``. Path separators become ``__``; any other character outside
     the key alphabet becomes ``_``. When anything had to be rewritten or cut, a short hash
-    of the original name is appended so that different names stay different keys.
+    of ``identity`` (default: ``name``; pass the full original path) is appended so that
+    different inputs stay different keys.
     """
     joined = name.replace("\\", "/").strip("/").replace("/", "__")
     safe = _UNSAFE.sub("_", joined)
@@ -99,26 +100,30 @@ def key_from_name(name: str) -> tuple[str, bool]:
     if len(safe) > MAX_KEY_LENGTH:
         rewritten = True
     if rewritten:
-        safe = safe[: MAX_KEY_LENGTH - _HASH_LEN - 1] + "-" + _digest(name)
+        safe = _with_hash(safe, identity if identity is not None else name)
     return safe, rewritten
 
 
-def assign_keys(names: Sequence[str]) -> list[str]:
+def _with_hash(key: str, identity: str) -> str:
+    return key[: MAX_KEY_LENGTH - _HASH_LEN - 1] + "-" + _digest(identity)
+
+
+def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None) -> list[str]:
     """Keys for ``names`` (relative paths or IDs without extension): valid, unique, stable.
 
-    Names that map to the same candidate key all get the hash suffix of their original
-    name; the result depends only on the set of names, never on their order.
+    ``identities`` (default: ``names``) are the full original names hashed into rewritten
+    keys. Names that map to the same candidate key all get the hash suffix of their
+    identity; the result depends only on the set of inputs, never on their order.
     """
-    candidates = [key_from_name(n)[0] for n in names]
+    ids = names if identities is None else identities
+    if len(ids) != len(names):
+        raise ValueError(f"{len(names)=} and {len(ids)=} should be equal")
+    candidates = [key_from_name(n, identity=i)[0] for n, i in zip(names, ids)]
     seen: dict[str, int] = {}
     for c in candidates:
         seen[c] = seen.get(c, 0) + 1
-    keys = []
-    for name, cand in zip(names, candidates):
-        if seen[cand] > 1:
-            cand = cand[: MAX_KEY_LENGTH - _HASH_LEN - 1] + "-" + _digest(name)
-        keys.append(cand)
-    _check_unique(names, keys)
+    keys = [_with_hash(c, i) if seen[c] > 1 else c for c, i in zip(candidates, ids)]
+    _check_unique(ids, keys)
     return keys
 
 

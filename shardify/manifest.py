@@ -46,12 +46,22 @@ def report_name(split: str) -> str:
     return f"{split}.report.jsonl"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder, fsync, replace)."""
     path = Path(path)
     text = json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(text)
             f.flush()
