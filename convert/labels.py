@@ -1,0 +1,76 @@
+"""Labels given as ints or as names: one rule for the ``ids`` and ``listing`` inputs.
+
+All ints (or decimal strings, as a CSV gives them): the label is the int, no class names.
+All names: classes are the sorted distinct names, label ``i`` is ``classes[i]``. A mix is
+an error naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shardify.errors import InputError
+
+__all__ = ["LabelSpace", "label_space"]
+
+_INT_RE = re.compile(r"-?\d+\Z")
+
+
+@dataclass(frozen=True)
+class LabelSpace:
+    """How raw label values map to (index, recorded name)."""
+
+    classes: tuple[str, ...]
+    by_int: bool
+    num_classes: int | None
+
+    def resolve(self, raw: object) -> tuple[int, str | int]:
+        """``(index, name)`` for a raw label; raises ValueError with the reason."""
+        if self.by_int:
+            value = int(raw)  # type: ignore[arg-type]  # validated by label_space
+            if value < 0 or (self.num_classes is not None and value >= self.num_classes):
+                limit = f"0..{self.num_classes - 1}" if self.num_classes is not None else ">= 0"
+                raise ValueError(f"label {value} out of range ({limit})")
+            return value, value
+        name = str(raw)
+        return self._index[name], name
+
+    @property
+    def _index(self) -> dict[str, int]:
+        cached = self.__dict__.get("_index_cache")
+        if cached is None:
+            cached = {c: i for i, c in enumerate(self.classes)}
+            object.__setattr__(self, "_index_cache", cached)
+        return cached
+
+
+def _is_int(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and bool(_INT_RE.match(value.strip())))
+
+
+def label_space(values: Iterable[object], *, source: str, num_classes: int | None) -> LabelSpace:
+    """The label space of all raw label values (of every split, so indices agree)."""
+    distinct = set()
+    kinds = set()
+    for v in values:
+        if v is None or v == "":
+            continue
+        if _is_int(v):
+            kinds.add("int")
+        elif isinstance(v, str):
+            kinds.add("name")
+            distinct.add(v)
+        else:
+            raise InputError(f"label {v!r} should be an int or a string", path=source)
+    if kinds == {"int", "name"}:
+        raise InputError("labels mix ints and names; use one kind", path=source)
+    if kinds == {"name"}:
+        classes = tuple(sorted(distinct))
+        if num_classes is not None and len(classes) > num_classes:
+            raise InputError(f"{len(classes)} label names, more than --num-classes {num_classes}", path=source)
+        return LabelSpace(classes=classes, by_int=False, num_classes=num_classes)
+    return LabelSpace(classes=(), by_int=True, num_classes=num_classes)

@@ -1,0 +1,152 @@
+"""Scan a CSV or JSONL listing: one row per sample, for data that is not one file per sample.
+
+Columns: ``path`` (a file, relative to the listing's folder or ``root``) and/or ``id``
+(the key's source when given), ``label`` (int or name; optional for the whole listing),
+``split`` (optional; default the ``split`` option), and any other column as an inline
+field: ``text`` becomes ``{key}.txt``, another string column ``c`` becomes ``{key}.c.txt``,
+and a non-string JSON value becomes ``{key}.c.json``. Empty CSV cells are absent fields.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardify.convert.ids import stored_ext
+from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.labels import label_space
+from shardify.errors import InputError, KeyRuleError
+from shardify.keys import check_ext
+from shardify.tarfmt import check_split_name
+
+__all__ = ["scan_listing", "inline_ext"]
+
+_RESERVED = {"path", "id", "label", "split"}
+_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS}
+_COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
+
+
+def inline_ext(column: str, value: object) -> str:
+    """The member extension of inline column ``column`` holding ``value``."""
+    if not _COLUMN_RE.match(column):
+        raise KeyRuleError(f"column {column!r} cannot name a field: use [a-z0-9_-], starting with a letter or digit")
+    if isinstance(value, str):
+        return "txt" if column == "text" else f"{column}.txt"
+    return f"{column}.json"
+
+
+def _rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:
+    if fmt == "csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None:
+                raise InputError("CSV listing has no header row", path=str(path))
+            for n, row in enumerate(reader, start=2):
+                if None in row:
+                    raise InputError(f"line {n}: more cells than header columns", path=str(path))
+                yield n, {k: v for k, v in row.items() if v not in (None, "")}
+        return
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"line {n}: not valid JSON: {e}", path=str(path)) from e
+            if not isinstance(row, dict):
+                raise InputError(f"line {n}: expected a JSON object", path=str(path))
+            yield n, {k: v for k, v in row.items() if v is not None}
+
+
+def scan_listing(
+    listing: str | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    default_split: str = "train",
+    fmt: str | None = None,
+    num_classes: int | None = None,
+) -> dict[str, Scan]:
+    """One Scan per split named in the listing (or ``default_split``), in order of first use."""
+    path = Path(listing)
+    if fmt is None:
+        fmt = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(path.suffix.lower())
+        if fmt is None:
+            raise InputError("listing should end in .csv or .jsonl (or pass --format)", path=str(path))
+    if fmt not in ("csv", "jsonl"):
+        raise InputError(f"format {fmt!r} should be 'csv' or 'jsonl'", path=str(path))
+    base = Path(root) if root is not None else path.parent
+    try:
+        rows = list(_rows(path, fmt))
+    except OSError as e:
+        raise InputError(f"cannot read listing: {e.strerror}", path=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"listing is not UTF-8: {e}", path=str(path)) from e
+    has_labels = any("label" in row for _, row in rows)
+    space = label_space((row.get("label") for _, row in rows), source=str(path), num_classes=num_classes)
+
+    by_split: dict[str, tuple[list[SampleSpec], list[Ignored]]] = {}
+    for n, row in rows:
+        split = str(row.get("split", default_split))
+        samples, problems = by_split.setdefault(split, ([], []))
+        where = f"{path.name}:{n}"
+        try:
+            samples.append(_sample(row, base=base, space=space, has_labels=has_labels))
+        except ValueError as e:
+            problems.append(Ignored(where, str(e)))
+    for split in by_split:
+        try:
+            check_split_name(split)
+        except KeyRuleError as e:
+            raise InputError(str(e), path=str(path)) from e
+    return {
+        split: Scan(root=str(base), source="listing", samples=samples, classes=list(space.classes), problems=problems)
+        for split, (samples, problems) in by_split.items()
+    }
+
+
+def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bool) -> SampleSpec:
+    """One sample from a row; ValueError (or KeyRuleError) gives the reason to skip it."""
+    rel = row.get("path")
+    ident = row.get("id")
+    if rel is None and ident is None:
+        raise ValueError("row has neither 'path' nor 'id'")
+    files: tuple[SourceFile, ...] = ()
+    if rel is not None:
+        rel = str(rel)
+        full = base / rel
+        try:
+            st = full.stat()
+        except OSError as e:
+            raise ValueError(f"{rel}: cannot stat: {e.strerror}") from e
+        if not full.is_file():
+            raise ValueError(f"{rel}: not a regular file")
+        dot, slash = rel.rfind("."), rel.rfind("/")
+        ext = stored_ext(rel[dot + 1 :]) if dot > slash + 1 else "bin"
+        check_ext(ext)
+        files = (SourceFile(ext=ext, path=rel, size=st.st_size, mtime_ns=st.st_mtime_ns, is_image=ext in _IMAGE_EXTS),)
+        name = rel[:dot] if dot > slash + 1 else rel
+        identity = rel
+    if ident is not None:
+        name = identity = str(ident)
+    label: int | None = None
+    label_name: str | int | None = None
+    if has_labels:
+        if "label" not in row:
+            raise ValueError("no label")
+        label, label_name = space.resolve(row["label"])  # type: ignore[attr-defined]
+    inline = []
+    for column, value in row.items():
+        if column in _RESERVED:
+            continue
+        ext = inline_ext(column, value)
+        data = value.encode("utf-8") if isinstance(value, str) else json.dumps(value, sort_keys=True).encode()
+        inline.append((ext, data))
+    exts = [f.ext for f in files] + [e for e, _ in inline]
+    if len(set(exts)) != len(exts):
+        raise ValueError(f"two fields would be stored under the same extension: {sorted(exts)}")
+    return SampleSpec(name=name, identity=identity, label=label, label_name=label_name, files=files, inline=tuple(inline))

@@ -1,0 +1,100 @@
+"""Options of a conversion, in one typed dataclass, and the size parser for ``256MB``."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE"]
+
+DEFAULT_SHARD_SIZE = 256 * 1000**2
+"""Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
+over ranks x workers, few enough to list and open cheaply)."""
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3, "tib": 1024**4}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*\Z")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: ``"256MB"``, ``"1.5GiB"``, ``"4096"`` (decimal and binary units)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(text)
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _UNITS:
+            raise ValueError(f"size {text!r} should be a number with an optional unit (KB, MB, GB, MiB, ...)")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size {text!r} should be positive")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertOptions:
+    """How to convert. Only the fields in :meth:`shaping` change the bytes written."""
+
+    split: str = "train"
+    shard_size: int | None = DEFAULT_SHARD_SIZE
+    samples_per_shard: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    check: Literal["header", "full"] = "header"
+    max_side: int | None = None
+    quality: int = 90
+    max_pixels: int | None = None
+    follow_symlinks: bool = False
+    num_classes: int | None = None
+    strict: bool = False
+    overwrite: bool = False
+    workers: int = 0
+    fsync: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shard_size is None and self.samples_per_shard is None:
+            raise ValueError("one of shard_size and samples_per_shard should be set")
+        if self.shard_size is not None and self.shard_size < 4096:
+            raise ValueError(f"shard_size={self.shard_size} should be at least 4096 bytes")
+        if self.samples_per_shard is not None and self.samples_per_shard < 1:
+            raise ValueError(f"samples_per_shard={self.samples_per_shard} should be >= 1")
+        if self.check not in ("header", "full"):
+            raise ValueError(f"check={self.check!r} should be 'header' or 'full'")
+        if self.max_side is not None and self.max_side < 8:
+            raise ValueError(f"max_side={self.max_side} should be >= 8")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality={self.quality} should be in 1..100")
+        if self.workers < 0:
+            raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise ValueError(f"num_classes={self.num_classes} should be >= 1")
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes to use: ``workers``, or one per available core when 0."""
+        if self.workers:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+
+    def shaping(self) -> dict[str, Any]:
+        """The options that decide the output bytes; recorded in the split index."""
+        return {
+            "split": self.split,
+            "shard_size": self.shard_size,
+            "samples_per_shard": self.samples_per_shard,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "check": self.check,
+            "max_side": self.max_side,
+            "quality": self.quality if self.max_side is not None else None,
+            "max_pixels": self.max_pixels,
+            "follow_symlinks": self.follow_symlinks,
+            "num_classes": self.num_classes,
+        }

@@ -1,0 +1,283 @@
+"""The library API of the converter: scan, plan, write (resumably), then finalize.
+
+Finalize order is what makes a half-written dataset impossible to mistake for a finished
+one: shards are renamed into place when whole, the report and split index come next, and
+the top-level ``manifest.json`` (the only thing readers trust) is written last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from shardify import FORMAT_VERSION, __version__
+from shardify.convert.engine import ProgressBar, run_local
+from shardify.convert.ids import scan_ids
+from shardify.convert.imagefolder import scan_imagefolder
+from shardify.convert.inputs import Ignored, Scan
+from shardify.convert.listing import scan_listing
+from shardify.convert.options import ConvertOptions
+from shardify.convert.plan import SplitPlan, plan_split
+from shardify.convert.writer import ShardResult, ShardTask
+from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
+from shardify.manifest import (Manifest, ShardEntry, SplitIndex, index_name, load_json, report_name,
+                               write_json_atomic)
+from shardify.tarfmt import check_split_name, parse_shard_name
+
+__all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans"]
+
+WORK_DIR = ".shardify-work"
+
+
+@dataclass
+class SplitSummary:
+    """What a conversion did to one split."""
+
+    split: str
+    samples: int
+    shards: int
+    bytes: int
+    skipped: list[Ignored]
+    ignored: dict[str, int]
+    notes: list[str]
+    reused_shards: int
+    seconds: float
+
+
+@dataclass
+class ConvertResult:
+    out_dir: str
+    splits: dict[str, SplitSummary] = field(default_factory=dict)
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(len(s.skipped) for s in self.splits.values())
+
+
+def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                        options: ConvertOptions) -> ConvertResult:
+    """Convert an ImageFolder tree into split ``options.split`` of the dataset at ``out``."""
+    scan = scan_imagefolder(src, follow_symlinks=options.follow_symlinks)
+    return convert_scans({options.split: scan}, out, options=options)
+
+
+def convert_ids(src: str | os.PathLike[str], out: str | os.PathLike[str], *, partition: str | os.PathLike[str],
+                labels: str | os.PathLike[str], options: ConvertOptions) -> ConvertResult:
+    """Convert ID-labelled files; every split of the partition is written."""
+    scans = scan_ids(src, partition=partition, labels=labels, num_classes=options.num_classes)
+    return convert_scans(scans, out, options=options)
+
+
+def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                    root: str | os.PathLike[str] | None = None, fmt: str | None = None,
+                    options: ConvertOptions) -> ConvertResult:
+    """Convert a CSV/JSONL listing; rows go to their ``split`` column or ``options.split``."""
+    scans = scan_listing(listing, root=root, default_split=options.split, fmt=fmt, num_classes=options.num_classes)
+    return convert_scans(scans, out, options=options)
+
+
+class _Lock:
+    """An exclusive lock on the output folder, so two conversions never write it at once."""
+
+    def __init__(self, out: Path) -> None:
+        (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
+        self.path = out / WORK_DIR / "lock"
+        self.f = open(self.path, "a+")
+        try:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            self.f.close()
+            raise OutputError(f"{out}: another shardify conversion is writing this folder") from e
+
+    def release(self) -> None:
+        """Unlock; remove the work folder when no unfinished split is left in it."""
+        work = self.path.parent
+        if not [p for p in work.iterdir() if p.name != "lock"]:
+            self.path.unlink(missing_ok=True)
+            try:
+                work.rmdir()
+            except OSError:
+                pass
+        fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+        self.f.close()
+
+
+def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
+    """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
+    out_dir = Path(out)
+    for split in scans:
+        check_split_name(split)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot create output folder: {e.strerror}") from e
+    lock = _Lock(out_dir)
+    try:
+        manifest = Manifest.load_or_empty(out_dir)
+        finished = [s for s in scans if s in manifest.splits]
+        if finished and not options.overwrite:
+            raise OutputExistsError(
+                f"{out_dir}: split(s) {finished} are already finished there; pass --overwrite to replace them")
+        if finished:
+            for split in finished:
+                manifest = manifest.without_split(split)
+            manifest.save(out_dir)
+        result = ConvertResult(out_dir=str(out_dir))
+        indexes: dict[str, SplitIndex] = {}
+        for split, scan in scans.items():
+            summary, index = _convert_split(scan, out_dir, replace(options, split=split))
+            result.splits[split] = summary
+            indexes[split] = index
+        manifest = Manifest.load_or_empty(out_dir)
+        for split, index in indexes.items():
+            manifest = manifest.with_split(split, index)
+        _fsync_dir(out_dir)
+        manifest.save(out_dir)
+        for split in scans:
+            shutil.rmtree(out_dir / WORK_DIR / split, ignore_errors=True)
+        return result
+    except OSError as e:
+        raise OutputError(f"{out_dir}: writing the output failed: {e}; nothing was marked finished") from e
+    finally:
+        lock.release()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _record_path(work: Path, index: int) -> Path:
+    return work / f"{index:06d}.json"
+
+
+def _load_reusable(work: Path, out_dir: Path, plan: SplitPlan) -> dict[int, ShardResult]:
+    """Finished shards of an earlier run of the same plan, each checked against its record."""
+    marker = work / "plan.json"
+    if marker.exists():
+        try:
+            same = load_json(marker.read_bytes(), source=str(marker)).get("fingerprint") == plan.fingerprint
+        except ShardifyError:
+            same = False
+        if not same:
+            shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(marker, {"fingerprint": plan.fingerprint, "shards": len(plan.shards)})
+    reusable: dict[int, ShardResult] = {}
+    for shard in plan.shards:
+        record = _record_path(work, shard.index)
+        if not record.exists():
+            continue
+        try:
+            r = load_json(record.read_bytes(), source=str(record))
+            path = out_dir / r["url"]
+            if path.stat().st_size == r["filesize"] and _file_sha256(path) == r["sha256"]:
+                reusable[shard.index] = ShardResult(
+                    index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
+                    sha256=r["sha256"], fields=tuple(r["fields"]),
+                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
+        except (ShardifyError, OSError, KeyError, TypeError, ValueError):
+            continue
+    return reusable
+
+
+def _save_record(work: Path, r: ShardResult) -> None:
+    write_json_atomic(_record_path(work, r.index), {
+        "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
+        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]})
+
+
+def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
+    started = time.monotonic()
+    split = options.split
+    plan = plan_split(scan, options)
+    if options.strict:
+        bad = [p for p in scan.problems if p.kind == "skipped"]
+        if bad:
+            raise InputError(bad[0].reason, path=bad[0].path)
+    work = out_dir / WORK_DIR / split
+    results = _load_reusable(work, out_dir, plan)
+    reused = len(results)
+    todo = [ShardTask(out_dir=str(out_dir), root=scan.root, split=split, plan=s, check_full=options.check == "full",
+                      max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync)
+            for s in plan.shards if s.index not in results]
+    done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
+    done_bytes = sum(r.filesize for r in results.values())
+    bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
+                      done=done_samples, done_bytes=done_bytes)
+
+    def finished(r: ShardResult) -> None:
+        _save_record(work, r)
+        results[r.index] = r
+
+    try:
+        run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
+    finally:
+        bar.close()
+    ordered = [results[s.index] for s in plan.shards]
+    _remove_stale_shards(out_dir, split, len(ordered))
+    skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
+    ignored = [p for p in scan.problems if p.kind == "ignored"]
+    _write_report(out_dir / report_name(split), skipped, ignored)
+    index = SplitIndex(
+        split=split,
+        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
+        classes=tuple(scan.classes),
+        fields=tuple(sorted({f for r in ordered for f in r.fields})),
+        converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+                   "source": scan.source, "options": options.shaping()},
+        skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
+        ignored=dict(Counter(_reason_class(p.reason) for p in ignored)),
+    )
+    write_json_atomic(out_dir / index_name(split), index.to_json())
+    summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
+                           skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
+                           reused_shards=reused, seconds=time.monotonic() - started)
+    return summary, index
+
+
+def _reason_class(reason: str) -> str:
+    """A reason without its per-file details, for the counts in the index."""
+    return reason.split(":", 1)[0].strip()
+
+
+def _remove_stale_shards(out_dir: Path, split: str, count: int) -> None:
+    """Delete shards of ``split`` numbered ``count`` and up, left by an earlier, larger output."""
+    for entry in os.scandir(out_dir):
+        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
+            try:
+                name_split, index = parse_shard_name(entry.name)
+            except ShardifyError:
+                continue
+            if name_split == split and index >= count:
+                os.unlink(entry.path)
+        elif entry.name.startswith(f".{split}-") and entry.name.endswith(".tmp"):
+            os.unlink(entry.path)
+
+
+def _write_report(path: Path, skipped: list[Ignored], ignored: list[Ignored]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="ascii") as f:
+        for p in skipped + ignored:
+            f.write(json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n")
+    os.replace(tmp, path)
+
+

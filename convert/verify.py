@@ -1,0 +1,181 @@
+"""``shardify verify`` and ``shardify info``: check a finished dataset, describe it.
+
+Verify reads every shard once: its checksum and size against the index, its members
+against the format (names, adjacency, key rules, unique keys, counts), and with
+``decode`` every image decoded and every label parsed. It reports every problem it finds
+with the shard and key, rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from shardify.convert.sniff import ImageCheckError, check_image
+from shardify.errors import KeyRuleError, ManifestError, ShardifyError
+from shardify.keys import check_key
+from shardify.manifest import Manifest, SplitIndex
+from shardify.tarfmt import parse_shard_name, shard_name
+from shardify.tario import iter_members, iter_samples
+
+__all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
+
+_IMAGE_FIELDS = {"jpg", "png", "webp", "bmp", "gif", "tiff", "ppm", "pgm", "pbm"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    split: str
+    shard: str | None
+    key: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.split + (f"/{self.shard}" if self.shard else "") + (f" key {self.key!r}" if self.key else "")
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    checked: dict[str, dict[str, int]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _HashingReader:
+    """A forward-only view of a file that hashes what is read (so seeks are disabled)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.hash.update(data)
+        self.size += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = None,
+                   decode: bool = False) -> VerifyReport:
+    """Check every shard of ``splits`` (default: all) of the dataset at ``root``."""
+    root = Path(root)
+    report = VerifyReport()
+    manifest = Manifest.load(root)
+    for split in splits or sorted(manifest.splits):
+        try:
+            index = manifest.load_split(root, split)
+        except ManifestError as e:
+            report.problems.append(Problem(split, None, None, str(e)))
+            continue
+        _verify_split(root, index, decode, report)
+    return report
+
+
+def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
+    split = index.split
+    keys: set[str] = set()
+    problems = report.problems
+    for i, entry in enumerate(index.shards):
+        if entry.url != shard_name(split, i):
+            problems.append(Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i)}"))
+        path = root / entry.url
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            problems.append(Problem(split, entry.url, None, f"cannot open: {e.strerror}"))
+            continue
+        with f:
+            reader = _HashingReader(f)
+            count = 0
+            try:
+                for sample in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
+                    count += 1
+                    _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                while reader.read(1 << 20):
+                    pass
+            except ShardifyError as e:
+                problems.append(Problem(split, entry.url, None, str(e)))
+                continue
+        if reader.size != entry.filesize:
+            problems.append(Problem(split, entry.url, None, f"size is {reader.size}, the index says {entry.filesize}"))
+        if entry.sha256 and reader.hash.hexdigest() != entry.sha256:
+            problems.append(Problem(split, entry.url, None, "sha256 does not match the index (corrupt or replaced)"))
+        if count != entry.nsamples:
+            problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
+    for entry in os.scandir(root):
+        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
+            try:
+                name_split, i = parse_shard_name(entry.name)
+            except ShardifyError:
+                continue
+            if name_split == split and i >= len(index.shards):
+                problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
+    report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
+
+
+def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIndex, keys: set[str],
+                  decode: bool, problems: list[Problem]) -> None:
+    key = str(sample["__key__"])
+    try:
+        check_key(key)
+    except KeyRuleError as e:
+        problems.append(Problem(split, shard, key, str(e)))
+    if key in keys:
+        problems.append(Problem(split, shard, key, "key appears in more than one place in the split"))
+    keys.add(key)
+    if "cls" in sample:
+        try:
+            label = int(sample["cls"])
+            if label < 0 or (index.classes and label >= len(index.classes)):
+                problems.append(Problem(split, shard, key, f"label {label} out of range for {len(index.classes)} classes"))
+        except ValueError:
+            problems.append(Problem(split, shard, key, f"cls {sample['cls'][:20]!r} is not an int"))
+    if "json" in sample:
+        try:
+            json.loads(sample["json"])
+        except ValueError as e:
+            problems.append(Problem(split, shard, key, f"json member is not valid JSON: {e}"))
+    if decode:
+        for ext, data in sample.items():
+            if ext in _IMAGE_FIELDS or ext.rsplit(".", 1)[-1] in _IMAGE_FIELDS:
+                try:
+                    info = check_image(data, full=True)
+                    if info.ext != ext.rsplit(".", 1)[-1] and not (info.ext, ext) == ("tiff", "tif"):
+                        problems.append(Problem(split, shard, key, f"field {ext!r} holds {info.ext} data"))
+                except ImageCheckError as e:
+                    problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
+
+
+def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON-able description of a dataset: splits, samples, shards, bytes, classes."""
+    root = Path(root)
+    manifest = Manifest.load(root)
+    out: dict[str, Any] = {"path": str(root), "format_version": manifest.format_version, "splits": {}}
+    for split in sorted(manifest.splits):
+        index = manifest.load_split(root, split)
+        out["splits"][split] = {
+            "samples": index.num_samples,
+            "shards": len(index.shards),
+            "bytes": index.num_bytes,
+            "classes": len(index.classes),
+            "class_names": list(index.classes),
+            "fields": list(index.fields),
+            "skipped": dict(index.skipped),
+            "ignored": dict(index.ignored),
+            "converter": index.converter,
+        }
+    return out
+
+

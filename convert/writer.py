@@ -1,0 +1,146 @@
+"""Write one planned shard: read, check (and maybe transcode) each input, pack, hash, rename.
+
+Runs in worker processes. The shard is written to a hidden temporary name and renamed
+into place only when whole (after fsync), and the checksum is computed from the bytes as
+they are written, so finished shards are never read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from shardify.convert.inputs import Ignored, SampleSpec
+from shardify.convert.plan import ShardPlan
+from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
+from shardify.errors import InputError
+from shardify.keys import member_name
+from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
+
+__all__ = ["ShardTask", "ShardResult", "write_shard", "temp_name", "Progress"]
+
+
+class Progress(Protocol):
+    def __call__(self, samples: int, nbytes: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTask:
+    out_dir: str
+    root: str
+    split: str
+    plan: ShardPlan
+    check_full: bool
+    max_side: int | None
+    quality: int
+    strict: bool
+    fsync: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    index: int
+    url: str
+    nsamples: int
+    filesize: int
+    sha256: str
+    fields: tuple[str, ...]
+    skipped: tuple[Ignored, ...]
+
+
+def temp_name(split: str, index: int) -> str:
+    """The hidden name a shard is written under until it is whole."""
+    return f".{shard_name(split, index)}.tmp"
+
+
+class _HashingWriter:
+    """Writes to a file and feeds the same bytes to SHA-256; counts them."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.hash.update(data)
+        self.size += len(data)
+
+
+def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[tuple[str, bytes]]:
+    """The (extension, bytes) members of one sample, sorted; raises InputError to skip it."""
+    members: list[tuple[str, bytes]] = [("json", meta)]
+    if spec.label is not None:
+        members.append(("cls", str(spec.label).encode("ascii")))
+    for source in spec.files:
+        path = os.path.join(task.root, source.path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InputError(f"cannot read: {e.strerror or e}", path=source.path, key=key) from e
+        ext = source.ext
+        if source.is_image:
+            try:
+                info = check_image(data, full=task.check_full)
+            except ImageCheckError as e:
+                raise InputError(str(e), path=source.path, key=key) from e
+            ext = info.ext
+            if task.max_side is not None:
+                try:
+                    small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
+                except Exception as e:  # Pillow's decoder errors have many types
+                    raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=source.path, key=key) from e
+                if small is not None:
+                    data, ext = small, "jpg"
+        members.append((ext, data))
+    members.extend(spec.inline)
+    members.sort(key=lambda m: m[0])
+    for a, b in zip(members, members[1:]):
+        if a[0] == b[0]:
+            raise InputError(f"two files would be stored as field {a[0]!r}", path=spec.identity, key=key)
+    return members
+
+
+def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
+    """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
+    plan = task.plan
+    final = shard_name(task.split, plan.index)
+    tmp = os.path.join(task.out_dir, temp_name(task.split, plan.index))
+    skipped: list[Ignored] = []
+    fields: set[str] = set()
+    written = 0
+    try:
+        with open(tmp, "wb", buffering=1 << 20) as f:
+            out = _HashingWriter(f)
+            for sample in plan.samples:
+                before = out.size
+                try:
+                    members = _members(sample.spec, sample.key, sample.meta, task)
+                except InputError as e:
+                    if task.strict:
+                        raise
+                    skipped.append(Ignored(e.path, e.reason))
+                    members = []
+                for ext, data in members:
+                    out.write(ustar_header(member_name(sample.key, ext), len(data)))
+                    out.write(data)
+                    out.write(padding(len(data)))
+                    fields.add(ext)
+                if members:
+                    written += 1
+                if progress is not None:
+                    progress(1, out.size - before)
+            out.write(END_OF_ARCHIVE)
+            f.flush()
+            if task.fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(task.out_dir, final))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
+                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped))

@@ -1,0 +1,107 @@
+"""Interruption: a converter killed with SIGKILL resumes and ends byte-identical; nothing looks finished early."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardify.convert.run import convert_imagefolder
+from shardify.convert.synth import make_imagefolder
+from shardify.errors import OutputExistsError
+
+CMD = [sys.executable, "-m", "shardify.convert", "convert", "imagefolder"]
+OPTS = ["--samples-per-shard", "2", "--workers", "2", "--quiet"]
+
+
+# The same CLI, with each image check slowed down so that the kill lands mid-run (forked
+# workers inherit the patch).
+SLOW = [sys.executable, "-c",
+        "import sys, time\n"
+        "import shardify.convert.writer as w\n"
+        "check = w.check_image\n"
+        "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
+        "from shardify.convert.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n",
+        "convert", "imagefolder"]
+
+
+def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, tree_bytes) -> None:
+    src = make_imagefolder(tmp_path / "src", classes=3, per_class=10, sizes=((96, 64),))
+    ref = tmp_path / "ref"
+    subprocess.run([*CMD, str(src), str(ref), *OPTS], check=True)
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*SLOW, str(src), str(out), *OPTS], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = list(out.glob("train-*.tar"))
+        if len(done) >= 3:
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    shards_before = {p.name for p in out.glob("train-*.tar")}
+    assert 3 <= len(shards_before) < 15, "the kill should land mid-run"
+    assert not (out / "manifest.json").exists(), "a killed run must not look finished"
+
+    rerun = subprocess.run([*CMD, str(src), str(out), *OPTS], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "reused" in rerun.stderr
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, tree_bytes) -> None:
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
+    convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
+    out = tmp_path / "out"
+    # simulate an interrupted run: shards and records written, manifest and index not yet
+    with pytest.MonkeyPatch.context() as mp:
+        from shardify.convert import run
+
+        def crash(*a, **k):
+            raise KeyboardInterrupt
+
+        mp.setattr(run, "_write_report", crash)
+        with pytest.raises(KeyboardInterrupt):
+            convert_imagefolder(src, out, options=options(samples_per_shard=2))
+    assert not (out / "manifest.json").exists()
+    damaged = out / "train-000001.tar"
+    raw = bytearray(damaged.read_bytes())
+    raw[600:700] = bytes(b ^ 0xFF for b in raw[600:700])
+    damaged.write_bytes(bytes(raw))
+    result = convert_imagefolder(src, out, options=options(samples_per_shard=2))
+    assert result.splits["train"].reused_shards == 3
+    assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
+
+
+def test_finished_output_is_not_overwritten_without_flag(tmp_path: Path, options, make_image) -> None:
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "a.jpg").write_bytes(make_image())
+    convert_imagefolder(src.parent, tmp_path / "out", options=options())
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        convert_imagefolder(src.parent, tmp_path / "out", options=options())
+    (src / "b.jpg").write_bytes(make_image(seed=2))
+    (src / "c.jpg").write_bytes(make_image(seed=3))
+    (src / "d.jpg").write_bytes(make_image(seed=4))
+    result = convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=1))
+    assert result.splits["train"].samples == 4
+    convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=3))
+    assert sorted(p.name for p in (tmp_path / "out").glob("train-*.tar")) == ["train-000000.tar", "train-000001.tar"]
+
+
+def test_two_splits_in_one_folder(tmp_path: Path, options, make_image) -> None:
+    from shardify.manifest import Manifest
+
+    for split in ("train", "validation"):
+        d = tmp_path / split / "c"
+        d.mkdir(parents=True)
+        (d / "a.jpg").write_bytes(make_image())
+        convert_imagefolder(d.parent, tmp_path / "out", options=options(split=split))
+    assert set(Manifest.load(tmp_path / "out").splits) == {"train", "validation"}

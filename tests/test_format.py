@@ -1,0 +1,170 @@
+"""The shared format: key rules, tar headers, the hardened tar reader, manifest validation."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardify.errors import KeyRuleError, ManifestError, ShardFormatError
+from shardify.keys import MAX_KEY_LENGTH, assign_keys, check_key, key_from_name, member_name, split_member_name
+from shardify.manifest import Manifest, ShardEntry, SplitIndex
+from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
+from shardify.tario import iter_members, iter_samples, scan_sample_offsets
+
+
+@given(st.lists(st.text(min_size=1, max_size=150), min_size=1, max_size=30, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_keys_valid_unique_and_order_independent(names: list[str]) -> None:
+    keys = assign_keys(names)
+    assert len(set(keys)) == len(keys)
+    for k in keys:
+        check_key(k)
+        assert len(member_name(k, "src.json").encode()) <= 100
+    assert dict(zip(names, keys)) == dict(zip(reversed(names), assign_keys(list(reversed(names)))))
+
+
+def test_clean_names_keep_their_key_rewritten_ones_get_a_hash() -> None:
+    assert key_from_name("n01440764/n01440764_10026") == ("n01440764__n01440764_10026", False)
+    key, rewritten = key_from_name("a b/c.d")
+    assert rewritten and key.startswith("a_b__c_d-") and len(key) == len("a_b__c_d-") + 10
+    assert len(key_from_name("x" * 300)[0]) == MAX_KEY_LENGTH
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "_x", "a b", "é", "x" * 81])
+def test_check_key_refuses(bad: str) -> None:
+    with pytest.raises(KeyRuleError):
+        check_key(bad)
+
+
+def test_split_member_name_like_webdataset() -> None:
+    assert split_member_name("dir.x/key.seg.PNG") == ("dir.x/key", "seg.png")
+    with pytest.raises(KeyRuleError):
+        split_member_name("noext")
+
+
+def test_header_is_what_tarfile_writes_with_fixed_fields() -> None:
+    info = tarfile.TarInfo("k.jpg")
+    info.size, info.mtime, info.mode, info.uname, info.gname = 1234, 0, 0o644, "", ""
+    assert ustar_header("k.jpg", 1234) == info.tobuf(tarfile.USTAR_FORMAT)
+    assert shard_name("train", 7) == "train-000007.tar"
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    out = io.BytesIO()
+    for name, data in members:
+        out.write(ustar_header(name, len(data)) + data + padding(len(data)))
+    out.write(END_OF_ARCHIVE)
+    return out.getvalue()
+
+
+def test_reader_groups_samples_and_finds_offsets() -> None:
+    raw = _tar([("a.cls", b"1"), ("a.jpg", b"x" * 700), ("b.cls", b"2")])
+    samples = list(iter_samples(iter_members(io.BytesIO(raw), shard="s"), shard="s"))
+    assert [(s["__key__"], s.get("cls"), s.get("jpg", b"")[:1]) for s in samples] == [("a", b"1", b"x"), ("b", b"2", b"")]
+    assert scan_sample_offsets(io.BytesIO(raw), shard="s") == [("a", 0), ("b", (512 + 512) + (512 + 1024))]
+
+
+def test_reader_reads_pax_gnu_and_gzip_written_by_tarfile() -> None:
+    long = "d/" + "k" * 150 + ".txt"
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+            for name, data in [(long, b"hello"), ("d/x.txt", b"")]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        members = list(iter_members(io.BytesIO(buf.getvalue()), shard="p"))
+        assert [(m.name, m.data) for m in members] == [(long, b"hello"), ("d/x.txt", b"")]
+        gz = gzip.compress(buf.getvalue())
+        assert len(list(iter_members(gzip.GzipFile(fileobj=io.BytesIO(gz)), shard="p.tgz"))) == 2
+
+
+def _with_type(name: str, typeflag: bytes) -> bytes:
+    h = bytearray(ustar_header(name, 0))
+    h[156:157] = typeflag
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\x00 " % sum(h)
+    return bytes(h)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (_tar([("a.jpg", b"x" * 2000)])[:1500], "truncated"),
+    (_tar([("a.jpg", b"x")])[:300], "partial header"),
+    (b"\x01" * 512 + END_OF_ARCHIVE, "checksum"),
+    (_with_type("link.jpg", b"2") + END_OF_ARCHIVE, "symbolic link"),
+    (_with_type("dev.jpg", b"3") + END_OF_ARCHIVE, "character device"),
+    (_tar([("../evil.jpg", b"x")]), r"\.\."),
+    (_tar([("/abs.jpg", b"x")]), "absolute"),
+])
+def test_reader_errors_name_the_shard(raw: bytes, match: str) -> None:
+    with pytest.raises(ShardFormatError, match=rf"shard bad\.tar.*{match}|{match}.*") as info:
+        list(iter_members(io.BytesIO(raw), shard="bad.tar"))
+    assert "bad.tar" in str(info.value)
+
+
+def test_reader_skips_bad_members_when_asked() -> None:
+    raw = _with_type("link.jpg", b"2") + _tar([("ok.cls", b"1")])
+    seen: list[tuple[str, str]] = []
+    members = list(iter_members(io.BytesIO(raw), shard="s", on_bad_member=lambda n, why: seen.append((n, why))))
+    assert [m.name for m in members] == ["ok.cls"] and seen[0][0] == "link.jpg"
+
+
+def test_declared_size_larger_than_the_file_does_not_allocate_it() -> None:
+    h = bytearray(ustar_header("big.bin", 0))
+    h[124:136] = b"%011o\x00" % (8**11 - 1)
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\x00 " % sum(h)
+    with pytest.raises(ShardFormatError, match="over the limit|truncated"):
+        list(iter_members(io.BytesIO(bytes(h) + b"x" * 100), shard="s", max_member=1 << 40))
+
+
+def test_duplicate_and_non_adjacent_keys_are_errors() -> None:
+    raw = _tar([("a.cls", b"1"), ("b.cls", b"2"), ("a.jpg", b"3")])
+    with pytest.raises(ShardFormatError, match="appears again"):
+        list(iter_samples(iter_members(io.BytesIO(raw), shard="s"), shard="s"))
+    raw = _tar([("a.cls", b"1"), ("a.cls", b"2")])
+    with pytest.raises(ShardFormatError, match="twice"):
+        list(iter_samples(iter_members(io.BytesIO(raw), shard="s"), shard="s"))
+
+
+def _index(**over: object) -> dict:
+    idx = SplitIndex(split="train", shards=(ShardEntry("train-000000.tar", 2, 3072, "ab"),), classes=("a", "b")).to_json()
+    idx["shardify"].update(over)
+    return idx
+
+
+def test_manifest_round_trip(tmp_path: Path) -> None:
+    index = SplitIndex.from_json(_index(), source="t.json")
+    assert SplitIndex.from_json(index.to_json(), source="t.json") == index
+    m = Manifest(splits={}).with_split("train", index)
+    m.save(tmp_path)
+    assert Manifest.load(tmp_path) == m
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"format_version": 99}, "format_version"),
+    ({"classes": "ab"}, "'classes' should be list"),
+    ({"num_samples": 5}, "'num_samples' is 5"),
+    ({"split": 3}, "'split' should be str"),
+])
+def test_bad_index_names_the_field_and_file(over: dict, match: str) -> None:
+    with pytest.raises(ManifestError, match=rf"t\.json.*{match}"):
+        SplitIndex.from_json(_index(**over), source="t.json")
+
+
+def test_bad_manifest_file(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no manifest"):
+        Manifest.load(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ManifestError, match="manifest.json.*'format'"):
+        Manifest.load(tmp_path)
+    (tmp_path / "manifest.json").write_text("[1, 2")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        Manifest.load(tmp_path)
