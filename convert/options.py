@@ -47,7 +47,7 @@ class ConvertOptions:
     max_side: int | None = None
     quality: int = 90
     max_pixels: int | None = None
-    follow_symlinks: bool = False
+    follow_symlinks: bool = True
     num_classes: int | None = None
     strict: bool = False
     overwrite: bool = False

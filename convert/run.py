@@ -145,6 +145,8 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
         return result
     except OSError as e:
         raise OutputError(f"{out_dir}: writing the output failed: {e}; nothing was marked finished") from e
+    except OutputError as e:
+        raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
     finally:
         lock.release()
 
@@ -217,7 +219,8 @@ def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[
     results = _load_reusable(work, out_dir, plan)
     reused = len(results)
     todo = [ShardTask(out_dir=str(out_dir), root=scan.root, split=split, plan=s, check_full=options.check == "full",
-                      max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync)
+                      max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
+                      max_pixels=options.max_pixels)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())

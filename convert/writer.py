@@ -12,10 +12,12 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
+from PIL import Image
+
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.plan import ShardPlan
 from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
-from shardify.errors import InputError
+from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 
@@ -37,6 +39,7 @@ class ShardTask:
     quality: int
     strict: bool
     fsync: bool
+    max_pixels: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +107,18 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
     return members
 
 
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
     plan = task.plan
+    if task.max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = task.max_pixels
     final = shard_name(task.split, plan.index)
     tmp = os.path.join(task.out_dir, temp_name(task.split, plan.index))
     skipped: list[Ignored] = []
@@ -138,9 +150,11 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
             if task.fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, os.path.join(task.out_dir, final))
+    except OSError as e:
+        _remove(tmp)
+        raise OutputError(f"{os.path.join(task.out_dir, final)}: cannot write shard: {e.strerror or e}") from e
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
                        sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped))

@@ -1,0 +1,171 @@
+"""Hostile and broken inputs to the converter: each file converted or reported, never a crash or hang."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shardify.convert.run import convert_imagefolder
+from shardify.convert.synth import natural_image
+
+CLI = [sys.executable, "-m", "shardify.convert"]
+
+
+def _save(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR declares ``width`` x ``height`` but holds almost no data."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b"")
+
+
+def _corpus() -> dict[str, bytes]:
+    rgb = natural_image(48, 32, seed=1)
+    good = _save(rgb, "JPEG")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90
+    palette = rgb.convert("P", palette=Image.ADAPTIVE)
+    frames = [natural_image(24, 16, seed=s).convert("P") for s in range(3)]
+    tiff = io.BytesIO()
+    rgb.save(tiff, format="TIFF", save_all=True, append_images=[natural_image(48, 32, seed=2)])
+    return {
+        "ok.jpg": good,
+        "truncated.jpg": good[: len(good) // 2],
+        "zero.jpg": b"",
+        "random.jpg": os.urandom(3000),
+        "png_as.jpg": _save(rgb, "PNG"),
+        "sixteen_bit.png": _save(Image.new("I;16", (40, 30), 40000), "PNG"),
+        "palette_transparent.png": _save(palette, "PNG", transparency=0),
+        "cmyk.jpg": _save(rgb.convert("CMYK"), "JPEG"),
+        "animated.gif": _save(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+        "animated_as.png": _save(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+        "multiframe.tiff": tiff.getvalue(),
+        "exif_rotated.jpg": _save(rgb, "JPEG", exif=exif.tobytes()),
+        "huge_declared.png": _png_header_only(200_000, 200_000),
+        "grayscale.jpg": _save(rgb.convert("L"), "JPEG"),
+        "bomb.png": _save(Image.new("L", (3000, 3000)), "PNG"),
+    }
+
+
+@pytest.mark.parametrize("check", ["header", "full"])
+def test_every_hostile_file_is_converted_or_reported(tmp_path: Path, options, read_split, check: str) -> None:
+    corpus = _corpus()
+    root = tmp_path / "src" / "c"
+    root.mkdir(parents=True)
+    for name, data in corpus.items():
+        (root / name).write_bytes(data)
+    out = tmp_path / "out"
+    result = convert_imagefolder(root.parent, out, options=options(check=check, max_pixels=4_000_000))
+    packed = {json.loads(s["json"])["path"]: s for s in read_split(out, "train").values()}
+    report = {json.loads(line)["path"]: json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()}
+    for name in corpus:
+        rel = f"c/{name}"
+        assert (rel in packed) != (rel in report), f"{rel} must be either packed or reported"
+    assert set(report) == {"c/truncated.jpg", "c/zero.jpg", "c/random.jpg", "c/animated.gif",
+                           "c/huge_declared.png", "c/bomb.png"}
+    assert report["c/animated.gif"]["kind"] == "ignored"
+    assert report["c/huge_declared.png"]["reason"].startswith("decompression bomb")
+    assert report["c/bomb.png"]["reason"].startswith("decompression bomb")
+    assert result.num_skipped == 5
+    # original bytes kept, extension names the real content
+    assert packed["c/animated_as.png"]["gif"] == corpus["animated_as.png"]
+    assert packed["c/png_as.jpg"]["png"] == corpus["png_as.jpg"]
+    assert packed["c/multiframe.tiff"]["tiff"] == corpus["multiframe.tiff"]
+    assert packed["c/sixteen_bit.png"]["png"] == corpus["sixteen_bit.png"]
+
+
+def test_symlinks_followed_inside_the_root_only_and_loops_end(tmp_path: Path, options, read_split, make_image) -> None:
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "real.jpg").write_bytes(make_image())
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.jpg").write_bytes(make_image(seed=2))
+    (root / "a" / "inside_link.jpg").symlink_to(root / "a" / "real.jpg")
+    (root / "a" / "outside_link.jpg").symlink_to(tmp_path / "outside" / "secret.jpg")
+    (root / "a" / "outside_dir").symlink_to(tmp_path / "outside")
+    (root / "a" / "loop").symlink_to(root / "a")
+    (root / "a" / "dangling.jpg").symlink_to(root / "nothing.jpg")
+    out = tmp_path / "out"
+    result = convert_imagefolder(root, out, options=options())
+    packed = sorted(json.loads(s["json"])["path"] for s in read_split(out, "train").values())
+    assert packed == ["a/inside_link.jpg", "a/real.jpg"]
+    reasons = {p.path: p.reason for p in result.splits["train"].skipped}
+    assert reasons["a/outside_link.jpg"] == "symbolic link points outside the source root"
+    assert reasons["a/outside_dir"] == "symbolic link points outside the source root"
+    assert reasons["a/dangling.jpg"].startswith("cannot stat")
+    report = (out / "train.report.jsonl").read_text()
+    assert "folder reached twice through symbolic links" in report
+
+    nofollow = convert_imagefolder(root, tmp_path / "nf", options=options(follow_symlinks=False))
+    assert nofollow.splits["train"].samples == 1
+
+
+# Runs the CLI as an unprivileged user (root reads any file): the interpreter starts as
+# root, imports what it needs, then drops to nobody before converting.
+AS_NOBODY = (
+    "import os, sys\n"
+    "from PIL import Image; Image.init()\n"
+    "import shardify.convert.run, shardify.convert.cli, tqdm, json, hashlib, fcntl, shutil, codecs\n"
+    "for name in (\"ascii\", \"utf-8\", \"latin-1\"): codecs.lookup(name)\n"
+    "if os.geteuid() == 0:\n"
+    "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+    "sys.exit(shardify.convert.cli.main(sys.argv[1:]))\n"
+)
+
+
+def test_unreadable_file_is_reported(make_image) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        os.chmod(base, 0o777)
+        src = base / "src" / "c"
+        src.mkdir(parents=True)
+        (src / "ok.jpg").write_bytes(make_image())
+        (src / "locked.jpg").write_bytes(make_image(seed=1))
+        os.chmod(src / "locked.jpg", 0)
+        for p in (base / "src", src):
+            os.chmod(p, 0o755)
+        out = base / "out"
+        out.mkdir()
+        os.chmod(out, 0o777)
+        proc = subprocess.run([sys.executable, "-c", AS_NOBODY, "convert", "imagefolder", str(base / "src"), str(out),
+                               "--quiet", "--workers", "1"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        assert "skipped c/locked.jpg: cannot read: Permission denied" in proc.stderr
+
+
+def test_write_failure_is_clear_and_output_never_looks_finished(tmp_path: Path) -> None:
+    from shardify.convert.synth import make_imagefolder
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=6, sizes=((160, 120),))
+    out = tmp_path / "out"
+
+    def small_disk() -> None:  # files over 40 KB fail with EFBIG, like a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+
+    args = [*CLI, "convert", "imagefolder", str(src), str(out), "--quiet", "--samples-per-shard", "4"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, preexec_fn=small_disk)
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot write shard" in proc.stderr and "train-00000" in proc.stderr
+    assert not (out / "manifest.json").exists()
+    assert not list(out.glob(".*.tmp"))
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "manifest.json").exists()
