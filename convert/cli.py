@@ -64,6 +64,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side (default: 90)")
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: start a local Ray for the run)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)")
 
@@ -118,7 +122,7 @@ def _options(args: argparse.Namespace) -> Any:
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
-        fsync=not args.no_fsync, progress=not args.quiet)
+        fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address)
 
 
 def _human(n: float) -> str:

@@ -54,6 +54,8 @@ class ConvertOptions:
     workers: int = 0
     fsync: bool = True
     progress: bool = True
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.samples_per_shard is None:
@@ -70,6 +72,8 @@ class ConvertOptions:
             raise ValueError(f"quality={self.quality} should be in 1..100")
         if self.workers < 0:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 

@@ -11,11 +11,9 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.engine import ProgressBar, run_local
@@ -24,11 +22,11 @@ from shardify.convert.imagefolder import scan_imagefolder
 from shardify.convert.inputs import Ignored, Scan
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
+from shardify.convert.outfs import LocalFS, OutputFS, open_output
 from shardify.convert.plan import SplitPlan, plan_split
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import (Manifest, ShardEntry, SplitIndex, index_name, load_json, report_name,
-                               write_json_atomic)
+from shardify.manifest import MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, index_name, json_bytes, load_json, report_name
 from shardify.tarfmt import check_split_name, parse_shard_name
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans"]
@@ -84,114 +82,115 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
 
 
 class _Lock:
-    """An exclusive lock on the output folder, so two conversions never write it at once."""
+    """An exclusive lock on a local output folder, so two conversions never write it at once.
 
-    def __init__(self, out: Path) -> None:
-        (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
-        self.path = out / WORK_DIR / "lock"
-        self.f = open(self.path, "a+")
-        try:
-            fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            self.f.close()
-            raise OutputError(f"{out}: another shardify conversion is writing this folder") from e
+    Object stores have no such lock; there, running two conversions into one prefix is the
+    user's mistake to avoid (documented).
+    """
+
+    def __init__(self, fs: OutputFS) -> None:
+        self.fs = fs
+        fs.makedirs(WORK_DIR)
+        self.f = None
+        if isinstance(fs, LocalFS):
+            self.f = open(fs.root / WORK_DIR / "lock", "a+")
+            try:
+                fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as e:
+                self.f.close()
+                raise OutputError(f"{fs.location}: another shardify conversion is writing this folder") from e
 
     def release(self) -> None:
         """Unlock; remove the work folder when no unfinished split is left in it."""
-        work = self.path.parent
-        if not [p for p in work.iterdir() if p.name != "lock"]:
-            self.path.unlink(missing_ok=True)
-            try:
-                work.rmdir()
-            except OSError:
-                pass
-        fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
-        self.f.close()
+        if not [n for n in self.fs.entries(WORK_DIR) if n != "lock"]:
+            self.fs.remove_tree(WORK_DIR)
+        if self.f is not None:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+            self.f.close()
+
+
+def _load_manifest(fs: OutputFS) -> Manifest:
+    if not fs.exists(MANIFEST_NAME):
+        return Manifest(splits={})
+    where = f"{fs.location}/{MANIFEST_NAME}"
+    return Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
 
 
 def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
     """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
-    out_dir = Path(out)
     for split in scans:
         check_split_name(split)
+    fs = open_output(out)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        fs.makedirs()
     except OSError as e:
-        raise OutputError(f"{out_dir}: cannot create output folder: {e.strerror}") from e
-    lock = _Lock(out_dir)
+        raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
+    lock = _Lock(fs)
     try:
-        manifest = Manifest.load_or_empty(out_dir)
+        manifest = _load_manifest(fs)
         finished = [s for s in scans if s in manifest.splits]
         if finished and not options.overwrite:
             raise OutputExistsError(
-                f"{out_dir}: split(s) {finished} are already finished there; pass --overwrite to replace them")
+                f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
         if finished:
             for split in finished:
                 manifest = manifest.without_split(split)
-            manifest.save(out_dir)
-        result = ConvertResult(out_dir=str(out_dir))
+            fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
+        result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
         for split, scan in scans.items():
-            summary, index = _convert_split(scan, out_dir, replace(options, split=split))
+            summary, index = _convert_split(scan, fs, replace(options, split=split))
             result.splits[split] = summary
             indexes[split] = index
-        manifest = Manifest.load_or_empty(out_dir)
+        manifest = _load_manifest(fs)
         for split, index in indexes.items():
             manifest = manifest.with_split(split, index)
-        _fsync_dir(out_dir)
-        manifest.save(out_dir)
+        fs.sync_root()
+        fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
         for split in scans:
-            shutil.rmtree(out_dir / WORK_DIR / split, ignore_errors=True)
+            fs.remove_tree(f"{WORK_DIR}/{split}")
         return result
     except OSError as e:
-        raise OutputError(f"{out_dir}: writing the output failed: {e}; nothing was marked finished") from e
+        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
     except OutputError as e:
         raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
     finally:
         lock.release()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _file_sha256(path: Path) -> str:
+def _file_sha256(fs: OutputFS, name: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with fs.open_read(name) as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _record_path(work: Path, index: int) -> Path:
-    return work / f"{index:06d}.json"
+def _record_name(split: str, index: int) -> str:
+    return f"{WORK_DIR}/{split}/{index:06d}.json"
 
 
-def _load_reusable(work: Path, out_dir: Path, plan: SplitPlan) -> dict[int, ShardResult]:
+def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
     """Finished shards of an earlier run of the same plan, each checked against its record."""
-    marker = work / "plan.json"
-    if marker.exists():
+    marker = f"{WORK_DIR}/{plan.split}/plan.json"
+    if fs.exists(marker):
         try:
-            same = load_json(marker.read_bytes(), source=str(marker)).get("fingerprint") == plan.fingerprint
+            same = load_json(fs.read_bytes(marker), source=marker).get("fingerprint") == plan.fingerprint
         except ShardifyError:
             same = False
         if not same:
-            shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(marker, {"fingerprint": plan.fingerprint, "shards": len(plan.shards)})
+            fs.remove_tree(f"{WORK_DIR}/{plan.split}")
+    fs.makedirs(f"{WORK_DIR}/{plan.split}")
+    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "shards": len(plan.shards)}))
+    have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
     for shard in plan.shards:
-        record = _record_path(work, shard.index)
-        if not record.exists():
+        record = _record_name(plan.split, shard.index)
+        if record.rsplit("/", 1)[1] not in have:
             continue
         try:
-            r = load_json(record.read_bytes(), source=str(record))
-            path = out_dir / r["url"]
-            if path.stat().st_size == r["filesize"] and _file_sha256(path) == r["sha256"]:
+            r = load_json(fs.read_bytes(record), source=record)
+            if fs.size(r["url"]) == r["filesize"] and _file_sha256(fs, r["url"]) == r["sha256"]:
                 reusable[shard.index] = ShardResult(
                     index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
@@ -201,13 +200,13 @@ def _load_reusable(work: Path, out_dir: Path, plan: SplitPlan) -> dict[int, Shar
     return reusable
 
 
-def _save_record(work: Path, r: ShardResult) -> None:
-    write_json_atomic(_record_path(work, r.index), {
+def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
+    fs.write_atomic(_record_name(split, r.index), json_bytes({
         "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
-        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]})
+        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
 
 
-def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
+def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
     started = time.monotonic()
     split = options.split
     plan = plan_split(scan, options)
@@ -215,10 +214,9 @@ def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[
         bad = [p for p in scan.problems if p.kind == "skipped"]
         if bad:
             raise InputError(bad[0].reason, path=bad[0].path)
-    work = out_dir / WORK_DIR / split
-    results = _load_reusable(work, out_dir, plan)
+    results = _load_reusable(fs, plan)
     reused = len(results)
-    todo = [ShardTask(out_dir=str(out_dir), root=scan.root, split=split, plan=s, check_full=options.check == "full",
+    todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
                       max_pixels=options.max_pixels)
             for s in plan.shards if s.index not in results]
@@ -228,18 +226,23 @@ def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[
                       done=done_samples, done_bytes=done_bytes)
 
     def finished(r: ShardResult) -> None:
-        _save_record(work, r)
+        _save_record(fs, split, r)
         results[r.index] = r
 
     try:
-        run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
+        if options.engine == "ray":
+            from shardify.convert.engine_ray import run_ray
+
+            run_ray(todo, address=options.ray_address, bar=bar, on_result=finished)
+        else:
+            run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
     finally:
         bar.close()
     ordered = [results[s.index] for s in plan.shards]
-    _remove_stale_shards(out_dir, split, len(ordered))
+    _remove_stale_shards(fs, split, len(ordered))
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
-    _write_report(out_dir / report_name(split), skipped, ignored)
+    _write_report(fs, report_name(split), skipped, ignored)
     index = SplitIndex(
         split=split,
         shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
@@ -250,7 +253,7 @@ def _convert_split(scan: Scan, out_dir: Path, options: ConvertOptions) -> tuple[
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(Counter(_reason_class(p.reason) for p in ignored)),
     )
-    write_json_atomic(out_dir / index_name(split), index.to_json())
+    fs.write_atomic(index_name(split), json_bytes(index.to_json()))
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started)
@@ -262,25 +265,22 @@ def _reason_class(reason: str) -> str:
     return reason.split(":", 1)[0].strip()
 
 
-def _remove_stale_shards(out_dir: Path, split: str, count: int) -> None:
-    """Delete shards of ``split`` numbered ``count`` and up, left by an earlier, larger output."""
-    for entry in os.scandir(out_dir):
-        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
+def _remove_stale_shards(fs: OutputFS, split: str, count: int) -> None:
+    """Delete shards of ``split`` numbered ``count`` and up (left by an earlier, larger output)
+    and temporary files of unfinished shards."""
+    for name in fs.listdir():
+        if name.startswith(f"{split}-") and name.endswith(".tar"):
             try:
-                name_split, index = parse_shard_name(entry.name)
+                name_split, index = parse_shard_name(name)
             except ShardifyError:
                 continue
             if name_split == split and index >= count:
-                os.unlink(entry.path)
-        elif entry.name.startswith(f".{split}-") and entry.name.endswith(".tmp"):
-            os.unlink(entry.path)
+                fs.remove(name)
+        elif name.startswith(f".{split}-") and name.endswith(".tmp"):
+            fs.remove(name)
 
 
-def _write_report(path: Path, skipped: list[Ignored], ignored: list[Ignored]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="ascii") as f:
-        for p in skipped + ignored:
-            f.write(json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n")
-    os.replace(tmp, path)
-
-
+def _write_report(fs: OutputFS, name: str, skipped: list[Ignored], ignored: list[Ignored]) -> None:
+    lines = (json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n"
+             for p in skipped + ignored)
+    fs.write_atomic(name, "".join(lines).encode("ascii"))

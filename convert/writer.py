@@ -15,6 +15,7 @@ from typing import BinaryIO, Protocol
 from PIL import Image
 
 from shardify.convert.inputs import Ignored, SampleSpec
+from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
 from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
 from shardify.errors import InputError, OutputError
@@ -31,6 +32,7 @@ class Progress(Protocol):
 @dataclass(frozen=True, slots=True)
 class ShardTask:
     out_dir: str
+    """A local folder or an fsspec URL."""
     root: str
     split: str
     plan: ShardPlan
@@ -107,25 +109,19 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
     return members
 
 
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
     plan = task.plan
     if task.max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = task.max_pixels
+    fs = open_output(task.out_dir)
     final = shard_name(task.split, plan.index)
-    tmp = os.path.join(task.out_dir, temp_name(task.split, plan.index))
+    tmp = temp_name(task.split, plan.index)
     skipped: list[Ignored] = []
     fields: set[str] = set()
     written = 0
     try:
-        with open(tmp, "wb", buffering=1 << 20) as f:
+        with fs.open_write(tmp) as f:
             out = _HashingWriter(f)
             for sample in plan.samples:
                 before = out.size
@@ -134,7 +130,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
                 except InputError as e:
                     if task.strict:
                         raise
-                    skipped.append(Ignored(e.path, e.reason))
+                    skipped.append(Ignored(e.path or sample.spec.identity, e.reason))
                     members = []
                 for ext, data in members:
                     out.write(ustar_header(member_name(sample.key, ext), len(data)))
@@ -146,15 +142,20 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
                 if progress is not None:
                     progress(1, out.size - before)
             out.write(END_OF_ARCHIVE)
-            f.flush()
-            if task.fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(task.out_dir, final))
+            fs.finish_write(f, fsync=task.fsync)
+        fs.replace(tmp, final)
     except OSError as e:
-        _remove(tmp)
-        raise OutputError(f"{os.path.join(task.out_dir, final)}: cannot write shard: {e.strerror or e}") from e
+        _discard(fs, tmp)
+        raise OutputError(f"{fs.location}/{final}: cannot write shard: {e.strerror or e}") from e
     except BaseException:
-        _remove(tmp)
+        _discard(fs, tmp)
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
                        sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped))
+
+
+def _discard(fs: OutputFS, name: str) -> None:
+    try:
+        fs.remove(name)
+    except OSError:
+        pass

@@ -28,6 +28,7 @@ __all__ = [
     "index_name",
     "report_name",
     "write_json_atomic",
+    "json_bytes",
     "load_json",
 ]
 
@@ -55,10 +56,15 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
+def json_bytes(obj: Any) -> bytes:
+    """The one way manifests, indexes and records are serialized (stable, ASCII)."""
+    return (json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n").encode("ascii")
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder, fsync, replace)."""
     path = Path(path)
-    text = json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n"
+    text = json_bytes(obj).decode("ascii")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, _FILE_MODE)

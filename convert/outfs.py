@@ -1,0 +1,228 @@
+"""Where the converter writes: a local folder, or any fsspec URL (``s3://``, ``gs://``, ``file://``).
+
+One small interface, so that the writer and the finalize order (shards renamed when
+whole, index next, manifest last) are the same code for both. On object storage, a write
+becomes visible only when it completes, which is the atomicity a rename gives locally.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = ["OutputFS", "LocalFS", "FsspecFS", "open_output", "is_url"]
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` names a URL (``scheme://...``) rather than a local path."""
+    return "://" in str(location)
+
+
+class OutputFS:
+    """Files directly under one output root, by name (``train-000000.tar``, ``.shardify-work/x``)."""
+
+    location: str
+    local: bool
+
+    def open_write(self, name: str) -> BinaryIO:
+        raise NotImplementedError
+
+    def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
+        """Flush (and fsync where that means something) before the file is closed."""
+        f.flush()
+
+    def replace(self, src: str, dst: str) -> None:
+        raise NotImplementedError
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def size(self, name: str) -> int:
+        raise NotImplementedError
+
+    def open_read(self, name: str) -> BinaryIO:
+        raise NotImplementedError
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.open_read(name) as f:
+            return f.read()
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        """Names of the files in the root (or in folder ``prefix`` under it)."""
+        raise NotImplementedError
+
+    def entries(self, prefix: str = "") -> list[str]:
+        """Names of the files and folders in folder ``prefix`` (empty if it does not exist)."""
+        raise NotImplementedError
+
+    def remove(self, name: str) -> None:
+        raise NotImplementedError
+
+    def remove_tree(self, name: str) -> None:
+        raise NotImplementedError
+
+    def makedirs(self, name: str = "") -> None:
+        raise NotImplementedError
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def sync_root(self) -> None:
+        """Make completed renames durable before the manifest is written (local only)."""
+
+    def __str__(self) -> str:
+        return self.location
+
+
+class LocalFS(OutputFS):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.location = str(self.root)
+        self.local = True
+
+    def _p(self, name: str) -> Path:
+        return self.root / name
+
+    def open_write(self, name: str) -> BinaryIO:
+        return open(self._p(name), "wb", buffering=1 << 20)
+
+    def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(self._p(src), self._p(dst))
+
+    def exists(self, name: str) -> bool:
+        return self._p(name).exists()
+
+    def size(self, name: str) -> int:
+        return self._p(name).stat().st_size
+
+    def open_read(self, name: str) -> BinaryIO:
+        return open(self._p(name), "rb")
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        folder = self._p(prefix)
+        if not folder.is_dir():
+            return []
+        return sorted(e.name for e in os.scandir(folder) if e.is_file())
+
+    def entries(self, prefix: str = "") -> list[str]:
+        folder = self._p(prefix)
+        return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+    def remove(self, name: str) -> None:
+        try:
+            os.unlink(self._p(name))
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, name: str) -> None:
+        import shutil
+
+        shutil.rmtree(self._p(name), ignore_errors=True)
+
+    def makedirs(self, name: str = "") -> None:
+        self._p(name).mkdir(parents=True, exist_ok=True)
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        path = self._p(name)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, _FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def sync_root(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+class FsspecFS(OutputFS):
+    """An fsspec URL prefix. The user's installed fsspec backend (s3fs, gcsfs, ...) does the I/O."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            import fsspec
+        except ImportError as e:  # pragma: no cover - fsspec is a declared extra
+            raise ImportError(f"writing to {url} needs fsspec: pip install 'shardify[remote]'") from e
+        self.location = url.rstrip("/")
+        self.fs: Any
+        self.fs, self.path = fsspec.core.url_to_fs(self.location)
+        self.local = False
+
+    def _p(self, name: str) -> str:
+        return f"{self.path}/{name}" if name else self.path
+
+    def open_write(self, name: str) -> BinaryIO:
+        return self.fs.open(self._p(name), "wb")
+
+    def replace(self, src: str, dst: str) -> None:
+        self.fs.mv(self._p(src), self._p(dst))
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self._p(name)))
+
+    def size(self, name: str) -> int:
+        return int(self.fs.size(self._p(name)))
+
+    def open_read(self, name: str) -> BinaryIO:
+        return self.fs.open(self._p(name), "rb")
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        folder = self._p(prefix)
+        if not self.fs.exists(folder):
+            return []
+        entries = self.fs.ls(folder, detail=True)
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+
+    def entries(self, prefix: str = "") -> list[str]:
+        folder = self._p(prefix)
+        if not self.fs.exists(folder):
+            return []
+        return sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(folder, detail=False))
+
+    def remove(self, name: str) -> None:
+        if self.fs.exists(self._p(name)):
+            self.fs.rm(self._p(name))
+
+    def remove_tree(self, name: str) -> None:
+        if self.fs.exists(self._p(name)):
+            self.fs.rm(self._p(name), recursive=True)
+
+    def makedirs(self, name: str = "") -> None:
+        self.fs.makedirs(self._p(name), exist_ok=True)
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        tmp = f"{name}.tmp-upload"
+        self.fs.pipe_file(self._p(tmp), data)
+        self.fs.mv(self._p(tmp), self._p(name))
+
+
+def open_output(location: str | os.PathLike[str]) -> OutputFS:
+    """The OutputFS for a local path or an fsspec URL."""
+    text = str(location)
+    return FsspecFS(text) if is_url(text) else LocalFS(text)
