@@ -1,0 +1,222 @@
+"""Turn a list of samples into one batch, inside the workers; and length bucketing.
+
+``default_collate`` stacks each field into one preallocated tensor (in shared memory when it
+runs in a DataLoader worker, as torch's does, so the batch reaches the main process without
+another copy). ``pad_collate`` pads variable-size fields and returns lengths and a mask.
+``bucket_batches`` groups samples of similar length to cut the padding.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+__all__ = ["default_collate", "pad_collate", "bucket_batches"]
+
+S = TypeVar("S")
+
+_NUMERIC_KINDS = frozenset("biufc")
+
+
+def _empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor; in shared memory inside a DataLoader worker."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+
+def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
+def _is_array(value: object) -> bool:
+    """A tensor, or a numpy array of numbers/bools (object and string arrays are not)."""
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS
+    )
+
+
+def _stack(values: list, where: str) -> torch.Tensor:
+    """Stack equal-shape tensors/arrays into one preallocated tensor, one copy per sample."""
+    tensors = [_as_tensor(v) for v in values]
+    first = tensors[0]
+    dtype = first.dtype
+    for i, t in enumerate(tensors):
+        if t.shape != first.shape:
+            raise ValueError(
+                f"{where}: cannot stack shapes {tuple(first.shape)} (sample 0) and {tuple(t.shape)} "
+                f"(sample {i}); use pad_collate for variable-size fields"
+            )
+        if t.dtype != dtype:
+            dtype = torch.promote_types(dtype, t.dtype)
+    if first.device.type != "cpu":
+        return torch.stack(tensors).to(dtype)
+    out = _empty_batch((len(tensors), *first.shape), dtype)
+    return torch.stack(tensors, out=out)
+
+
+def _padded_dims(ndim: int) -> tuple[int, ...]:
+    """1-D [T] and 2-D [T, D] pad dim 0; [C, H, W] (and more) pad every dim but the first."""
+    return (0,) if ndim <= 2 else tuple(range(1, ndim))
+
+
+def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) -> tuple[torch.Tensor, ...]:
+    """(padded, lengths, mask) for tensors that may differ in their padded dims."""
+    tensors = [_as_tensor(v) for v in values]
+    first = tensors[0]
+    dims = _padded_dims(first.ndim)
+    dtype = first.dtype
+    for i, t in enumerate(tensors):
+        fixed_ok = t.ndim == first.ndim and all(
+            t.shape[d] == first.shape[d] for d in range(t.ndim) if d not in dims
+        )
+        if not fixed_ok:
+            raise ValueError(
+                f"{where}: cannot pad shape {tuple(t.shape)} (sample {i}) to {tuple(first.shape)} "
+                f"(sample 0): only dims {dims} may differ"
+            )
+        dtype = torch.promote_types(dtype, t.dtype)
+    shape = list(first.shape)
+    for d in dims:
+        longest = max(t.shape[d] for t in tensors)
+        shape[d] = -(-longest // multiple_of) * multiple_of if multiple_of else longest
+    padded = _empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
+    mask = torch.zeros((len(tensors), *(shape[d] for d in dims)), dtype=torch.bool)
+    lengths = torch.tensor([[t.shape[d] for d in dims] for t in tensors], dtype=torch.int64)
+    for i, t in enumerate(tensors):
+        padded[i][tuple(slice(0, n) for n in t.shape)] = t
+        mask[i][tuple(slice(0, t.shape[d]) for d in dims)] = True
+    return padded, (lengths[:, 0] if len(dims) == 1 else lengths), mask
+
+
+def _collate(batch: list, where: str, leaf: Callable[[list, str], object], pad_here: Callable[[str], bool]) -> object:
+    elem = batch[0]
+    if _is_array(elem):
+        if not all(_is_array(v) for v in batch):
+            raise ValueError(f"{where}: sample 0 holds an array but not every sample does")
+        if pad_here(where) and _as_tensor(elem).ndim >= 1:
+            return leaf(batch, where)
+        return _stack(batch, where)
+    if isinstance(elem, Mapping):
+        keys = list(elem)
+        for i, s in enumerate(batch):
+            if not isinstance(s, Mapping) or s.keys() != elem.keys():
+                raise ValueError(f"{where}: sample {i} has keys {sorted(s)}, sample 0 has {sorted(keys)}")
+        return {k: _collate([s[k] for s in batch], f"{where}[{k!r}]", leaf, pad_here) for k in keys}
+    if isinstance(elem, (tuple, list)):
+        for i, s in enumerate(batch):
+            if not isinstance(s, (tuple, list)) or len(s) != len(elem):
+                raise ValueError(f"{where}: sample {i} has {len(s)} items, sample 0 has {len(elem)}")
+        columns = [_collate(list(col), f"{where}[{j}]", leaf, pad_here) for j, col in enumerate(zip(*batch))]
+        return type(elem)(*columns) if hasattr(elem, "_fields") else tuple(columns)
+    if all(isinstance(v, (bool, np.bool_)) for v in batch):
+        return torch.tensor([bool(v) for v in batch], dtype=torch.bool)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in batch):
+        return torch.tensor([int(v) for v in batch], dtype=torch.int64)
+    if all(isinstance(v, (int, float, np.integer, np.floating)) for v in batch):
+        return torch.tensor([float(v) for v in batch], dtype=torch.get_default_dtype())
+    return list(batch)
+
+
+def _check_batch(samples: list) -> None:
+    if not isinstance(samples, Sequence) or len(samples) == 0:
+        raise ValueError(f"samples should be a non-empty list, got {samples!r:.80}")
+
+
+def default_collate(samples: list) -> object:
+    """Batch samples field by field: one tensor per array field, tuples and dicts kept.
+
+    Tensors and numeric numpy arrays of equal shape -> one ``[B, ...]`` tensor (dtypes
+    promoted); Python ints -> int64; floats (or ints mixed with floats) -> the default float
+    dtype (float32, where torch's collate gives float64); bools -> bool; tuples/lists -> a tuple
+    of columns (a namedtuple stays one); dicts -> a dict; anything else (str, bytes, None,
+    PIL images) -> a list. Unequal shapes raise ValueError naming the field.
+    """
+    _check_batch(samples)
+    return _collate(list(samples), "batch", lambda b, w: _stack(b, w), lambda w: False)
+
+
+def pad_collate(
+    samples: list,
+    *,
+    pad_value: float = 0,
+    multiple_of: int | None = None,
+    fields: Collection[str | int] | None = None,
+) -> object:
+    """Like ``default_collate``, but array fields of 1 dim or more come back padded.
+
+    For each such field: ``(padded, lengths, mask)``, whatever the shapes in this batch (so the
+    structure never changes from batch to batch):
+
+    - 1-D ``[T]`` -> padded ``[B, T_max]``, lengths int64 ``[B]``, mask bool ``[B, T_max]``;
+    - 2-D ``[T, D]`` -> padded ``[B, T_max, D]``, lengths ``[B]``, mask ``[B, T_max]``;
+    - 3-D ``[C, H, W]`` -> padded ``[B, C, H_max, W_max]``, lengths ``[B, 2]`` of (H, W), mask
+      ``[B, H_max, W_max]`` (more dims: every dim but the first is padded, lengths ``[B, ndim-1]``).
+
+    Data sits at the start (top-left) of each padded dim; the mask is True there. ``pad_value``
+    (cast to the field's dtype) fills the rest. Each padded size is the batch maximum, rounded
+    up to ``multiple_of`` if given. ``fields`` limits padding to those top-level dict keys or
+    tuple positions (the rest is stacked as ``default_collate`` does); None pads every array
+    field of 1 dim or more. 0-d arrays and scalars are stacked.
+    """
+    _check_batch(samples)
+    if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of <= 0):
+        raise ValueError(f"{multiple_of=} should be a positive int or None")
+    tops = None if fields is None else {f"batch[{f!r}]" for f in fields}
+
+    def pad_here(where: str) -> bool:
+        return tops is None or any(where == t or where.startswith(t + "[") for t in tops)
+
+    def leaf(batch: list, where: str) -> object:
+        return _pad(batch, where, pad_value, multiple_of)
+
+    return _collate(list(samples), "batch", leaf, pad_here)
+
+
+def bucket_batches(
+    samples: Iterable[S],
+    *,
+    batch_size: int,
+    length: Callable[[S], int],
+    buffer_size: int,
+    rng: random.Random,
+    drop_last: bool,
+) -> Iterator[list[S]]:
+    """Group samples of similar ``length`` into batches to cut padding; each sample once.
+
+    Fills a buffer of ``buffer_size`` samples, sorts it by length (stable), cuts it into full
+    batches and yields them in an ``rng`` order; the few left over (at a random place in the
+    sorted order) join the next buffer. At the end the last partial batch comes last, unless
+    ``drop_last``. Memory: ``buffer_size`` samples.
+    """
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"{batch_size=} should be a positive int")
+    if not isinstance(buffer_size, int) or buffer_size < batch_size:
+        raise ValueError(f"{buffer_size=} should be an int >= {batch_size=}")
+    buffer: list[S] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= buffer_size:
+            buffer.sort(key=length)
+            full, rest = divmod(len(buffer), batch_size)
+            cut = rng.randint(0, full) * batch_size  # the leftover starts here
+            kept = buffer[:cut] + buffer[cut + rest :]
+            batches = [kept[i : i + batch_size] for i in range(0, len(kept), batch_size)]
+            buffer = buffer[cut : cut + rest]
+            rng.shuffle(batches)
+            yield from batches
+    buffer.sort(key=length)
+    batches = [buffer[i : i + batch_size] for i in range(0, len(buffer), batch_size)]
+    partial = batches.pop() if batches and len(batches[-1]) < batch_size else None
+    rng.shuffle(batches)
+    yield from batches
+    if partial is not None and not drop_last:
+        yield partial

@@ -1,0 +1,362 @@
+"""Image transforms that run in the workers: seeded, picklable, uint8 CHW out, JPEG fast path.
+
+Every transform takes the sample's ``random.Random`` (seeded from seed, epoch and key), so a
+sample gets the same augmentation whatever the worker or rank. ``t(img, rng)`` maps a PIL image
+to a PIL image (the plain path, torchvision's results); ``t.apply_encoded(data, rng)`` maps the
+encoded bytes to a ``uint8 [3, H, W]`` tensor. When the first step is a crop/resize and the
+bytes are a JPEG, that fast path draws the crop from the header's size with the same draws as
+the plain path, decodes at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's ``draft``) while
+the crop keeps at least the output size, and resizes only the crop: a whole-pixel box with
+torch's antialiased bilinear (Pillow's within 1), a fractional one with Pillow's box resize;
+both shrink by whole blocks first past ``REDUCING_GAP``. Flip and colour jitter then run on
+the tensor. Other formats take the plain path. Normalisation is left to the device.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, ImageEnhance
+from PIL.JpegImagePlugin import JpegImageFile
+
+from .decode import (
+    REDUCING_GAP,
+    Box,
+    decode_image,
+    decode_jpeg_crop,
+    load_rgb,
+    open_image,
+    pil_to_tensor,
+    tensor_to_pil,
+)
+
+__all__ = [
+    "Transform",
+    "Compose",
+    "RandomResizedCrop",
+    "ScaleJitter",
+    "ResizeCenterCrop",
+    "RandomHorizontalFlip",
+    "ColorJitter",
+    "imagenet_train",
+    "imagenet_eval",
+    "pil_to_tensor",
+    "run_image_transform",
+    "REDUCING_GAP",
+]
+
+def _as_output(value: object) -> object:
+    return pil_to_tensor(value) if isinstance(value, Image.Image) else value
+
+
+def _seed_globals(rng: random.Random) -> None:
+    """Seed Python's, numpy's and torch's global RNGs from ``rng`` (~6 us, for user callables)."""
+    seed = rng.getrandbits(64)
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFF_FFFF)
+    torch.default_generator.manual_seed(seed)  # torch.manual_seed also seeds CUDA: ~90 us
+
+
+class Transform:
+    """Base class: ``__call__(img, rng)`` on PIL; ``apply_encoded(data, rng)`` from bytes.
+
+    A subclass may also define ``apply_tensor(x, rng)`` on a uint8 [3, H, W] tensor, drawing
+    from ``rng`` exactly as ``__call__`` does; the fast path then stays on tensors.
+    """
+
+    apply_tensor: Callable[[torch.Tensor, random.Random], torch.Tensor] | None = None
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        raise NotImplementedError
+
+    def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
+        """Decode ``data``, apply the transform and return a uint8 CHW tensor."""
+        return pil_to_tensor(self(decode_image(data), rng))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class _Geometric(Transform):
+    """A crop of the original image resized to an output size; planned before decoding."""
+
+    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+        """Draw the crop box (original pixels) and the output (w, h) for an image of that size."""
+        raise NotImplementedError
+
+    def _resample(self, img: Image.Image, box: Box, size: tuple[int, int]) -> Image.Image:
+        return img.resize(size, Image.Resampling.BILINEAR, box=box)
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        box, size = self.plan(img.width, img.height, rng)
+        return self._resample(img, box, size)
+
+    def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
+        return _as_output(self._decode_planned(data, rng))  # type: ignore[return-value]
+
+    def _decode_planned(self, data: bytes, rng: random.Random) -> torch.Tensor | Image.Image:
+        """JPEG: the fast path's tensor. Other formats: the plain path's PIL image."""
+        img = open_image(data)
+        box, size = self.plan(img.width, img.height, rng)
+        if isinstance(img, JpegImageFile):
+            return decode_jpeg_crop(img, box, size)
+        return self._resample(load_rgb(img), box, size)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r} should be a positive int")
+
+
+def _shorter_side_to(width: int, height: int, short: int) -> tuple[int, int]:
+    """torchvision's ``Resize(short)`` output (w, h): the longer side is truncated."""
+    if width <= height:
+        return short, int(short * height / width)
+    return int(short * width / height), short
+
+
+class RandomResizedCrop(_Geometric):
+    """torchvision's RandomResizedCrop: area fraction in ``scale``, log-uniform aspect ``ratio``.
+
+    10 attempts, then a centre crop with the ratio clamped into ``ratio``; crop, then bilinear
+    antialiased resize. ``size`` is an int or (height, width), as in torchvision.
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    ) -> None:
+        dims = (size, size) if isinstance(size, int) else tuple(size)
+        if len(dims) != 2:
+            raise ValueError(f"{size=} should be an int or (height, width)")
+        h, w = dims
+        _check_positive(size_h=h, size_w=w)
+        if not (len(scale) == 2 and 0 <= scale[0] <= scale[1] and scale[1] > 0):
+            raise ValueError(f"{scale=} should be (min, max) with 0 <= min <= max and max > 0")
+        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"{ratio=} should be (min, max) with 0 < min <= max")
+        self.size = (h, w)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def crop_params(self, width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop, drawn as torchvision's ``get_params``."""
+        area = width * height
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(rng.uniform(log_lo, log_hi))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = rng.randint(0, height - h)
+                left = rng.randint(0, width - w)
+                return top, left, h, w
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            w, h = int(round(height * self.ratio[1])), height
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+        top, left, h, w = self.crop_params(width, height, rng)
+        return (left, top, left + w, top + h), (self.size[1], self.size[0])
+
+    def _resample(self, img: Image.Image, box: Box, size: tuple[int, int]) -> Image.Image:
+        # As torchvision: crop first, so the filter does not reach outside the crop.
+        return img.crop(tuple(int(v) for v in box)).resize(size, Image.Resampling.BILINEAR)
+
+
+class ScaleJitter(_Geometric):
+    """Shorter side resized to a random int in [min_size, max_size], then a random square crop.
+
+    Done as one resize of the crop's source box: the same filter centres and support as
+    resize-then-crop, so equal up to the filter's rounding (a few pixels off by 1 or 2).
+    """
+
+    def __init__(self, *, min_size: int = 256, max_size: int = 480, crop: int = 224) -> None:
+        _check_positive(min_size=min_size, max_size=max_size, crop=crop)
+        if not crop <= min_size <= max_size:
+            raise ValueError(f"need {crop=} <= {min_size=} <= {max_size=}")
+        self.min_size, self.max_size, self.crop = min_size, max_size, crop
+
+    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+        nw, nh = _shorter_side_to(width, height, rng.randint(self.min_size, self.max_size))
+        top, left = rng.randint(0, nh - self.crop), rng.randint(0, nw - self.crop)
+        fx, fy, c = width / nw, height / nh, self.crop
+        return (left * fx, top * fy, (left + c) * fx, (top + c) * fy), (c, c)
+
+
+class ResizeCenterCrop(_Geometric):
+    """Evaluation: shorter side to ``resize`` (torchvision ``Resize``), then ``CenterCrop(crop)``."""
+
+    def __init__(self, *, resize: int = 256, crop: int = 224) -> None:
+        _check_positive(resize=resize, crop=crop)
+        if crop > resize:
+            raise ValueError(f"{crop=} should be <= {resize=}")
+        self.resize, self.crop = resize, crop
+
+    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+        nw, nh = _shorter_side_to(width, height, self.resize)
+        c = self.crop
+        top, left = int(round((nh - c) / 2.0)), int(round((nw - c) / 2.0))
+        fx, fy = width / nw, height / nh
+        return (left * fx, top * fy, (left + c) * fx, (top + c) * fy), (c, c)
+
+
+class RandomHorizontalFlip(Transform):
+    """Mirror left-right with probability ``p``."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{p=} should be in [0, 1]")
+        self.p = float(p)
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < self.p else img
+
+    def apply_tensor(self, x: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        return x.flip(-1) if rng.random() < self.p else x
+
+
+def _blend(degenerate: torch.Tensor | float, x: torch.Tensor, factor: float) -> torch.Tensor:
+    """Pillow's ``Image.blend(degenerate, x, factor)``: float32 maths, clipped, truncated."""
+    d = degenerate if isinstance(degenerate, float) else degenerate.float()
+    return ((x.float() - d) * np.float32(factor) + d).clamp_(0, 255).to(torch.uint8)
+
+
+def _luma(x: torch.Tensor) -> torch.Tensor:
+    """Pillow's RGB -> L conversion (ITU-R 601-2, rounded), as int32 [H, W]."""
+    r, g, b = x.to(torch.int32).unbind(0)
+    return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16
+
+
+class ColorJitter(Transform):
+    """torchvision's ColorJitter for brightness, contrast and saturation (no hue).
+
+    Each factor is uniform in [max(0, 1 - x), 1 + x]; the three run in a random order, with
+    Pillow's ImageEnhance as torchvision does on PIL images (the tensor path reproduces
+    ImageEnhance's arithmetic). A zero option is skipped and draws nothing.
+    """
+
+    _OPS = ("brightness", "contrast", "saturation")
+
+    def __init__(self, *, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0) -> None:
+        for name, value in zip(self._OPS, (brightness, contrast, saturation)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value!r} should be a finite number >= 0")
+        self.brightness, self.contrast, self.saturation = float(brightness), float(contrast), float(saturation)
+
+    def get_params(self, rng: random.Random) -> list[tuple[str, float]]:
+        """The (operation, factor) pairs in the order they are applied."""
+        amounts = (self.brightness, self.contrast, self.saturation)
+        order = [i for i in range(3) if amounts[i]]
+        rng.shuffle(order)
+        return [(self._OPS[i], rng.uniform(max(0.0, 1.0 - amounts[i]), 1.0 + amounts[i])) for i in order]
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        enhancers = {"brightness": ImageEnhance.Brightness, "contrast": ImageEnhance.Contrast,
+                     "saturation": ImageEnhance.Color}  # fmt: skip
+        for op, factor in self.get_params(rng):
+            img = enhancers[op](img).enhance(factor)
+        return img
+
+    def apply_tensor(self, x: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        for op, factor in self.get_params(rng):
+            if op == "brightness":
+                x = _blend(0.0, x, factor)
+            elif op == "contrast":
+                x = _blend(float(int(_luma(x).double().mean().item() + 0.5)), x, factor)
+            else:
+                x = _blend(_luma(x)[None], x, factor)
+        return x
+
+
+class Compose(Transform):
+    """Apply transforms in order; nested Composes are flattened.
+
+    Items are shardify transforms or any callable ``f(img)`` taking a PIL image (called with
+    the global RNGs seeded from the sample's rng). A PIL result becomes a uint8 CHW tensor. The
+    fast path applies when the first item is RandomResizedCrop, ScaleJitter or ResizeCenterCrop.
+    """
+
+    def __init__(self, transforms: Sequence[Callable]) -> None:
+        flat: list[Callable] = []
+        for i, t in enumerate(transforms):
+            if isinstance(t, Compose):
+                flat.extend(t.transforms)
+            elif callable(t):
+                flat.append(t)
+            else:
+                raise ValueError(f"transforms[{i}]={t!r} should be callable")
+        self.transforms = flat
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> object:
+        value: object = img
+        for t in self.transforms:
+            value = _apply(t, value, rng)
+        return value
+
+    def apply_encoded(self, data: bytes, rng: random.Random) -> object:
+        ts = self.transforms
+        if not ts or not isinstance(ts[0], _Geometric):
+            return _as_output(self(decode_image(data), rng))
+        value = ts[0]._decode_planned(data, rng)
+        for t in ts[1:]:
+            if isinstance(value, torch.Tensor):  # our stand-in for the PIL image of the plain path
+                fn = getattr(t, "apply_tensor", None) if isinstance(t, Transform) else None
+                if fn is not None:
+                    value = fn(value, rng)
+                    continue
+                value = tensor_to_pil(value)
+            value = _apply(t, value, rng)
+        return _as_output(value)
+
+    def __repr__(self) -> str:
+        return f"Compose({self.transforms!r})"
+
+
+def _apply(t: Callable, value: object, rng: random.Random) -> object:
+    if isinstance(t, Transform):
+        return t(value, rng)  # type: ignore[arg-type]
+    _seed_globals(rng)
+    return t(value)
+
+
+def imagenet_train(size: int = 224) -> Compose:
+    """The standard ImageNet training recipe: RandomResizedCrop(size) and a horizontal flip."""
+    return Compose([RandomResizedCrop(size), RandomHorizontalFlip()])
+
+
+def imagenet_eval(size: int = 224, *, resize: int = 256) -> ResizeCenterCrop:
+    """The standard ImageNet evaluation recipe: shorter side to ``resize``, centre crop ``size``."""
+    return ResizeCenterCrop(resize=resize, crop=size)
+
+
+def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.Random) -> object:
+    """Turn one encoded image into the sample's value: the one entry the dataset calls.
+
+    None: the whole image as uint8 CHW. A shardify transform (anything with
+    ``apply_encoded``): its fast path. Any other callable: ``transform(decoded_rgb_pil)`` with
+    Python's, numpy's and torch's global RNGs seeded from ``rng``; a PIL result becomes a tensor.
+    """
+    if transform is None:
+        return pil_to_tensor(decode_image(data))
+    fast = getattr(transform, "apply_encoded", None)
+    if fast is not None:
+        return fast(data, rng)
+    img = decode_image(data)
+    _seed_globals(rng)
+    return _as_output(transform(img))
