@@ -105,11 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("bench", help="measure reading speed of a dataset (decode + augment + batch)")
     p.add_argument("dataset", metavar="DATASET")
-    p.add_argument("--split", default="train")
+    p.add_argument("--split", default=None, help="default: the only split, or train")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--size", type=int, default=224, help="crop size of RandomResizedCrop")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default: 2)")
+    p.add_argument("--epochs", type=int, default=5, help="epochs to stream (default: 5)")
+    p.add_argument("--size", type=int, default=224, help="crop size of RandomResizedCrop (default: 224)")
+    p.add_argument("--no-webdataset", action="store_true", help="skip the side-by-side webdataset run")
     p.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -192,15 +193,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shardify.reader.bench import run_bench
+    from shardify.reader.bench import format_bench, run_bench
 
-    result = run_bench(args.dataset, split=args.split, batch_size=args.batch_size, workers=args.workers,
-                       epochs=args.epochs, size=args.size)
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        for k, v in result.items():
-            print(f"{k:>28}: {v}")
+    result = run_bench(args.dataset, split=args.split, batch_size=args.batch_size, num_workers=args.workers,
+                       epochs=args.epochs, image_size=args.size, compare_webdataset=not args.no_webdataset)
+    print(json.dumps(result, indent=1, default=str) if args.json else format_bench(result))
     return EXIT_OK
 
 

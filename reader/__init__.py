@@ -1,1 +1,32 @@
-"""The training side: stream shards into a PyTorch training loop."""
+"""The training side: stream shards into a PyTorch training loop.
+
+``ShardedDataset`` yields whole batches, the same number on every rank, exactly once per
+epoch; ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
+``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output).
+"""
+
+from __future__ import annotations
+
+from shardify.reader import transforms
+from shardify.reader.collate import bucket_batches, default_collate, pad_collate
+from shardify.reader.dataset import ReadOptions, ShardedDataset
+from shardify.reader.loader import Loader, make_loader
+from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
+from shardify.reader.report import EpochReport
+from shardify.reader.shuffle import sample_rng
+
+__all__ = [
+    "ShardedDataset",
+    "ReadOptions",
+    "make_loader",
+    "Loader",
+    "DevicePrefetcher",
+    "EpochReport",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "sample_rng",
+    "transforms",
+    "default_collate",
+    "pad_collate",
+    "bucket_batches",
+]

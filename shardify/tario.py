@@ -38,7 +38,8 @@ _SKIPPED_SILENTLY = (b"5", b"g")  # directories, global PAX headers
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One regular file of a shard: its name, its bytes and its header's offset."""
+    """One regular file of a shard: its name, its bytes, and the offset of its first header
+    (its PAX or GNU extension header, if it has one): seeking there reads it whole."""
 
     name: str
     data: bytes
@@ -174,6 +175,7 @@ def _walk(
     offset = start_offset
     pending_name: str | None = None
     pending_size: int | None = None
+    first_header: int | None = None  # where a member's extension headers began
     while True:
         header = f.read(BLOCK)
         if not header:
@@ -199,6 +201,8 @@ def _walk(
         member_offset = offset
         offset += BLOCK
         if typeflag in (b"x", b"L"):
+            if first_header is None:
+                first_header = member_offset
             if size > _MAX_EXT_HEADER:
                 raise ShardFormatError(
                     f"extension header at byte {member_offset} declares {size} bytes "
@@ -226,6 +230,8 @@ def _walk(
             name, pending_name = pending_name, None
         else:
             name = raw_name.decode("utf-8", "surrogateescape")
+        if first_header is not None:
+            member_offset, first_header = first_header, None
         data_len = 0 if typeflag in _NO_DATA else size
         problem = _member_problem(name, typeflag, size, max_member)
         if problem is not None:

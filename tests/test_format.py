@@ -168,3 +168,21 @@ def test_bad_manifest_file(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("[1, 2")
     with pytest.raises(ManifestError, match="not valid JSON"):
         Manifest.load(tmp_path)
+
+
+def test_offsets_point_at_extension_headers_so_a_seek_keeps_long_names() -> None:
+    buf = io.BytesIO()
+    names = ["short.txt", "d/" + "k" * 150 + ".txt", "after.txt"]
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tf.addfile(info, io.BytesIO(b"abc"))
+    raw = buf.getvalue()
+    offsets = scan_sample_offsets(io.BytesIO(raw), shard="p")
+    assert [k for k, _ in offsets] == ["short", "d/" + "k" * 150, "after"]
+    for key, offset in offsets:
+        f = io.BytesIO(raw)
+        f.seek(offset)
+        first = next(iter_members(f, shard="p", start_offset=offset))
+        assert first.name.startswith(key + ".") and first.offset == offset

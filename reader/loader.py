@@ -1,0 +1,157 @@
+"""``make_loader``: a DataLoader over a ShardedDataset, device prefetch, and exact resume.
+
+The loader counts the batches it has handed to the training loop in the current epoch.
+``state_dict()`` saves that count with the epoch; ``load_state_dict()`` tells the dataset to
+resume there, and each worker works out from the deterministic plan which of its batches the
+trainer already had and skips their samples without reading or decoding them. The resumed
+run yields exactly the remaining batches: same samples, order and augmentation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from shardify.reader.dataset import ShardedDataset
+from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
+from shardify.reader.world import detect_rank_world
+
+__all__ = ["Loader", "make_loader", "STATE_VERSION"]
+
+log = logging.getLogger("shardify.reader")
+
+STATE_VERSION = 1
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class Loader:
+    """Iterates a :class:`ShardedDataset` through ``dataloader`` (and ``prefetch``, if any)."""
+
+    def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None) -> None:
+        self.dataset = dataset
+        self.dataloader = dataloader
+        self._prefetch = prefetch
+        self._epoch = -1
+        self._batches = 0
+        self._resume_started = False
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        if self._resume_started:  # an earlier iteration began from the resume point already
+            ds.clear_resume()
+            self._resume_started = False
+        point = ds.resume_point
+        self._epoch = ds.epoch
+        self._batches = point[1] if point is not None and point[0] == self._epoch else 0
+        self._resume_started = point is not None
+        return self._run()
+
+    def _run(self) -> Iterator[Any]:
+        workers = iter(self.dataloader)  # workers read the epoch and resume point from here
+        batches = workers if self._prefetch is None else iter(DevicePrefetcher(workers, **self._prefetch))
+        try:
+            for batch in batches:
+                self._batches += 1
+                yield batch
+        except Exception:
+            self._shut_down(workers)
+            raise
+        self.dataset.clear_resume()
+        self._resume_started = False
+        report = self.dataset.last_epoch_report
+        if report and self.dataloader.num_workers > 0:  # in-process, the dataset logged it already
+            log.warning("%s", report)
+
+    def _shut_down(self, workers: Any) -> None:
+        """After an error, stop the workers now (not at garbage collection) and start afresh next time."""
+        shutdown = getattr(workers, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if getattr(self.dataloader, "_iterator", None) is workers:
+            self.dataloader._iterator = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and batches consumed in it, plus what must match on load."""
+        ds = self.dataset
+        if self._epoch == ds.epoch:
+            batches = self._batches
+        else:
+            point = ds.resume_point
+            batches = point[1] if point is not None and point[0] == ds.epoch else 0
+        return {
+            "version": STATE_VERSION,
+            "epoch": ds.epoch,
+            "batches": batches,
+            "seed": ds.options.seed,
+            "world": detect_rank_world()[1],
+            "num_batches": len(ds),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``: the next iteration yields the batches the saved run had left."""
+        ds = self.dataset
+        expected = {"version": STATE_VERSION, "seed": ds.options.seed, "world": detect_rank_world()[1],
+                    "num_batches": len(ds)}
+        for name, value in expected.items():
+            if state.get(name) != value:
+                raise ValueError(f"loader state field {name!r} is {state.get(name)!r}, this loader has {value!r}")
+        epoch, batches = state.get("epoch"), state.get("batches")
+        if not isinstance(epoch, int) or not isinstance(batches, int) or not 0 <= batches <= len(ds):
+            raise ValueError(f"loader state has {epoch=} and {batches=}; want ints, 0 <= batches <= {len(ds)}")
+        ds.resume_at(epoch, batches)
+        self._epoch, self._batches, self._resume_started = -1, 0, False
+
+
+def make_loader(
+    dataset: ShardedDataset,
+    *,
+    num_workers: int = 0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    normalize: bool = True,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    channels_last: bool = False,
+    persistent_workers: bool | None = None,
+    prefetch_factor: int | None = None,
+    multiprocessing_context: Any = None,
+) -> Loader:
+    """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
+
+    ``device``: None yields the collated batches as they are; otherwise batches are moved
+    there one ahead (pinned memory and a side stream on CUDA) and uint8 image batches become
+    ``dtype``, normalised with ``mean``/``std`` (ImageNet's by default; ``normalize=False``
+    only scales to 0..1), optionally channels_last. Workers are persistent by default.
+    """
+    if not isinstance(dataset, ShardedDataset):
+        raise TypeError(f"make_loader wants a ShardedDataset, got {type(dataset).__name__}")
+    if num_workers < 0:
+        raise ValueError(f"{num_workers=} should be >= 0")
+    target = torch.device(device) if device is not None else None
+    if target is not None and target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{device=} but CUDA is not available here")
+    workers_options: dict[str, Any] = {}
+    if num_workers > 0:
+        workers_options = {
+            "persistent_workers": True if persistent_workers is None else persistent_workers,
+            "prefetch_factor": 2 if prefetch_factor is None else prefetch_factor,
+            "multiprocessing_context": multiprocessing_context,
+        }
+    pin = target is not None and target.type == "cuda"
+    dataloader = DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+                            pin_memory=pin, **workers_options)
+    prefetch = None
+    if target is not None:
+        prefetch = {"device": target, "dtype": dtype, "normalize": normalize, "mean": tuple(mean),
+                    "std": tuple(std), "channels_last": channels_last}
+    return Loader(dataset, dataloader, prefetch=prefetch)

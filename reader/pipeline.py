@@ -1,0 +1,225 @@
+"""One worker's epoch: read its share in shuffled order, decode and augment, batch, pad.
+
+Stages, each a generator over the previous one:
+
+1. :func:`read_positions`: the worker's positions in read order, skipping those already
+   consumed before a resume; each run of consecutive positions is one ranged shard read.
+2. :func:`shardify.reader.shuffle.reorder`: the encoded samples in output order (what the
+   shuffle buffer holds: encoded bytes, never decoded tensors).
+3. :class:`SampleProcessor`: decode and transform one sample into its output (or a
+   :class:`Bad` marker under the skip policy); augmentation RNG seeded by (seed, epoch, key).
+4. :func:`cut` (or :func:`bucketed`, grouping by length) into the plan's batches, then
+   :func:`batches`: replace bad samples by repeats of good samples of the same batch (so
+   every rank still yields the same number of batches) and collate.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardify.errors import SampleError
+from shardify.reader.assign import Range
+from shardify.reader.shuffle import sample_rng
+from shardify.reader.stream import Item, Lost, ShardReader
+
+__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "cut", "bucketed", "batches"]
+
+IMAGE_FIELD = "image"
+"""In ``fields``, the name that matches whichever image extension a sample has."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    """A sample that was skipped: unreadable (``lost``) or failing to decode or transform."""
+
+    shard: str
+    key: str | None
+    reason: str
+    lost: bool
+
+
+def read_positions(
+    reader: ShardReader, ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
+) -> Iterator[tuple[int, Item]]:
+    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones."""
+    starts = [0]
+    for _, a, b in ranges:
+        starts.append(starts[-1] + b - a)
+    i, n = 0, len(order)
+    while i < n:
+        p = order[i]
+        if consumed is not None and consumed[p]:
+            i += 1
+            continue
+        r = bisect.bisect_right(starts, p) - 1
+        end = starts[r + 1]
+        j = i + 1
+        while (j < n and order[j] == order[j - 1] + 1 and order[j] < end
+               and not (consumed is not None and consumed[order[j]])):
+            j += 1
+        shard, a, _ = ranges[r]
+        first = a + p - starts[r]
+        for k, item in enumerate(reader.read(shard, first, first + (j - i))):
+            yield p + k, item
+        i = j
+
+
+def _field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in spec.split(";") if s.strip())
+    if not names:
+        raise ValueError(f"field {spec!r} names no extension")
+    return tuple(sorted(image_exts)) if names == (IMAGE_FIELD,) else names
+
+
+class SampleProcessor:
+    """Turns an encoded sample into its output: a tuple of ``fields``, or ``map(sample)``.
+
+    ``fields``: one entry per output column, an extension or ``"a;b"`` alternatives;
+    ``"image"`` matches any image extension. Image fields go through ``transform``
+    (uint8 CHW tensors); other fields are decoded by extension. One field gives the value
+    itself, several a tuple. ``map``: called with the decoded sample dict (image fields
+    transformed when ``transform`` is given, else PIL RGB images) plus ``__key__``,
+    ``__shard__`` and ``__rng__`` (the sample's augmentation RNG); its result is the output.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        epoch: int,
+        transform: Callable[..., Any] | None,
+        fields: Sequence[str],
+        map: Callable[[dict[str, Any]], Any] | None,
+        allow_pickle: bool,
+        skip_errors: bool,
+        unique_keys: bool,
+    ) -> None:
+        from shardify.reader.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
+        from shardify.reader.transforms import run_image_transform
+
+        self._decode_field, self._decode_sample = decode_field, decode_sample
+        self._run_transform, self._refused = run_image_transform, PickleRefusedError
+        self._images = IMAGE_EXTS
+        self._seed, self._epoch = seed, epoch
+        self._transform, self._map = transform, map
+        self._fields = [_field_spec(f, IMAGE_EXTS) for f in fields]
+        self._allow_pickle, self._skip, self._unique = allow_pickle, skip_errors, unique_keys
+        self._field: str | None = None  # the field being made, for error messages
+
+    def __call__(self, item: Item) -> Any:
+        if isinstance(item, Lost):
+            return Bad(item.shard, None, item.reason, lost=True)
+        shard, key = str(item["__shard__"]), str(item["__key__"])
+        self._field = None
+        try:
+            return self._output(item, shard, key)
+        except Exception as e:
+            where = f"field {self._field!r}: " if self._field is not None else ""
+            reason = f"{where}{type(e).__name__}: {e}"
+            if not self._skip or isinstance(e, self._refused):
+                raise SampleError(reason, shard=shard, key=key) from e
+            return Bad(shard, key, reason, lost=False)
+
+    def _rng(self, shard: str, key: str) -> Any:
+        sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
+        return sample_rng(self._seed, self._epoch, sample_id)
+
+    def _output(self, sample: dict[str, Any], shard: str, key: str) -> Any:
+        rng = self._rng(shard, key)
+        if self._map is not None:
+            skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
+            decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
+            for ext in skip:
+                decoded[ext] = self._run_transform(self._transform, sample[ext], rng=rng)
+            decoded["__rng__"] = rng
+            return self._map(decoded)
+        out = []
+        for alternatives in self._fields:
+            ext = next((e for e in alternatives if e in sample), None)
+            if ext is None:
+                have = sorted(e for e in sample if not e.startswith("__"))
+                raise ValueError(f"no field {'/'.join(alternatives)!r} (sample has {have}); pass fields=...")
+            data, self._field = sample[ext], ext
+            if ext.rpartition(".")[2] in self._images:
+                out.append(self._run_transform(self._transform, data, rng=rng))
+            else:
+                out.append(self._decode_field(ext, data, allow_pickle=self._allow_pickle))
+        return out[0] if len(out) == 1 else tuple(out)
+
+
+def _fill(items: list[Any], donor: Any) -> list[Any]:
+    """Replace each Bad by the nearest earlier good item of the batch, else the next, else ``donor``."""
+    out = list(items)
+    good = [i for i, x in enumerate(out) if not isinstance(x, Bad)]
+    for i, x in enumerate(out):
+        if isinstance(x, Bad):
+            j = bisect.bisect_left(good, i)
+            out[i] = out[good[j - 1]] if j > 0 else (out[good[j]] if j < len(good) else donor)
+    return out
+
+
+def cut(outputs: Iterator[Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
+    """Group ``outputs`` into lists of ``sizes``."""
+    for size in sizes:
+        yield [next(outputs) for _ in range(size)]
+
+
+def bucketed(
+    outputs: Iterator[Any], *, batch_size: int, length: Callable[[Any], int], buffer_size: int, rng: Any
+) -> Iterator[list[Any]]:
+    """Group ``outputs`` by ``length`` (skipped samples count as 0) into ``ceil(n / batch_size)`` lists."""
+    from shardify.reader.collate import bucket_batches
+
+    def key(x: Any) -> int:
+        return 0 if isinstance(x, Bad) else length(x)
+
+    return bucket_batches(outputs, batch_size=batch_size, length=key, buffer_size=buffer_size,
+                          rng=rng, drop_last=False)
+
+
+def batches(
+    groups: Iterable[list[Any]],
+    *,
+    collate: Callable[[list[Any]], Any],
+    on_bad: Callable[[Bad], None],
+) -> Iterator[Any]:
+    """Collate each group, replacing skipped samples (see :func:`_fill`); one batch per group.
+
+    A group with no good sample takes the first good sample of the next group (it is held
+    until one arrives), or at the very end the last good sample seen; so the batch count never
+    changes. Only when this worker met no good sample at all does it raise.
+    """
+    held: list[list[Any]] = []
+    last_good: Any = None
+    seen_good = False
+    first_bad: Bad | None = None
+    for items in groups:
+        good = None
+        for x in items:
+            if isinstance(x, Bad):
+                on_bad(x)
+                first_bad = first_bad or x
+            elif good is None:
+                good = x
+        if good is None:
+            held.append(items)
+            continue
+        for h in held:
+            yield collate(_fill(h, good))
+        held = []
+        filled = _fill(items, good)
+        last_good, seen_good = filled[-1], True
+        yield collate(filled)
+    if held:
+        if not seen_good:
+            first_bad = first_bad or Bad("?", None, "?", lost=False)
+            raise SampleError(
+                f"every sample of this worker's {len(held)} remaining batches was skipped; "
+                f"nothing to pad them with (first: {first_bad.reason})",
+                shard=first_bad.shard, key=first_bad.key)
+        for h in held:
+            yield collate(_fill(h, last_good))

@@ -1,0 +1,125 @@
+"""Seeded shuffling: the shard order, a worker's sample order, and per-sample augmentation RNGs.
+
+Every function here is pure: the same arguments give the same result on every run, machine
+and Python version (seeds come from BLAKE2b of the arguments, never from ``hash()``).
+
+A worker's order is computed up front over the positions of its own share of samples, as
+two stages that bound memory by ``buffer_size`` encoded samples:
+
+1. block shuffle: the share is cut into blocks of ``block`` consecutive samples (read with
+   one seek each) and the blocks are visited in random order;
+2. buffer shuffle: the classic shuffle buffer (fill ``buffer_size`` samples, then emit a
+   random one and put the next one read in its place) applied to that read order.
+
+Because the output order is a list of positions, resuming after ``k`` outputs only has to
+read the positions not yet emitted: nothing is replayed, nothing is decoded twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+__all__ = [
+    "derive_seed",
+    "shard_order",
+    "stream_rng",
+    "sample_rng",
+    "block_order",
+    "buffer_order",
+    "worker_order",
+    "reorder",
+]
+
+T = TypeVar("T")
+
+
+def derive_seed(*parts: object) -> int:
+    """A 64-bit seed from ``parts`` (ints and strings), stable across runs and machines."""
+    text = "\x1f".join(f"{type(p).__name__}:{p}" for p in parts).encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The order in which the shards are laid end to end in ``epoch``: natural when not shuffling."""
+    order = list(range(num_shards))
+    if shuffle:
+        random.Random(derive_seed("shards", seed, epoch)).shuffle(order)
+    return order
+
+
+def stream_rng(seed: int, epoch: int, rank: int, worker: int) -> random.Random:
+    """The RNG of the shuffle of one (rank, worker)'s share in ``epoch``."""
+    return random.Random(derive_seed("stream", seed, epoch, rank, worker))
+
+
+def sample_rng(seed: int, epoch: int, key: str) -> random.Random:
+    """The augmentation RNG of sample ``key`` in ``epoch``: the same whatever the ranks and workers."""
+    return random.Random(derive_seed("sample", seed, epoch, key))
+
+
+def block_order(n: int, *, block: int, rng: random.Random) -> list[int]:
+    """Positions ``0..n-1`` grouped in runs of ``block``, the runs in random order."""
+    if block < 1:
+        raise ValueError(f"{block=} should be >= 1")
+    starts = list(range(0, n, block))
+    rng.shuffle(starts)
+    out: list[int] = []
+    for s in starts:
+        out.extend(range(s, min(s + block, n)))
+    return out
+
+
+def buffer_order(n: int, *, buffer_size: int, rng: random.Random) -> list[int]:
+    """The order in which a shuffle buffer of ``buffer_size`` emits items read as ``0..n-1``.
+
+    Item ``k`` of the output is always among the first ``k + buffer_size`` items read, so a
+    consumer holding at most ``buffer_size`` items can produce it lazily.
+    """
+    size = min(buffer_size, n)
+    if size <= 1:
+        return list(range(n))
+    buf = list(range(size))
+    out: list[int] = []
+    rand = rng.random
+    for t in range(size, n):
+        j = int(rand() * size)
+        out.append(buf[j])
+        buf[j] = t
+    rng.shuffle(buf)
+    out.extend(buf)
+    return out
+
+
+def worker_order(
+    n: int, *, rng: random.Random | None, block: int, buffer_size: int
+) -> tuple[list[int], list[int]]:
+    """``(read order, output order)`` of a worker's ``n`` samples, both permutations of ``0..n-1``.
+
+    ``rng=None`` means no shuffle: both are the natural order.
+    """
+    if rng is None:
+        natural = list(range(n))
+        return natural, natural
+    read = block_order(n, block=block, rng=rng)
+    emitted = buffer_order(n, buffer_size=buffer_size, rng=rng)
+    return read, [read[i] for i in emitted]
+
+
+def reorder(source: Iterator[tuple[int, T]], order: Sequence[int]) -> Iterator[T]:
+    """Yield the items of ``source`` (``(position, item)`` pairs) in ``order`` of positions.
+
+    Reads ``source`` only as far as the next position needs, so what it holds is bounded by
+    how far ``order`` runs ahead of the read order (the buffer size for :func:`worker_order`).
+    """
+    pending: dict[int, T] = {}
+    for pos in order:
+        while pos not in pending:
+            try:
+                got, item = next(source)
+            except StopIteration:
+                raise RuntimeError(f"source ended before position {pos} was read") from None
+            pending[got] = item
+        yield pending.pop(pos)

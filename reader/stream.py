@@ -1,0 +1,218 @@
+"""Reading a range ``[start, stop)`` of a shard's samples, as encoded bytes, without decoding.
+
+Plain tar shards are scanned once per worker for the offset of each sample's first header
+(:func:`shardify.tario.scan_sample_offsets`, headers only), then each range is one seek and a
+read bounded to the range's bytes (offsets point at a sample's first header, PAX or GNU
+long-name headers included). Gzip shards cannot seek, so a cursor streams forward and
+skips samples by reading through them (reopening when a range lies behind it).
+
+With ``skip_damaged``, a truncated or garbage shard does not raise: the samples before the
+damage are read as usual and every later position comes back as a :class:`Lost` marker, so
+a range always yields exactly ``stop - start`` items. The sample being read when the damage
+shows up is lost too: the reader cannot tell whether it had all its members.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from shardify.errors import ShardFormatError
+from shardify.reader.sources import is_gzip, open_tar
+from shardify.tario import iter_members, iter_samples, scan_sample_offsets
+
+__all__ = ["Lost", "Item", "ShardReader"]
+
+_MAX_CACHED_SHARDS = 1024
+_ReadErrors = (OSError, EOFError, zlib.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Position ``index`` of shard ``shard`` could not be read; ``reason`` says why."""
+
+    shard: str
+    index: int
+    reason: str
+
+
+Item = dict[str, object] | Lost
+"""A sample dict (``__key__``, ``__shard__``, ``__offset__``, ext -> bytes) or a :class:`Lost`."""
+
+
+class _Window:
+    """At most ``left`` bytes of ``f`` from its position; reads past them see end of file."""
+
+    def __init__(self, f: BinaryIO, left: int) -> None:
+        self._f = f
+        self._left = left
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or n > self._left:
+            n = self._left
+        data = self._f.read(n)
+        self._left -= len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _damage(url: str, e: BaseException) -> ShardFormatError:
+    if isinstance(e, ShardFormatError):
+        return e
+    return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
+
+
+class _Cursor:
+    """A forward-only position in one shard's sample stream (gzip, or a damaged tar)."""
+
+    def __init__(self, shard: int, url: str) -> None:
+        self.shard = shard
+        self.url = url
+        self.index = 0
+        self.error: ShardFormatError | None = None
+        self._f: BinaryIO | None = None
+        try:
+            self._f, _ = open_tar(url)
+            self._samples: Iterator[dict[str, object]] = iter_samples(iter_members(self._f, shard=url), shard=url)
+        except _ReadErrors as e:
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.error = _damage(self.url, e)
+        self.close()
+
+    def next(self) -> dict[str, object] | None:
+        """The sample at ``self.index`` (advancing), or None once the shard ended or broke."""
+        if self.error is not None:
+            return None
+        try:
+            sample = next(self._samples)
+        except StopIteration:
+            self.error = ShardFormatError(f"ended after {self.index} samples", shard=self.url)
+            self.close()
+            return None
+        except (ShardFormatError, *_ReadErrors) as e:
+            self._fail(e)
+            return None
+        self.index += 1
+        return sample
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class ShardReader:
+    """Reads sample ranges of ``urls`` (expected to hold ``sizes`` samples each) for one process."""
+
+    def __init__(
+        self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool
+    ) -> None:
+        self._urls = list(urls)
+        self._sizes = list(sizes)
+        self._skip = skip_damaged
+        self._offsets: OrderedDict[int, array | None] = OrderedDict()
+        self._file: tuple[int, BinaryIO] | None = None
+        self._cursor: _Cursor | None = None
+
+    def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
+        """Yield the ``stop - start`` items at positions ``start..stop-1`` of shard ``shard``."""
+        url = self._urls[shard]
+        offsets = None if is_gzip(url) else self._scan(shard)
+        if offsets is None:
+            yield from self._read_forward(shard, start, stop)
+        else:
+            yield from self._read_seek(shard, start, stop, offsets)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file[1].close()
+            self._file = None
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
+
+    def _open(self, shard: int) -> BinaryIO:
+        if self._file is not None and self._file[0] == shard:
+            return self._file[1]
+        self.close()
+        f, _ = open_tar(self._urls[shard])
+        self._file = (shard, f)
+        return f
+
+    def _scan(self, shard: int) -> array | None:
+        """Sample offsets of a plain tar shard, cached; None sends reads to the forward cursor."""
+        if shard in self._offsets:
+            self._offsets.move_to_end(shard)
+            return self._offsets[shard]
+        url = self._urls[shard]
+        try:
+            f = self._open(shard)
+            f.seek(0)
+            scanned = scan_sample_offsets(f, shard=url)
+            found = array("q", (off for _, off in scanned))
+            if len(found) < self._sizes[shard]:
+                raise ShardFormatError(
+                    f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
+        except (ShardFormatError, *_ReadErrors) as e:
+            if not self._skip:
+                raise _damage(url, e) from e
+            found = None  # damaged: read forward and keep what comes before the damage
+        self._offsets[shard] = found
+        if len(self._offsets) > _MAX_CACHED_SHARDS:
+            self._offsets.popitem(last=False)
+        return found
+
+    def _read_seek(self, shard: int, start: int, stop: int, offsets: array) -> Iterator[Item]:
+        url = self._urls[shard]
+        f = self._open(shard)
+        f.seek(offsets[start])
+        stream: BinaryIO = f
+        if stop < len(offsets):
+            stream = _Window(f, offsets[stop] - offsets[start])  # type: ignore[assignment]
+        samples = iter_samples(iter_members(stream, shard=url, start_offset=offsets[start]), shard=url)
+        index = start
+        error: ShardFormatError | None = None
+        try:
+            for sample in samples:
+                if index >= stop:
+                    break
+                yield sample
+                index += 1
+        except (ShardFormatError, *_ReadErrors) as e:
+            error = _damage(url, e)
+            self.close()
+            if not self._skip:
+                raise error from e
+        if index < stop and error is None:
+            error = ShardFormatError(f"range [{start}, {stop}) ended after {index - start} samples", shard=url)
+            if not self._skip:
+                raise error
+        for i in range(index, stop):
+            yield Lost(url, i, str(error))
+
+    def _read_forward(self, shard: int, start: int, stop: int) -> Iterator[Item]:
+        url = self._urls[shard]
+        cur = self._cursor
+        if cur is None or cur.shard != shard or cur.index > start:
+            self.close()
+            cur = self._cursor = _Cursor(shard, url)
+        while cur.index < start and cur.error is None:
+            cur.next()
+        for i in range(start, stop):
+            sample = cur.next() if cur.index == i else None
+            if sample is not None:
+                yield sample
+                continue
+            if cur.error is None:
+                cur.error = ShardFormatError(f"no sample at position {i}", shard=url)
+            if not self._skip:
+                raise cur.error
+            yield Lost(url, i, str(cur.error))

@@ -1,0 +1,85 @@
+"""Corrupt samples and damaged shards: clear errors in the trainer, or skip, count, and pad."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from shardify.errors import SampleError, ShardFormatError
+from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import transforms as T
+
+
+@pytest.fixture
+def corrupt_dataset(tmp_path, shards):
+    """The 7-2-13 image dataset with sample img00009 (in shard 1) holding garbage as its jpg."""
+    data = shards.images([7, 2, 13], size=(24, 20))
+    key, fields = data[1][0]
+    data[1][0] = (key, {**fields, "jpg": b"\xff\xd8\xff" + b"not a jpeg" * 20})
+    return shards.write_dataset(tmp_path / "bad", data)
+
+
+def images(root, **kw) -> ShardedDataset:
+    return ShardedDataset(root, batch_size=4, transform=T.RandomResizedCrop(8), shuffle=True, **kw)
+
+
+def test_corrupt_sample_error_reaches_the_trainer_with_shard_and_key(corrupt_dataset):
+    with pytest.raises(SampleError) as caught:
+        list(make_loader(images(corrupt_dataset), num_workers=2))
+    message = str(caught.value)
+    assert "train-000001.tar" in message and "'img00007'" in message
+    assert "field 'jpg'" in message and "cannot decode image" in message
+
+
+def test_skip_counts_reports_and_keeps_batch_counts_equal(corrupt_dataset, monkeypatch, caplog):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    counts, bad = [], 0
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        ds = images(corrupt_dataset, on_error="skip")
+        with caplog.at_level(logging.WARNING, logger="shardify.reader"):
+            batches = list(make_loader(ds, num_workers=2))
+        counts.append(len(batches))
+        assert all(len(labels) == 4 for _, labels in batches[:-1])
+        report = ds.last_epoch_report
+        bad += report.bad
+        if report.bad:
+            assert report.entries[0][:2] == (str(corrupt_dataset / "train-000001.tar"), "img00007")
+            assert "img00007" in caplog.text and "skipped 1 bad samples" in caplog.text
+    assert counts == [len(ds)] * 2 and bad == 1
+
+
+def test_truncated_shard_raises_naming_it(tmp_path, shards):
+    root = shards.write_dataset(tmp_path / "t", shards.counting([6, 10]))
+    shard = root / "train-000001.tar"
+    shard.write_bytes(shard.read_bytes()[: 5 * 2048 + 100])
+    with pytest.raises(ShardFormatError, match="train-000001.tar.*truncated"):
+        list(make_loader(ShardedDataset(root, batch_size=4, fields=("cls",)), num_workers=2))
+
+
+def test_truncated_shard_with_skip_keeps_earlier_samples_and_reports_the_loss(tmp_path, shards):
+    root = shards.write_dataset(tmp_path / "t", shards.counting([6, 10]))
+    shard = root / "train-000001.tar"
+    shard.write_bytes(shard.read_bytes()[: 5 * 2048 + 100])  # 2 KiB a sample: damage in global 11
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), on_error="skip")
+    batches = [[int(x) for x in b] for b in ds]
+    assert len(batches) == len(ds) == 4 and all(len(b) == 4 for b in batches)
+    # 10 (maybe incomplete) and 11..15 are lost; repeats of good samples fill their places
+    assert set(x for b in batches for x in b) == set(range(10))
+    report = ds.last_epoch_report
+    assert (report.bad, report.lost) == (0, 6) and "train-000001.tar" in report.entries[0][0]
+
+
+def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
+    root = shards.write_dataset(tmp_path / "g", shards.counting([4, 4, 4]))
+    (root / "train-000001.tar").write_bytes(b"\x00garbage" * 300)
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), on_error="skip")
+    assert [[int(x) for x in b] for b in ds] == [[0, 1, 2, 3], [8] * 4, [8, 9, 10, 11]]
+    assert ds.last_epoch_report.lost == 4
+    (root / "train-000002.tar").write_bytes(b"\x00garbage" * 300)
+    assert [[int(x) for x in b] for b in ds] == [[0, 1, 2, 3], [3] * 4, [3] * 4]
+    for i in (0,):
+        (root / f"train-00000{i}.tar").write_bytes(b"")
+    with pytest.raises(SampleError, match="nothing to pad them with"):
+        list(ds)

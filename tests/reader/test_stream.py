@@ -1,0 +1,85 @@
+"""Ranged shard reads: seeking (tar), reading forward (gzip), damaged shards."""
+
+from __future__ import annotations
+
+import gzip
+import random
+
+import pytest
+
+from shardify.errors import ShardFormatError
+from shardify.reader.stream import Lost, ShardReader
+
+
+def keys(items) -> list[str | None]:
+    return [None if isinstance(x, Lost) else x["__key__"] for x in items]
+
+
+@pytest.fixture
+def shard(tmp_path, shards):
+    """One plain and one gzip copy of a 20-sample shard."""
+    data = shards.tar_bytes(shards.counting([20])[0])
+    plain, packed = tmp_path / "a.tar", tmp_path / "a.tgz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data, mtime=0))
+    return {"tar": str(plain), "tgz": str(packed), "bytes": data}
+
+
+@pytest.mark.parametrize("kind", ["tar", "tgz"])
+def test_random_ranges_give_the_right_samples(shard, kind):
+    reader = ShardReader([shard[kind]], [20], skip_damaged=False)
+    rng = random.Random(0)
+    for _ in range(40):
+        a = rng.randrange(20)
+        b = rng.randrange(a, 21)
+        assert keys(reader.read(0, a, b)) == [f"s000_{i:05d}" for i in range(a, b)]
+    reader.close()
+
+
+def test_a_range_reads_only_its_bytes(shard, tmp_path):
+    reader = ShardReader([shard["tar"]], [20], skip_damaged=False)
+    got = list(reader.read(0, 3, 5))
+    assert [x["cls"] for x in got] == [b"3", b"4"]
+    assert reader._file is not None and reader._file[1].tell() == got[1]["__offset__"] + 2 * 512 * 2
+
+
+def truncated(tmp_path, data: bytes, at: int, name: str = "t.tar") -> str:
+    path = tmp_path / name
+    path.write_bytes(data[:at])
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["tar", "tgz"])
+def test_truncated_shard_raises_naming_it_or_keeps_what_precedes(shard, tmp_path, kind):
+    cut = 11 * 4 * 512 + 700  # inside sample 11 (each sample: 2 members of 1 block + header)
+    data = shard["bytes"][:cut]
+    url = truncated(tmp_path, gzip.compress(data, mtime=0) if kind == "tgz" else data, len(data) * 2,
+                    name=f"t.{kind}")
+    with pytest.raises(ShardFormatError, match=f"shard {url}"):
+        list(ShardReader([url], [20], skip_damaged=False).read(0, 0, 20))
+    items = list(ShardReader([url], [20], skip_damaged=True).read(0, 0, 20))
+    # sample 10 may be incomplete as far as the reader can tell: it goes with the damage
+    assert keys(items) == [f"s000_{i:05d}" for i in range(10)] + [None] * 10
+    assert all(url in x.reason for x in items[10:])
+    later = list(ShardReader([url], [20], skip_damaged=True).read(0, 15, 17))
+    assert keys(later) == [None, None]
+
+
+def test_garbage_and_missing_shards(tmp_path):
+    garbage = tmp_path / "g.tar"
+    garbage.write_bytes(random.Random(0).randbytes(5000))
+    missing = str(tmp_path / "missing.tar")
+    reader = ShardReader([str(garbage), missing], [3, 2], skip_damaged=True)
+    assert keys(reader.read(0, 0, 3)) == [None] * 3
+    assert keys(reader.read(1, 0, 2)) == [None] * 2
+    with pytest.raises(ShardFormatError, match="g.tar"):
+        list(ShardReader([str(garbage)], [3], skip_damaged=False).read(0, 1, 2))
+    with pytest.raises(ShardFormatError, match="missing.tar"):
+        list(ShardReader([missing], [3], skip_damaged=False).read(0, 0, 1))
+
+
+def test_fewer_samples_than_the_manifest_says(shard):
+    with pytest.raises(ShardFormatError, match="holds 20 samples, the source says 25"):
+        list(ShardReader([shard["tar"]], [25], skip_damaged=False).read(0, 0, 1))
+    items = list(ShardReader([shard["tar"]], [25], skip_damaged=True).read(0, 18, 25))
+    assert keys(items) == ["s000_00018", "s000_00019"] + [None] * 5

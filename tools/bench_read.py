@@ -1,0 +1,73 @@
+"""Reading benchmark, run by hand: ``python tools/bench_read.py [--images 2000] [--out bench-out]``.
+
+Makes (once, under ``--out``) an ImageFolder of natural-looking ImageNet-size JPEGs, converts
+it with shardify's converter, warms the page cache, then prints :func:`run_bench`'s table:
+single-process decode+augment, our loader, webdataset side by side, time to first batch,
+memory over epochs and shuffle quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from shardify.convert.synth import make_imagefolder
+from shardify.reader.bench import format_bench, run_bench
+
+
+def build(out: Path, images: int, per_shard: int) -> Path:
+    """The converted dataset under ``out`` (made if missing): 20 classes of ``images / 20``."""
+    dataset = out / f"imagenet-{images}"
+    if (dataset / "manifest.json").exists():
+        return dataset
+    classes = 20
+    src = out / f"imagefolder-{images}"
+    t0 = time.perf_counter()
+    make_imagefolder(src, classes=classes, per_class=-(-images // classes), seed=0)
+    print(f"made {images} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.run import convert_imagefolder
+
+    options = ConvertOptions(samples_per_shard=per_shard, shard_size=None, workers=2, progress=False, fsync=False)
+    convert_imagefolder(src, dataset, options=options)
+    return dataset
+
+
+def warm(dataset: Path) -> int:
+    """Read every shard once so the page cache holds them; returns the bytes read."""
+    total = 0
+    for shard in sorted(dataset.glob("*.tar")):
+        with open(shard, "rb") as f:
+            while chunk := f.read(1 << 24):
+                total += len(chunk)
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--per-shard", type=int, default=125)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--dataset", type=Path, help="benchmark this converted dataset instead")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--single-limit", type=int, default=None, help="images timed in one process (all)")
+    parser.add_argument("--no-webdataset", action="store_true")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args(argv)
+    dataset = args.dataset or build(args.out, args.images, args.per_shard)
+    print(f"warmed {warm(dataset) / 2**20:.0f} MiB of shards", file=sys.stderr)
+    result = run_bench(dataset, batch_size=args.batch_size, num_workers=args.workers, epochs=args.epochs,
+                       single_limit=args.single_limit, compare_webdataset=not args.no_webdataset)
+    print(format_bench(result))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
