@@ -8,9 +8,10 @@ becomes visible only when it completes, which is the atomicity a rename gives lo
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from shardify.manifest import write_bytes_atomic
 
 __all__ = ["OutputFS", "LocalFS", "FsspecFS", "open_output", "is_url"]
 
@@ -130,19 +131,7 @@ class LocalFS(OutputFS):
         self._p(name).mkdir(parents=True, exist_ok=True)
 
     def write_atomic(self, name: str, data: bytes) -> None:
-        path = self._p(name)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, _FILE_MODE)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_bytes_atomic(self._p(name), data)
 
     def sync_root(self) -> None:
         fd = os.open(self.root, os.O_RDONLY)
@@ -150,15 +139,6 @@ class LocalFS(OutputFS):
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()
 
 
 class FsspecFS(OutputFS):

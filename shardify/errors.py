@@ -50,8 +50,8 @@ class _Located(ShardifyError):
         return (type(self), (self.args[0],), {k: v for k, v in self.__dict__.items()})
 
 
-class ShardFormatError(_Located):
-    """A shard is truncated, malformed, or not laid out as the format requires."""
+class _AtShard(_Located):
+    """An error located at a shard and, when known, a sample key."""
 
     shard: str | None = None
     key: str | None = None
@@ -63,6 +63,10 @@ class ShardFormatError(_Located):
     def _format(message: str, *, shard: str | None = None, key: str | None = None) -> str:
         where = f"shard {shard}" + (f", key {key!r}" if key is not None else "")
         return f"{where}: {message}"
+
+
+class ShardFormatError(_AtShard):
+    """A shard is truncated, malformed, or not laid out as the format requires."""
 
 
 class InputError(_Located):
@@ -79,18 +83,8 @@ class InputError(_Located):
         return f"{path}" + (f" (key {key!r})" if key is not None else "") + f": {message}"
 
 
-class SampleError(_Located):
+class SampleError(_AtShard):
     """A sample could not be decoded or transformed while reading."""
-
-    shard: str | None = None
-    key: str | None = None
-
-    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None) -> None:
-        super().__init__(message, shard=shard, key=key)
-
-    @staticmethod
-    def _format(message: str, *, shard: str | None = None, key: str | None = None) -> str:
-        return f"shard {shard}, key {key!r}: {message}"
 
 
 class OutputExistsError(ShardifyError):

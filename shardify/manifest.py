@@ -28,6 +28,7 @@ __all__ = [
     "index_name",
     "report_name",
     "write_json_atomic",
+    "write_bytes_atomic",
     "json_bytes",
     "load_json",
 ]
@@ -61,15 +62,14 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n").encode("ascii")
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder, fsync, replace)."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename."""
     path = Path(path)
-    text = json_bytes(obj).decode("ascii")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -77,6 +77,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    write_bytes_atomic(path, json_bytes(obj))
 
 
 def load_json(text: str | bytes, *, source: str) -> dict[str, Any]:
