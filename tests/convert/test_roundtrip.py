@@ -146,3 +146,28 @@ def test_shard_size_bound(tmp_path: Path, imagefolder: Path, options) -> None:
     assert all(s <= 16_000 or s <= biggest_sample for s in sizes)
     assert [s["filesize"] for s in index["shardlist"]] == [(out / s["url"]).stat().st_size for s in index["shardlist"]]
     assert sum(s["nsamples"] for s in index["shardlist"]) == 10
+
+
+def test_max_side_downscales_large_images_only(tmp_path: Path, options, read_split, make_image) -> None:
+    import io
+
+    from PIL import Image
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "big.png").write_bytes(make_image("PNG", size=(400, 100), seed=1))
+    (src / "small.png").write_bytes(make_image("PNG", size=(60, 40), seed=2))
+    (src / "cmyk.jpg").write_bytes(make_image(mode="CMYK", size=(300, 300), seed=3))
+    outs = []
+    for name in ("a", "b"):
+        convert_imagefolder(src.parent, tmp_path / name, options=options(max_side=128, quality=80))
+        outs.append({json.loads(s["json"])["path"]: s for s in read_split(tmp_path / name, "train").values()})
+    got = outs[0]
+    big = Image.open(io.BytesIO(got["c/big.png"]["jpg"]))
+    assert (big.format, big.size, big.mode) == ("JPEG", (128, 32), "RGB")
+    cmyk = Image.open(io.BytesIO(got["c/cmyk.jpg"]["jpg"]))
+    assert (cmyk.size, cmyk.mode) == ((128, 128), "RGB")
+    assert got["c/small.png"]["png"] == (src / "small.png").read_bytes()
+    assert outs[0] == outs[1]  # re-encoding is deterministic
+    options_recorded = json.loads((tmp_path / "a" / "train.json").read_text())["shardify"]["converter"]["options"]
+    assert (options_recorded["max_side"], options_recorded["quality"]) == (128, 80)
