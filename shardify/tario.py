@@ -133,6 +133,8 @@ def _pax_records(data: bytes, *, shard: str) -> dict[str, str]:
 
 
 def _unsafe_reason(name: str) -> str | None:
+    if "/" not in name and "\\" not in name and "\x00" not in name:
+        return ".. is not a file name" if name == ".." else None
     if name.startswith("/") or name.startswith("\\"):
         return "absolute member name"
     parts = name.replace("\\", "/").split("/")
@@ -272,8 +274,11 @@ def _member_problem(name: str, typeflag: bytes, size: int, max_member: int) -> s
     reason = _unsafe_reason(name)
     if reason is not None:
         return reason
-    if any("\udc80" <= c <= "\udcff" for c in name):
-        return "member name is not UTF-8"
+    if not name.isascii():
+        try:
+            name.encode("utf-8")  # undecodable bytes became surrogates, which do not encode
+        except UnicodeEncodeError:
+            return "member name is not UTF-8"
     if size > max_member:
         return f"member declares {size} bytes, over the limit of {max_member}"
     return None
