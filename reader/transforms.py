@@ -104,7 +104,7 @@ class _Geometric(Transform):
         img = open_image(data)
         box, size = self.plan(img.width, img.height, rng)
         if isinstance(img, JpegImageFile):
-            return decode_jpeg_crop(img, box, size)
+            return decode_jpeg_crop(img, box, size, data=data)
         return self._resample(load_rgb(img), box, size)
 
 

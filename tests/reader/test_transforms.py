@@ -402,3 +402,23 @@ def test_corrupt_jpeg_raises_decode_error() -> None:
 def test_bad_arguments_raise_value_error_naming_them(make: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, mode: str) -> None:
+    """The simplejpeg decode and the Pillow decode of the same crop agree (same libjpeg-turbo)."""
+    import random
+
+    from shardify.reader import decode
+
+    if decode._simplejpeg is None:
+        pytest.skip("simplejpeg not installed")
+    data = jpeg_bytes(natural_image(500, 375, seed=5).convert(mode).convert("RGB") if mode == "RGB"
+                      else natural_image(500, 375, seed=5).convert("L"))
+    t = T.imagenet_train(224)
+    fast = [t.apply_encoded(data, random.Random(i)) for i in range(6)]
+    monkeypatch.setattr(decode, "_simplejpeg", None)
+    pillow = [t.apply_encoded(data, random.Random(i)) for i in range(6)]
+    for a, b in zip(fast, pillow):
+        assert a.shape == b.shape == (3, 224, 224) and a.dtype == torch.uint8
+        assert (a.int() - b.int()).abs().max() <= 1
