@@ -1,9 +1,13 @@
 """What to read: a shardify dataset (directory, manifest or split index) or a list of tar shards.
 
-Shards are opened only through :func:`open_shard` (local paths and ``file://`` for now), so
-remote URLs are one function away. Shards without a manifest (a list, or a brace pattern
-such as ``data-{000..099}.tar``; ``.tar``, ``.tar.gz`` and ``.tgz``, written by shardify,
-webdataset or GNU tar) are counted by scanning their headers once, and the counts are logged.
+Local paths, ``file://``, ``http(s)://`` and any fsspec URL (``s3://``, ``gs://``, ...) work
+for the dataset and its shards; a shard's ``url`` in a split index is relative to the index.
+Shards are opened only through :func:`open_shard`: a remote shard is first fetched whole
+into a local file (streamed, retried, resumed; see :mod:`shardify.reader.remote` and
+:mod:`shardify.reader.cache`), which the reader then seeks in like a local shard.
+Shards without a manifest (a list, or a brace pattern such as ``data-{000..099}.tar``;
+``.tar``, ``.tar.gz`` and ``.tgz``, written by shardify, webdataset or GNU tar) are counted by
+scanning their headers once, and the counts are logged.
 """
 
 from __future__ import annotations
@@ -13,19 +17,24 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import braceexpand
 
 from shardify.errors import ManifestError, ShardFormatError
-from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex
+from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
+from shardify.reader.cache import FetchOptions, open_remote
+from shardify.reader.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
 from shardify.tario import scan_sample_offsets
 
 __all__ = [
     "ShardInfo",
     "Source",
+    "FetchOptions",
+    "RetryPolicy",
     "SourceLike",
     "resolve_source",
     "expand_shards",
@@ -46,10 +55,13 @@ _TAR_SUFFIXES = (".tar",) + _GZIP_SUFFIXES
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """One shard to read: where it is and how many samples it holds."""
+    """One shard to read: where it is, how many samples it holds, and (from a manifest) its
+    size in bytes and SHA-256, which a fetched copy is checked against."""
 
     url: str
     nsamples: int
+    filesize: int | None = None
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,8 @@ class Source:
     fields: tuple[str, ...] = ()
     unique_keys: bool = True
     """Keys are unique across shards (a shardify split); else a key is only unique in its shard."""
+    fetch: FetchOptions = field(default_factory=FetchOptions)
+    """How remote shards are fetched (retries, cache folder)."""
 
     @property
     def num_samples(self) -> int:
@@ -72,6 +86,16 @@ class Source:
     def sizes(self) -> list[int]:
         return [s.nsamples for s in self.shards]
 
+    @cached_property
+    def _by_url(self) -> dict[str, ShardInfo]:
+        return {s.url: s for s in self.shards}
+
+    def open_tar(self, url: str) -> tuple[BinaryIO, bool]:
+        """:func:`open_tar` for one of this source's shards, with its fetch options and checks."""
+        info = self._by_url.get(url)
+        return open_tar(url, fetch=self.fetch, filesize=info.filesize if info else None,
+                        sha256=info.sha256 if info else "")
+
 
 def is_gzip(url: str) -> bool:
     """Whether the shard at ``url`` is a gzip-compressed tar (by its name)."""
@@ -79,16 +103,20 @@ def is_gzip(url: str) -> bool:
 
 
 def _local_path(url: str) -> str:
-    if url.startswith("file://"):
-        return url[len("file://"):]
-    if "://" in url:
-        scheme = url.split("://", 1)[0]
-        raise ManifestError(f"{url}: scheme {scheme!r} is not supported yet (local paths and file://)")
-    return url
+    return url[len("file://"):] if url.startswith("file://") else url
 
 
-def open_shard(url: str) -> BinaryIO:
-    """Open the raw bytes of a shard (or manifest) for reading; the one place that touches storage."""
+def open_shard(
+    url: str, *, fetch: FetchOptions | None = None, filesize: int | None = None, sha256: str = ""
+) -> BinaryIO:
+    """Open the raw bytes of a shard for reading, seekable; the one place that touches storage.
+
+    A remote shard is fetched into a local copy first (``fetch``: retries and cache folder;
+    ``filesize`` and ``sha256`` are checked when given); failures raise
+    :class:`~shardify.reader.remote.ShardFetchError` naming the URL.
+    """
+    if is_remote(url):
+        return open_remote(url, options=fetch or FetchOptions(), size=filesize, sha256=sha256)
     return open(_local_path(url), "rb")  # noqa: SIM115 - the caller closes it
 
 
@@ -108,18 +136,20 @@ class _ForwardOnly:
         self._f.close()
 
 
-def open_tar(url: str) -> tuple[BinaryIO, bool]:
+def open_tar(
+    url: str, *, fetch: FetchOptions | None = None, filesize: int | None = None, sha256: str = ""
+) -> tuple[BinaryIO, bool]:
     """Open a shard as an uncompressed tar stream; returns ``(stream, seekable)``."""
-    raw = open_shard(url)
+    raw = open_shard(url, fetch=fetch, filesize=filesize, sha256=sha256)
     if not is_gzip(url):
         return raw, True
     stream = gzip.GzipFile(fileobj=raw, mode="rb")
     return _ForwardOnly(stream), False  # type: ignore[return-value]
 
 
-def count_samples(url: str) -> int:
+def count_samples(url: str, *, fetch: FetchOptions | None = None) -> int:
     """Samples in a shard, found by scanning its headers (errors name the shard)."""
-    f, _ = open_tar(url)
+    f, _ = open_tar(url, fetch=fetch)
     try:
         return len(scan_sample_offsets(f, shard=url))
     except (OSError, EOFError, gzip.BadGzipFile) as e:
@@ -141,53 +171,115 @@ def _is_shard_spec(text: str) -> bool:
     return "{" in text or text.lower().endswith(_TAR_SUFFIXES)
 
 
-def resolve_source(spec: SourceLike, *, split: str | None = None, count_threads: int = 8) -> Source:
-    """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once."""
+def resolve_source(
+    spec: SourceLike,
+    *,
+    split: str | None = None,
+    count_threads: int = 8,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit_bytes: int | None = None,
+    retry: RetryPolicy | None = None,
+    temp_shards: int = 2,
+) -> Source:
+    """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once.
+
+    Remote shards are fetched into ``cache_dir`` (kept and shared by processes, the least
+    recently used removed above ``cache_limit_bytes``), else into a per-process temporary
+    folder holding the last ``temp_shards``; ``retry`` bounds the attempts, backoff and timeouts.
+    """
+    fetch = FetchOptions(retry=retry or RetryPolicy(), cache_limit_bytes=cache_limit_bytes,
+                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+                         temp_shards=temp_shards)
     if not isinstance(spec, (str, os.PathLike)):
-        return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads)
+        return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads,
+                            fetch=fetch)
     text = os.fspath(spec)
     if _is_shard_spec(text):
-        return _from_shards(expand_shards(text), name=text, threads=count_threads)
+        return _from_shards(expand_shards(text), name=text, threads=count_threads, fetch=fetch)
+    if is_remote(text):
+        return _from_url(text, split, fetch)
     path = Path(_local_path(text))
     if path.is_dir():
-        return _from_manifest(path, split)
+        return _from_manifest(path, split, fetch)
     if path.name == MANIFEST_NAME:
-        return _from_manifest(path.parent, split)
+        return _from_manifest(path.parent, split, fetch)
     if path.suffix == ".json":
         index = SplitIndex.load(path)
-        if split is not None and split != index.split:
-            raise ManifestError(f"{path}: this index is split {index.split!r}, not {split!r}")
-        return _from_index(index, path.parent, name=str(path))
+        _check_split(index, split, str(path))
+        return _from_index(index, str(path), name=str(path), fetch=fetch)
     raise ManifestError(
         f"{text}: not a dataset directory, manifest.json, split index (.json) or tar shard "
         "(.tar, .tar.gz, .tgz, or a {a..b} pattern)"
     )
 
 
-def _from_manifest(directory: Path, split: str | None) -> Source:
+def _only_split(manifest: Manifest, split: str | None, where: str) -> str:
+    if split is not None:
+        return split
+    if len(manifest.splits) != 1:
+        raise ManifestError(f"{where}: pass split=...; splits: {sorted(manifest.splits)}")
+    return next(iter(manifest.splits))
+
+
+def _check_split(index: SplitIndex, split: str | None, where: str) -> None:
+    if split is not None and split != index.split:
+        raise ManifestError(f"{where}: this index is split {index.split!r}, not {split!r}")
+
+
+def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> Source:
     manifest = Manifest.load(directory)
-    if split is None:
-        if len(manifest.splits) != 1:
-            raise ManifestError(
-                f"{directory / MANIFEST_NAME}: pass split=...; splits: {sorted(manifest.splits)}"
-            )
-        split = next(iter(manifest.splits))
-    return _from_index(manifest.load_split(directory, split), directory, name=str(directory))
+    split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
+    index = manifest.load_split(directory, split)
+    return _from_index(index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch)
 
 
-def _from_index(index: SplitIndex, directory: Path, *, name: str) -> Source:
-    shards = tuple(ShardInfo(url=str(directory / e.url), nsamples=e.nsamples) for e in index.shards)
+def _fetch_json(url: str, fetch: FetchOptions, what: str) -> dict[str, Any]:
+    try:
+        data = fetch_bytes(url, retry=fetch.retry)
+    except ShardFetchError as e:
+        raise ManifestError(f"{url}: cannot read {what}: {e.reason}") from e
+    return load_json(data, source=url)
+
+
+def _from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
+    """A dataset at a remote URL: its folder, its ``manifest.json`` or a split index."""
+    if url.endswith(".json") and url.rsplit("/", 1)[-1] != MANIFEST_NAME:
+        index = SplitIndex.from_json(_fetch_json(url, fetch, "split index"), source=url)
+        _check_split(index, split, url)
+        return _from_index(index, url, name=url, fetch=fetch)
+    top = url if url.endswith(".json") else url.rstrip("/") + "/" + MANIFEST_NAME
+    manifest = Manifest.from_json(_fetch_json(top, fetch, "manifest"), source=top)
+    split = _only_split(manifest, split, top)
+    if split not in manifest.splits:
+        raise ManifestError(f"{top}: no split {split!r}; splits: {sorted(manifest.splits)}")
+    index_url = join_url(top, manifest.splits[split].index)
+    index = SplitIndex.from_json(_fetch_json(index_url, fetch, "split index"), source=index_url)
+    if index.split != split:
+        raise ManifestError(f"{index_url}: field 'split' is {index.split!r}, the manifest lists it as {split!r}")
+    return _from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch)
+
+
+def _shard_location(index_at: str, relative: str) -> str:
+    """Where a shard listed in the index at ``index_at`` (a path or a URL) is."""
+    if "://" in relative or "://" in index_at:
+        return join_url(index_at, relative)
+    return str(Path(index_at).parent / relative)
+
+
+def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions) -> Source:
+    shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
+                             filesize=e.filesize, sha256=e.sha256) for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
-                  fields=index.fields, unique_keys=True)
+                  fields=index.fields, unique_keys=True, fetch=fetch)
 
 
-def _from_shards(urls: list[str], *, name: str, threads: int) -> Source:
+def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOptions) -> Source:
     if not urls:
         raise ManifestError(f"{name}: no shards")
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        counts = list(pool.map(count_samples, urls))
+        counts = list(pool.map(lambda u: count_samples(u, fetch=fetch), urls))
     shown = ", ".join(f"{os.path.basename(u)}={n}" for u, n in zip(urls[:8], counts[:8]))
     more = f", ... ({len(urls) - 8} more)" if len(urls) > 8 else ""
     log.info("counted %d samples in %d shards of %s: %s%s", sum(counts), len(urls), name, shown, more)
     shards = tuple(ShardInfo(url=u, nsamples=n) for u, n in zip(urls, counts))
-    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1)
+    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1, fetch=fetch)
