@@ -58,6 +58,7 @@ class ReadOptions:
     bucket_buffer: int | None = None
     on_error: Literal["raise", "skip"] = "raise"
     allow_pickle: bool = False
+    verify: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -70,12 +71,26 @@ class ReadOptions:
             raise ValueError("pass fields=... or map=..., not both")
 
 
+def _checksums(source: Source) -> tuple[str, ...]:
+    """Each shard's SHA-256 from the split index, for ``verify=True``."""
+    missing = [s.url for s in source.shards if not s.sha256]
+    if missing:
+        raise ValueError(
+            f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
+            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest)")
+    return tuple(s.sha256 for s in source.shards)
+
+
 class ShardedDataset(IterableDataset):
     """Batches of a sharded dataset for this rank, the same number on every rank.
 
     ``source``: a shardify dataset directory, its ``manifest.json`` or a split index, or tar
     shards without a manifest (a list or a ``{000..099}`` pattern; ``.tar``, ``.tar.gz``,
     ``.tgz``), which are counted once here. ``split``: needed when the dataset has several.
+    Any of these may be a URL (``http(s)://`` or an fsspec URL): remote shards are downloaded
+    (streamed, retried, resumed with HTTP Range) into ``cache_dir`` (shared safely by workers
+    and ranks, LRU-evicted under ``cache_limit_bytes``), or without it into a small
+    per-process temporary folder; for training on remote data, give a ``cache_dir``.
 
     Output: ``fields`` (default ``("image", "cls")``, or ``("image",)`` when the split has no
     labels) gives one column per entry (an extension, ``"a;b"`` alternatives, or ``"image"``
@@ -85,6 +100,9 @@ class ShardedDataset(IterableDataset):
     ``default_collate``) makes the batch. ``on_error="skip"`` skips bad samples and samples of
     damaged shards, repeating good samples of the same batch in their place; see
     :attr:`last_epoch_report`. Pickle fields load only with ``allow_pickle=True``.
+    ``verify=True`` checks each shard's SHA-256 against the split index before its samples are
+    used (once per shard and process); a mismatch raises naming the shard, or under
+    ``on_error="skip"`` every sample of the shard is skipped and counted.
     ``shuffle_buffer`` encoded samples per worker; ``shuffle_block`` samples read per seek.
     ``bucket_length(output) -> int`` groups samples of similar length into batches, within
     ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again.
@@ -109,6 +127,9 @@ class ShardedDataset(IterableDataset):
         bucket_buffer: int | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         allow_pickle: bool = False,
+        verify: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self.options = ReadOptions(
@@ -117,8 +138,12 @@ class ShardedDataset(IterableDataset):
                 tuple(fields) if fields is not None else None), map=map,
             collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
             bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle)
-        self.source = source if isinstance(source, Source) else resolve_source(source, split=split)
+            allow_pickle=allow_pickle, verify=verify)
+        if isinstance(source, Source):
+            self.source = source
+        else:
+            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes)
+        self._checksums = _checksums(self.source) if verify else None
         self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
@@ -196,7 +221,8 @@ class ShardedDataset(IterableDataset):
         if self._reader is None or self._reader[0] != pid:  # a forked copy must not share files
             shards = self.source.shards
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
-                                             skip_damaged=self.options.on_error == "skip"))
+                                             skip_damaged=self.options.on_error == "skip",
+                                             checksums=self._checksums, opener=self.source.open_tar))
         return self._reader[1]
 
     def _fields(self) -> tuple[str, ...]:

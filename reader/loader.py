@@ -5,17 +5,24 @@ The loader counts the batches it has handed to the training loop in the current 
 resume there, and each worker works out from the deterministic plan which of its batches the
 trainer already had and skips their samples without reading or decoding them. The resumed
 run yields exactly the remaining batches: same samples, order and augmentation.
+
+Worker processes end with the loader: ``close()`` (or ``with make_loader(...) as loader``, or
+dropping the loader) stops persistent workers; an iteration left early stops its own workers
+when it is closed. A worker that dies (killed, out of memory) raises :class:`WorkerError`.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from shardify.errors import ShardifyError, WorkerError
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.world import detect_rank_world
@@ -31,8 +38,49 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+def _died(workers: Any) -> str | None:
+    """How the first dead worker process of a DataLoader iterator ended, if one did."""
+    for i, process in enumerate(getattr(workers, "_workers", ())):
+        code = process.exitcode
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+            if -code == signal.SIGKILL:
+                how += " (out of memory?)"
+        else:
+            how = f"exited with code {code}"
+        return f"worker {i} (pid {process.pid}) {how}"
+    return None
+
+
+def _release_frames(error: BaseException) -> None:
+    """Clear the local variables of the finished frames in ``error``'s tracebacks (and its causes').
+
+    They are torch's frames (user code ran in the workers) and hold the DataLoader iterator,
+    its pipes and its prefetched batches in shared memory: a caller that keeps the error (a
+    notebook, a logger) would keep all that open.
+    """
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
 class Loader:
-    """Iterates a :class:`ShardedDataset` through ``dataloader`` (and ``prefetch``, if any)."""
+    """Iterates a :class:`ShardedDataset` through ``dataloader`` (and ``prefetch``, if any).
+
+    ``close()`` stops the worker processes (also on leaving a ``with`` block, or when the
+    loader is garbage-collected); iterating again starts new ones.
+    """
 
     def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None) -> None:
         self.dataset = dataset
@@ -41,9 +89,29 @@ class Loader:
         self._epoch = -1
         self._batches = 0
         self._resume_started = False
+        self._live: Any = None  # the DataLoader iterator of the iteration under way
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def close(self) -> None:
+        """Stop every worker process of this loader now (persistent ones too)."""
+        for workers in (self._live, getattr(self.dataloader, "_iterator", None)):
+            if workers is not None:
+                self._shut_down(workers)
+        self._live = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit, torch's own finaliser takes over
+            pass
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
@@ -58,14 +126,31 @@ class Loader:
 
     def _run(self) -> Iterator[Any]:
         workers = iter(self.dataloader)  # workers read the epoch and resume point from here
+        self._live = workers
         batches = workers if self._prefetch is None else iter(DevicePrefetcher(workers, **self._prefetch))
+        batch = None
         try:
             for batch in batches:
                 self._batches += 1
                 yield batch
-        except Exception:
+        except Exception as e:
+            died = None if isinstance(e, ShardifyError) else _died(workers)
             self._shut_down(workers)
+            if hasattr(workers, "_workers"):
+                _release_frames(e)
+            workers = batches = batch = None  # this frame stays in the traceback too
+            if died is not None:
+                raise WorkerError(
+                    f"DataLoader {died} in epoch {self._epoch} after {self._batches} batches; the loader "
+                    f"stopped its workers. To go on from there: loader.load_state_dict(loader.state_dict()) "
+                    f"and iterate again ({e})") from e
             raise
+        finally:
+            # Left early (break), or failed: non-persistent workers stop now, not at garbage collection.
+            if workers is not None and workers is not getattr(self.dataloader, "_iterator", None):
+                self._shut_down(workers)
+            if self._live is workers or workers is None:
+                self._live = None
         self.dataset.clear_resume()
         self._resume_started = False
         report = self.dataset.last_epoch_report

@@ -10,24 +10,31 @@ With ``skip_damaged``, a truncated or garbage shard does not raise: the samples 
 damage are read as usual and every later position comes back as a :class:`Lost` marker, so
 a range always yields exactly ``stop - start`` items. The sample being read when the damage
 shows up is lost too: the reader cannot tell whether it had all its members.
+
+With ``checksums``, each shard's SHA-256 is checked against the manifest's before its first
+sample is used (once per shard and process); a mismatch raises, or with ``skip_damaged``
+loses every position of the shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from shardify.errors import ShardFormatError
-from shardify.reader.sources import is_gzip, open_tar
+from shardify.reader.remote import is_remote
+from shardify.reader.sources import is_gzip, open_shard, open_tar
 from shardify.tario import iter_members, iter_samples, scan_sample_offsets
 
 __all__ = ["Lost", "Item", "ShardReader"]
 
 _MAX_CACHED_SHARDS = 1024
+_HASH_CHUNK = 1 << 20
 _ReadErrors = (OSError, EOFError, zlib.error)
 
 
@@ -68,19 +75,27 @@ def _damage(url: str, e: BaseException) -> ShardFormatError:
     return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
 
 
+def _sha256(f: BinaryIO) -> str:
+    """Hex SHA-256 of the rest of ``f``, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    while chunk := f.read(_HASH_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
 class _Cursor:
     """A forward-only position in one shard's sample stream (gzip, or a damaged tar)."""
 
-    def __init__(self, shard: int, url: str) -> None:
+    def __init__(self, shard: int, url: str, opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar) -> None:
         self.shard = shard
         self.url = url
         self.index = 0
         self.error: ShardFormatError | None = None
         self._f: BinaryIO | None = None
         try:
-            self._f, _ = open_tar(url)
+            self._f, _ = opener(url)
             self._samples: Iterator[dict[str, object]] = iter_samples(iter_members(self._f, shard=url), shard=url)
-        except _ReadErrors as e:
+        except (ShardFormatError, *_ReadErrors) as e:  # a fetch that failed is damage too
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
@@ -110,14 +125,23 @@ class _Cursor:
 
 
 class ShardReader:
-    """Reads sample ranges of ``urls`` (expected to hold ``sizes`` samples each) for one process."""
+    """Reads sample ranges of ``urls`` (expected to hold ``sizes`` samples each) for one process;
+    ``opener`` opens a shard (``Source.open_tar`` carries the fetch options of remote shards);
+    ``checksums``: each shard's expected hex SHA-256, checked before it is read (None: no check)."""
 
     def __init__(
-        self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool
+        self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
+        opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar,
+        checksums: Sequence[str] | None = None,
     ) -> None:
+        self._opener = opener
         self._urls = list(urls)
         self._sizes = list(sizes)
         self._skip = skip_damaged
+        if checksums is not None and len(checksums) != len(self._urls):
+            raise ValueError(f"{len(checksums)=} should be {len(self._urls)}, one per shard")
+        self._checksums = list(checksums) if checksums is not None else None
+        self._verified: dict[int, ShardFormatError | None] = {}
         self._offsets: OrderedDict[int, array | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
         self._cursor: _Cursor | None = None
@@ -125,6 +149,13 @@ class ShardReader:
     def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Yield the ``stop - start`` items at positions ``start..stop-1`` of shard ``shard``."""
         url = self._urls[shard]
+        mismatch = self._verify(shard)
+        if mismatch is not None:
+            if not self._skip:
+                raise mismatch
+            for i in range(start, stop):
+                yield Lost(url, i, str(mismatch))
+            return
         offsets = None if is_gzip(url) else self._scan(shard)
         if offsets is None:
             yield from self._read_forward(shard, start, stop)
@@ -139,11 +170,36 @@ class ShardReader:
             self._cursor.close()
             self._cursor = None
 
+    def _verify(self, shard: int) -> ShardFormatError | None:
+        """Why ``shard`` fails its checksum (None: it passes, or nothing is checked); hashed once."""
+        if self._checksums is None:
+            return None
+        if shard not in self._verified:
+            url, expected = self._urls[shard], self._checksums[shard]
+            try:
+                if is_remote(url):  # fetching checks the file against the manifest's sha256
+                    self._opener(url)[0].close()
+                    found = expected
+                elif is_gzip(url):  # the manifest hashes the file, not the tar inside
+                    with open_shard(url) as raw:
+                        found = _sha256(raw)
+                else:
+                    f = self._open(shard)
+                    f.seek(0)
+                    found = _sha256(f)
+            except (ShardFormatError, *_ReadErrors) as e:  # unreadable, or a fetch that failed
+                return _damage(url, e)  # not remembered: the next read tries again
+            else:
+                self._verified[shard] = None if found == expected else ShardFormatError(
+                    f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
+                    "`shardify verify` checks every shard)", shard=url)
+        return self._verified[shard]
+
     def _open(self, shard: int) -> BinaryIO:
         if self._file is not None and self._file[0] == shard:
             return self._file[1]
         self.close()
-        f, _ = open_tar(self._urls[shard])
+        f, _ = self._opener(self._urls[shard])
         self._file = (shard, f)
         return f
 
@@ -203,7 +259,7 @@ class ShardReader:
         cur = self._cursor
         if cur is None or cur.shard != shard or cur.index > start:
             self.close()
-            cur = self._cursor = _Cursor(shard, url)
+            cur = self._cursor = _Cursor(shard, url, self._opener)
         while cur.index < start and cur.error is None:
             cur.next()
         for i in range(start, stop):

@@ -14,6 +14,7 @@ __all__ = [
     "SampleError",
     "OutputExistsError",
     "OutputError",
+    "WorkerError",
 ]
 
 
@@ -93,3 +94,7 @@ class OutputExistsError(ShardifyError):
 
 class OutputError(ShardifyError):
     """Writing the output failed (disk full, permissions); nothing was marked finished."""
+
+
+class WorkerError(ShardifyError, RuntimeError):
+    """A DataLoader worker process died (killed, out of memory, crashed) while reading."""

@@ -336,9 +336,12 @@ def scan_sample_offsets(
     """``[(key, offset of its first header)]`` for each sample, reading headers only.
 
     Member data is skipped with seeks, so on a local file this costs one 512-byte read per
-    member. Used to start reading in the middle of a shard.
+    member. Used to start reading in the middle of a shard. A key that comes back after
+    another key raises, as in :func:`iter_samples`: a reader that starts mid-shard would not
+    see it otherwise.
     """
     out: list[tuple[str, int]] = []
+    seen: set[str] = set()
     last_key: str | None = None
     for m in _walk(f, shard=shard, max_member=max_member, on_bad_member=None,
                    start_offset=0, read_data=False):
@@ -347,6 +350,11 @@ def scan_sample_offsets(
         except KeyRuleError as e:
             raise ShardFormatError(str(e), shard=shard) from e
         if key != last_key:
+            if key in seen:
+                raise ShardFormatError(
+                    "key appears again after other keys (duplicate or non-adjacent members)",
+                    shard=shard, key=key)
+            seen.add(key)
             out.append((key, m.offset))
             last_key = key
     return out

@@ -1,0 +1,162 @@
+"""Soak test: many epochs through persistent DataLoader workers; memory and open files stay flat.
+
+Makes a small synthetic ImageFolder, converts it, then reads it for ``--epochs`` epochs with
+``--workers`` persistent workers (RandomResizedCrop + flip, uint8 batches). After each epoch it
+records the resident memory (VmRSS) and open file descriptors of the main process and of each
+worker, and the main process's threads. Exit code 1 if, after the first epoch, a process's fd
+count changes or its RSS grows by more than ``--rss-slack-mb``.
+
+    python tools/soak.py                      # 10 epochs, 2 workers, 2000 images
+    python tools/soak.py --epochs 4 --json    # what tests/reader/test_faults.py runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["EpochStats", "soak", "flat", "main"]
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """One epoch's figures; memory in MiB (resident set size)."""
+
+    epoch: int
+    seconds: float
+    samples: int
+    main_rss_mib: float
+    main_fds: int
+    main_threads: int
+    worker_rss_mib: tuple[float, ...]
+    worker_fds: tuple[int, ...]
+
+
+def _rss_mib(pid: int | str) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _fds(pid: int | str) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _children() -> list[int]:
+    """Pids of this process's children (the DataLoader workers), from /proc."""
+    pids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def make_data(root: Path, *, images: int) -> Path:
+    """A converted dataset of ``images`` small JPEGs in 4 classes, ~8 shards."""
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.synth import make_imagefolder
+
+    src = make_imagefolder(root / "src", classes=4, per_class=max(1, images // 4), sizes=((200, 150), (150, 200)))
+    out = root / "data"
+    convert_imagefolder(src, out, options=ConvertOptions(samples_per_shard=max(1, images // 8), workers=1,
+                                                         progress=False, fsync=False))
+    return out
+
+
+def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -> list[EpochStats]:
+    """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch."""
+    from shardify.reader import ShardedDataset, make_loader
+    from shardify.reader import transforms as T
+
+    ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size),
+                        drop_last=True)
+    stats: list[EpochStats] = []
+    with make_loader(ds, num_workers=workers, persistent_workers=True) as loader:
+        for epoch in range(epochs):
+            ds.set_epoch(epoch)
+            start, samples = time.perf_counter(), 0
+            for images, _labels in loader:
+                samples += len(images)
+            seconds = time.perf_counter() - start
+            kids = _children()
+            stats.append(EpochStats(
+                epoch=epoch, seconds=round(seconds, 3), samples=samples,
+                main_rss_mib=round(_rss_mib("self"), 1), main_fds=_fds("self"),
+                main_threads=len(os.listdir("/proc/self/task")),
+                worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
+                worker_fds=tuple(_fds(p) for p in kids)))
+    return stats
+
+
+def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
+    """What grew after the first epoch (empty when memory and fds stayed flat)."""
+    problems: list[str] = []
+    first, rest = stats[0], stats[1:]
+    for s in rest:
+        if s.main_fds != first.main_fds or s.worker_fds != first.worker_fds:
+            problems.append(f"epoch {s.epoch}: fds main {s.main_fds} workers {s.worker_fds}, "
+                            f"epoch {first.epoch} had {first.main_fds} and {first.worker_fds}")
+        if len(s.worker_rss_mib) != len(first.worker_rss_mib):
+            problems.append(f"epoch {s.epoch}: {len(s.worker_rss_mib)} workers, first epoch had "
+                            f"{len(first.worker_rss_mib)}")
+    if rest:
+        last = rest[-1]
+        grew = last.main_rss_mib - first.main_rss_mib
+        if grew > rss_slack_mib:
+            problems.append(f"main RSS grew {grew:.1f} MiB from epoch {first.epoch} to {last.epoch}")
+        for i, (a, b) in enumerate(zip(first.worker_rss_mib, last.worker_rss_mib)):
+            if b - a > rss_slack_mib:
+                problems.append(f"worker {i} RSS grew {b - a:.1f} MiB from epoch {first.epoch} to {last.epoch}")
+    return problems
+
+
+def _table(stats: list[EpochStats]) -> str:
+    lines = ["epoch  seconds  samples  main RSS MiB  worker RSS MiB        main fds  worker fds  threads"]
+    for s in stats:
+        workers = ", ".join(f"{r:.1f}" for r in s.worker_rss_mib)
+        lines.append(f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<20}  "
+                     f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {s.main_threads:>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--images", type=int, default=2000, help="synthetic images to convert (default 2000)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--size", type=int, default=112, help="crop size (default 112)")
+    parser.add_argument("--data", type=Path, help="read this converted dataset instead of making one")
+    parser.add_argument("--rss-slack-mb", type=float, default=16.0,
+                        help="allowed RSS growth per process after the first epoch, MiB (default 16)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error(f"--epochs {args.epochs}: need at least 2 to compare")
+    with tempfile.TemporaryDirectory(prefix="shardify-soak-") as tmp:
+        data = args.data or make_data(Path(tmp), images=args.images)
+        stats = soak(data, epochs=args.epochs, workers=args.workers, batch_size=args.batch_size, size=args.size)
+    problems = flat(stats, rss_slack_mib=args.rss_slack_mb)
+    if args.json:
+        print(json.dumps({"epochs": [asdict(s) for s in stats], "problems": problems}))
+    else:
+        print(_table(stats))
+        print("\n".join(problems) if problems else "flat: no fd change and RSS growth within "
+              f"{args.rss_slack_mb:g} MiB per process after epoch 0")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
