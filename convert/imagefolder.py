@@ -103,7 +103,7 @@ def _scan_class(
         listing.append((folder, files))
     listing.sort(key=lambda item: item[0])
     out = []
-    for folder, files in listing:
+    for _folder, files in listing:
         for entry in files:
             rel = os.path.relpath(entry.path, root)
             if not entry.name.lower().endswith(IMAGE_EXTENSIONS):

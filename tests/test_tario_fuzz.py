@@ -9,10 +9,8 @@ same on a forward-only stream (gzip, HTTP), and ``scan_sample_offsets``.
 from __future__ import annotations
 
 import io
-import signal
 import tarfile
 import tracemalloc
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,16 +25,8 @@ FUZZ = settings(max_examples=500, deadline=None, derandomize=True, database=None
                 suppress_health_check=list(HealthCheck))
 
 
-@pytest.fixture(autouse=True)
-def _time_limit() -> Iterator[None]:
-    """A hang fails the test instead of stalling the run (60 s per test)."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError("test ran past its 60 s limit: a hang?")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+TIME_LIMIT_S = 60
+"""A hang fails the test instead of stalling the run (see tests/conftest.py)."""
 
 
 class ForwardOnly(io.RawIOBase):

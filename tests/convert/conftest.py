@@ -8,7 +8,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from shardify.convert.options import ConvertOptions
 from shardify.convert.synth import jpeg_bytes, natural_image

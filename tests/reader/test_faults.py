@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,8 @@ from shardify.reader import ShardedDataset, make_loader
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _time_limit() -> Iterator[None]:
-    """A hang fails the test instead of stalling the run (60 s per test)."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError("test ran past its 60 s limit: a hang?")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+TIME_LIMIT_S = 60
+"""A hang fails the test instead of stalling the run (see tests/conftest.py)."""
 
 
 # -- what a process holds ------------------------------------------------------------------------

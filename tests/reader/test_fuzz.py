@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import tarfile
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +28,8 @@ FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None
                 suppress_health_check=list(HealthCheck))
 
 
-@pytest.fixture(autouse=True)
-def _time_limit() -> Iterator[None]:
-    """A hang fails the test instead of stalling the run (90 s per test)."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError("test ran past its 90 s limit: a hang?")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(90)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+TIME_LIMIT_S = 90
+"""A hang fails the test instead of stalling the run (see tests/conftest.py)."""
 
 
 class Dataset(tuple):

@@ -13,8 +13,6 @@ import io
 import os
 import pickle
 import re
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,16 +23,8 @@ from shardify.errors import SampleError, ShardFormatError
 from shardify.reader import ShardedDataset, make_loader
 
 
-@pytest.fixture(autouse=True)
-def _time_limit() -> Iterator[None]:
-    """A hang fails the test instead of stalling the run (60 s per test)."""
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError("test ran past its 60 s limit: a hang?")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+TIME_LIMIT_S = 60
+"""A hang fails the test instead of stalling the run (see tests/conftest.py)."""
 
 
 class Payload:
