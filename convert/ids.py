@@ -12,14 +12,13 @@ import json
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile
 from shardify.convert.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
 
 __all__ = ["scan_ids", "load_json_file", "stored_ext"]
 
-_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS}
 
 
 def load_json_file(path: str | os.PathLike[str], *, what: str) -> object:
@@ -139,5 +138,5 @@ def _files_by_id(src: Path, wanted: set[str]) -> tuple[dict[str, list[SourceFile
             continue
         files_of.setdefault(ident, []).append(
             SourceFile(ext=ext, path=name, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                       is_image=ext in _IMAGE_EXTS))
+                       is_image=ext in IMAGE_EXTS))
     return files_of, problems

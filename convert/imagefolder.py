@@ -55,12 +55,8 @@ def _inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root + os.sep)
 
 
-def _is_dir(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, problems: list[Ignored]) -> bool:
-    """Whether to descend into ``entry``; reports links that are not followed."""
-    if not entry.is_symlink():
-        return entry.is_dir(follow_symlinks=False)
-    if not entry.is_dir(follow_symlinks=True):
-        return False
+def _link_allowed(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, problems: list[Ignored]) -> bool:
+    """Whether the symbolic link ``entry`` may be followed; reports why not."""
     if not follow:
         problems.append(Ignored(rel, "symbolic link not followed (--no-follow-symlinks)", "ignored"))
         return False
@@ -68,6 +64,13 @@ def _is_dir(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, pro
         problems.append(Ignored(rel, "symbolic link points outside the source root", "skipped"))
         return False
     return True
+
+
+def _is_dir(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, problems: list[Ignored]) -> bool:
+    """Whether to descend into ``entry``; reports links that are not followed."""
+    if not entry.is_symlink():
+        return entry.is_dir(follow_symlinks=False)
+    return entry.is_dir(follow_symlinks=True) and _link_allowed(entry, rel, real_root, follow, problems)
 
 
 def _scan_class(
@@ -119,13 +122,8 @@ def _image_sample(
     entry: os.DirEntry[str], rel: str, class_name: str, label: int, real_root: str,
     follow: bool, problems: list[Ignored],
 ) -> SampleSpec | None:
-    if entry.is_symlink():
-        if not follow:
-            problems.append(Ignored(rel, "symbolic link not followed (--no-follow-symlinks)", "ignored"))
-            return None
-        if not _inside(os.path.realpath(entry.path), real_root):
-            problems.append(Ignored(rel, "symbolic link points outside the source root", "skipped"))
-            return None
+    if entry.is_symlink() and not _link_allowed(entry, rel, real_root, follow, problems):
+        return None
     try:
         st = entry.stat(follow_symlinks=True)
     except OSError as e:

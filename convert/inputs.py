@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS"]
+__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``: the files an ImageFolder takes (case-insensitive)."""
+IMAGE_EXTS = frozenset(e[1:] for e in IMAGE_EXTENSIONS)
+"""The same, as lower-case extensions without the dot: a file with one is checked as an image."""
 
 
 @dataclass(frozen=True, slots=True)

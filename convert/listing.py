@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shardify.convert.ids import stored_ext
-from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile
 from shardify.convert.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
@@ -26,7 +26,6 @@ from shardify.tarfmt import check_split_name
 __all__ = ["scan_listing", "inline_ext"]
 
 _RESERVED = {"path", "id", "label", "split"}
-_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS}
 _COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
 
 
@@ -128,7 +127,7 @@ def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bo
         dot, slash = rel.rfind("."), rel.rfind("/")
         ext = stored_ext(rel[dot + 1 :]) if dot > slash + 1 else "bin"
         check_ext(ext)
-        files = (SourceFile(ext=ext, path=rel, size=st.st_size, mtime_ns=st.st_mtime_ns, is_image=ext in _IMAGE_EXTS),)
+        files = (SourceFile(ext=ext, path=rel, size=st.st_size, mtime_ns=st.st_mtime_ns, is_image=ext in IMAGE_EXTS),)
         name = rel[:dot] if dot > slash + 1 else rel
         identity = rel
     if ident is not None:

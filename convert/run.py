@@ -8,7 +8,6 @@ the top-level ``manifest.json`` (the only thing readers trust) is written last.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import time
@@ -26,7 +25,8 @@ from shardify.convert.outfs import LocalFS, OutputFS, open_output
 from shardify.convert.plan import SplitPlan, plan_split
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, index_name, json_bytes, load_json, report_name
+from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name, json_bytes,
+                               load_json, report_name)
 from shardify.tarfmt import check_split_name, parse_shard_name
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans"]
@@ -159,11 +159,8 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
 
 
 def _file_sha256(fs: OutputFS, name: str) -> str:
-    h = hashlib.sha256()
     with fs.open_read(name) as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+        return file_sha256(f)
 
 
 def _record_name(split: str, index: int) -> str:

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-__all__ = ["ImageInfo", "ImageCheckError", "sniff_ext", "check_image", "transcode_jpeg", "FORMAT_EXT"]
+__all__ = ["IMAGE_FIELDS", "ImageInfo", "ImageCheckError", "sniff_ext", "check_image", "transcode_jpeg", "FORMAT_EXT"]
 
 FORMAT_EXT = {
     "JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif",
     "TIFF": "tiff", "PPM": "ppm",
 }
 """Pillow format name -> the extension a member of that content is stored under."""
+IMAGE_FIELDS = frozenset({*FORMAT_EXT.values(), "pgm", "pbm"})
+"""Every extension an image member can be stored under (what :func:`sniff_ext` can return)."""
 
 
 class ImageCheckError(ValueError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardify.convert.sniff import ImageCheckError, check_image
+from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import Manifest, SplitIndex
@@ -24,7 +24,6 @@ from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
 
-_IMAGE_FIELDS = {"jpg", "png", "webp", "bmp", "gif", "tiff", "ppm", "pgm", "pbm"}
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
             problems.append(Problem(split, shard, key, f"json member is not valid JSON: {e}"))
     if decode:
         for ext, data in sample.items():
-            if ext in _IMAGE_FIELDS or ext.rsplit(".", 1)[-1] in _IMAGE_FIELDS:
+            if ext in IMAGE_FIELDS or ext.rsplit(".", 1)[-1] in IMAGE_FIELDS:
                 try:
                     info = check_image(data, full=True)
                     if info.ext != ext.rsplit(".", 1)[-1] and not (info.ext, ext) == ("tiff", "tif"):

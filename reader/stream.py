@@ -18,7 +18,6 @@ loses every position of the shard.
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from array import array
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from shardify.errors import ShardFormatError
+from shardify.manifest import file_sha256
 from shardify.reader.remote import is_remote
 from shardify.reader.sources import is_gzip, open_shard, open_tar
 from shardify.tario import iter_members, iter_samples, scan_sample_offsets
@@ -34,7 +34,6 @@ from shardify.tario import iter_members, iter_samples, scan_sample_offsets
 __all__ = ["Lost", "Item", "ShardReader"]
 
 _MAX_CACHED_SHARDS = 1024
-_HASH_CHUNK = 1 << 20
 _ReadErrors = (OSError, EOFError, zlib.error)
 
 
@@ -73,14 +72,6 @@ def _damage(url: str, e: BaseException) -> ShardFormatError:
     if isinstance(e, ShardFormatError):
         return e
     return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
-
-
-def _sha256(f: BinaryIO) -> str:
-    """Hex SHA-256 of the rest of ``f``, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    while chunk := f.read(_HASH_CHUNK):
-        h.update(chunk)
-    return h.hexdigest()
 
 
 class _Cursor:
@@ -182,11 +173,11 @@ class ShardReader:
                     found = expected
                 elif is_gzip(url):  # the manifest hashes the file, not the tar inside
                     with open_shard(url) as raw:
-                        found = _sha256(raw)
+                        found = file_sha256(raw)
                 else:
                     f = self._open(shard)
                     f.seek(0)
-                    found = _sha256(f)
+                    found = file_sha256(f)
             except (ShardFormatError, *_ReadErrors) as e:  # unreadable, or a fetch that failed
                 return _damage(url, e)  # not remembered: the next read tries again
             else:

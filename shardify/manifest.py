@@ -9,12 +9,13 @@ before the top-level manifest, so a split exists only once it is complete.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from shardify import FORMAT_VERSION
 from shardify.errors import ManifestError
@@ -30,6 +31,7 @@ __all__ = [
     "write_json_atomic",
     "write_bytes_atomic",
     "json_bytes",
+    "file_sha256",
     "load_json",
 ]
 
@@ -55,6 +57,14 @@ def _umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_umask()
+
+
+def file_sha256(f: BinaryIO, *, chunk: int = 1 << 22) -> str:
+    """Hex SHA-256 of the rest of ``f``: the shard checksum the split index records."""
+    h = hashlib.sha256()
+    while data := f.read(chunk):
+        h.update(data)
+    return h.hexdigest()
 
 
 def json_bytes(obj: Any) -> bytes:

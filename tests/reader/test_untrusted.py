@@ -157,8 +157,8 @@ def test_verify_passes_and_hashes_each_shard_once_per_process(counting_dataset, 
 
     root = counting_dataset([5, 6, 4])
     calls: list[int] = []
-    real = stream._sha256
-    monkeypatch.setattr(stream, "_sha256", lambda f: (calls.append(1), real(f))[1])
+    real = stream.file_sha256
+    monkeypatch.setattr(stream, "file_sha256", lambda f: (calls.append(1), real(f))[1])
     ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, verify=True)
     for epoch in range(2):
         ds.set_epoch(epoch)
