@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from shardify.reader.batchpool import active_pool
+
 __all__ = ["default_collate", "pad_collate", "bucket_batches"]
 
 S = TypeVar("S")
@@ -25,11 +27,22 @@ _NUMERIC_KINDS = frozenset("biufc")
 
 
 def _empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor; in shared memory inside a DataLoader worker."""
+    """An uninitialised CPU tensor; in shared memory inside a DataLoader worker.
+
+    Under ``make_loader`` that memory is a recycled slot of the worker's pool
+    (:mod:`shardify.reader.batchpool`), and small tensors stay private (they travel by value).
+    """
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    pool = active_pool()
+    storage = None
+    if pool is not None:
+        if nbytes <= pool.inline_bytes:
+            return torch.empty(shape, dtype=dtype)
+        storage = pool.take(nbytes)
+    if storage is None:
+        storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
@@ -89,7 +102,7 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
         longest = max(t.shape[d] for t in tensors)
         shape[d] = -(-longest // multiple_of) * multiple_of if multiple_of else longest
     padded = _empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
-    mask = torch.zeros((len(tensors), *(shape[d] for d in dims)), dtype=torch.bool)
+    mask = _empty_batch((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
     lengths = torch.tensor([[t.shape[d] for d in dims] for t in tensors], dtype=torch.int64)
     for i, t in enumerate(tensors):
         padded[i][tuple(slice(0, n) for n in t.shape)] = t

@@ -14,6 +14,7 @@ count and order.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -26,6 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
+from shardify.reader.batchpool import BatchChannel, SlotPool
 from shardify.reader.pipeline import IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut, read_positions
 from shardify.reader.report import EpochReport, SharedReport
 from shardify.reader.shuffle import derive_seed, reorder, stream_rng, worker_order
@@ -148,6 +150,8 @@ class ShardedDataset(IterableDataset):
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
+        self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
+        self._pool: tuple[int, SlotPool] | None = None
 
     # -- what the main process controls ------------------------------------------------------
 
@@ -212,6 +216,7 @@ class ShardedDataset(IterableDataset):
         state = dict(self.__dict__)
         state["_rank_world"] = detect_rank_world()
         state["_reader"] = None
+        state["_pool"] = None
         return state
 
     # -- what runs in each worker --------------------------------------------------------------
@@ -224,6 +229,15 @@ class ShardedDataset(IterableDataset):
                                              skip_damaged=self.options.on_error == "skip",
                                              checksums=self._checksums, opener=self.source.open_tar))
         return self._reader[1]
+
+    def _slot_pool(self, worker: int) -> SlotPool | None:
+        """This worker process's batch pool, when a Loader gave the workers a channel."""
+        if self._channel is None or worker >= self._channel.tokens.shape[0]:
+            return None
+        pid = os.getpid()
+        if self._pool is None or self._pool[0] != pid:
+            self._pool = (pid, SlotPool(self._channel, worker))
+        return self._pool[1]
 
     def _fields(self) -> tuple[str, ...]:
         if self.options.fields is not None:
@@ -242,9 +256,11 @@ class ShardedDataset(IterableDataset):
         self._report.start(slot, epoch=epoch, workers=world.workers if in_worker else 0)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         plan_world = World(world.rank, world.world, role, world.workers)
-        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker)
+        pool = self._slot_pool(world.worker) if in_worker else None
+        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool)
 
-    def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool) -> Iterator[Any]:
+    def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
+             pool: SlotPool | None) -> Iterator[Any]:
         o = self.options
         plan = plan_worker(self.source.sizes, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
                            rank=world.rank, world=world.world, worker=world.worker,
@@ -267,6 +283,8 @@ class ShardedDataset(IterableDataset):
         collate = o.collate_fn
         if collate is None:
             from shardify.reader.collate import default_collate as collate
+        if pool is not None:
+            collate = functools.partial(pool.collate, collate)
 
         def on_bad(bad: Bad) -> None:
             self._report.record(slot, shard=bad.shard, key=bad.key, reason=bad.reason, lost=bad.lost)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import traceback
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardify.errors import ShardifyError, WorkerError
+from shardify.reader.batchpool import BatchChannel, unpack
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.world import detect_rank_world
@@ -82,10 +84,13 @@ class Loader:
     loader is garbage-collected); iterating again starts new ones.
     """
 
-    def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None) -> None:
+    def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None,
+                 recycle_batches: bool = True) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
         self._prefetch = prefetch
+        self._recycle = recycle_batches and dataloader.num_workers > 0
+        self._channels: weakref.WeakKeyDictionary[Any, BatchChannel] = weakref.WeakKeyDictionary()
         self._epoch = -1
         self._batches = 0
         self._resume_started = False
@@ -124,10 +129,30 @@ class Loader:
         self._resume_started = point is not None
         return self._run()
 
+    def _start(self) -> Any:
+        """``iter(dataloader)``; new worker processes get a new batch channel (see batchpool)."""
+        if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
+            return iter(self.dataloader)  # persistent workers already running keep theirs
+        channel = BatchChannel(self.dataloader.num_workers)
+        channel.register()
+        self.dataset._channel = channel  # the workers take it with their copy of the dataset
+        try:
+            workers = iter(self.dataloader)
+        except BaseException:
+            channel.close()
+            raise
+        finally:
+            self.dataset._channel = None
+        self._channels[workers] = channel
+        weakref.finalize(workers, channel.close)
+        return workers
+
     def _run(self) -> Iterator[Any]:
-        workers = iter(self.dataloader)  # workers read the epoch and resume point from here
+        workers = self._start()  # workers read the epoch and resume point from here
         self._live = workers
-        batches = workers if self._prefetch is None else iter(DevicePrefetcher(workers, **self._prefetch))
+        batches: Iterator[Any] = map(unpack, workers) if self._recycle else workers
+        if self._prefetch is not None:
+            batches = iter(DevicePrefetcher(batches, **self._prefetch))
         batch = None
         try:
             for batch in batches:
@@ -162,6 +187,9 @@ class Loader:
         shutdown = getattr(workers, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        channel = self._channels.pop(workers, None)
+        if channel is not None:
+            channel.close()
         if getattr(self.dataloader, "_iterator", None) is workers:
             self.dataloader._iterator = None
 
@@ -210,6 +238,7 @@ def make_loader(
     persistent_workers: bool | None = None,
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
+    recycle_batches: bool = True,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -217,6 +246,10 @@ def make_loader(
     there one ahead (pinned memory and a side stream on CUDA) and uint8 image batches become
     ``dtype``, normalised with ``mean``/``std`` (ImageNet's by default; ``normalize=False``
     only scales to 0..1), optionally channels_last. Workers are persistent by default.
+    ``recycle_batches``: batch tensors made by the collate functions of
+    :mod:`shardify.reader.collate` reach this process through shared-memory slots that each
+    worker reuses once the training loop has dropped the batch (:mod:`shardify.reader.batchpool`);
+    False sends a fresh shared-memory tensor per batch, as torch does.
     """
     if not isinstance(dataset, ShardedDataset):
         raise TypeError(f"make_loader wants a ShardedDataset, got {type(dataset).__name__}")
@@ -239,4 +272,4 @@ def make_loader(
     if target is not None:
         prefetch = {"device": target, "dtype": dtype, "normalize": normalize, "mean": tuple(mean),
                     "std": tuple(std), "channels_last": channels_last}
-    return Loader(dataset, dataloader, prefetch=prefetch)
+    return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches)

@@ -36,6 +36,11 @@ class EpochStats:
     main_threads: int
     worker_rss_mib: tuple[float, ...]
     worker_fds: tuple[int, ...]
+    main_shm_fds: int = 0
+    worker_shm_fds: tuple[int, ...] = ()
+
+
+_SHM_CELLS = 8
 
 
 def _rss_mib(pid: int | str) -> float:
@@ -47,7 +52,19 @@ def _rss_mib(pid: int | str) -> float:
 
 
 def _fds(pid: int | str) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """Open file descriptors other than shared-memory segments (see :func:`_shm_fds`)."""
+    return len(os.listdir(f"/proc/{pid}/fd")) - _shm_fds(pid)
+
+
+def _shm_fds(pid: int | str) -> int:
+    """Open shared-memory segments: the loader's batch slots and a few shared cells."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/dev/shm/", "/memfd:"))
+        except OSError:
+            continue
+    return n
 
 
 def _children() -> list[int]:
@@ -96,14 +113,24 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
                 main_rss_mib=round(_rss_mib("self"), 1), main_fds=_fds("self"),
                 main_threads=len(os.listdir("/proc/self/task")),
                 worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
-                worker_fds=tuple(_fds(p) for p in kids)))
+                worker_fds=tuple(_fds(p) for p in kids), main_shm_fds=_shm_fds("self"),
+                worker_shm_fds=tuple(_shm_fds(p) for p in kids)))
     return stats
 
 
 def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
     """What grew after the first epoch (empty when memory and fds stayed flat)."""
+    from shardify.reader.batchpool import MAX_SLOTS
+
     problems: list[str] = []
     first, rest = stats[0], stats[1:]
+    for s in stats:
+        # Batch slots (shardify.reader.batchpool) are made as needed, up to MAX_SLOTS per worker;
+        # the rest are a few shared cells (epoch, report, slot tokens).
+        if s.main_shm_fds > MAX_SLOTS * len(s.worker_shm_fds) + _SHM_CELLS or any(
+                n > MAX_SLOTS + _SHM_CELLS for n in s.worker_shm_fds):
+            problems.append(f"epoch {s.epoch}: shared-memory fds main {s.main_shm_fds} workers "
+                            f"{s.worker_shm_fds}, more than the batch slots can explain")
     for s in rest:
         if s.main_fds != first.main_fds or s.worker_fds != first.worker_fds:
             problems.append(f"epoch {s.epoch}: fds main {s.main_fds} workers {s.worker_fds}, "
@@ -123,11 +150,12 @@ def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
 
 
 def _table(stats: list[EpochStats]) -> str:
-    lines = ["epoch  seconds  samples  main RSS MiB  worker RSS MiB        main fds  worker fds  threads"]
+    lines = ["epoch  seconds  samples  main RSS MiB  worker RSS MiB        main fds  worker fds  shm fds      threads"]
     for s in stats:
         workers = ", ".join(f"{r:.1f}" for r in s.worker_rss_mib)
+        shm = f"{s.main_shm_fds}/{','.join(map(str, s.worker_shm_fds))}"
         lines.append(f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<20}  "
-                     f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {s.main_threads:>7}")
+                     f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {shm:<11}  {s.main_threads:>7}")
     return "\n".join(lines)
 
 
