@@ -149,7 +149,19 @@ def _whole_pixels(box: Box, width: int, height: int) -> tuple[int, int, int, int
     return left, top, max(min(round(box[2]), width), left + 1), max(min(round(box[3]), height), top + 1)
 
 
-def _turbo_crop(data: bytes, width: int, height: int, box: Box, size: tuple[int, int]) -> torch.Tensor | None:
+def turbo_jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` of a JPEG that :func:`turbo_crop` can decode (YCbCr, RGB or gray),
+    read from its header by libjpeg-turbo (~2 us, a tenth of opening it with Pillow); else None."""
+    if _simplejpeg is None:
+        return None
+    try:
+        height, width, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    return (width, height) if colorspace in ("YCbCr", "RGB", "Gray") else None
+
+
+def turbo_crop(data: bytes, width: int, height: int, box: Box, size: tuple[int, int]) -> torch.Tensor | None:
     """The fast path through libjpeg-turbo (simplejpeg), for whole-pixel crops of YCbCr/gray JPEGs.
 
     About 20% faster to decode than Pillow's JPEG plugin (same libjpeg-turbo IDCT and
@@ -180,7 +192,7 @@ def decode_jpeg_crop(img: JpegImageFile, box: Box, size: tuple[int, int], *, dat
     """Decode only what a crop needs: ``box`` (original pixels) resized to ``size`` (w, h), CHW.
 
     With the encoded ``data``, whole-pixel crops of ordinary JPEGs go through libjpeg-turbo
-    directly (:func:`_turbo_crop`); everything else through Pillow as follows.
+    directly (:func:`turbo_crop`); everything else through Pillow as follows.
 
     Pillow's ``draft`` decodes at 1/s in the DCT domain (s from :func:`draft_scale`); the image
     becomes (ceil(W/s), ceil(H/s)) and the box is mapped by the scale ``draft`` reports. A
@@ -189,7 +201,7 @@ def decode_jpeg_crop(img: JpegImageFile, box: Box, size: tuple[int, int], *, dat
     """
     width, height = img.size
     if data is not None and img.mode in ("RGB", "L"):
-        fast = _turbo_crop(data, width, height, box, size)
+        fast = turbo_crop(data, width, height, box, size)
         if fast is not None:
             return fast
     scale = draft_scale(box, size)

@@ -32,6 +32,8 @@ from .decode import (
     open_image,
     pil_to_tensor,
     tensor_to_pil,
+    turbo_crop,
+    turbo_jpeg_size,
 )
 
 __all__ = [
@@ -101,10 +103,18 @@ class _Geometric(Transform):
 
     def _decode_planned(self, data: bytes, rng: random.Random) -> torch.Tensor | Image.Image:
         """JPEG: the fast path's tensor. Other formats: the plain path's PIL image."""
-        img = open_image(data)
-        box, size = self.plan(img.width, img.height, rng)
+        turbo = turbo_jpeg_size(data)
+        if turbo is not None:  # the usual JPEG: no Pillow at all, unless the crop needs it
+            box, size = self.plan(*turbo, rng)
+            fast = turbo_crop(data, *turbo, box, size)
+            if fast is not None:
+                return fast
+            img = open_image(data)
+        else:
+            img = open_image(data)
+            box, size = self.plan(img.width, img.height, rng)
         if isinstance(img, JpegImageFile):
-            return decode_jpeg_crop(img, box, size, data=data)
+            return decode_jpeg_crop(img, box, size, data=None if turbo is not None else data)
         return self._resample(load_rgb(img), box, size)
 
 

@@ -422,3 +422,23 @@ def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, mode: str) -> None
     for a, b in zip(fast, pillow):
         assert a.shape == b.shape == (3, 224, 224) and a.dtype == torch.uint8
         assert (a.int() - b.int()).abs().max() <= 1
+
+
+def test_usual_jpeg_crops_never_open_pillow(monkeypatch) -> None:
+    """Header and pixels both from libjpeg-turbo; Pillow only for fractional crops and other formats."""
+    import random
+
+    from shardify.reader import decode
+    from shardify.reader import transforms as transforms_module
+
+    if decode._simplejpeg is None:
+        pytest.skip("simplejpeg not installed")
+    data = jpeg(500, 375)
+    want = [T.imagenet_train(224).apply_encoded(data, random.Random(i)) for i in range(4)]
+
+    def refuse(_: bytes) -> None:
+        raise AssertionError("Pillow opened a JPEG the fast path decodes")
+
+    monkeypatch.setattr(transforms_module, "open_image", refuse)
+    got = [T.imagenet_train(224).apply_encoded(data, random.Random(i)) for i in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
