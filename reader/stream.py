@@ -1,10 +1,10 @@
 """Reading a range ``[start, stop)`` of a shard's samples, as encoded bytes, without decoding.
 
-Plain tar shards are scanned once per worker for the offset of each sample's first header
-(:func:`shardify.tario.scan_sample_offsets`, headers only), then each range is one seek and a
-read bounded to the range's bytes (offsets point at a sample's first header, PAX or GNU
-long-name headers included). Gzip shards cannot seek, so a cursor streams forward and
-skips samples by reading through them (reopening when a range lies behind it).
+Plain tar shards are scanned once per process for where each sample's fields lie
+(:func:`shardify.tario.scan_layout`, headers only, checked as strictly as reading them);
+then each field of a sample is one read at its offset, with no header parsed again. Gzip
+shards cannot seek, so a cursor streams forward and skips samples by reading through them
+(reopening when a range lies behind it).
 
 With ``skip_damaged``, a truncated or garbage shard does not raise: the samples before the
 damage are read as usual and every later position comes back as a :class:`Lost` marker, so
@@ -19,7 +19,6 @@ loses every position of the shard.
 from __future__ import annotations
 
 import zlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from shardify.errors import ShardFormatError
 from shardify.manifest import file_sha256
 from shardify.reader.remote import is_remote
 from shardify.reader.sources import is_gzip, open_shard, open_tar
-from shardify.tario import iter_members, iter_samples, scan_sample_offsets
+from shardify.tario import ShardLayout, iter_members, iter_samples, scan_layout
 
 __all__ = ["Lost", "Item", "ShardReader"]
 
@@ -50,28 +49,24 @@ Item = dict[str, object] | Lost
 """A sample dict (``__key__``, ``__shard__``, ``__offset__``, ext -> bytes) or a :class:`Lost`."""
 
 
-class _Window:
-    """At most ``left`` bytes of ``f`` from its position; reads past them see end of file."""
-
-    def __init__(self, f: BinaryIO, left: int) -> None:
-        self._f = f
-        self._left = left
-
-    def read(self, n: int = -1) -> bytes:
-        if n < 0 or n > self._left:
-            n = self._left
-        data = self._f.read(n)
-        self._left -= len(data)
-        return data
-
-    def seekable(self) -> bool:
-        return False
-
-
 def _damage(url: str, e: BaseException) -> ShardFormatError:
     if isinstance(e, ShardFormatError):
         return e
     return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
+
+
+def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str) -> dict[str, object]:
+    """Sample ``i`` of the shard open as ``f``: one read per field, where the layout says."""
+    key = layout.key(i)
+    sample: dict[str, object] = {"__key__": key, "__shard__": url, "__offset__": layout.offsets[i]}
+    for field, at, size in layout.fields(i):
+        f.seek(at)
+        data = f.read(size)
+        if len(data) != size:  # the file shrank since it was scanned
+            raise ShardFormatError(f"truncated: field {field!r} needs {size} bytes at byte {at}, "
+                                   f"only {len(data)} left", shard=url, key=key)
+        sample[field] = data
+    return sample
 
 
 class _Cursor:
@@ -133,7 +128,7 @@ class ShardReader:
             raise ValueError(f"{len(checksums)=} should be {len(self._urls)}, one per shard")
         self._checksums = list(checksums) if checksums is not None else None
         self._verified: dict[int, ShardFormatError | None] = {}
-        self._offsets: OrderedDict[int, array | None] = OrderedDict()
+        self._layouts: OrderedDict[int, ShardLayout | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
         self._cursor: _Cursor | None = None
 
@@ -147,11 +142,11 @@ class ShardReader:
             for i in range(start, stop):
                 yield Lost(url, i, str(mismatch))
             return
-        offsets = None if is_gzip(url) else self._scan(shard)
-        if offsets is None:
+        layout = None if is_gzip(url) else self._scan(shard)
+        if layout is None:
             yield from self._read_forward(shard, start, stop)
         else:
-            yield from self._read_seek(shard, start, stop, offsets)
+            yield from self._read_seek(shard, start, stop, layout)
 
     def close(self) -> None:
         if self._file is not None:
@@ -194,17 +189,17 @@ class ShardReader:
         self._file = (shard, f)
         return f
 
-    def _scan(self, shard: int) -> array | None:
-        """Sample offsets of a plain tar shard, cached; None sends reads to the forward cursor."""
-        if shard in self._offsets:
-            self._offsets.move_to_end(shard)
-            return self._offsets[shard]
+    def _scan(self, shard: int) -> ShardLayout | None:
+        """The layout of a plain tar shard, cached; None sends reads to the forward cursor."""
+        if shard in self._layouts:
+            self._layouts.move_to_end(shard)
+            return self._layouts[shard]
         url = self._urls[shard]
+        found: ShardLayout | None
         try:
             f = self._open(shard)
             f.seek(0)
-            scanned = scan_sample_offsets(f, shard=url)
-            found = array("q", (off for _, off in scanned))
+            found = scan_layout(f, shard=url)
             if len(found) < self._sizes[shard]:
                 raise ShardFormatError(
                     f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
@@ -212,25 +207,19 @@ class ShardReader:
             if not self._skip:
                 raise _damage(url, e) from e
             found = None  # damaged: read forward and keep what comes before the damage
-        self._offsets[shard] = found
-        if len(self._offsets) > _MAX_CACHED_SHARDS:
-            self._offsets.popitem(last=False)
+        self._layouts[shard] = found
+        if len(self._layouts) > _MAX_CACHED_SHARDS:
+            self._layouts.popitem(last=False)
         return found
 
-    def _read_seek(self, shard: int, start: int, stop: int, offsets: array) -> Iterator[Item]:
+    def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout) -> Iterator[Item]:
         url = self._urls[shard]
         f = self._open(shard)
-        f.seek(offsets[start])
-        stream: BinaryIO = f
-        if stop < len(offsets):
-            stream = _Window(f, offsets[stop] - offsets[start])  # type: ignore[assignment]
-        samples = iter_samples(iter_members(stream, shard=url, start_offset=offsets[start]), shard=url)
         index = start
         error: ShardFormatError | None = None
         try:
-            for sample in samples:
-                if index >= stop:
-                    break
+            while index < stop:
+                sample = _read_sample(f, layout, index, url)
                 yield sample
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
@@ -238,10 +227,6 @@ class ShardReader:
             self.close()
             if not self._skip:
                 raise error from e
-        if index < stop and error is None:
-            error = ShardFormatError(f"range [{start}, {stop}) ended after {index - start} samples", shard=url)
-            if not self._skip:
-                raise error
         for i in range(index, stop):
             yield Lost(url, i, str(error))
 

@@ -10,6 +10,7 @@ it works on pipes, HTTP bodies and gzip streams alike.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -24,6 +25,8 @@ __all__ = [
     "iter_members",
     "iter_samples",
     "scan_sample_offsets",
+    "scan_layout",
+    "ShardLayout",
     "skip_bytes",
     "DEFAULT_MAX_MEMBER",
 ]
@@ -39,11 +42,15 @@ _SKIPPED_SILENTLY = (b"5", b"g")  # directories, global PAX headers
 @dataclass(frozen=True, slots=True)
 class Member:
     """One regular file of a shard: its name, its bytes, and the offset of its first header
-    (its PAX or GNU extension header, if it has one): seeking there reads it whole."""
+    (its PAX or GNU extension header, if it has one): seeking there reads it whole;
+    ``data_offset`` is where its ``size`` bytes of data start (``data`` is empty when a scan
+    skipped them)."""
 
     name: str
     data: bytes
     offset: int
+    data_offset: int = -1
+    size: int = -1
 
 
 BadMemberHandler = Callable[[str, str], None]
@@ -247,6 +254,7 @@ def _walk(
             offset += total
             continue
         total = size + (-size % BLOCK)
+        data_offset = offset
         if read_data:
             data = _read_exact(f, size, shard=shard, what=f"member {name!r}")
             skip = total - size
@@ -255,7 +263,7 @@ def _walk(
         if skip and skip_bytes(f, skip) != skip:
             raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
         offset += total
-        yield Member(name, data, member_offset)
+        yield Member(name, data, member_offset, data_offset, size)
 
 
 _ZERO_BLOCK = bytes(BLOCK)
@@ -330,23 +338,57 @@ def iter_samples(
         yield current
 
 
-def scan_sample_offsets(
-    f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
-) -> list[tuple[str, int]]:
-    """``[(key, offset of its first header)]`` for each sample, reading headers only.
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """Where each sample of a plain tar shard lies, from one header-only scan.
+
+    Sample ``i`` has key :meth:`key` ``(i)`` and its first header at ``offsets[i]``; its
+    members are ``first[i] .. first[i + 1] - 1``, member ``j`` being field ``exts[ext[j]]``
+    with ``size[j]`` bytes of data at ``data[j]``. Compact (about 20 bytes per member plus
+    the key), so a reader can keep the layouts of the shards it reads and fetch a sample's
+    fields with one read each, without parsing headers again.
+    """
+
+    offsets: array
+    first: array
+    ext: array
+    data: array
+    size: array
+    exts: tuple[str, ...]
+    key_text: bytes
+    key_ends: array
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def key(self, i: int) -> str:
+        return self.key_text[self.key_ends[i - 1] if i else 0:self.key_ends[i]].decode("utf-8", "surrogateescape")
+
+    def fields(self, i: int) -> Iterator[tuple[str, int, int]]:
+        """``(field, data offset, size)`` of each member of sample ``i``, in shard order."""
+        for j in range(self.first[i], self.first[i + 1]):
+            yield self.exts[self.ext[j]], self.data[j], self.size[j]
+
+
+def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER) -> ShardLayout:
+    """The :class:`ShardLayout` of the tar stream ``f``, reading headers only.
 
     Member data is skipped with seeks, so on a local file this costs one 512-byte read per
-    member. Used to start reading in the middle of a shard. A key that comes back after
-    another key raises, as in :func:`iter_samples`: a reader that starts mid-shard would not
-    see it otherwise.
+    member. Raises ShardFormatError wherever :func:`iter_samples` would (a bad header or
+    member, a name without a field, a field twice in a sample, a key that comes back after
+    another key), and when the data a header declares is not all there.
     """
-    out: list[tuple[str, int]] = []
+    offsets, first, ext, data, size = array("q"), array("q"), array("H"), array("q"), array("q")
+    exts: dict[str, int] = {}
+    key_text = bytearray()
+    key_ends = array("q")
     seen: set[str] = set()
     last_key: str | None = None
+    fields: set[str] = set()
     for m in _walk(f, shard=shard, max_member=max_member, on_bad_member=None,
                    start_offset=0, read_data=False):
         try:
-            key, _ = split_member_name(m.name)
+            key, field = split_member_name(m.name)
         except KeyRuleError as e:
             raise ShardFormatError(str(e), shard=shard) from e
         if key != last_key:
@@ -355,6 +397,25 @@ def scan_sample_offsets(
                     "key appears again after other keys (duplicate or non-adjacent members)",
                     shard=shard, key=key)
             seen.add(key)
-            out.append((key, m.offset))
-            last_key = key
-    return out
+            offsets.append(m.offset)
+            first.append(len(data))
+            key_text += key.encode("utf-8", "surrogateescape")
+            key_ends.append(len(key_text))
+            last_key, fields = key, set()
+        elif field in fields:
+            raise ShardFormatError(f"field {field!r} appears twice in the sample", shard=shard, key=key)
+        fields.add(field)
+        ext.append(exts.setdefault(field, len(exts)))
+        data.append(m.data_offset)
+        size.append(m.size)
+    first.append(len(data))
+    return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends)
+
+
+def scan_sample_offsets(
+    f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
+) -> list[tuple[str, int]]:
+    """``[(key, offset of its first header)]`` for each sample, reading headers only
+    (see :func:`scan_layout`, which it checks the same way)."""
+    layout = scan_layout(f, shard=shard, max_member=max_member)
+    return [(layout.key(i), layout.offsets[i]) for i in range(len(layout))]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from shardify.errors import ShardFormatError
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, MAX_MEMBER_SIZE, padding, ustar_header
-from shardify.tario import iter_members, iter_samples, scan_sample_offsets
+from shardify.tario import iter_members, iter_samples, scan_layout, scan_sample_offsets
 
 SHARD = "fuzz-000007.tar"
 FUZZ = settings(max_examples=500, deadline=None, derandomize=True, database=None,
@@ -114,6 +114,18 @@ def info(name: str, kind: bytes = tarfile.REGTYPE, **kw: object) -> tarfile.TarI
 
 # -- reading -------------------------------------------------------------------------------------
 
+def from_layout(data: bytes, **kw: object) -> list[dict[str, object]]:
+    """The samples of ``data`` rebuilt from its scanned layout: one slice per field."""
+    layout = scan_layout(io.BytesIO(data), shard=SHARD, **kw)
+    out = []
+    for i in range(len(layout)):
+        sample: dict[str, object] = {"__key__": layout.key(i), "__shard__": SHARD, "__offset__": layout.offsets[i]}
+        for field, at, size in layout.fields(i):
+            sample[field] = data[at:at + size]
+        out.append(sample)
+    return out
+
+
 def read_all(data: bytes, **kw: object) -> list[dict[str, object]] | ShardFormatError:
     """Read ``data`` every way; returns the samples, or the (one, same) error all ways gave."""
     results: list[object] = []
@@ -131,6 +143,7 @@ def read_all(data: bytes, **kw: object) -> list[dict[str, object]] | ShardFormat
     else:
         if isinstance(results[0], list):
             assert [k for k, _ in offsets] == [s["__key__"] for s in results[0]]
+            assert from_layout(data, **kw) == results[0]  # what ShardReader reads by the layout
     seekable, forward = results
     assert type(seekable) is type(forward), (seekable, forward)
     if isinstance(seekable, list):
