@@ -344,8 +344,8 @@ class ShardLayout:
 
     Sample ``i`` has key :meth:`key` ``(i)`` and its first header at ``offsets[i]``; its
     members are ``first[i] .. first[i + 1] - 1``, member ``j`` being field ``exts[ext[j]]``
-    with ``size[j]`` bytes of data at ``data[j]``. Compact (about 20 bytes per member plus
-    the key), so a reader can keep the layouts of the shards it reads and fetch a sample's
+    with ``size[j]`` bytes of data at ``data[j]``. Compact (18 bytes per member, 24 per
+    sample plus its key), so a reader can keep the layouts of the shards it reads and fetch a sample's
     fields with one read each, without parsing headers again.
     """
 
@@ -405,6 +405,8 @@ def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
         elif field in fields:
             raise ShardFormatError(f"field {field!r} appears twice in the sample", shard=shard, key=key)
         fields.add(field)
+        if field not in exts and len(exts) > 0xFFFF:
+            raise ShardFormatError(f"more than {0xFFFF + 1} different field names", shard=shard, key=key)
         ext.append(exts.setdefault(field, len(exts)))
         data.append(m.data_offset)
         size.append(m.size)

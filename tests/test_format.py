@@ -186,3 +186,12 @@ def test_offsets_point_at_extension_headers_so_a_seek_keeps_long_names() -> None
         f.seek(offset)
         first = next(iter_members(f, shard="p", start_offset=offset))
         assert first.name.startswith(key + ".") and first.offset == offset
+
+
+def test_a_shard_with_too_many_field_names_is_damage_not_a_crash():
+    from shardify.tario import scan_layout
+
+    samples = [("k", {f"f{i}": b"x" for i in range(0x10001)})]
+    raw = b"".join(ustar_header(member_name(k, e), 1) + b"x" + padding(1) for k, f in samples for e in sorted(f))
+    with pytest.raises(ShardFormatError, match="different field names"):
+        scan_layout(io.BytesIO(raw + END_OF_ARCHIVE), shard="many")
