@@ -281,6 +281,8 @@ def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processe
     finally:
         for p in procs:
             p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
     return sum(n for n, _, _ in done) / (max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done))
 
 
