@@ -46,7 +46,7 @@ from shardify.errors import ShardifyError
 __all__ = ["BatchChannel", "SlotPool", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
 
 MAX_SLOTS = 16
-"""Slots per worker: enough for prefetched batches, the batch in use and a few kept ones."""
+"""The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
 
 INLINE_BYTES = 64 * 1024
 """Tensors up to this size (labels, lengths) travel by value inside the pickled batch."""

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardify.errors import ShardifyError, WorkerError
+from shardify.reader import batchpool
 from shardify.reader.batchpool import BatchChannel, unpack
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
@@ -133,7 +134,10 @@ class Loader:
         """``iter(dataloader)``; new worker processes get a new batch channel (see batchpool)."""
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
             return iter(self.dataloader)  # persistent workers already running keep theirs
-        channel = BatchChannel(self.dataloader.num_workers)
+        # Enough slots for the batches prefetched, the one in use, one kept and the one being made;
+        # a loop that keeps more gets fresh memory for the rest.
+        slots = min(batchpool.MAX_SLOTS, (self.dataloader.prefetch_factor or 2) + 3)
+        channel = BatchChannel(self.dataloader.num_workers, max_slots=slots)
         channel.register()
         self.dataset._channel = channel  # the workers take it with their copy of the dataset
         try:
