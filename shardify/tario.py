@@ -292,6 +292,45 @@ def _member_problem(name: str, typeflag: bytes, size: int, max_member: int) -> s
     return None
 
 
+def _grouped(
+    members: Iterator[Member], *, shard: str, on_bad_member: BadMemberHandler | None
+) -> Iterator[tuple[str, str, Member] | None]:
+    """Each member as ``(key, field, member)`` once the grouping rules accept it, and None
+    where a sample ends. The rules: a name without a dot, a field repeated within a sample,
+    or a key that comes back after another key raises ShardFormatError (or goes to
+    ``on_bad_member``, and the member is left out)."""
+    seen: set[str] = set()
+    last: str | None = None
+    fields: set[str] = set()
+    for m in members:
+        try:
+            key, field = split_member_name(m.name)
+        except KeyRuleError as e:
+            if on_bad_member is None:
+                raise ShardFormatError(str(e), shard=shard) from e
+            on_bad_member(m.name, str(e))
+            continue
+        if key == last:
+            problem = f"field {field!r} appears twice in the sample" if field in fields else None
+        else:
+            if last is not None:
+                yield None
+                last = None
+            problem = "key appears again after other keys (duplicate or non-adjacent members)" if key in seen else None
+        if problem is not None:
+            if on_bad_member is None:
+                raise ShardFormatError(problem, shard=shard, key=key)
+            on_bad_member(m.name, problem)
+            continue
+        if key != last:
+            seen.add(key)
+            last, fields = key, set()
+        fields.add(field)
+        yield key, field, m
+    if last is not None:
+        yield None
+
+
 def iter_samples(
     members: Iterator[Member],
     *,
@@ -304,38 +343,17 @@ def iter_samples(
     ext: bytes, ...}``. A name without a dot, a field repeated within a sample, or a key
     that comes back after another key raises ShardFormatError (or goes to ``on_bad_member``).
     """
-    seen: set[str] = set()
     current: dict[str, object] | None = None
-    for m in members:
-        try:
-            key, ext = split_member_name(m.name)
-        except KeyRuleError as e:
-            if on_bad_member is None:
-                raise ShardFormatError(str(e), shard=shard) from e
-            on_bad_member(m.name, str(e))
-            continue
-        if current is not None and current["__key__"] == key:
-            if ext in current:
-                problem = f"field {ext!r} appears twice in the sample"
-                if on_bad_member is None:
-                    raise ShardFormatError(problem, shard=shard, key=key)
-                on_bad_member(m.name, problem)
-                continue
-            current[ext] = m.data
-            continue
-        if current is not None:
-            yield current
+    for item in _grouped(members, shard=shard, on_bad_member=on_bad_member):
+        if item is None:
+            if current is not None:
+                yield current
             current = None
-        if key in seen:
-            problem = "key appears again after other keys (duplicate or non-adjacent members)"
-            if on_bad_member is None:
-                raise ShardFormatError(problem, shard=shard, key=key)
-            on_bad_member(m.name, problem)
             continue
-        seen.add(key)
-        current = {"__key__": key, "__shard__": shard, "__offset__": m.offset, ext: m.data}
-    if current is not None:
-        yield current
+        key, field, m = item
+        if current is None:
+            current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
+        current[field] = m.data
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,29 +400,19 @@ def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
     exts: dict[str, int] = {}
     key_text = bytearray()
     key_ends = array("q")
-    seen: set[str] = set()
-    last_key: str | None = None
-    fields: set[str] = set()
-    for m in _walk(f, shard=shard, max_member=max_member, on_bad_member=None,
-                   start_offset=0, read_data=False):
-        try:
-            key, field = split_member_name(m.name)
-        except KeyRuleError as e:
-            raise ShardFormatError(str(e), shard=shard) from e
-        if key != last_key:
-            if key in seen:
-                raise ShardFormatError(
-                    "key appears again after other keys (duplicate or non-adjacent members)",
-                    shard=shard, key=key)
-            seen.add(key)
+    starts = True
+    members = _walk(f, shard=shard, max_member=max_member, on_bad_member=None, start_offset=0, read_data=False)
+    for item in _grouped(members, shard=shard, on_bad_member=None):
+        if item is None:
+            starts = True
+            continue
+        key, field, m = item
+        if starts:
             offsets.append(m.offset)
             first.append(len(data))
             key_text += key.encode("utf-8", "surrogateescape")
             key_ends.append(len(key_text))
-            last_key, fields = key, set()
-        elif field in fields:
-            raise ShardFormatError(f"field {field!r} appears twice in the sample", shard=shard, key=key)
-        fields.add(field)
+            starts = False
         if field not in exts and len(exts) > 0xFFFF:
             raise ShardFormatError(f"more than {0xFFFF + 1} different field names", shard=shard, key=key)
         ext.append(exts.setdefault(field, len(exts)))
