@@ -16,7 +16,6 @@ call it.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
@@ -118,36 +117,19 @@ def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]
     return out
 
 
-def _rrc_params(w: int, h: int, rng: random.Random) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params (scale 0.08..1, ratio 3/4..4/3)."""
-    area = w * h
-    log_ratio = (math.log(3 / 4), math.log(4 / 3))
-    for _ in range(10):
-        target = area * rng.uniform(0.08, 1.0)
-        ratio = math.exp(rng.uniform(*log_ratio))
-        cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-        if 0 < cw <= w and 0 < ch <= h:
-            return rng.randint(0, w - cw), rng.randint(0, h - ch), cw, ch
-    ratio = w / h
-    if ratio < 3 / 4:
-        cw, ch = w, int(round(w / (3 / 4)))
-    elif ratio > 4 / 3:
-        ch, cw = h, int(round(h * (4 / 3)))
-    else:
-        cw, ch = w, h
-    return (w - cw) // 2, (h - ch) // 2, cw, ch
-
-
 class PlainCropFlip:
     """What a webdataset user writes: RandomResizedCrop + flip on the decoded PIL image, to uint8 CHW."""
 
     def __init__(self, size: int) -> None:
+        from shardify.reader.transforms import RandomResizedCrop
+
         self.size = size
+        self._crop = RandomResizedCrop(size)  # only its torchvision-equivalent parameter draw
 
     def __call__(self, img: Any) -> torch.Tensor:
         from PIL import Image
 
-        x, y, cw, ch = _rrc_params(img.width, img.height, random)
+        y, x, ch, cw = self._crop.crop_params(img.width, img.height, random)  # type: ignore[arg-type]
         img = img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
         if random.random() < 0.5:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
@@ -194,7 +176,6 @@ def run_bench(
     """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
     from shardify.reader import transforms as T
     from shardify.reader.decode import decode_image
-    from shardify.reader.transforms import run_image_transform
 
     source = resolve_source(dataset, split=split)
     transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
@@ -206,15 +187,9 @@ def run_bench(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for key, data in encoded[:8]:  # warm up
-            run_image_transform(transform, data, rng=sample_rng(0, 1, key))
-        passes = []
-        for _ in range(2):  # the better of two passes, as the loader's figure is its best epoch
-            t0 = time.perf_counter()
-            for key, data in encoded:
-                run_image_transform(transform, data, rng=sample_rng(0, 1, key))
-            passes.append(len(encoded) / (time.perf_counter() - t0))
-        result["single_process_ips"] = max(passes)
+        _decode_all(encoded[:8], transform)  # warm up
+        # The better of two passes, as the loader's figure is its best epoch.
+        result["single_process_ips"] = max(len(encoded) / _decode_all(encoded, transform)[1] for _ in range(2))
         plain = PlainCropFlip(image_size)
         t0 = time.perf_counter()
         for _, data in encoded:
@@ -257,15 +232,21 @@ def run_bench(
     return result
 
 
-def _decode_share(encoded: list[tuple[str, bytes]], transform: Any, start: Any, out: Any) -> None:
+def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
+    """Decode and augment every image as a loader worker would (per-key RNG); (start, seconds)."""
     from shardify.reader.transforms import run_image_transform
 
-    torch.set_num_threads(1)
-    start.wait()
     t0 = time.perf_counter()
     for key, data in encoded:
         run_image_transform(transform, data, rng=sample_rng(0, 1, key))
-    out.put((len(encoded), t0, time.perf_counter()))
+    return t0, time.perf_counter() - t0
+
+
+def _decode_share(encoded: list[tuple[str, bytes]], transform: Any, start: Any, out: Any) -> None:
+    torch.set_num_threads(1)
+    start.wait()
+    t0, seconds = _decode_all(encoded, transform)
+    out.put((len(encoded), t0, t0 + seconds))
 
 
 def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processes: int) -> float | None:
