@@ -32,17 +32,19 @@ from shardify.reader.shuffle import sample_rng, stream_rng, worker_order
 from shardify.reader.sources import ShardInfo, Source, resolve_source
 from shardify.reader.stream import Lost, ShardReader
 
-__all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory"]
+__all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids"]
 
 
 def process_memory(pid: int | None = None) -> int:
     """Bytes of memory of ``pid`` (default: this process) and its children: PSS, else RSS."""
     root = os.getpid() if pid is None else pid
-    pids = [root] + _children(root)
+    pids = [root] + child_pids(root)
     return sum(_memory_of(p) for p in pids)
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int | None = None) -> list[int]:
+    """Pids of the child processes of ``pid`` (default: this process), sorted, from /proc."""
+    pid = os.getpid() if pid is None else pid
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,7 +56,7 @@ def _children(pid: int) -> list[int]:
                 out.append(int(entry))
         except (OSError, IndexError, ValueError):
             continue
-    return out
+    return sorted(out)
 
 
 def _memory_of(pid: int) -> int:

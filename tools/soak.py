@@ -51,32 +51,18 @@ def _rss_mib(pid: int | str) -> float:
     return 0.0
 
 
-def _fds(pid: int | str) -> int:
-    """Open file descriptors other than shared-memory segments (see :func:`_shm_fds`)."""
-    return len(os.listdir(f"/proc/{pid}/fd")) - _shm_fds(pid)
-
-
-def _shm_fds(pid: int | str) -> int:
-    """Open shared-memory segments: the loader's batch slots and a few shared cells."""
-    n = 0
+def _fd_counts(pid: int | str) -> tuple[int, int]:
+    """(open file descriptors other than shared memory, shared-memory segments: the loader's
+    batch slots and a few shared cells)."""
+    other = shm = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/dev/shm/", "/memfd:"))
-        except OSError:
-            continue
-    return n
-
-
-def _children() -> list[int]:
-    """Pids of this process's children (the DataLoader workers), from /proc."""
-    pids: list[int] = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids.extend(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    return sorted(pids)
+            is_shm = os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/dev/shm/", "/memfd:"))
+        except OSError:  # gone already, or the one listdir itself held
+            is_shm = False
+        shm += is_shm
+        other += not is_shm
+    return other, shm
 
 
 def make_data(root: Path, *, images: int) -> Path:
@@ -96,6 +82,7 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
     """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch."""
     from shardify.reader import ShardedDataset, make_loader
     from shardify.reader import transforms as T
+    from shardify.reader.bench import child_pids
 
     ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size),
                         drop_last=True)
@@ -107,14 +94,16 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
             for images, _labels in loader:
                 samples += len(images)
             seconds = time.perf_counter() - start
-            kids = _children()
+            kids = child_pids()
+            main_fds, main_shm = _fd_counts("self")
+            workers_fds = [_fd_counts(p) for p in kids]
             stats.append(EpochStats(
                 epoch=epoch, seconds=round(seconds, 3), samples=samples,
-                main_rss_mib=round(_rss_mib("self"), 1), main_fds=_fds("self"),
+                main_rss_mib=round(_rss_mib("self"), 1), main_fds=main_fds,
                 main_threads=len(os.listdir("/proc/self/task")),
                 worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
-                worker_fds=tuple(_fds(p) for p in kids), main_shm_fds=_shm_fds("self"),
-                worker_shm_fds=tuple(_shm_fds(p) for p in kids)))
+                worker_fds=tuple(n for n, _ in workers_fds), main_shm_fds=main_shm,
+                worker_shm_fds=tuple(n for _, n in workers_fds)))
     return stats
 
 

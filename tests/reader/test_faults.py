@@ -22,6 +22,7 @@ import pytest
 
 from shardify.errors import SampleError, WorkerError
 from shardify.reader import ShardedDataset, make_loader
+from shardify.reader.bench import child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +34,7 @@ TIME_LIMIT_S = 60
 # -- what a process holds ------------------------------------------------------------------------
 
 def _children() -> set[int]:
-    pids: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    return pids
+    return set(child_pids())
 
 
 def _fds() -> dict[int, str]:
