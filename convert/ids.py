@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
 from shardify.convert.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
@@ -104,10 +104,7 @@ def _files_by_id(src: Path, wanted: set[str]) -> tuple[dict[str, list[SourceFile
     """Map each wanted ID to its files; the longest ID that prefixes a name before a dot wins."""
     files_of: dict[str, list[SourceFile]] = {}
     problems: list[Ignored] = []
-    try:
-        entries = sorted(os.scandir(src), key=lambda e: e.name)
-    except OSError as e:
-        raise InputError(f"cannot list directory: {e.strerror}", path=str(src)) from e
+    entries = list_input_dir(src)
     for entry in entries:
         name = entry.name
         if name.startswith("."):

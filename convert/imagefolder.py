@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
 from shardify.errors import InputError
 
 __all__ = ["scan_imagefolder"]
@@ -26,10 +26,7 @@ def scan_imagefolder(root: str | os.PathLike[str], *, follow_symlinks: bool = Tr
     real_root = os.path.realpath(root_path)
     problems: list[Ignored] = []
     classes: list[str] = []
-    try:
-        entries = sorted(os.scandir(root_path), key=lambda e: e.name)
-    except OSError as e:
-        raise InputError(f"cannot list directory: {e.strerror}", path=str(root_path)) from e
+    entries = list_input_dir(root_path)
     for entry in entries:
         if entry.name.startswith("."):
             problems.append(Ignored(entry.name, "hidden", "ignored"))

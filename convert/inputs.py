@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS"]
+from shardify.errors import InputError
+
+__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS", "list_input_dir"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``: the files an ImageFolder takes (case-insensitive)."""
@@ -57,3 +60,11 @@ class Scan:
     classes: list[str] = field(default_factory=list)
     problems: list[Ignored] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def list_input_dir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+    """The entries of an input directory, sorted by name; InputError naming it if unreadable."""
+    try:
+        return sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError as e:
+        raise InputError(f"cannot list directory: {e.strerror}", path=str(path)) from e
