@@ -7,13 +7,13 @@ epoch; ``make_loader`` wraps it in a DataLoader with device prefetch and an exac
 
 from __future__ import annotations
 
-from shardify.reader import transforms
-from shardify.reader.collate import bucket_batches, default_collate, pad_collate
+from shardify.reader.sample import transforms
+from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
 from shardify.reader.dataset import ReadOptions, ShardedDataset
-from shardify.reader.loader import Loader, make_loader
-from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
-from shardify.reader.report import EpochReport
-from shardify.reader.shuffle import sample_rng
+from shardify.reader.delivery.loader import Loader, make_loader
+from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
+from shardify.reader.delivery.report import EpochReport
+from shardify.reader.plan.shuffle import sample_rng
 
 __all__ = [
     "ShardedDataset",

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardify.reader.assign import plan_worker
+from shardify.reader.plan.assign import plan_worker
 from shardify.reader.dataset import ShardedDataset
-from shardify.reader.loader import make_loader
-from shardify.reader.shuffle import sample_rng, stream_rng, worker_order
-from shardify.reader.sources import ShardInfo, Source, resolve_source
-from shardify.reader.stream import Lost, ShardReader
+from shardify.reader.delivery.loader import make_loader
+from shardify.reader.plan.shuffle import sample_rng, stream_rng, worker_order
+from shardify.reader.io.sources import ShardInfo, Source, resolve_source
+from shardify.reader.io.stream import Lost, ShardReader
 
 __all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids"]
 
@@ -123,7 +123,7 @@ class PlainCropFlip:
     """What a webdataset user writes: RandomResizedCrop + flip on the decoded PIL image, to uint8 CHW."""
 
     def __init__(self, size: int) -> None:
-        from shardify.reader.transforms import RandomResizedCrop
+        from shardify.reader.sample.transforms import RandomResizedCrop
 
         self.size = size
         self._crop = RandomResizedCrop(size)  # only its torchvision-equivalent parameter draw
@@ -176,8 +176,8 @@ def run_bench(
     shuffle_block: int = 64,
 ) -> dict[str, Any]:
     """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
-    from shardify.reader import transforms as T
-    from shardify.reader.decode import decode_image
+    from shardify.reader.sample import transforms as T
+    from shardify.reader.sample.decode import decode_image
 
     source = resolve_source(dataset, split=split)
     transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
@@ -236,7 +236,7 @@ def run_bench(
 
 def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
     """Decode and augment every image as a loader worker would (per-key RNG); (start, seconds)."""
-    from shardify.reader.transforms import run_image_transform
+    from shardify.reader.sample.transforms import run_image_transform
 
     t0 = time.perf_counter()
     for key, data in encoded:

@@ -3,7 +3,7 @@
 The main process owns a few shared-memory cells (epoch, resume point, skip report) created
 here, so ``set_epoch`` and resuming reach persistent DataLoader workers, which hold a copy of
 the dataset. Each worker reads the cells when its iteration starts and runs the pure plan
-(:mod:`shardify.reader.assign`) for its (rank, worker); see :mod:`shardify.reader.pipeline`.
+(:mod:`shardify.reader.plan.assign`) for its (rank, worker); see :mod:`shardify.reader.sample.pipeline`.
 
 Shuffle and batching: a worker gets whole batches of its rank (batch ``b`` to worker
 ``b % workers``), and shuffles the samples of all its batches together, before batching,
@@ -26,14 +26,14 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardify.reader.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
-from shardify.reader.batchpool import BatchChannel, SlotPool
-from shardify.reader.pipeline import IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut, read_positions
-from shardify.reader.report import EpochReport, SharedReport
-from shardify.reader.shuffle import derive_seed, reorder, stream_rng, worker_order
-from shardify.reader.sources import Source, SourceLike, resolve_source
-from shardify.reader.stream import ShardReader
-from shardify.reader.world import World, detect_rank_world, detect_world
+from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
+from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
+from shardify.reader.sample.pipeline import IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut, read_positions
+from shardify.reader.delivery.report import EpochReport, SharedReport
+from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
+from shardify.reader.io.sources import Source, SourceLike, resolve_source
+from shardify.reader.io.stream import ShardReader
+from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
 __all__ = ["ReadOptions", "ShardedDataset"]
 
@@ -98,7 +98,7 @@ class ShardedDataset(IterableDataset):
     labels) gives one column per entry (an extension, ``"a;b"`` alternatives, or ``"image"``
     for any image extension); image fields go through ``transform`` (uint8 CHW), others are
     decoded by extension. Or ``map(sample_dict)`` builds the output (see
-    :class:`~shardify.reader.pipeline.SampleProcessor`). ``collate_fn`` (default
+    :class:`~shardify.reader.sample.pipeline.SampleProcessor`). ``collate_fn`` (default
     ``default_collate``) makes the batch. ``on_error="skip"`` skips bad samples and samples of
     damaged shards, repeating good samples of the same batch in their place; see
     :attr:`last_epoch_report`. Pickle fields load only with ``allow_pickle=True``.
@@ -282,7 +282,7 @@ class ShardedDataset(IterableDataset):
                                   unique_keys=self.source.unique_keys)
         collate = o.collate_fn
         if collate is None:
-            from shardify.reader.collate import default_collate as collate
+            from shardify.reader.sample.collate import default_collate as collate
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
 

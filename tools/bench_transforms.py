@@ -18,7 +18,7 @@ import torch
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.reader import transforms as T
-from shardify.reader.decode import decode_image
+from shardify.reader.sample.decode import decode_image
 
 __all__ = ["main"]
 

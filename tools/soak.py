@@ -109,12 +109,12 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
 
 def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
     """What grew after the first epoch (empty when memory and fds stayed flat)."""
-    from shardify.reader.batchpool import MAX_SLOTS
+    from shardify.reader.delivery.batchpool import MAX_SLOTS
 
     problems: list[str] = []
     first, rest = stats[0], stats[1:]
     for s in stats:
-        # Batch slots (shardify.reader.batchpool) are made as needed, up to MAX_SLOTS per worker;
+        # Batch slots (shardify.reader.delivery.batchpool) are made as needed, up to MAX_SLOTS per worker;
         # the rest are a few shared cells (epoch, report, slot tokens).
         if s.main_shm_fds > MAX_SLOTS * len(s.worker_shm_fds) + _SHM_CELLS or any(
                 n > MAX_SLOTS + _SHM_CELLS for n in s.worker_shm_fds):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardify.reader.assign import (
+from shardify.reader.plan.assign import (
     batches_per_rank,
     consumed_by_worker,
     plan_worker,
@@ -17,7 +17,7 @@ from shardify.reader.assign import (
     samples_per_rank,
     worker_batches,
 )
-from shardify.reader.shuffle import shard_order
+from shardify.reader.plan.shuffle import shard_order
 
 SIZES = [
     pytest.param([7, 2, 13], id="7-2-13"),

@@ -19,12 +19,12 @@ from multiprocessing.reduction import ForkingPickler
 
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
-import shardify.reader.batchpool as bp
-import shardify.reader.collate as collate_module
+import shardify.reader.delivery.batchpool as bp
+import shardify.reader.sample.collate as collate_module
 from shardify.errors import ShardifyError
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
-from shardify.reader.collate import default_collate, pad_collate
+from shardify.reader.sample.collate import default_collate, pad_collate
 
 Pair = namedtuple("Pair", "image label")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from shardify.reader import collate as C
-from shardify.reader.collate import bucket_batches, default_collate, pad_collate
+from shardify.reader.sample import collate as C
+from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
 
 
 class Pair(NamedTuple):

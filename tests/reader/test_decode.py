@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shardify.reader.decode import (
+from shardify.reader.sample.decode import (
     IMAGE_EXTS,
     PICKLE_EXTS,
     DecodeError,

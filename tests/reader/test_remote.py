@@ -29,10 +29,10 @@ from shardify.convert.synth import make_imagefolder
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
-from shardify.reader.cache import FetchOptions, ShardCache, shard_cache
-from shardify.reader.remote import RetryPolicy, ShardFetchError, join_url
-from shardify.reader.sources import Source, resolve_source
-from shardify.reader.stream import ShardReader
+from shardify.reader.io.cache import FetchOptions, ShardCache, shard_cache
+from shardify.reader.io.remote import RetryPolicy, ShardFetchError, join_url
+from shardify.reader.io.sources import Source, resolve_source
+from shardify.reader.io.stream import ShardReader
 
 FAST = RetryPolicy(retries=3, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, chunk_bytes=1024)
 SHARD = "train-000001.tar"

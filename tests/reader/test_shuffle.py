@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardify.reader.shuffle import (
+from shardify.reader.plan.shuffle import (
     block_order,
     buffer_order,
     derive_seed,

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from shardify.errors import ShardFormatError
-from shardify.reader.stream import Lost, ShardReader
+from shardify.reader.io.stream import Lost, ShardReader
 
 
 def keys(items) -> list[str | None]:

@@ -17,7 +17,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.reader import transforms as T
-from shardify.reader.decode import DecodeError, decode_image, draft_scale
+from shardify.reader.sample.decode import DecodeError, decode_image, draft_scale
 
 
 @functools.cache
@@ -409,7 +409,7 @@ def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, mode: str) -> None
     """The simplejpeg decode and the Pillow decode of the same crop agree (same libjpeg-turbo)."""
     import random
 
-    from shardify.reader import decode
+    from shardify.reader.sample import decode
 
     if decode._simplejpeg is None:
         pytest.skip("simplejpeg not installed")
@@ -428,8 +428,8 @@ def test_usual_jpeg_crops_never_open_pillow(monkeypatch) -> None:
     """Header and pixels both from libjpeg-turbo; Pillow only for fractional crops and other formats."""
     import random
 
-    from shardify.reader import decode
-    from shardify.reader import transforms as transforms_module
+    from shardify.reader.sample import decode
+    from shardify.reader.sample import transforms as transforms_module
 
     if decode._simplejpeg is None:
         pytest.skip("simplejpeg not installed")

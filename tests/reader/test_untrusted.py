@@ -153,7 +153,7 @@ def _tamper(shard: Path) -> None:
 
 
 def test_verify_passes_and_hashes_each_shard_once_per_process(counting_dataset, monkeypatch) -> None:
-    from shardify.reader import stream
+    from shardify.reader.io import stream
 
     root = counting_dataset([5, 6, 4])
     calls: list[int] = []

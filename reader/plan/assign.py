@@ -19,7 +19,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardify.reader.shuffle import shard_order
+from shardify.reader.plan.shuffle import shard_order
 
 __all__ = [
     "Range",

@@ -24,11 +24,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardify.errors import ShardifyError, WorkerError
-from shardify.reader import batchpool
-from shardify.reader.batchpool import BatchChannel, unpack
+from shardify.reader.delivery import batchpool
+from shardify.reader.delivery.batchpool import BatchChannel, unpack
 from shardify.reader.dataset import ShardedDataset
-from shardify.reader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
-from shardify.reader.world import detect_rank_world
+from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
+from shardify.reader.plan.world import detect_rank_world
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
@@ -251,8 +251,8 @@ def make_loader(
     ``dtype``, normalised with ``mean``/``std`` (ImageNet's by default; ``normalize=False``
     only scales to 0..1), optionally channels_last. Workers are persistent by default.
     ``recycle_batches``: batch tensors made by the collate functions of
-    :mod:`shardify.reader.collate` reach this process through shared-memory slots that each
-    worker reuses once the training loop has dropped the batch (:mod:`shardify.reader.batchpool`);
+    :mod:`shardify.reader.sample.collate` reach this process through shared-memory slots that each
+    worker reuses once the training loop has dropped the batch (:mod:`shardify.reader.delivery.batchpool`);
     False sends a fresh shared-memory tensor per batch, as torch does.
     """
     if not isinstance(dataset, ShardedDataset):

@@ -26,8 +26,8 @@ from typing import BinaryIO
 
 from shardify.errors import ShardFormatError
 from shardify.manifest import file_sha256
-from shardify.reader.remote import is_remote
-from shardify.reader.sources import is_gzip, open_shard, open_tar
+from shardify.reader.io.remote import is_remote
+from shardify.reader.io.sources import is_gzip, open_shard, open_tar
 from shardify.tario import ShardLayout, iter_members, iter_samples, scan_layout
 
 __all__ = ["Lost", "Item", "ShardReader"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
-from shardify.reader.remote import RetryPolicy, download
+from shardify.reader.io.remote import RetryPolicy, download
 
 __all__ = ["FetchOptions", "ShardCache", "shard_cache", "open_remote"]
 

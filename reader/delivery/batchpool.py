@@ -10,7 +10,7 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 - :class:`BatchChannel` (made by ``make_loader`` for one set of worker processes, registered
   in the main process): a shared ``int64`` table ``tokens[worker, slot]``; 0 means free.
 - :class:`SlotPool` (one per worker process): while :meth:`SlotPool.collate` runs, the
-  collate functions of :mod:`shardify.reader.collate` draw their batch tensors from
+  collate functions of :mod:`shardify.reader.sample.collate` draw their batch tensors from
   :meth:`SlotPool.take`, which picks a free slot big enough (or makes one; past
   ``max_slots`` it returns None and collate falls back to fresh shared memory) and writes a
   fresh token into the table. The batch is then packed: each tensor over a slot becomes a

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from shardify.reader.batchpool import active_pool
+from shardify.reader.delivery.batchpool import active_pool
 
 __all__ = ["default_collate", "pad_collate", "bucket_batches"]
 
@@ -30,7 +30,7 @@ def _empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor; in shared memory inside a DataLoader worker.
 
     Under ``make_loader`` that memory is a recycled slot of the worker's pool
-    (:mod:`shardify.reader.batchpool`), and small tensors stay private (they travel by value).
+    (:mod:`shardify.reader.delivery.batchpool`), and small tensors stay private (they travel by value).
     """
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)

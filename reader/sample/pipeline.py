@@ -4,7 +4,7 @@ Stages, each a generator over the previous one:
 
 1. :func:`read_positions`: the worker's positions in read order, skipping those already
    consumed before a resume; each run of consecutive positions is one ranged shard read.
-2. :func:`shardify.reader.shuffle.reorder`: the encoded samples in output order (what the
+2. :func:`shardify.reader.plan.shuffle.reorder`: the encoded samples in output order (what the
    shuffle buffer holds: encoded bytes, never decoded tensors).
 3. :class:`SampleProcessor`: decode and transform one sample into its output (or a
    :class:`Bad` marker under the skip policy); augmentation RNG seeded by (seed, epoch, key).
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardify.errors import SampleError
-from shardify.reader.assign import Range
-from shardify.reader.shuffle import sample_rng
-from shardify.reader.stream import Item, Lost, ShardReader
+from shardify.reader.plan.assign import Range
+from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.io.stream import Item, Lost, ShardReader
 
 __all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "cut", "bucketed", "batches"]
 
@@ -98,8 +98,8 @@ class SampleProcessor:
         skip_errors: bool,
         unique_keys: bool,
     ) -> None:
-        from shardify.reader.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
-        from shardify.reader.transforms import run_image_transform
+        from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
+        from shardify.reader.sample.transforms import run_image_transform
 
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
@@ -172,7 +172,7 @@ def bucketed(
     outputs: Iterator[Any], *, batch_size: int, length: Callable[[Any], int], buffer_size: int, rng: Any
 ) -> Iterator[list[Any]]:
     """Group ``outputs`` by ``length`` (skipped samples count as 0) into ``ceil(n / batch_size)`` lists."""
-    from shardify.reader.collate import bucket_batches
+    from shardify.reader.sample.collate import bucket_batches
 
     def key(x: Any) -> int:
         return 0 if isinstance(x, Bad) else length(x)
