@@ -32,7 +32,9 @@ labels); hidden files and folders are skipped, non-image files are counted and r
 
 partition.json: {"train": ["id1", "id2"], "validation": ["id3"]}
 labels.json:    {"id1": 0, "id2": 1, "id3": 0}     (ints, or names: indices by sorted name)
-Each ID's files are data/<ID>.* (.pt, .npy, .jpg, .json, ...); all of them make one sample.""",
+Each ID's files are data/<ID>.* (.pt, .npy, .jpg, .json, ...); all of them make one sample.
+With --pt-to-npy, data/<ID>.pt (one tensor each) is stored as field "npy"; read it with
+ShardedDataset(out, split="train", batch_size=..., fields=("npy", "cls")).""",
     "listing": """example:
   shardify convert listing train.jsonl out/mydata
   shardify convert listing meta.csv out/mydata --root /data/images
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", metavar="OUT")
     p.add_argument("--partition", required=True, help="JSON {split: [ids]}")
     p.add_argument("--labels", required=True, help="JSON {id: label}")
+    p.add_argument("--pt-to-npy", action="store_true",
+                   help="store each .pt/.pth tensor file as .npy (field 'npy'): read ~50x faster than torch.load; "
+                        "loaded with weights_only=True, a file holding anything but one tensor is skipped")
     _common(p)
     p = kinds.add_parser("listing", help="a CSV or JSONL listing", epilog=_EXAMPLES["listing"], formatter_class=fmt)
     p.add_argument("src", metavar="FILE")
@@ -141,7 +146,8 @@ def _convert(args: argparse.Namespace) -> int:
     if args.kind == "imagefolder":
         result = run.convert_imagefolder(args.src, args.out, options=options)
     elif args.kind == "ids":
-        result = run.convert_ids(args.src, args.out, partition=args.partition, labels=args.labels, options=options)
+        result = run.convert_ids(args.src, args.out, partition=args.partition, labels=args.labels, options=options,
+                                 pt_to_npy=args.pt_to_npy)
     else:
         result = run.convert_listing(args.src, args.out, root=args.root, fmt=args.fmt, options=options)
     for s in result.splits.values():

@@ -3,7 +3,8 @@
 All files of one ID make one sample, each stored under its own extension (lower-cased;
 a file whose extension is ``json`` is stored as ``src.json``, since ``{key}.json`` holds
 shardify's metadata). IDs without a file or without a label are skipped and reported;
-files of IDs that are in no split are counted as ignored.
+files of IDs that are in no split are counted as ignored. With ``pt_to_npy``, ``.pt``/``.pth``
+files are stored as ``npy`` (see :mod:`shardify.convert.tensors`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
 from shardify.convert.labels import label_space
+from shardify.convert.tensors import PT_TO_NPY, TENSOR_EXTS
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
 
@@ -44,8 +46,10 @@ def scan_ids(
     partition: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     num_classes: int | None = None,
+    pt_to_npy: bool = False,
 ) -> dict[str, Scan]:
-    """One Scan per split of the partition, in the partition's order."""
+    """One Scan per split of the partition, in the partition's order; ``pt_to_npy``: store
+    ``.pt``/``.pth`` files as field ``npy``."""
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("not a directory (expected SRC/<id>.<ext> files)", path=str(src_path))
@@ -63,7 +67,7 @@ def scan_ids(
             if not isinstance(i, (str, int)) or isinstance(i, bool):
                 raise InputError(f"split {split!r}: ID {i!r} should be a string or an int", path=str(partition))
             wanted.add(str(i))
-    files_of, problems = _files_by_id(src_path, wanted)
+    files_of, problems = _files_by_id(src_path, wanted, pt_to_npy=pt_to_npy)
 
     scans: dict[str, Scan] = {}
     for split, ids in parts.items():
@@ -100,7 +104,7 @@ def scan_ids(
     return scans
 
 
-def _files_by_id(src: Path, wanted: set[str]) -> tuple[dict[str, list[SourceFile]], list[Ignored]]:
+def _files_by_id(src: Path, wanted: set[str], *, pt_to_npy: bool) -> tuple[dict[str, list[SourceFile]], list[Ignored]]:
     """Map each wanted ID to its files; the longest ID that prefixes a name before a dot wins."""
     files_of: dict[str, list[SourceFile]] = {}
     problems: list[Ignored] = []
@@ -133,7 +137,8 @@ def _files_by_id(src: Path, wanted: set[str]) -> tuple[dict[str, list[SourceFile
         except OSError as e:
             problems.append(Ignored(name, f"cannot stat: {e.strerror}"))
             continue
+        as_npy = pt_to_npy and ext in TENSOR_EXTS
         files_of.setdefault(ident, []).append(
-            SourceFile(ext=ext, path=name, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                       is_image=ext in IMAGE_EXTS))
+            SourceFile(ext="npy" if as_npy else ext, path=name, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                       is_image=ext in IMAGE_EXTS, transcode=PT_TO_NPY if as_npy else None))
     return files_of, problems

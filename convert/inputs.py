@@ -25,6 +25,9 @@ class SourceFile:
     size: int
     mtime_ns: int
     is_image: bool
+    transcode: str | None = None
+    """How the writer turns the file's bytes into the member's (a tag of
+    :func:`shardify.convert.tensors.transcode_file`); None: stored unchanged."""
 
 
 @dataclass(frozen=True, slots=True)

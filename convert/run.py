@@ -67,9 +67,12 @@ def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str]
 
 
 def convert_ids(src: str | os.PathLike[str], out: str | os.PathLike[str], *, partition: str | os.PathLike[str],
-                labels: str | os.PathLike[str], options: ConvertOptions) -> ConvertResult:
-    """Convert ID-labelled files; every split of the partition is written."""
-    scans = scan_ids(src, partition=partition, labels=labels, num_classes=options.num_classes)
+                labels: str | os.PathLike[str], options: ConvertOptions, pt_to_npy: bool = False) -> ConvertResult:
+    """Convert ID-labelled files; every split of the partition is written.
+
+    ``pt_to_npy``: store each ``.pt``/``.pth`` file (one tensor) as ``.npy``, read ~50x faster.
+    """
+    scans = scan_ids(src, partition=partition, labels=labels, num_classes=options.num_classes, pt_to_npy=pt_to_npy)
     return convert_scans(scans, out, options=options)
 
 

@@ -18,6 +18,7 @@ from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
 from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
+from shardify.convert.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
@@ -87,6 +88,8 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror or e}", path=source.path, key=key) from e
         ext = source.ext
+        if source.transcode is not None:
+            data = transcode_file(source.transcode, data, path=source.path, key=key, identity=spec.identity)
         if source.is_image:
             try:
                 info = check_image(data, full=task.check_full)

@@ -15,6 +15,8 @@ __all__ = [
     "OutputExistsError",
     "OutputError",
     "WorkerError",
+    "ArrayFormatError",
+    "ObjectArrayError",
 ]
 
 
@@ -98,3 +100,11 @@ class OutputError(ShardifyError):
 
 class WorkerError(ShardifyError, RuntimeError):
     """A DataLoader worker process died (killed, out of memory, crashed) while reading."""
+
+
+class ArrayFormatError(ShardifyError, ValueError):
+    """An array or tensor cannot be stored as shardify's ``.npy``, or ``.npy`` bytes cannot be read."""
+
+
+class ObjectArrayError(ArrayFormatError):
+    """An object (pickled) array: refused, since loading it could run code."""

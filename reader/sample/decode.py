@@ -2,7 +2,9 @@
 
 Pickle (``pyd``, ``pickle``, ``pkl``) runs arbitrary code when loaded, so it is refused unless
 the caller passes ``allow_pickle=True``; ``pt``/``pth`` go through ``torch.load(weights_only=True)``
-(tensors and plain containers only; ``allow_pickle=True`` lifts that too).
+(tensors and plain containers only; ``allow_pickle=True`` lifts that too). ``npy`` goes through
+:func:`shardify.npy.decode_array` (header parsed once per distinct header; object arrays refused):
+a new numpy array, or a torch tensor for the raw views of torch dtypes numpy lacks (bfloat16...).
 Every failure is a ``ValueError`` (:class:`DecodeError`) naming the field and the cause; the
 dataset adds the shard and the key.
 
@@ -28,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
+
+from shardify.errors import ObjectArrayError
+from shardify.npy import array_to_tensor, decode_array, raw_view_name
 
 try:  # libjpeg-turbo without Pillow's overhead; a declared dependency, Pillow is the fallback
     import simplejpeg as _simplejpeg
@@ -236,8 +241,13 @@ def _decode_text(data: bytes) -> str:
     return data.decode("utf-8")
 
 
-def _decode_npy(data: bytes, allow_pickle: bool) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=allow_pickle)
+def _decode_npy(data: bytes, allow_pickle: bool) -> np.ndarray | torch.Tensor:
+    """A new native-order array (a tensor for torch dtypes numpy lacks), via the cached-header fast path."""
+    try:
+        arr = decode_array(data, allow_pickle=allow_pickle)
+    except ObjectArrayError as e:
+        raise DecodeError(str(e)) from e
+    return arr if arr.dtype.names is None or raw_view_name(arr.dtype) is None else array_to_tensor(arr)
 
 
 def _decode_torch(data: bytes, allow_pickle: bool) -> object:
