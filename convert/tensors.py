@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 
 from shardify.errors import ArrayFormatError, InputError
 from shardify.npy import encode_tensor
@@ -31,9 +32,13 @@ def pt_to_npy(data: bytes, *, path: str, key: str, identity: str) -> bytes:
     try:
         obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise InputError(f"{where}: torch.load(weights_only=True) refused it: it holds a pickled object, not "
-                         f"only tensors ({first}); --pt-to-npy stores plain tensors only", path=path, key=key) from e
+        found = _GLOBAL.search(str(e))
+        if found is None:
+            raise InputError(f"{where}: cannot load as a torch file with weights_only=True: {_detail(e)}",
+                             path=path, key=key) from e
+        raise InputError(f"{where}: torch.load(weights_only=True) refused it: it holds a pickled object "
+                         f"({found.group(1)}), not only tensors; --pt-to-npy stores plain tensors only",
+                         path=path, key=key) from e
     except Exception as e:  # noqa: BLE001 - a damaged zip or pickle raises many types
         raise InputError(f"{where}: cannot load as a torch file: {type(e).__name__}: {e}", path=path, key=key) from e
     if not isinstance(obj, torch.Tensor):
@@ -43,6 +48,18 @@ def pt_to_npy(data: bytes, *, path: str, key: str, identity: str) -> bytes:
         return encode_tensor(obj)
     except ArrayFormatError as e:
         raise InputError(f"{where}: {e}", path=path, key=key) from e
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+"""How torch's weights-only unpickler names the global it refused to load."""
+
+
+def _detail(e: BaseException) -> str:
+    """The informative line of torch's long weights-only error (the last that is not advice)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().endswith(":")]
+    useful = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Check the documentation",
+                                                       "Please file", "(1)", "(2)"))]
+    return (useful or lines or [type(e).__name__])[-1][:200]
 
 
 _TRANSCODERS = {PT_TO_NPY: pt_to_npy}
