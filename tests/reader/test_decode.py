@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from shardify.npy import encode_tensor
 from shardify.reader.sample.decode import (
     IMAGE_EXTS,
     PICKLE_EXTS,
@@ -145,8 +146,37 @@ def test_decode_npy() -> None:
 def test_npy_object_array_is_refused() -> None:
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with pytest.raises(ValueError, match="'npy'"):
+    with pytest.raises(DecodeError, match="'npy'.*allow_pickle=False"):
         decode_field("npy", buf.getvalue())
+    assert decode_field("npy", buf.getvalue(), allow_pickle=True)[0] == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        pytest.param(torch.randn(3, 32, 32), id="float32"),
+        pytest.param(torch.arange(-5, 5, dtype=torch.int64).reshape(2, 5), id="int64"),
+        pytest.param(torch.tensor([1.5, -0.25, float("nan")], dtype=torch.bfloat16), id="bfloat16"),
+        pytest.param(torch.tensor([0.5, 2.0], dtype=torch.float16), id="float16"),
+        pytest.param(torch.tensor(3), id="0-d"),
+    ],
+)
+def test_npy_written_by_shardify_decodes_to_the_same_tensor(tensor: torch.Tensor) -> None:
+    """numpy dtypes come back as numpy arrays, torch-only dtypes (raw views) as tensors; bits exact."""
+    out = decode_field("npy", encode_tensor(tensor))
+    back = out if isinstance(out, torch.Tensor) else torch.from_numpy(out)
+    assert isinstance(out, torch.Tensor) == (tensor.dtype == torch.bfloat16)
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape
+    assert torch.equal(back.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+
+
+def test_npy_from_numpy_in_any_byte_order_or_version_decodes_native_and_writable() -> None:
+    arr = np.arange(24, dtype=">f8").reshape(2, 3, 4)
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asfortranarray(arr), version=(2, 0))
+    out = decode_field("npy", buf.getvalue())
+    assert out.dtype == np.float64 and out.dtype.isnative and out.flags.writeable and np.array_equal(out, arr)
+    torch.from_numpy(out)  # no copy, no warning: native order, writable
 
 
 def test_decode_pt_tensors() -> None:
