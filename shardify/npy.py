@@ -65,6 +65,8 @@ _TORCH_NATIVE = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "
 """Torch dtypes with a numpy twin of the same name."""
 
 _MAX_CACHED_HEADERS = 4096
+MAX_HEADER_BYTES = 10_000
+"""numpy's own default limit (``max_header_size``): a longer header is refused unparsed."""
 _headers: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], bool, int]] = {}
 
 
@@ -147,6 +149,8 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
     else:
         raise ArrayFormatError(f".npy format version {major}.{view[7]} is not known")
     offset = start + size
+    if size > MAX_HEADER_BYTES:
+        raise ArrayFormatError(f".npy header of {size} bytes exceeds {MAX_HEADER_BYTES} (numpy's limit too)")
     if len(view) < offset:
         raise ArrayFormatError(f"truncated .npy: {len(view)} bytes, the header alone needs {offset}")
     text = bytes(view[start:offset])
@@ -166,9 +170,12 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
     if len(view) - offset != nbytes:
         raise ArrayFormatError(f".npy data is {len(view) - offset} bytes, its header says {nbytes} "
                                f"({dtype} {shape})")
-    flat = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0, offset=offset)
+    native = dtype if dtype.isnative else dtype.newbyteorder("=")
+    if nbytes == 0:
+        return np.zeros(shape, dtype=native)
+    flat = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
     arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    return np.array(arr, dtype=dtype if dtype.isnative else dtype.newbyteorder("="), order="C", copy=True)
+    return np.array(arr, dtype=native, order="C", copy=True)
 
 
 def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:

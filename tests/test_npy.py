@@ -14,7 +14,7 @@ from shardify.npy import array_to_tensor, decode_array, encode_array, encode_ten
 
 SHAPES = [(), (0,), (7,), (3, 32, 32), (2, 0, 3), (1, 1, 1, 5)]
 NUMPY_DTYPES = ["bool", "uint8", "int8", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8",
-                "<c8", "<c16", "S3", "<U2", "<M8[s]", "<m8[ms]"]
+                "<c8", "<c16", "S3", "<U2", "<M8[s]", "<m8[ms]", "S0"]
 
 
 def _values(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -105,6 +105,8 @@ def _v1(header: bytes) -> bytes:
         pytest.param(encode_array(np.arange(10, dtype="<i4")) + b"\0", "header says 40", id="trailing-data"),
         pytest.param(encode_array(np.arange(10, dtype="<i4"))[:40], "truncated", id="truncated-header"),
         pytest.param(_v1(b"{'a': 1}"), "descr, fortran_order, shape", id="wrong-keys"),
+        pytest.param(b"\x93NUMPY\x02\x00" + (10**6).to_bytes(4, "little") + b" " * 10**6, "exceeds 10000",
+                     id="huge-header"),
         pytest.param(_v1(b"__import__('os')"), "unreadable", id="code-in-header"),
         pytest.param(_v1(b"{'descr': '<i4', 'fortran_order': False, 'shape': (-1,), }"), "bad shape",
                      id="negative-shape"),
