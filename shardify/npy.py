@@ -15,7 +15,7 @@ the torch dtype. Quantized and other torch dtypes are refused.
 
 Decoding (:func:`decode_array`) reads the small header once per distinct header (a cached
 dict keyed by its bytes, parsed with ``ast.literal_eval`` as numpy does), then copies the
-data with ``np.frombuffer``: about a microsecond per small array instead of ``np.load``'s
+data with ``np.frombuffer``: a few microseconds per small array instead of ``np.load``'s
 tens. Object arrays are refused unless ``allow_pickle=True`` (then ``np.load`` runs).
 """
 
