@@ -16,7 +16,7 @@ the torch dtype. Quantized and other torch dtypes are refused.
 Decoding (:func:`decode_array`) reads the small header once per distinct header (a cached
 dict keyed by its bytes, parsed with ``ast.literal_eval`` as numpy does), then copies the
 data with ``np.frombuffer``: a few microseconds per small array instead of ``np.load``'s
-tens. Object arrays are refused unless ``allow_pickle=True`` (then ``np.load`` runs).
+~100. Object arrays are refused unless ``allow_pickle=True`` (then ``np.load`` runs).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RAW_VIEWS",
+    "MAX_HEADER_BYTES",
     "encode_array",
     "decode_array",
     "raw_view_name",
