@@ -15,6 +15,7 @@ __all__ = [
     "OutputExistsError",
     "OutputError",
     "WorkerError",
+    "EncodeError",
 ]
 
 
@@ -98,3 +99,7 @@ class OutputError(ShardifyError):
 
 class WorkerError(ShardifyError, RuntimeError):
     """A DataLoader worker process died (killed, out of memory, crashed) while reading."""
+
+
+class EncodeError(ShardifyError, TypeError):
+    """A sample given to the Python writer holds a value its field cannot store (type or content)."""
