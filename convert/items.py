@@ -16,10 +16,12 @@ through the fingerprint, the items through the digests) and the work is started 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import os
 import pickle
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
@@ -38,7 +40,7 @@ from shardify.convert.writer import ShardResult
 from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
 from shardify.manifest import json_bytes, load_json
 
-__all__ = ["ItemsOptions", "convert_items", "JsonlItems", "FILTERED"]
+__all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
 
 FILTERED = "filtered"
 """The ``ignored`` reason counted for items whose ``fn`` returned None."""
@@ -115,6 +117,27 @@ class JsonlItems:
             except OSError as e:
                 raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
         return self._len
+
+
+def load_function(spec: str) -> Callable[[Any], Mapping[str, object] | None]:
+    """The function named ``MODULE:NAME`` (``NAME`` may be dotted); the current folder is importable."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"function {spec!r} should be MODULE:FUNCTION, e.g. mymodule:make_sample")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error while importing
+        raise InputError(f"cannot import module {module!r}: {type(e).__name__}: {e}", path=spec) from e
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise InputError(f"module {module!r} has no {name!r}", path=spec) from e
+    if not callable(obj):
+        raise InputError(f"{name!r} is a {type(obj).__name__}, not a function", path=spec)
+    return obj  # type: ignore[no-any-return]
 
 
 def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None],
