@@ -80,7 +80,7 @@ class ChunkRunner:
         if sample is None:
             return Outcome()
         try:
-            key, original = sample_key(sample, index) if isinstance(sample, Mapping) else ("", None)
+            key, original = sample_key(sample, index)
             members = encode_sample(sample, key, original, self.values)
             check_label(members, self.classes)
         except EncodeError as e:

@@ -194,6 +194,8 @@ def sample_key(sample: Mapping[str, object], index: int) -> tuple[str, str | Non
     Returns ``(key, original)`` where ``original`` is the given ``__key__`` when it had to be
     rewritten, else None.
     """
+    if not isinstance(sample, Mapping):
+        raise EncodeError(f"a sample should be a dict of field -> value, found {type(sample).__name__}")
     given = sample.get("__key__")
     if given is None:
         return f"{index:09d}", None
