@@ -107,10 +107,14 @@ def _run_in_worker(chunk: Chunk) -> list[Outcome]:
     return _runner(chunk)
 
 
-def _died(chunk: Chunk, cause: BaseException) -> WorkerError:
-    last = chunk.start + len(chunk.items) - 1
-    return WorkerError(f"a worker process died running fn on items at positions {chunk.start}..{last} "
-                       f"(first item: {item_repr(chunk.items[0])}): {type(cause).__name__}: {cause}; "
+def _died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
+    if not chunks:
+        return WorkerError(f"a worker process died: {type(cause).__name__}: {cause}; "
+                           "finished shards are kept, rerun to resume")
+    first, last = chunks[0], chunks[-1]
+    end = last.start + len(last.items) - 1
+    return WorkerError(f"a worker process died running fn on the items at positions {first.start}..{end} "
+                       f"(first: {item_repr(first.items[0])}): {type(cause).__name__}: {cause}; "
                        "finished shards are kept, rerun to resume")
 
 
@@ -134,6 +138,7 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
     ctx = mp.get_context("fork" if fork else "spawn")
     pending: collections.deque[tuple[Chunk, cf.Future[list[Outcome]]]] = collections.deque()
     source = iter(chunks)
+    chunk: Chunk | None = None
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                 initargs=(runner,)) as pool:
         try:
@@ -145,12 +150,12 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
                     pending.append((chunk, pool.submit(_run_in_worker, chunk)))
                 if not pending:
                     return
-                chunk, fut = pending.popleft()
-                try:
-                    outcomes = fut.result()
-                except cf.process.BrokenProcessPool as e:
-                    raise _died(chunk, e) from e
+                outcomes = pending[0][1].result()
+                chunk, _ = pending.popleft()
                 yield chunk, outcomes
+        except cf.process.BrokenProcessPool as e:
+            in_flight = [c for c, _ in pending] + ([chunk] if chunk is not None and not pending else [])
+            raise _died(in_flight, e) from e
         finally:
             for _, fut in pending:
                 fut.cancel()
@@ -193,7 +198,7 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
                 try:
                     outcomes = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    raise _died(chunk, e) from e
+                    raise _died([chunk], e) from e
                 yield chunk, outcomes
         finally:
             for _, ref in pending:
