@@ -195,6 +195,25 @@ def test_sigkill_mid_convert_items_then_rerun_is_byte_identical(tmp_path: Path, 
     assert Manifest.load(out).splits["train"].samples == 60 - 7
 
 
+def test_ray_engine_gives_the_same_bytes(tmp_path: Path, tree_bytes) -> None:
+    ray = pytest.importorskip("ray")
+
+    def fn(i: int) -> dict[str, object] | None:  # defined here: Ray ships it by value
+        import numpy
+
+        return None if i % 5 == 1 else {"npy": numpy.full(i % 4 + 1, i), "cls": i % 3}
+
+    local = convert_items(range(40), fn, tmp_path / "local", samples_per_shard=6, workers=1, **FAST)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        on_ray = convert_items(range(40), fn, tmp_path / "ray", samples_per_shard=6, engine="ray", chunk_size=5,
+                               **FAST)
+    finally:
+        ray.shutdown()
+    assert on_ray.samples == local.samples == 32
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
 def test_cli_python_reports_usage_and_import_errors(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

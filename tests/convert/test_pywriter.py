@@ -90,6 +90,36 @@ def test_every_value_type_round_trips_through_shardify_and_webdataset(tmp_path: 
         assert np.array_equal(np.load(io.BytesIO(raw["npy"]), allow_pickle=False), original["npy"])
 
 
+def test_wids_opens_the_split(tmp_path: Path) -> None:
+    import wids
+
+    with ShardWriter(tmp_path / "out", samples_per_shard=1, **FAST) as w:
+        for s in _samples():
+            w.write(s)
+    ds = wids.ShardListDataset(str(tmp_path / "out" / "train.json"), cache_dir=str(tmp_path / "cache"),
+                               transformations=[])
+    assert len(ds) == 2 and {ds[i]["__key__"] for i in range(2)} == {"first", "000000001"}
+
+
+def test_a_full_disk_is_an_output_error_and_nothing_looks_finished(tmp_path: Path, monkeypatch) -> None:
+    from shardify.convert.writer import HashingWriter
+
+    real = HashingWriter.write
+
+    def write(self: HashingWriter, data: bytes) -> None:
+        if self.size + len(data) > 20_000:
+            raise OSError(28, "No space left on device")
+        real(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", write)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match=r"train-000000.tar: cannot write shard: No space left on device"):
+        with ShardWriter(out, **FAST) as w:
+            for i in range(100):
+                w.write({"npy": np.zeros(1000, np.uint8), "cls": i})
+    assert not (out / "manifest.json").exists() and not list(out.glob(".*.tmp"))
+
+
 def test_same_samples_give_the_same_bytes_and_a_tensor_view_stores_only_itself(tmp_path: Path, tree_bytes) -> None:
     for name in ("a", "b"):
         with ShardWriter(tmp_path / name, samples_per_shard=1, **FAST) as w:
