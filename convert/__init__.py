@@ -1,1 +1,30 @@
-"""The writer side: plan, pack and verify shards; the ``shardify`` command line."""
+"""The writer side: plan, pack and verify shards; the ``shardify`` command line.
+
+From Python: :class:`ShardWriter` writes a split one sample at a time; :func:`convert_items`
+runs a function over items in parallel. Both are imported on first use, so that the command
+line starts without them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ShardWriter", "WriteOptions", "ValueOptions", "convert_items", "ItemsOptions", "JsonlItems"]
+
+_LAZY = {
+    "ShardWriter": "shardify.convert.pywriter",
+    "WriteOptions": "shardify.convert.pywriter",
+    "ValueOptions": "shardify.convert.values",
+    "convert_items": "shardify.convert.items",
+    "ItemsOptions": "shardify.convert.items",
+    "JsonlItems": "shardify.convert.items",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardify.convert' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

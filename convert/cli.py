@@ -41,6 +41,13 @@ ShardedDataset(out, split="train", batch_size=..., fields=("npy", "cls")).""",
 
 Rows: path (relative to the listing's folder or --root) and/or id, label, optional split,
 other columns inline ("text" -> {key}.txt, "caption" -> {key}.caption.txt).""",
+    "python": """example:
+  shardify convert python mymodule:make_sample items.jsonl out/tokens --workers 8
+
+Each JSONL row is an item; FUNCTION(item) returns a sample dict ({"npy": array, "cls": 3,
+"txt": "...", "meta.json": {...}}, optional "__key__") or None to filter the item out.
+MODULE is imported as by python -m (the current folder is on the path). An item whose
+function raises is skipped and listed in OUT/<split>.report.jsonl (--strict: stop).""",
 }
 
 
@@ -74,6 +81,53 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)")
 
 
+def _python_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--split", default="train", help="split name (default: train)")
+    g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
+    g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
+    g.add_argument("--shuffle", action="store_true", help="write the items in a seeded shuffle (default: file order)")
+    g.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
+    g.add_argument("--classes", default=None, help="comma-separated names of the cls labels, or @FILE (one per line)")
+    g.add_argument("--quality", type=int, default=95, help="JPEG/WebP quality of images given as arrays (default: 95)")
+    g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
+    g.add_argument("--strict", action="store_true", help="stop at the first item whose function raises")
+    g = p.add_argument_group("run")
+    g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    g.add_argument("--chunk-size", type=int, default=32, help="items per worker task (default: 32)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')")
+    g.add_argument("--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)")
+
+
+def _convert_python(args: argparse.Namespace) -> Any:
+    from shardify.convert.items import ItemsOptions, JsonlItems, convert_items, load_function
+    from shardify.convert.options import parse_size
+    from shardify.convert.run import ConvertResult
+    from shardify.convert.values import ValueOptions
+    from shardify.errors import InputError
+
+    classes: tuple[str, ...] = ()
+    if args.classes:
+        if args.classes.startswith("@"):
+            try:
+                with open(args.classes[1:], encoding="utf-8") as f:
+                    classes = tuple(line.strip() for line in f if line.strip())
+            except OSError as e:
+                raise InputError(f"cannot read class names: {e.strerror or e}", path=args.classes[1:]) from e
+        else:
+            classes = tuple(c.strip() for c in args.classes.split(","))
+    options = ItemsOptions(
+        split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
+        classes=classes, values=ValueOptions(quality=args.quality), overwrite=args.overwrite, fsync=not args.no_fsync,
+        shuffle=args.shuffle, seed=args.seed, workers=args.workers, strict=args.strict, engine=args.engine,
+        ray_address=args.ray_address, chunk_size=args.chunk_size, progress=not args.quiet)
+    summary = convert_items(JsonlItems(args.src), load_function(args.function), args.out, options=options)
+    return ConvertResult(out_dir=args.out, splits={summary.split: summary})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardify", description="Pack datasets into tar shards; stream them into PyTorch.")
     parser.add_argument("--version", action="version", version=f"shardify {__version__}")
@@ -100,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="folder the listing's paths are relative to (default: the listing's)")
     p.add_argument("--format", dest="fmt", choices=("csv", "jsonl"), default=None, help="default: from the extension")
     _common(p)
+    p = kinds.add_parser("python", help="FUNCTION(item) for each row of a JSONL file", epilog=_EXAMPLES["python"],
+                         formatter_class=fmt)
+    p.add_argument("function", metavar="MODULE:FUNCTION")
+    p.add_argument("src", metavar="ITEMS.jsonl")
+    p.add_argument("out", metavar="OUT")
+    _python_args(p)
     p = sub.add_parser("info", help="describe a dataset: splits, samples, shards, bytes, classes")
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -142,8 +202,10 @@ def _human(n: float) -> str:
 def _convert(args: argparse.Namespace) -> int:
     from shardify.convert import run
 
-    options = _options(args)
-    if args.kind == "imagefolder":
+    options = _options(args) if args.kind != "python" else None
+    if args.kind == "python":
+        result = _convert_python(args)
+    elif args.kind == "imagefolder":
         result = run.convert_imagefolder(args.src, args.out, options=options)
     elif args.kind == "ids":
         result = run.convert_ids(args.src, args.out, partition=args.partition, labels=args.labels, options=options,

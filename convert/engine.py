@@ -24,7 +24,7 @@ _shared: Any = None
 class ProgressBar:
     """A tqdm bar of samples (with MB/s) that can be fed from many processes."""
 
-    def __init__(self, *, total: int, desc: str, enabled: bool, done: int = 0, done_bytes: int = 0) -> None:
+    def __init__(self, *, total: int | None, desc: str, enabled: bool, done: int = 0, done_bytes: int = 0) -> None:
         from tqdm import tqdm
 
         self.start = time.monotonic()

@@ -12,7 +12,9 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.engine import ProgressBar, run_local
@@ -29,7 +31,8 @@ from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, 
                                load_json, report_name)
 from shardify.tarfmt import check_split_name, parse_shard_name
 
-__all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans"]
+__all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
+           "open_locked", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
 
 WORK_DIR = ".shardify-work"
 
@@ -119,9 +122,12 @@ def _load_manifest(fs: OutputFS) -> Manifest:
     return Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
 
 
-def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
-    """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
-    for split in scans:
+def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool) -> tuple[OutputFS, _Lock]:
+    """Create and lock ``out``; unlist those of ``splits`` that are finished there (``overwrite``).
+
+    The caller writes the splits, then calls :func:`publish_splits`, and releases the lock.
+    """
+    for split in splits:
         check_split_name(split)
     fs = open_output(out)
     try:
@@ -131,27 +137,45 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
     lock = _Lock(fs)
     try:
         manifest = _load_manifest(fs)
-        finished = [s for s in scans if s in manifest.splits]
-        if finished and not options.overwrite:
+        finished = [s for s in splits if s in manifest.splits]
+        if finished and not overwrite:
             raise OutputExistsError(
                 f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
         if finished:
             for split in finished:
                 manifest = manifest.without_split(split)
             fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
+    except OSError as e:
+        lock.release()
+        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
+    except BaseException:
+        lock.release()
+        raise
+    return fs, lock
+
+
+def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
+    """List the finished splits in ``manifest.json`` (written last) and drop their work folders."""
+    manifest = _load_manifest(fs)
+    for split, index in indexes.items():
+        manifest = manifest.with_split(split, index)
+    fs.sync_root()
+    fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
+    for split in indexes:
+        fs.remove_tree(f"{WORK_DIR}/{split}")
+
+
+def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
+    """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
+    fs, lock = open_locked(out, scans, overwrite=options.overwrite)
+    try:
         result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
         for split, scan in scans.items():
             summary, index = _convert_split(scan, fs, replace(options, split=split))
             result.splits[split] = summary
             indexes[split] = index
-        manifest = _load_manifest(fs)
-        for split, index in indexes.items():
-            manifest = manifest.with_split(split, index)
-        fs.sync_root()
-        fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
-        for split in scans:
-            fs.remove_tree(f"{WORK_DIR}/{split}")
+        publish_splits(fs, indexes)
         return result
     except OSError as e:
         raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
@@ -166,7 +190,8 @@ def _file_sha256(fs: OutputFS, name: str) -> str:
         return file_sha256(f)
 
 
-def _record_name(split: str, index: int) -> str:
+def record_name(split: str, index: int) -> str:
+    """Where the record of finished shard ``index`` of ``split`` is kept until the split is published."""
     return f"{WORK_DIR}/{split}/{index:06d}.json"
 
 
@@ -185,7 +210,7 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
     for shard in plan.shards:
-        record = _record_name(plan.split, shard.index)
+        record = record_name(plan.split, shard.index)
         if record.rsplit("/", 1)[1] not in have:
             continue
         try:
@@ -201,7 +226,7 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
 
 
 def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
-    fs.write_atomic(_record_name(split, r.index), json_bytes({
+    fs.write_atomic(record_name(split, r.index), json_bytes({
         "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
         "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
 
@@ -239,25 +264,40 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     finally:
         bar.close()
     ordered = [results[s.index] for s in plan.shards]
-    _remove_stale_shards(fs, split, len(ordered))
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
-    _write_report(fs, report_name(split), skipped, ignored)
-    index = SplitIndex(
-        split=split,
-        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
-        classes=tuple(scan.classes),
-        fields=tuple(sorted({f for r in ordered for f in r.fields})),
-        converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
-                   "source": scan.source, "options": options.shaping()},
-        skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
-        ignored=dict(Counter(_reason_class(p.reason) for p in ignored)),
-    )
-    fs.write_atomic(index_name(split), json_bytes(index.to_json()))
+    index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored,
+                         converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+                                    "source": scan.source, "options": options.shaping()})
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started)
     return summary, index
+
+
+def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
+                 converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
+                 ignored_counts: dict[str, int] | None = None) -> SplitIndex:
+    """After the last shard: drop stale shards, write the report, then the split index.
+
+    ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
+    index's ``ignored`` counts without a report line each.
+    """
+    _remove_stale_shards(fs, split, len(ordered))
+    _write_report(fs, report_name(split), list(skipped), list(ignored))
+    counts = Counter(_reason_class(p.reason) for p in ignored)
+    counts.update(ignored_counts or {})
+    index = SplitIndex(
+        split=split,
+        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
+        classes=tuple(classes),
+        fields=tuple(sorted({f for r in ordered for f in r.fields})),
+        converter=converter,
+        skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
+        ignored=dict(counts),
+    )
+    fs.write_atomic(index_name(split), json_bytes(index.to_json()))
+    return index
 
 
 def _reason_class(reason: str) -> str:

@@ -23,7 +23,7 @@ from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "temp_name", "Progress"]
+__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "temp_name", "Progress", "HashingWriter"]
 
 
 class Progress(Protocol):
@@ -61,7 +61,11 @@ def temp_name(split: str, index: int) -> str:
     return f".{shard_name(split, index)}.tmp"
 
 
-class _HashingWriter:
+_JOIN_LIMIT = 1 << 20
+"""Samples up to this many bytes are joined into one write."""
+
+
+class HashingWriter:
     """Writes to a file and feeds the same bytes to SHA-256; counts them."""
 
     def __init__(self, f: BinaryIO) -> None:
@@ -73,6 +77,21 @@ class _HashingWriter:
         self.f.write(data)
         self.hash.update(data)
         self.size += len(data)
+
+
+def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> None:
+    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``.
+
+    Small samples go out in one write (one copy, fewer calls); large members are not copied.
+    """
+    parts: list[bytes] = []
+    for ext, data in members:
+        parts += (ustar_header(member_name(key, ext), len(data)), data, padding(len(data)))
+    if sum(len(p) for p in parts) <= _JOIN_LIMIT:
+        out.write(b"".join(parts))
+    else:
+        for part in parts:
+            out.write(part)
 
 
 def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[tuple[str, bytes]]:
@@ -125,7 +144,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
     written = 0
     try:
         with fs.open_write(tmp) as f:
-            out = _HashingWriter(f)
+            out = HashingWriter(f)
             for sample in plan.samples:
                 before = out.size
                 try:
@@ -135,11 +154,8 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
                         raise
                     skipped.append(Ignored(e.path or sample.spec.identity, e.reason))
                     members = []
-                for ext, data in members:
-                    out.write(ustar_header(member_name(sample.key, ext), len(data)))
-                    out.write(data)
-                    out.write(padding(len(data)))
-                    fields.add(ext)
+                write_members(out, sample.key, members)
+                fields.update(ext for ext, _ in members)
                 if members:
                     written += 1
                 if progress is not None:

@@ -17,6 +17,7 @@ __all__ = [
     "WorkerError",
     "ArrayFormatError",
     "ObjectArrayError",
+    "EncodeError",
 ]
 
 
@@ -108,3 +109,7 @@ class ArrayFormatError(ShardifyError, ValueError):
 
 class ObjectArrayError(ArrayFormatError):
     """An object (pickled) array: refused, since loading it could run code."""
+
+
+class EncodeError(ShardifyError, TypeError):
+    """A sample given to the Python writer holds a value its field cannot store (type or content)."""

@@ -1,0 +1,361 @@
+"""``convert_items``: run ``fn(item) -> sample`` over any items in parallel and write one split.
+
+The samples are written in one place, in the order of the items (or a seeded shuffle of a
+sequence), through the same shard stream, lock, report, index and manifest as
+:class:`~shardify.convert.pywriter.ShardWriter`, so the bytes do not depend on ``workers``.
+
+Resuming: each finished shard leaves a record in the work folder with the positions of the
+items it covers, a digest of those items (their pickles) and its keys. Called again with the
+same items and options after an interruption (even ``kill -9``), the finished shards are
+checked against their records and reused, their items are only hashed (``fn`` is not run for
+them), and the output ends byte-identical to an uninterrupted run. This needs items that
+can be iterated again in the same order; a changed count or item is detected (the count
+through the fingerprint, the items through the digests) and the work is started over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from shardify import FORMAT_VERSION, __version__
+from shardify.convert.engine import ProgressBar
+from shardify.convert.inputs import Ignored
+from shardify.convert.itemmap import Chunk, ChunkRunner, item_repr, map_ordered
+from shardify.convert.outfs import OutputFS
+from shardify.convert.plan import shuffle_order
+from shardify.convert.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
+from shardify.convert.run import WORK_DIR, SplitSummary, finish_split, open_locked, publish_splits, record_name
+from shardify.convert.stream import ShardStream, sample_size
+from shardify.convert.writer import ShardResult
+from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
+from shardify.manifest import json_bytes, load_json
+
+__all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
+
+FILTERED = "filtered"
+"""The ``ignored`` reason counted for items whose ``fn`` returned None."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemsOptions(WriteOptions):
+    """Options of :func:`convert_items`: those of :class:`WriteOptions` plus how to run ``fn``."""
+
+    shuffle: bool = False
+    """Write the items in a seeded shuffle of their order (needs a sequence: ``len`` and indexing)."""
+    seed: int = 0
+    workers: int = 0
+    """Worker processes (0: one per available core; 1: run ``fn`` in this process)."""
+    strict: bool = False
+    """Stop at the first item whose ``fn`` raises, instead of skipping and reporting it."""
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    chunk_size: int = 32
+    """Items per task sent to a worker; memory holds about ``4 * workers * chunk_size`` samples."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.workers < 0:
+            raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
+        if self.engine not in ("local", "ray"):
+            raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size={self.chunk_size} should be >= 1")
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes to use: ``workers``, or one per available core when 0."""
+        if self.workers:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+
+    def shaping(self) -> dict[str, Any]:
+        return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed}
+
+
+class JsonlItems:
+    """The rows of a JSON-lines file as items: iterable again and again, with a length.
+
+    Blank lines are skipped; a line that is not JSON raises InputError naming the file and line.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._len: int | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            with open(self.path, "rb") as f:
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield json.loads(line)
+                    except ValueError as e:
+                        raise InputError(f"line {number} is not JSON: {e}", path=self.path) from e
+        except OSError as e:
+            raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
+
+    def __len__(self) -> int:
+        if self._len is None:
+            try:
+                with open(self.path, "rb") as f:
+                    self._len = sum(1 for line in f if line.strip())
+            except OSError as e:
+                raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
+        return self._len
+
+
+def load_function(spec: str) -> Callable[[Any], Mapping[str, object] | None]:
+    """The function named ``MODULE:NAME`` (``NAME`` may be dotted); the current folder is importable."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"function {spec!r} should be MODULE:FUNCTION, e.g. mymodule:make_sample")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error while importing
+        raise InputError(f"cannot import module {module!r}: {type(e).__name__}: {e}", path=spec) from e
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise InputError(f"module {module!r} has no {name!r}", path=spec) from e
+    if not callable(obj):
+        raise InputError(f"{name!r} is a {type(obj).__name__}, not a function", path=spec)
+    return obj  # type: ignore[no-any-return]
+
+
+def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None],
+                  out: str | os.PathLike[str], *, options: ItemsOptions | None = None,
+                  **overrides: Any) -> SplitSummary:
+    """Write ``fn(item)`` for every item into split ``split`` of ``out``; return the summary.
+
+    ``fn`` returns a sample dict (see :mod:`shardify.convert.values`) or None to filter the
+    item out. An item whose ``fn`` raises is skipped and listed in ``{split}.report.jsonl``
+    (``strict=True``: raised). Options are :class:`ItemsOptions` fields, as keywords or
+    ``options=``. Resumable (see the module docstring).
+    """
+    o = replace(options or ItemsOptions(), **overrides)
+    if o.shuffle and not isinstance(items, Sequence):
+        raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
+                         "pass a list or keep the input order")
+    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite)
+    try:
+        return _Run(items, fn, fs, o).run()
+    except OSError as e:
+        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
+    except OutputError as e:
+        raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
+    finally:
+        lock.release()
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    target = getattr(fn, "func", fn)  # functools.partial
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__qualname__)}"
+
+
+def _fingerprint(o: ItemsOptions, fn: Callable[..., Any], count: int | None) -> str:
+    """Equal fingerprints: the same items give the same output (fn's own bytecode included)."""
+    code = getattr(getattr(fn, "func", fn), "__code__", None)
+    h = hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__,
+                                   "options": o.shaping(), "classes": list(o.classes), "fn": _fn_name(fn),
+                                   "count": count}, sort_keys=True).encode())
+    if code is not None:
+        h.update(code.co_code)
+    return h.hexdigest()
+
+
+def _item_digest(item: object) -> bytes:
+    """A digest of one item for detecting changed input on resume (pickle, else repr)."""
+    try:
+        data = pickle.dumps(item, protocol=4)
+    except Exception:  # noqa: BLE001 - unpicklable items are still hashed, by repr
+        data = repr(item).encode("utf-8", "replace")
+    return hashlib.sha256(data).digest()
+
+
+@dataclass
+class _Open:
+    """What the shard being written covers, for its record."""
+
+    start: int
+    hash: Any = field(default_factory=hashlib.sha256)
+    keys: list[list[Any]] = field(default_factory=list)
+    filtered: int = 0
+
+
+class _Run:
+    """One call of :func:`convert_items` on a locked output."""
+
+    def __init__(self, items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None], fs: OutputFS,
+                 o: ItemsOptions) -> None:
+        self.items, self.fn, self.fs, self.o = items, fn, fs, o
+        self.count = len(items) if isinstance(items, Sized) else None
+        self.results: list[ShardResult] = []
+        self.filtered = 0
+        self.keys = KeyRegistry("item")
+        self.pos = 0
+        self._end = 0
+        self.open = _Open(start=0)
+        self._filtered_counts: list[int] = []
+
+    def run(self) -> SplitSummary:
+        started = time.monotonic()
+        o = self.o
+        reused = self._load_records(_fingerprint(o, self.fn, self.count))
+        source = self._positions()
+        self._check_prefix(source, reused)
+        resume_at = reused[-1]["stop"] if reused else 0
+        self.pos = resume_at
+        self.open = _Open(start=resume_at)
+        stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
+                             fsync=o.fsync, first=len(reused), on_shard=self._finished)
+        bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
+                          done_bytes=sum(r.filesize for r in self.results))
+        runner = ChunkRunner(self.fn, o.values, o.classes)
+        chunks = self._chunks(source)
+        try:
+            for chunk, outcomes in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
+                                               ray_address=o.ray_address):
+                for j, got in enumerate(outcomes):
+                    self.pos = chunk.start + j
+                    self._take(stream, chunk, j, got)
+                bar.set(chunk.start + len(outcomes), bar.nbytes + sum(
+                    sample_size(g.members) for g in outcomes if g.members is not None))
+            self.pos = self._end
+            stream.close_shard()
+        except BaseException:
+            stream.abort()
+            raise
+        finally:
+            bar.close()
+        skipped = [p for r in self.results for p in r.skipped] + stream.skipped
+        filtered = sum(self._filtered_counts) + self.open.filtered
+        index = finish_split(self.fs, o.split, self.results, classes=o.classes, skipped=skipped, ignored=[],
+                             ignored_counts={FILTERED: filtered} if filtered else None,
+                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()))
+        publish_splits(self.fs, {o.split: index})
+        return split_summary(index, skipped, reused=len(reused), seconds=time.monotonic() - started)
+
+    # -- the order of the items ------------------------------------------------------------
+    def _positions(self) -> Iterator[tuple[int, int, Any]]:
+        """``(position, input index, item)`` in the processing order; counts :attr:`_end`."""
+        self._end = 0
+        if self.o.shuffle:
+            items: Sequence[Any] = self.items  # type: ignore[assignment]
+            for p, i in enumerate(shuffle_order(len(items), seed=self.o.seed, split=self.o.split)):
+                self._end = p + 1
+                yield p, i, items[i]
+        else:
+            for p, item in enumerate(self.items):
+                self._end = p + 1
+                yield p, p, item
+
+    def _chunks(self, source: Iterator[tuple[int, int, Any]]) -> Iterator[Chunk]:
+        while batch := list(itertools.islice(source, self.o.chunk_size)):
+            yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
+
+    # -- one outcome -----------------------------------------------------------------------
+    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> None:
+        index, item = chunk.indexes[j], chunk.items[j]
+        if got.encode_error is not None:
+            raise EncodeError(f"item {index} ({item_repr(item)}): {got.encode_error}")
+        if got.members is not None:
+            self.keys.add(got.key, index)
+            stream.add(got.key, got.members, sample_size(got.members))  # may finish the shard before pos
+            self.open.keys.append([got.key, index])
+        elif got.error is not None:
+            if self.o.strict:
+                raise InputError(f"fn raised {got.error}", path=f"item {index} ({item_repr(item)})")
+            stream.skip(Ignored(f"item {index}: {item_repr(item)}", f"fn raised {got.error}"))
+        else:
+            self.open.filtered += 1
+        self.open.hash.update(_item_digest(item))
+
+    # -- records: resuming -----------------------------------------------------------------
+    def _finished(self, result: ShardResult) -> None:
+        """A shard was renamed into place: record what it covers (positions start..pos-1)."""
+        o = self.open
+        stop = self.pos
+        record = {"url": result.url, "nsamples": result.nsamples, "filesize": result.filesize,
+                  "sha256": result.sha256, "fields": list(result.fields),
+                  "skipped": [[s.path, s.reason] for s in result.skipped],
+                  "start": o.start, "stop": stop, "digest": o.hash.hexdigest(), "keys": o.keys,
+                  "filtered": o.filtered}
+        self.fs.write_atomic(record_name(self.o.split, result.index), json_bytes(record))
+        self.results.append(result)
+        self._filtered_counts.append(o.filtered)
+        self.open = _Open(start=stop)
+
+    def _load_records(self, fingerprint: str) -> list[dict[str, Any]]:
+        """Records of the finished shards of an earlier run of the same call, from shard 0 on."""
+        split = self.o.split
+        marker = f"{WORK_DIR}/{split}/plan.json"
+        if self.fs.exists(marker):
+            try:
+                same = load_json(self.fs.read_bytes(marker), source=marker).get("fingerprint") == fingerprint
+            except ShardifyError:
+                same = False
+            if not same:
+                self.fs.remove_tree(f"{WORK_DIR}/{split}")
+        self.fs.makedirs(f"{WORK_DIR}/{split}")
+        self.fs.write_atomic(marker, json_bytes({"fingerprint": fingerprint, "kind": "items"}))
+        have = set(self.fs.listdir(f"{WORK_DIR}/{split}"))
+        records: list[dict[str, Any]] = []
+        while (name := record_name(split, len(records))).rsplit("/", 1)[1] in have:
+            try:
+                r = load_json(self.fs.read_bytes(name), source=name)
+                expected_start = records[-1]["stop"] if records else 0
+                if r["start"] != expected_start or not self._shard_intact(r):
+                    break
+                result = ShardResult(index=len(records), url=r["url"], nsamples=r["nsamples"],
+                                     filesize=r["filesize"], sha256=r["sha256"], fields=tuple(r["fields"]),
+                                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
+                for key, index in r["keys"]:
+                    self.keys.add(key, index)
+            except (ShardifyError, OSError, KeyError, TypeError, ValueError):
+                break
+            records.append(r)
+            self.results.append(result)
+            self._filtered_counts.append(int(r["filtered"]))
+        return records
+
+    def _shard_intact(self, r: dict[str, Any]) -> bool:
+        from shardify.manifest import file_sha256
+
+        if self.fs.size(r["url"]) != r["filesize"]:
+            return False
+        with self.fs.open_read(r["url"]) as f:
+            return file_sha256(f) == r["sha256"]
+
+    def _check_prefix(self, source: Iterator[tuple[int, int, Any]], records: list[dict[str, Any]]) -> None:
+        """Hash the items the reused shards cover; a difference means the input changed."""
+        for r in records:
+            h = hashlib.sha256()
+            for _ in range(r["start"], r["stop"]):
+                got = next(source, None)
+                if got is None:
+                    break
+                h.update(_item_digest(got[2]))
+            if h.hexdigest() != r["digest"]:
+                self.fs.remove_tree(f"{WORK_DIR}/{self.o.split}")
+                raise InputError(
+                    f"the items at positions {r['start']}..{r['stop'] - 1} differ from those of the interrupted "
+                    "run this output was resuming (items must be iterable again in the same order); "
+                    "its work records were removed: run again to start over", path=str(self.fs.location))

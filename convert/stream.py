@@ -1,0 +1,130 @@
+"""Write encoded samples, in the order given, into the numbered shards of one split.
+
+The streaming twin of the planned path: where :func:`~shardify.convert.plan.plan_split` packs
+known samples into shards before writing, a stream cuts a shard when the next sample would
+not fit (the same rule: ``shard_size`` bytes and/or ``samples_per_shard``), so the same
+samples in the same order give the same shards. Each shard is written through
+:class:`~shardify.convert.writer.HashingWriter` under its temporary name and renamed when
+whole, exactly as :func:`~shardify.convert.writer.write_shard` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import BinaryIO
+
+from shardify.convert.inputs import Ignored
+from shardify.convert.outfs import OutputFS
+from shardify.convert.writer import HashingWriter, ShardResult, temp_name, write_members
+from shardify.errors import OutputError
+from shardify.tarfmt import END_OF_ARCHIVE, member_size, shard_name
+
+__all__ = ["ShardStream", "sample_size"]
+
+
+def sample_size(members: list[tuple[str, bytes]]) -> int:
+    """Bytes the members of one sample take in a shard, headers and padding included."""
+    return sum(member_size(len(data)) for _, data in members)
+
+
+class ShardStream:
+    """Numbered shards of ``split`` in ``fs``, from shard ``first`` on; not thread-safe.
+
+    ``on_shard`` is called with each finished shard's result, after its rename, so the caller
+    can record it for resuming.
+    """
+
+    def __init__(self, fs: OutputFS, split: str, *, shard_size: int | None, samples_per_shard: int | None,
+                 fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None) -> None:
+        self.fs = fs
+        self.split = split
+        self.shard_size = shard_size
+        self.samples_per_shard = samples_per_shard
+        self.fsync = fsync
+        self.index = first
+        self.on_shard = on_shard
+        self.samples = 0
+        """Samples in the open shard."""
+        self.nbytes = len(END_OF_ARCHIVE)
+        """Bytes the open shard will have once closed."""
+        self.fields: set[str] = set()
+        self.skipped: list[Ignored] = []
+        self._file: BinaryIO | None = None
+        self._out: HashingWriter | None = None
+
+    def fits(self, size: int) -> bool:
+        """Whether a sample of ``size`` bytes goes into the open shard (an empty shard takes any)."""
+        if self.samples == 0:
+            return True
+        if self.samples_per_shard is not None and self.samples >= self.samples_per_shard:
+            return False
+        return self.shard_size is None or self.nbytes + size <= self.shard_size
+
+    def add(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
+        """Append one sample; ``size`` is :func:`sample_size` of ``members``. Cuts a shard first if full."""
+        if not self.fits(size):
+            self.close_shard()
+        out = self._out or self._open()
+        try:
+            write_members(out, key, members)
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.fs.location}/{shard_name(self.split, self.index)}: cannot write shard: "
+                              f"{e.strerror or e}") from e
+        self.samples += 1
+        self.nbytes += size
+        self.fields.update(ext for ext, _ in members)
+
+    def skip(self, problem: Ignored) -> None:
+        """Note an input that was not packed; it is reported with the shard being written."""
+        self.skipped.append(problem)
+
+    def _open(self) -> HashingWriter:
+        try:
+            self._file = self.fs.open_write(temp_name(self.split, self.index))
+        except OSError as e:
+            raise OutputError(f"{self.fs.location}/{temp_name(self.split, self.index)}: cannot create shard: "
+                              f"{e.strerror or e}") from e
+        self._out = HashingWriter(self._file)
+        return self._out
+
+    def close_shard(self) -> ShardResult | None:
+        """Finish the open shard (if it holds samples) and call ``on_shard``; None if empty.
+
+        Problems noted since the last sample stay in :attr:`skipped` when no shard is open.
+        """
+        out, f = self._out, self._file
+        if out is None or f is None:
+            return None
+        final = shard_name(self.split, self.index)
+        tmp = temp_name(self.split, self.index)
+        try:
+            out.write(END_OF_ARCHIVE)
+            self.fs.finish_write(f, fsync=self.fsync)
+            f.close()
+            self.fs.replace(tmp, final)
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.fs.location}/{final}: cannot write shard: {e.strerror or e}") from e
+        result = ShardResult(index=self.index, url=final, nsamples=self.samples, filesize=out.size,
+                             sha256=out.hash.hexdigest(), fields=tuple(sorted(self.fields)),
+                             skipped=tuple(self.skipped))
+        self._file = self._out = None
+        self.index += 1
+        self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []
+        if self.on_shard is not None:
+            self.on_shard(result)
+        return result
+
+    def abort(self) -> None:
+        """Close and delete the open shard's temporary file; finished shards stay."""
+        f, self._file, self._out = self._file, None, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+            try:
+                self.fs.remove(temp_name(self.split, self.index))
+            except OSError:
+                pass
