@@ -144,7 +144,8 @@ class ShardedDataset(IterableDataset):
         if isinstance(source, Source):
             self.source = source
         else:
-            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes)
+            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
+                                         skip_unreadable=on_error == "skip")
         self._checksums = _checksums(self.source) if verify else None
         self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
         self._report = SharedReport()
