@@ -28,12 +28,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
-from shardify.reader.sample.pipeline import IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut, read_positions
+from shardify.reader.sample.pipeline import (IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut,
+                                             read_positions, selected_fields)
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
+from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["ReadOptions", "ShardedDataset"]
 
@@ -61,6 +63,7 @@ class ReadOptions:
     on_error: Literal["raise", "skip"] = "raise"
     allow_pickle: bool = False
     verify: bool = False
+    max_member_bytes: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -71,6 +74,8 @@ class ReadOptions:
             raise ValueError(f"{self.on_error=} should be 'raise' or 'skip'")
         if self.fields is not None and self.map is not None:
             raise ValueError("pass fields=... or map=..., not both")
+        if self.max_member_bytes < 0:
+            raise ValueError(f"{self.max_member_bytes=} should be >= 0")
 
 
 def _checksums(source: Source) -> tuple[str, ...]:
@@ -106,6 +111,9 @@ class ShardedDataset(IterableDataset):
     used (once per shard and process); a mismatch raises naming the shard, or under
     ``on_error="skip"`` every sample of the shard is skipped and counted.
     ``shuffle_buffer`` encoded samples per worker; ``shuffle_block`` samples read per seek.
+    Only the fields the output needs are read from a shard (all of them with ``map``); a shard
+    holding a member over ``max_member_bytes`` (default 2 GiB) is damaged, and an image over
+    ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample (see docs/reliability.md).
     ``bucket_length(output) -> int`` groups samples of similar length into batches, within
     ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again.
     """
@@ -132,6 +140,7 @@ class ShardedDataset(IterableDataset):
         verify: bool = False,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
+        max_member_bytes: int = DEFAULT_MAX_MEMBER,
     ) -> None:
         super().__init__()
         self.options = ReadOptions(
@@ -140,7 +149,7 @@ class ShardedDataset(IterableDataset):
                 tuple(fields) if fields is not None else None), map=map,
             collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
             bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle, verify=verify)
+            allow_pickle=allow_pickle, verify=verify, max_member_bytes=max_member_bytes)
         if isinstance(source, Source):
             self.source = source
         else:
@@ -228,7 +237,10 @@ class ShardedDataset(IterableDataset):
             shards = self.source.shards
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
                                              skip_damaged=self.options.on_error == "skip",
-                                             checksums=self._checksums, opener=self.source.open_tar))
+                                             checksums=self._checksums, opener=self.source.open_tar,
+                                             fields=None if self.options.map is not None else
+                                             selected_fields(self._fields()),
+                                             max_member=self.options.max_member_bytes))
         return self._reader[1]
 
     def _slot_pool(self, worker: int) -> SlotPool | None:

@@ -148,3 +148,11 @@ def test_a_zero_byte_tar_in_a_shard_list_is_an_error(shard, tmp_path):
         ShardedDataset([shard["tar"], str(empty)], batch_size=4, fields=("cls",))
     with pytest.raises(ShardFormatError, match=f"shard {empty}: empty file"):
         list(ShardReader([str(empty)], [1], skip_damaged=False).read(0, 0, 1))
+
+
+@pytest.mark.parametrize("kind", ["tar", "tgz"])
+def test_only_the_selected_fields_are_read(shard, kind):
+    reader = ShardReader([shard[kind]], [20], skip_damaged=False, fields={"cls"})
+    got = list(reader.read(0, 5, 8))
+    assert [sorted(x) for x in got] == [["__key__", "__offset__", "__shard__", "cls"]] * 3
+    assert [x["cls"] for x in got] == [b"5", b"6", b"7"]
