@@ -32,6 +32,7 @@ from shardify.reader.sample.pipeline import (IMAGE_FIELD, Bad, SampleProcessor, 
                                              read_positions, selected_fields)
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
+from shardify.reader.io.checksums import ChecksumSpec, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
@@ -84,7 +85,8 @@ def _checksums(source: Source) -> tuple[str, ...]:
     if missing:
         raise ValueError(
             f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
-            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest)")
+            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
+            "pass verify={shard: sha256} or verify='SHA256SUMS', a sha256sum file)")
     return tuple(s.sha256 for s in source.shards)
 
 
@@ -109,7 +111,10 @@ class ShardedDataset(IterableDataset):
     :attr:`last_epoch_report`. Pickle fields load only with ``allow_pickle=True``.
     ``verify=True`` checks each shard's SHA-256 against the split index before its samples are
     used (once per shard and process); a mismatch raises naming the shard, or under
-    ``on_error="skip"`` every sample of the shard is skipped and counted.
+    ``on_error="skip"`` every sample of the shard is skipped and counted. Shards without a
+    split index (a list, a pattern) take their checksums from ``verify={shard: sha256}`` or
+    ``verify="SHA256SUMS"`` (a ``sha256sum`` file, path or URL; see
+    :mod:`shardify.reader.io.checksums`), checked the same way.
     ``shuffle_buffer`` encoded samples per worker; ``shuffle_block`` samples read per seek.
     Only the fields the output needs are read from a shard (all of them with ``map``); a shard
     holding a member over ``max_member_bytes`` (default 2 GiB) is damaged, and an image over
@@ -137,7 +142,7 @@ class ShardedDataset(IterableDataset):
         bucket_buffer: int | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         allow_pickle: bool = False,
-        verify: bool = False,
+        verify: bool | ChecksumSpec = False,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
         max_member_bytes: int = DEFAULT_MAX_MEMBER,
@@ -149,13 +154,15 @@ class ShardedDataset(IterableDataset):
                 tuple(fields) if fields is not None else None), map=map,
             collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
             bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle, verify=verify, max_member_bytes=max_member_bytes)
+            allow_pickle=allow_pickle, verify=verify is not False, max_member_bytes=max_member_bytes)
         if isinstance(source, Source):
             self.source = source
         else:
             self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
                                          skip_unreadable=on_error == "skip")
-        self._checksums = _checksums(self.source) if verify else None
+        if verify is not False and verify is not True:
+            self.source = with_checksums(self.source, verify)
+        self._checksums = _checksums(self.source) if verify is not False else None
         self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
