@@ -304,7 +304,8 @@ def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOption
     for u, e in errors:
         log.warning("skipping shard %s (on_error='skip'): %s", u, e.reason)
     unreadable = tuple((u, e.reason) for u, e in errors)
-    urls, counts = [u for u, n in zip(urls, found) if isinstance(n, int)], [n for n in found if isinstance(n, int)]
+    kept = [(u, n) for u, n in zip(urls, found) if isinstance(n, int)]
+    urls, counts = [u for u, _ in kept], [n for _, n in kept]
     if not urls:
         raise ManifestError(f"{name}: no readable shards ({len(errors)} skipped; first: {errors[0][1]})")
     shown = ", ".join(f"{os.path.basename(u)}={n}" for u, n in zip(urls[:8], counts[:8]))

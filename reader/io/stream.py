@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
-from shardify.keys import split_member_name
 from shardify.tario import DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout
 
 __all__ = ["Lost", "Item", "ShardReader"]
