@@ -4,7 +4,8 @@ A hand-written ustar/PAX/GNU parser instead of :mod:`tarfile`, because a reader 
 for days over shards it did not write must bound its memory by the bytes that are really
 there (not by a size a header declares), check header checksums, refuse names that are
 not plain relative paths, and say which shard and member broke. It reads only forward, so
-it works on pipes, HTTP bodies and gzip streams alike.
+it works on pipes, HTTP bodies and gzip streams alike; on those it reads past the end blocks
+to the end of the stream, so that gzip checks its CRC trailer.
 """
 
 from __future__ import annotations
