@@ -181,8 +181,8 @@ def iter_members(
     reported there and skipped. ``start_offset`` is the stream position of ``f`` (used for
     the offsets reported when reading starts mid-archive). A member whose name ``keep``
     refuses is yielded with ``skipped=True`` and its data passed over unread (seeked, or read
-    through in chunks). On a forward-only stream (``f.seekable()`` false: gzip, a pipe) the
-    end of the archive is followed by :func:`read_to_end`, so gzip checks its CRC trailer.
+    through in chunks). On a gzip stream, or any stream that cannot seek (a pipe), the end
+    of the archive is followed by :func:`read_to_end`, so gzip checks its CRC trailer.
     """
     return _walk(f, shard=shard, max_member=max_member, on_bad_member=on_bad_member,
                  start_offset=start_offset, read_data=True, keep=keep)
