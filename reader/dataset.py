@@ -28,12 +28,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
-from shardify.reader.sample.pipeline import IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut, read_positions
+from shardify.reader.sample.pipeline import (IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut,
+                                             read_positions, selected_fields)
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
+from shardify.reader.io.checksums import ChecksumSpec, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
+from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["ReadOptions", "ShardedDataset"]
 
@@ -61,6 +64,7 @@ class ReadOptions:
     on_error: Literal["raise", "skip"] = "raise"
     allow_pickle: bool = False
     verify: bool = False
+    max_member_bytes: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -71,6 +75,8 @@ class ReadOptions:
             raise ValueError(f"{self.on_error=} should be 'raise' or 'skip'")
         if self.fields is not None and self.map is not None:
             raise ValueError("pass fields=... or map=..., not both")
+        if self.max_member_bytes < 0:
+            raise ValueError(f"{self.max_member_bytes=} should be >= 0")
 
 
 def _checksums(source: Source) -> tuple[str, ...]:
@@ -79,7 +85,8 @@ def _checksums(source: Source) -> tuple[str, ...]:
     if missing:
         raise ValueError(
             f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
-            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest)")
+            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
+            "pass verify={shard: sha256} or verify='SHA256SUMS', a sha256sum file)")
     return tuple(s.sha256 for s in source.shards)
 
 
@@ -104,8 +111,14 @@ class ShardedDataset(IterableDataset):
     :attr:`last_epoch_report`. Pickle fields load only with ``allow_pickle=True``.
     ``verify=True`` checks each shard's SHA-256 against the split index before its samples are
     used (once per shard and process); a mismatch raises naming the shard, or under
-    ``on_error="skip"`` every sample of the shard is skipped and counted.
+    ``on_error="skip"`` every sample of the shard is skipped and counted. Shards without a
+    split index (a list, a pattern) take their checksums from ``verify={shard: sha256}`` or
+    ``verify="SHA256SUMS"`` (a ``sha256sum`` file, path or URL; see
+    :mod:`shardify.reader.io.checksums`), checked the same way.
     ``shuffle_buffer`` encoded samples per worker; ``shuffle_block`` samples read per seek.
+    Only the fields the output needs are read from a shard (all of them with ``map``); a shard
+    holding a member over ``max_member_bytes`` (default 2 GiB) is damaged, and an image over
+    ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample (see docs/reliability.md).
     ``bucket_length(output) -> int`` groups samples of similar length into batches, within
     ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again.
     """
@@ -129,9 +142,10 @@ class ShardedDataset(IterableDataset):
         bucket_buffer: int | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         allow_pickle: bool = False,
-        verify: bool = False,
+        verify: bool | ChecksumSpec = False,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
+        max_member_bytes: int = DEFAULT_MAX_MEMBER,
     ) -> None:
         super().__init__()
         self.options = ReadOptions(
@@ -140,12 +154,15 @@ class ShardedDataset(IterableDataset):
                 tuple(fields) if fields is not None else None), map=map,
             collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
             bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle, verify=verify)
+            allow_pickle=allow_pickle, verify=verify is not False, max_member_bytes=max_member_bytes)
         if isinstance(source, Source):
             self.source = source
         else:
-            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes)
-        self._checksums = _checksums(self.source) if verify else None
+            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
+                                         skip_unreadable=on_error == "skip")
+        if verify is not False and verify is not True:
+            self.source = with_checksums(self.source, verify)
+        self._checksums = _checksums(self.source) if verify is not False else None
         self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
@@ -227,7 +244,10 @@ class ShardedDataset(IterableDataset):
             shards = self.source.shards
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
                                              skip_damaged=self.options.on_error == "skip",
-                                             checksums=self._checksums, opener=self.source.open_tar))
+                                             checksums=self._checksums, opener=self.source.open_tar,
+                                             fields=None if self.options.map is not None else
+                                             selected_fields(self._fields()),
+                                             max_member=self.options.max_member_bytes))
         return self._reader[1]
 
     def _slot_pool(self, worker: int) -> SlotPool | None:

@@ -4,12 +4,15 @@ A hand-written ustar/PAX/GNU parser instead of :mod:`tarfile`, because a reader 
 for days over shards it did not write must bound its memory by the bytes that are really
 there (not by a size a header declares), check header checksums, refuse names that are
 not plain relative paths, and say which shard and member broke. It reads only forward, so
-it works on pipes, HTTP bodies and gzip streams alike.
+it works on pipes, HTTP bodies and gzip streams alike; on those it reads past the end blocks
+to the end of the stream, so that gzip checks its CRC trailer.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,10 +32,13 @@ __all__ = [
     "ShardLayout",
     "skip_bytes",
     "DEFAULT_MAX_MEMBER",
+    "KeepMember",
+    "read_to_end",
 ]
 
 DEFAULT_MAX_MEMBER = 1 << 31
-"""Largest member data the reader accepts by default (2 GiB)."""
+"""Largest member data the reader accepts by default (2 GiB); a member declaring more makes
+the shard unreadable, whether or not its field is read (``ShardedDataset(max_member_bytes=)``)."""
 _CHUNK = 1 << 24
 _MAX_EXT_HEADER = 1 << 20
 _REGULAR = (b"0", b"\x00", b"7")
@@ -51,10 +57,15 @@ class Member:
     offset: int
     data_offset: int = -1
     size: int = -1
+    skipped: bool = False
+    """The data was passed over unread (a field the caller does not want); ``data`` is empty."""
 
 
 BadMemberHandler = Callable[[str, str], None]
 """Called as ``handler(name, reason)`` for a member that is skipped instead of raising."""
+
+KeepMember = Callable[[str], bool]
+"""Called as ``keep(name)``: False passes over that member's data without reading it into memory."""
 
 
 def skip_bytes(f: BinaryIO, n: int) -> int:
@@ -159,17 +170,52 @@ def iter_members(
     max_member: int = DEFAULT_MAX_MEMBER,
     on_bad_member: BadMemberHandler | None = None,
     start_offset: int = 0,
+    keep: KeepMember | None = None,
 ) -> Iterator[Member]:
     """Yield the regular-file members of the tar stream ``f`` in archive order.
 
-    Raises ShardFormatError (naming ``shard``) for a truncated or corrupt archive. A member
+    Raises ShardFormatError (naming ``shard``) for a truncated or corrupt archive, and for an
+    empty file (0 bytes is no archive, as for ``tar`` and :mod:`tarfile`). A member
     that is well framed but unusable (a link, a device, an unsafe or non-UTF-8 name, data
     over ``max_member`` bytes) raises too, unless ``on_bad_member`` is given: then it is
     reported there and skipped. ``start_offset`` is the stream position of ``f`` (used for
-    the offsets reported when reading starts mid-archive).
+    the offsets reported when reading starts mid-archive). A member whose name ``keep``
+    refuses is yielded with ``skipped=True`` and its data passed over unread (seeked, or read
+    through in chunks). On a gzip stream, or any stream that cannot seek (a pipe), the end
+    of the archive is followed by :func:`read_to_end`, so gzip checks its CRC trailer.
     """
     return _walk(f, shard=shard, max_member=max_member, on_bad_member=on_bad_member,
-                 start_offset=start_offset, read_data=True)
+                 start_offset=start_offset, read_data=True, keep=keep)
+
+
+def _read_to_end_needed(f: BinaryIO) -> bool:
+    """Whether the end of the archive in ``f`` is not the end of what must be checked: a gzip
+    stream (its trailer follows), or any forward-only stream (a pipe, an HTTP body)."""
+    if isinstance(f, gzip.GzipFile):
+        return True
+    try:
+        return not f.seekable()
+    except (OSError, AttributeError):
+        return True
+
+
+def read_to_end(f: BinaryIO, *, shard: str) -> int:
+    """Read ``f`` through to its end in bounded chunks, discarding the bytes; returns their count.
+
+    For a gzip stream this is what checks the trailer (CRC-32 and length of the data): a
+    tar reader that stops at the end-of-archive blocks would take a corrupted ``.tgz`` as
+    good. Errors (a CRC mismatch, a truncated or garbled stream) raise ShardFormatError.
+    """
+    done = 0
+    try:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                return done
+            done += len(chunk)
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise ShardFormatError(f"corrupt compressed data after the end of the archive: "
+                               f"{type(e).__name__}: {e}", shard=shard) from e
 
 
 def _walk(
@@ -180,6 +226,7 @@ def _walk(
     on_bad_member: BadMemberHandler | None,
     start_offset: int,
     read_data: bool,
+    keep: KeepMember | None = None,
 ) -> Iterator[Member]:
     offset = start_offset
     pending_name: str | None = None
@@ -188,10 +235,14 @@ def _walk(
     while True:
         header = f.read(BLOCK)
         if not header:
+            if offset == 0:
+                raise ShardFormatError("empty file (0 bytes): not a tar archive", shard=shard)
             return  # end of data on a block boundary: treat as end of archive
         if len(header) < BLOCK:
             raise ShardFormatError(f"truncated: partial header at byte {offset}", shard=shard)
         if header == _ZERO_BLOCK:
+            if _read_to_end_needed(f):
+                read_to_end(f, shard=shard)
             return
         stored = _octal(header[148:156], shard=shard, what="checksum")
         if not _checksum_ok(header, stored):
@@ -255,15 +306,16 @@ def _walk(
             continue
         total = size + (-size % BLOCK)
         data_offset = offset
-        if read_data:
+        skipped = not read_data or (keep is not None and not keep(name))
+        if skipped:
+            data, skip = b"", total
+        else:
             data = _read_exact(f, size, shard=shard, what=f"member {name!r}")
             skip = total - size
-        else:
-            data, skip = b"", total
         if skip and skip_bytes(f, skip) != skip:
             raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
         offset += total
-        yield Member(name, data, member_offset, data_offset, size)
+        yield Member(name, data, member_offset, data_offset, size, skipped)
 
 
 _ZERO_BLOCK = bytes(BLOCK)
@@ -353,7 +405,8 @@ def iter_samples(
         key, field, m = item
         if current is None:
             current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
-        current[field] = m.data
+        if not m.skipped:
+            current[field] = m.data
 
 
 @dataclass(frozen=True, slots=True)

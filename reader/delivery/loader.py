@@ -8,7 +8,10 @@ run yields exactly the remaining batches: same samples, order and augmentation.
 
 Worker processes end with the loader: ``close()`` (or ``with make_loader(...) as loader``, or
 dropping the loader) stops persistent workers; an iteration left early stops its own workers
-when it is closed. A worker that dies (killed, out of memory) raises :class:`WorkerError`.
+when it is closed. A worker that dies (killed, out of memory) raises :class:`WorkerError`
+(or torch's own ``RuntimeError``, when it dies while the loop runs its own code); either way
+``loader.load_state_dict(loader.state_dict())`` then a new iteration starts new workers and
+resumes exactly.
 """
 
 from __future__ import annotations
@@ -131,7 +134,17 @@ class Loader:
         return self._run()
 
     def _start(self) -> Any:
-        """``iter(dataloader)``; new worker processes get a new batch channel (see batchpool)."""
+        """``iter(dataloader)``; new worker processes get a new batch channel (see batchpool).
+
+        Persistent workers are reused, unless one of them died: that happens unseen when it dies
+        while the training loop runs its own code (torch's SIGCHLD handler raises there, not
+        here), and torch would wait on the dead worker again. Then the set is stopped and a new
+        one started, so ``load_state_dict(state_dict())`` and a new iteration resume exactly.
+        """
+        running = getattr(self.dataloader, "_iterator", None)
+        if running is not None and _died(running) is not None:
+            log.warning("DataLoader %s; starting new workers", _died(running))
+            self._shut_down(running)
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
             return iter(self.dataloader)  # persistent workers already running keep theirs
         # Enough slots for the batches prefetched, the one in use, one kept and the one being made;

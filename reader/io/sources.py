@@ -77,6 +77,9 @@ class Source:
     """Keys are unique across shards (a shardify split); else a key is only unique in its shard."""
     fetch: FetchOptions = field(default_factory=FetchOptions)
     """How remote shards are fetched (retries, cache folder)."""
+    unreadable: tuple[tuple[str, str], ...] = ()
+    """``(url, reason)`` of listed shards left out because they could not be counted
+    (missing, a directory, damaged), under ``skip_unreadable``."""
 
     @property
     def num_samples(self) -> int:
@@ -148,8 +151,12 @@ def open_tar(
 
 
 def count_samples(url: str, *, fetch: FetchOptions | None = None) -> int:
-    """Samples in a shard, found by scanning its headers (errors name the shard)."""
-    f, _ = open_tar(url, fetch=fetch)
+    """Samples in a shard, found by scanning its headers (errors name the shard: a shard
+    missing, a directory, or unreadable is a ShardFormatError too)."""
+    try:
+        f, _ = open_tar(url, fetch=fetch)
+    except OSError as e:
+        raise ShardFormatError(f"cannot open: {type(e).__name__}: {e.strerror or e}", shard=url) from e
     try:
         return len(scan_sample_offsets(f, shard=url))
     except (OSError, EOFError, gzip.BadGzipFile) as e:
@@ -180,8 +187,12 @@ def resolve_source(
     cache_limit_bytes: int | None = None,
     retry: RetryPolicy | None = None,
     temp_shards: int = 2,
+    skip_unreadable: bool = False,
 ) -> Source:
     """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once.
+
+    A listed shard that cannot be counted raises :class:`ShardFormatError` naming it, or with
+    ``skip_unreadable`` is left out, logged and kept in :attr:`Source.unreadable`.
 
     Remote shards are fetched into ``cache_dir`` (kept and shared by processes, the least
     recently used removed above ``cache_limit_bytes``), else into a per-process temporary
@@ -192,10 +203,11 @@ def resolve_source(
                          temp_shards=temp_shards)
     if not isinstance(spec, (str, os.PathLike)):
         return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads,
-                            fetch=fetch)
+                            fetch=fetch, skip_unreadable=skip_unreadable)
     text = os.fspath(spec)
     if _is_shard_spec(text):
-        return _from_shards(expand_shards(text), name=text, threads=count_threads, fetch=fetch)
+        return _from_shards(expand_shards(text), name=text, threads=count_threads, fetch=fetch,
+                            skip_unreadable=skip_unreadable)
     if is_remote(text):
         return _from_url(text, split, fetch)
     path = Path(_local_path(text))
@@ -273,13 +285,32 @@ def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOpti
                   fields=index.fields, unique_keys=True, fetch=fetch)
 
 
-def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOptions) -> Source:
+def _count_or_error(url: str, fetch: FetchOptions) -> int | ShardFormatError:
+    try:
+        return count_samples(url, fetch=fetch)
+    except ShardFormatError as e:
+        return e
+
+
+def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOptions,
+                 skip_unreadable: bool = False) -> Source:
     if not urls:
         raise ManifestError(f"{name}: no shards")
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        counts = list(pool.map(lambda u: count_samples(u, fetch=fetch), urls))
+        found = list(pool.map(lambda u: _count_or_error(u, fetch), urls))
+    errors = [(u, e) for u, e in zip(urls, found) if isinstance(e, ShardFormatError)]
+    if errors and not skip_unreadable:
+        raise errors[0][1]
+    for u, e in errors:
+        log.warning("skipping shard %s (on_error='skip'): %s", u, e.reason)
+    unreadable = tuple((u, e.reason) for u, e in errors)
+    kept = [(u, n) for u, n in zip(urls, found) if isinstance(n, int)]
+    urls, counts = [u for u, _ in kept], [n for _, n in kept]
+    if not urls:
+        raise ManifestError(f"{name}: no readable shards ({len(errors)} skipped; first: {errors[0][1]})")
     shown = ", ".join(f"{os.path.basename(u)}={n}" for u, n in zip(urls[:8], counts[:8]))
     more = f", ... ({len(urls) - 8} more)" if len(urls) > 8 else ""
     log.info("counted %d samples in %d shards of %s: %s%s", sum(counts), len(urls), name, shown, more)
     shards = tuple(ShardInfo(url=u, nsamples=n) for u, n in zip(urls, counts))
-    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1, fetch=fetch)
+    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1, fetch=fetch,
+                  unreadable=unreadable)

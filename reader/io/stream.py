@@ -14,21 +14,29 @@ shows up is lost too: the reader cannot tell whether it had all its members.
 With ``checksums``, each shard's SHA-256 is checked against the manifest's before its first
 sample is used (once per shard and process); a mismatch raises, or with ``skip_damaged``
 loses every position of the shard.
+
+A shard that cannot be opened (deleted, never there, a directory, no permission) is damage
+like any other: a :class:`ShardFormatError` naming it, or with ``skip_damaged`` its positions
+come back :class:`Lost`. Only the ``fields`` asked for are read into memory; the others are
+passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
+its last sample is read to its trailer too, so a CRC mismatch is damage of that shard.
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from shardify.errors import ShardFormatError
+from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
-from shardify.tario import ShardLayout, iter_members, iter_samples, scan_layout
+from shardify.tario import DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout
 
 __all__ = ["Lost", "Item", "ShardReader"]
 
@@ -55,11 +63,15 @@ def _damage(url: str, e: BaseException) -> ShardFormatError:
     return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
 
 
-def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str) -> dict[str, object]:
-    """Sample ``i`` of the shard open as ``f``: one read per field, where the layout says."""
+def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str,
+                 fields: Collection[str] | None) -> dict[str, object]:
+    """Sample ``i`` of the shard open as ``f``: one read per field in ``fields`` (None: every
+    field), where the layout says."""
     key = layout.key(i)
     sample: dict[str, object] = {"__key__": key, "__shard__": url, "__offset__": layout.offsets[i]}
     for field, at, size in layout.fields(i):
+        if fields is not None and field not in fields:
+            continue
         f.seek(at)
         data = f.read(size)
         if len(data) != size:  # the file shrank since it was scanned
@@ -72,7 +84,8 @@ def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str) -> dict[str
 class _Cursor:
     """A forward-only position in one shard's sample stream (gzip, or a damaged tar)."""
 
-    def __init__(self, shard: int, url: str, opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar) -> None:
+    def __init__(self, shard: int, url: str, opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar, *,
+                 keep: KeepMember | None = None, max_member: int = DEFAULT_MAX_MEMBER) -> None:
         self.shard = shard
         self.url = url
         self.index = 0
@@ -80,7 +93,8 @@ class _Cursor:
         self._f: BinaryIO | None = None
         try:
             self._f, _ = opener(url)
-            self._samples: Iterator[dict[str, object]] = iter_samples(iter_members(self._f, shard=url), shard=url)
+            members = iter_members(self._f, shard=url, keep=keep, max_member=max_member)
+            self._samples: Iterator[dict[str, object]] = iter_samples(members, shard=url)
         except (ShardFormatError, *_ReadErrors) as e:  # a fetch that failed is damage too
             self._fail(e)
 
@@ -113,12 +127,16 @@ class _Cursor:
 class ShardReader:
     """Reads sample ranges of ``urls`` (expected to hold ``sizes`` samples each) for one process;
     ``opener`` opens a shard (``Source.open_tar`` carries the fetch options of remote shards);
-    ``checksums``: each shard's expected hex SHA-256, checked before it is read (None: no check)."""
+    ``checksums``: each shard's expected hex SHA-256, checked before it is read (None: no check);
+    ``fields``: the fields (extensions) a sample dict gets, the others are never read into
+    memory (None: all); ``max_member``: largest member a shard may hold, in bytes."""
 
     def __init__(
         self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
         opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar,
         checksums: Sequence[str] | None = None,
+        fields: Collection[str] | None = None,
+        max_member: int = DEFAULT_MAX_MEMBER,
     ) -> None:
         self._opener = opener
         self._urls = list(urls)
@@ -127,6 +145,9 @@ class ShardReader:
         if checksums is not None and len(checksums) != len(self._urls):
             raise ValueError(f"{len(checksums)=} should be {len(self._urls)}, one per shard")
         self._checksums = list(checksums) if checksums is not None else None
+        self._fields = frozenset(fields) if fields is not None else None
+        self._keep = None if self._fields is None else functools.partial(_keep_member, self._fields)
+        self._max_member = max_member
         self._verified: dict[int, ShardFormatError | None] = {}
         self._layouts: OrderedDict[int, ShardLayout | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
@@ -199,7 +220,7 @@ class ShardReader:
         try:
             f = self._open(shard)
             f.seek(0)
-            found = scan_layout(f, shard=url)
+            found = scan_layout(f, shard=url, max_member=self._max_member)
             if len(found) < self._sizes[shard]:
                 raise ShardFormatError(
                     f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
@@ -214,12 +235,12 @@ class ShardReader:
 
     def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout) -> Iterator[Item]:
         url = self._urls[shard]
-        f = self._open(shard)
         index = start
         error: ShardFormatError | None = None
         try:
+            f = self._open(shard)  # scanned in an earlier epoch, maybe deleted since
             while index < stop:
-                sample = _read_sample(f, layout, index, url)
+                sample = _read_sample(f, layout, index, url, self._fields)
                 yield sample
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
@@ -235,7 +256,7 @@ class ShardReader:
         cur = self._cursor
         if cur is None or cur.shard != shard or cur.index > start:
             self.close()
-            cur = self._cursor = _Cursor(shard, url, self._opener)
+            cur = self._cursor = _Cursor(shard, url, self._opener, keep=self._keep, max_member=self._max_member)
         while cur.index < start and cur.error is None:
             cur.next()
         for i in range(start, stop):
@@ -248,3 +269,12 @@ class ShardReader:
             if not self._skip:
                 raise cur.error
             yield Lost(url, i, str(cur.error))
+
+
+def _keep_member(fields: frozenset[str], name: str) -> bool:
+    """Whether the member ``name`` holds one of ``fields`` (a name breaking the key rules is
+    kept, so that grouping reports it as it would otherwise)."""
+    try:
+        return split_member_name(name)[1] in fields
+    except KeyRuleError:
+        return True

@@ -100,12 +100,34 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def _over_pixel_limit(width: int, height: int) -> str | None:
+    """Why a ``width`` x ``height`` image is refused before decoding, or None.
+
+    The limit is ``PIL.Image.MAX_IMAGE_PIXELS`` (Pillow's default 89,478,485; None lifts it),
+    the one the converter enforces (its ``--max-pixels`` sets it): Pillow itself only warns
+    up to twice that and decodes, so a 150 kB PNG could take 432 MB of RGB pixels.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None or width * height <= limit:
+        return None
+    return (f"decompression bomb: {width}x{height} = {width * height} pixels, over the limit of {limit} "
+            "(PIL.Image.MAX_IMAGE_PIXELS)")
+
+
 def open_image(data: bytes) -> Image.Image:
-    """Open encoded bytes lazily: the header (size, format) is read, the pixels are not."""
+    """Open encoded bytes lazily: the header (size, format) is read, the pixels are not.
+
+    An image over the pixel limit (:func:`_over_pixel_limit`) raises DecodeError here,
+    before any pixel is decoded."""
     try:
-        return Image.open(io.BytesIO(data))
+        img = Image.open(io.BytesIO(data))  # over the limit, Pillow warns (once): refused below
     except Exception as e:  # noqa: BLE001 - Pillow plugins raise OSError, SyntaxError, struct.error...
         raise DecodeError(f"cannot decode image ({len(data)} bytes): {e}") from e
+    too_big = _over_pixel_limit(img.width, img.height)
+    if too_big is not None:
+        img.close()
+        raise DecodeError(f"cannot decode image ({len(data)} bytes): {too_big}")
+    return img
 
 
 def load_rgb(img: Image.Image) -> Image.Image:
@@ -163,6 +185,8 @@ def turbo_jpeg_size(data: bytes) -> tuple[int, int] | None:
         height, width, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
     except (ValueError, RuntimeError, TypeError):
         return None
+    if _over_pixel_limit(width, height) is not None:
+        return None  # Pillow's path refuses it, with the reason
     return (width, height) if colorspace in ("YCbCr", "RGB", "Gray") else None
 
 

@@ -26,7 +26,8 @@ from shardify.reader.plan.assign import Range
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.io.stream import Item, Lost, ShardReader
 
-__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "cut", "bucketed", "batches"]
+__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "selected_fields", "cut", "bucketed",
+           "batches"]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -73,6 +74,14 @@ def _field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
     if not names:
         raise ValueError(f"field {spec!r} names no extension")
     return tuple(sorted(image_exts)) if names == (IMAGE_FIELD,) else names
+
+
+def selected_fields(fields: Sequence[str]) -> frozenset[str]:
+    """Every extension the output columns ``fields`` may take (``"image"`` is any image
+    extension): what the shard reader loads; other fields are never read into memory."""
+    from shardify.reader.sample.decode import IMAGE_EXTS
+
+    return frozenset(ext for spec in fields for ext in _field_spec(spec, IMAGE_EXTS))
 
 
 class SampleProcessor:

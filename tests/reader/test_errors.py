@@ -83,3 +83,56 @@ def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
         (root / f"train-00000{i}.tar").write_bytes(b"")
     with pytest.raises(SampleError, match="nothing to pad them with"):
         list(ds)
+
+
+# -- shards missing or unreadable (issue 12, item 3) ------------------------------------------------
+
+def _gone(shard) -> None:
+    shard.unlink()
+
+
+def _a_directory(shard) -> None:
+    shard.unlink()
+    shard.mkdir()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("damage", [_gone, _a_directory], ids=["deleted", "directory"])
+def test_a_shard_gone_between_epochs_follows_the_error_policy(tmp_path, shards, workers, policy, damage):
+    root = shards.write_dataset(tmp_path / "d", shards.counting([8, 12, 8]))
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), shuffle=True, on_error=policy)
+    with make_loader(ds, num_workers=workers) as loader:
+        assert sorted(int(x) for b in loader for x in b) == list(range(28))  # every shard scanned and open
+        damage(root / "train-000001.tar")
+        ds.set_epoch(1)
+        if policy == "raise":
+            with pytest.raises(ShardFormatError, match="train-000001.tar: cannot read") as caught:
+                list(loader)
+            assert not isinstance(caught.value, OSError)
+            return
+        batches = list(loader)
+    assert len(batches) == len(ds)
+    got = {int(x) for b in batches for x in b}
+    assert got == set(range(8)) | set(range(20, 28))  # the other shards whole, gaps padded by repeats
+    report = ds.last_epoch_report
+    assert report.lost == 12 and report.bad == 0
+    assert all("train-000001.tar" in reason for _, _, reason in report.entries)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("bad", ["missing.tar", "folder.tar", "empty.tar"])
+def test_a_listed_shard_missing_or_unreadable_follows_the_error_policy(tmp_path, shards, policy, bad):
+    good = tmp_path / "good.tar"
+    good.write_bytes(shards.tar_bytes(shards.counting([6])[0]))
+    (tmp_path / "folder.tar").mkdir()
+    (tmp_path / "empty.tar").write_bytes(b"")
+    urls = [str(good), str(tmp_path / bad)]
+    if policy == "raise":
+        with pytest.raises(ShardFormatError, match=f"shard {urls[1]}: "):
+            ShardedDataset(urls, batch_size=4, fields=("cls",))
+        return
+    ds = ShardedDataset(urls, batch_size=4, fields=("cls",), on_error="skip")
+    assert [u for u, _ in ds.source.unreadable] == [urls[1]] and ds.num_samples == 6
+    with make_loader(ds, num_workers=2) as loader:
+        assert sorted(int(x) for b in loader for x in b) == list(range(6))

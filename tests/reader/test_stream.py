@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import io
 import random
+import zlib
 
 import pytest
 
 from shardify.errors import ShardFormatError
+from shardify.reader import ShardedDataset
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.tario import iter_members
 
 
 def keys(items) -> list[str | None]:
@@ -101,3 +105,54 @@ def test_a_shard_cut_short_after_its_scan_names_the_sample(shard, skip):
     got = list(reader.read(0, 8, 20))
     assert len(got) == 12 and keys(got)[0] == "s000_00008" and isinstance(got[-1], Lost)
     assert "truncated" in got[-1].reason
+
+
+def flipped_silently(data: bytes) -> bytes:
+    """``gzip.compress(data)`` with one byte of its deflate stream changed such that it still
+    inflates without error, to a well-formed tar with other member data: only the CRC-32 in
+    the gzip trailer tells."""
+    packed = gzip.compress(data, mtime=0)
+    for pos in range(len(packed) // 2, len(packed) - 8):
+        for bit in (1, 2, 4, 8, 16, 32, 64, 128):
+            bad = bytearray(packed)
+            bad[pos] ^= bit
+            inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            try:
+                out = inflate.decompress(bytes(bad[10:-8]))
+                if not inflate.eof or inflate.unused_data or len(out) != len(data) or out == data:
+                    continue
+                list(iter_members(io.BytesIO(out), shard="-"))  # the tar inside is well formed
+            except (zlib.error, ShardFormatError):
+                continue
+            return bytes(bad)
+    raise AssertionError("no silent flip found")
+
+
+def test_a_gzip_shard_with_a_bad_crc_is_damage(shard, tmp_path):
+    """A byte flipped in the deflate data that still inflates (6 of 6 samples read, pixels
+    changed, before): the CRC in the gzip trailer is checked once the archive ends."""
+    url = str(tmp_path / "flipped.tgz")
+    (tmp_path / "flipped.tgz").write_bytes(flipped_silently(shard["bytes"]))
+    with pytest.raises(ShardFormatError, match=f"shard {url}: corrupt compressed data.*CRC check failed"):
+        list(ShardReader([url], [20], skip_damaged=False).read(0, 0, 20))
+    items = list(ShardReader([url], [20], skip_damaged=True).read(0, 0, 20))
+    assert keys(items)[-1] is None and "CRC check failed" in items[-1].reason
+    with pytest.raises(ShardFormatError, match=f"shard {url}: .*CRC check failed"):  # a list is counted first
+        ShardedDataset([url], batch_size=4, fields=("cls",))
+
+
+def test_a_zero_byte_tar_in_a_shard_list_is_an_error(shard, tmp_path):
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    with pytest.raises(ShardFormatError, match=f"shard {empty}: empty file"):
+        ShardedDataset([shard["tar"], str(empty)], batch_size=4, fields=("cls",))
+    with pytest.raises(ShardFormatError, match=f"shard {empty}: empty file"):
+        list(ShardReader([str(empty)], [1], skip_damaged=False).read(0, 0, 1))
+
+
+@pytest.mark.parametrize("kind", ["tar", "tgz"])
+def test_only_the_selected_fields_are_read(shard, kind):
+    reader = ShardReader([shard[kind]], [20], skip_damaged=False, fields={"cls"})
+    got = list(reader.read(0, 5, 8))
+    assert [sorted(x) for x in got] == [["__key__", "__offset__", "__shard__", "cls"]] * 3
+    assert [x["cls"] for x in got] == [b"5", b"6", b"7"]
