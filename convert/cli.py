@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", action="append", default=None, help="only this split (repeatable)")
     p.add_argument("--decode", action="store_true", help="also decode every image and parse every label")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("gc", help="remove earlier versions of a dataset's splits, once no reader uses them",
+                       description="Remove the files of earlier versions of each split (kept by `convert "
+                                   "--overwrite` for readers that opened them) and leftovers of killed runs. "
+                                   "A reader still on a removed version raises DatasetVersionError.")
+    p.add_argument("dataset", metavar="OUT")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p = sub.add_parser("bench", help="measure reading speed of a dataset (decode + augment + batch)")
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", default=None, help="default: the only split, or train")
@@ -192,6 +198,18 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_SKIPPED
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from shardify.convert.versions import collect_garbage
+
+    result = collect_garbage(args.dataset, dry_run=args.dry_run)
+    for name in result.removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {name}")
+    for split, version in result.kept_in_progress.items():
+        print(f"kept {split} version {version}: an unfinished conversion (rerun it to finish)")
+    print(f"{'would remove' if args.dry_run else 'removed'} {len(result.removed)} files ({_human(result.bytes)})")
+    return EXIT_OK
+
+
 def _bench(args: argparse.Namespace) -> int:
     from shardify.reader.bench import format_bench, run_bench
 
@@ -212,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "gc":
+            return _gc(args)
         return _bench(args)
     except ShardifyError as e:
         print(f"shardify: error: {e}", file=sys.stderr)

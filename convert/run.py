@@ -3,11 +3,18 @@
 Finalize order is what makes a half-written dataset impossible to mistake for a finished
 one: shards are renamed into place when whole, the report and split index come next, and
 the top-level ``manifest.json`` (the only thing readers trust) is written last.
+
+Every file of a conversion but the manifest, the report and the wids copy of the index
+carries the plan's version token in its name (:attr:`SplitPlan.version`), so converting
+again (``overwrite``) never changes bytes a reader of the previous version may be reading:
+the manifest switches to the new version at once, and earlier versions stay until
+``shardify gc`` (:mod:`shardify.convert.versions`). The same conversion gets the same names,
+so a rerun after a kill resumes and ends byte-identical, also when the kill came after the
+manifest was written.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -21,18 +28,16 @@ from shardify.convert.imagefolder import scan_imagefolder
 from shardify.convert.inputs import Ignored, Scan
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
-from shardify.convert.outfs import LocalFS, OutputFS, open_output
+from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
 from shardify.convert.plan import SplitPlan, plan_split
+from shardify.convert.versions import folder_state, read_marker, work_marker
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name, json_bytes,
-                               load_json, report_name)
-from shardify.tarfmt import check_split_name, parse_shard_name
+from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name,
+                               is_temp_name, json_bytes, load_json, report_name)
+from shardify.tarfmt import check_split_name, shard_of_split
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans"]
-
-WORK_DIR = ".shardify-work"
-
 
 @dataclass
 class SplitSummary:
@@ -81,34 +86,6 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
     return convert_scans(scans, out, options=options)
 
 
-class _Lock:
-    """An exclusive lock on a local output folder, so two conversions never write it at once.
-
-    Object stores have no such lock; there, running two conversions into one prefix is the
-    user's mistake to avoid (documented).
-    """
-
-    def __init__(self, fs: OutputFS) -> None:
-        self.fs = fs
-        fs.makedirs(WORK_DIR)
-        self.f = None
-        if isinstance(fs, LocalFS):
-            self.f = open(fs.root / WORK_DIR / "lock", "a+")
-            try:
-                fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as e:
-                self.f.close()
-                raise OutputError(f"{fs.location}: another shardify conversion is writing this folder") from e
-
-    def release(self) -> None:
-        """Unlock; remove the work folder when no unfinished split is left in it."""
-        if not [n for n in self.fs.entries(WORK_DIR) if n != "lock"]:
-            self.fs.remove_tree(WORK_DIR)
-        if self.f is not None:
-            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
-            self.f.close()
-
-
 def _load_manifest(fs: OutputFS) -> Manifest:
     if not fs.exists(MANIFEST_NAME):
         return Manifest(splits={})
@@ -125,30 +102,31 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
         fs.makedirs()
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
-    lock = _Lock(fs)
+    lock = OutputLock(fs)
     try:
+        _remove_temp_files(fs)
         manifest = _load_manifest(fs)
-        finished = [s for s in scans if s in manifest.splits]
+        plans = {split: plan_split(scan, replace(options, split=split)) for split, scan in scans.items()}
+        finished = [s for s, plan in plans.items() if s in manifest.splits and not _finishing(fs, manifest, plan)]
         if finished and not options.overwrite:
             raise OutputExistsError(
                 f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
-        if finished:
-            for split in finished:
-                manifest = manifest.without_split(split)
-            fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
         result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
         for split, scan in scans.items():
-            summary, index = _convert_split(scan, fs, replace(options, split=split))
+            summary, index = _convert_split(scan, plans[split], fs, replace(options, split=split))
             result.splits[split] = summary
             indexes[split] = index
         manifest = _load_manifest(fs)
         for split, index in indexes.items():
             manifest = manifest.with_split(split, index)
         fs.sync_root()
-        fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
+        fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))  # the switch to the new versions
+        for split, index in indexes.items():  # the copy wids opens: the same bytes
+            fs.write_atomic(index_name(split), json_bytes(index.to_json()))
         for split in scans:
             fs.remove_tree(f"{WORK_DIR}/{split}")
+        _note_old_versions(fs, result)
         return result
     except OSError as e:
         raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
@@ -156,6 +134,34 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
         raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
     finally:
         lock.release()
+
+
+def _finishing(fs: OutputFS, manifest: Manifest, plan: SplitPlan) -> bool:
+    """Whether the manifest already lists ``plan``'s version of its split while the work folder
+    still holds that plan: a run of the same conversion killed after it wrote the manifest,
+    whose rerun finishes it (the same bytes again) instead of refusing."""
+    marker = read_marker(fs, plan.split)
+    return (manifest.splits[plan.split].version == plan.version and marker is not None
+            and marker.get("fingerprint") == plan.fingerprint)
+
+
+def _remove_temp_files(fs: OutputFS) -> None:
+    """Delete temporary files an interrupted run left (only this run, holding the lock, writes them)."""
+    for name in fs.listdir():
+        if is_temp_name(name):
+            fs.remove(name)
+
+
+def _note_old_versions(fs: OutputFS, result: ConvertResult) -> None:
+    """Tell the user which earlier versions are kept for readers, and how to remove them."""
+    state = folder_state(fs)
+    for split, summary in result.splits.items():
+        old = state.old_versions(split)
+        if old:
+            size = sum(fs.size(n) for n in state.old.get(split, []))
+            summary.notes.append(
+                f"earlier version(s) {', '.join(old)} of split {split!r} kept ({size / 1e6:.1f} MB) for readers "
+                f"that opened them; when none is left, `shardify gc {fs.location}` removes them")
 
 
 def _file_sha256(fs: OutputFS, name: str) -> str:
@@ -167,18 +173,26 @@ def _record_name(split: str, index: int) -> str:
     return f"{WORK_DIR}/{split}/{index:06d}.json"
 
 
-def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
-    """Finished shards of an earlier run of the same plan, each checked against its record."""
-    marker = f"{WORK_DIR}/{plan.split}/plan.json"
-    if fs.exists(marker):
-        try:
-            same = load_json(fs.read_bytes(marker), source=marker).get("fingerprint") == plan.fingerprint
-        except ShardifyError:
-            same = False
-        if not same:
-            fs.remove_tree(f"{WORK_DIR}/{plan.split}")
+def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[int, ShardResult]:
+    """Finished shards of an earlier run of the same plan, each checked against its record.
+
+    An unfinished run of another plan is dropped, with its shards unless its version is
+    ``current`` (the manifest's): a version never listed was never read by anyone."""
+    marker = work_marker(plan.split)
+    found = read_marker(fs, plan.split)
+    if found is not None and found.get("fingerprint") != plan.fingerprint:
+        abandoned = found.get("version")
+        if isinstance(abandoned, str) and abandoned != current:
+            for name in fs.listdir():
+                shard = shard_of_split(name, plan.split)
+                if shard is not None and shard[0] == abandoned:
+                    fs.remove(name)
+        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
+    elif found is None and fs.exists(marker):
+        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
     fs.makedirs(f"{WORK_DIR}/{plan.split}")
-    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "shards": len(plan.shards)}))
+    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "version": plan.version,
+                                        "shards": len(plan.shards)}))
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
     for shard in plan.shards:
@@ -203,19 +217,20 @@ def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
         "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
 
 
-def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
+def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
+                   options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
     started = time.monotonic()
     split = options.split
-    plan = plan_split(scan, options)
     if options.strict:
         bad = [p for p in scan.problems if p.kind == "skipped"]
         if bad:
             raise InputError(bad[0].reason, path=bad[0].path)
-    results = _load_reusable(fs, plan)
+    current = _load_manifest(fs).splits.get(split)
+    results = _load_reusable(fs, plan, current.version if current is not None else None)
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels)
+                      max_pixels=options.max_pixels, version=plan.version)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())
@@ -236,7 +251,6 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     finally:
         bar.close()
     ordered = [results[s.index] for s in plan.shards]
-    _remove_stale_shards(fs, split, len(ordered))
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
     _write_report(fs, report_name(split), skipped, ignored)
@@ -249,8 +263,9 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
                    "source": scan.source, "options": options.shaping()},
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(Counter(_reason_class(p.reason) for p in ignored)),
+        version=plan.version,
     )
-    fs.write_atomic(index_name(split), json_bytes(index.to_json()))
+    fs.write_atomic(index_name(split, plan.version), json_bytes(index.to_json()))
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started)
@@ -260,21 +275,6 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
 def _reason_class(reason: str) -> str:
     """A reason without its per-file details, for the counts in the index."""
     return reason.split(":", 1)[0].strip()
-
-
-def _remove_stale_shards(fs: OutputFS, split: str, count: int) -> None:
-    """Delete shards of ``split`` numbered ``count`` and up (left by an earlier, larger output)
-    and temporary files of unfinished shards."""
-    for name in fs.listdir():
-        if name.startswith(f"{split}-") and name.endswith(".tar"):
-            try:
-                name_split, index = parse_shard_name(name)
-            except ShardifyError:
-                continue
-            if name_split == split and index >= count:
-                fs.remove(name)
-        elif name.startswith(f".{split}-") and name.endswith(".tmp"):
-            fs.remove(name)
 
 
 def _write_report(fs: OutputFS, name: str, skipped: list[Ignored], ignored: list[Ignored]) -> None:

@@ -19,7 +19,7 @@ from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import Manifest, SplitIndex
-from shardify.tarfmt import parse_shard_name, shard_name
+from shardify.tarfmt import shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
@@ -87,8 +87,9 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
     keys: set[str] = set()
     problems = report.problems
     for i, entry in enumerate(index.shards):
-        if entry.url != shard_name(split, i):
-            problems.append(Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i)}"))
+        if entry.url != shard_name(split, i, index.version):
+            problems.append(Problem(split, entry.url, None,
+                                    f"shard {i} should be named {shard_name(split, i, index.version)}"))
         path = root / entry.url
         try:
             f = open(path, "rb")
@@ -114,13 +115,9 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
     for entry in os.scandir(root):
-        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
-            try:
-                name_split, i = parse_shard_name(entry.name)
-            except ShardifyError:
-                continue
-            if name_split == split and i >= len(index.shards):
-                problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
+        found = shard_of_split(entry.name, split)
+        if found is not None and found[0] == index.version and found[1] >= len(index.shards):
+            problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
 
 

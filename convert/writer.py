@@ -42,6 +42,8 @@ class ShardTask:
     strict: bool
     fsync: bool
     max_pixels: int | None = None
+    version: str | None = None
+    """The plan's version token, in the shard's file name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +57,9 @@ class ShardResult:
     skipped: tuple[Ignored, ...]
 
 
-def temp_name(split: str, index: int) -> str:
-    """The hidden name a shard is written under until it is whole."""
-    return f".{shard_name(split, index)}.tmp"
+def temp_name(final: str) -> str:
+    """The hidden name the shard ``final`` is written under until it is whole."""
+    return f".{final}.tmp"
 
 
 class _HashingWriter:
@@ -115,8 +117,8 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
     if task.max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = task.max_pixels
     fs = open_output(task.out_dir)
-    final = shard_name(task.split, plan.index)
-    tmp = temp_name(task.split, plan.index)
+    final = shard_name(task.split, plan.index, task.version)
+    tmp = temp_name(final)
     skipped: list[Ignored] = []
     fields: set[str] = set()
     written = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.run import convert_imagefolder
+from shardify.convert.versions import collect_garbage
 from shardify.convert.synth import make_imagefolder
 from shardify.errors import OutputExistsError
 
@@ -71,7 +73,7 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(src, out, options=options(samples_per_shard=2))
     assert not (out / "manifest.json").exists()
-    damaged = out / "train-000001.tar"
+    damaged = next(out.glob("train-*-000001.tar"))
     raw = bytearray(damaged.read_bytes())
     raw[600:700] = bytes(b ^ 0xFF for b in raw[600:700])
     damaged.write_bytes(bytes(raw))
@@ -92,8 +94,14 @@ def test_finished_output_is_not_overwritten_without_flag(tmp_path: Path, options
     (src / "d.jpg").write_bytes(make_image(seed=4))
     result = convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=1))
     assert result.splits["train"].samples == 4
-    convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=3))
-    assert sorted(p.name for p in (tmp_path / "out").glob("train-*.tar")) == ["train-000000.tar", "train-000001.tar"]
+    result = convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=3))
+    version = json.loads((tmp_path / "out" / "train.json").read_text())["shardify"]["version"]
+    listed = [f"train-{version}-000000.tar", f"train-{version}-000001.tar"]
+    assert [s["url"] for s in json.loads((tmp_path / "out" / "train.json").read_text())["shardlist"]] == listed
+    assert "shardify gc" in result.splits["train"].notes[-1]  # the earlier versions are kept for readers
+    assert len(list((tmp_path / "out").glob("train-*.tar"))) == 1 + 4 + 2
+    collect_garbage(tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").glob("train-*.tar")) == listed
 
 
 def test_two_splits_in_one_folder(tmp_path: Path, options, make_image) -> None:
