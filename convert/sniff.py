@@ -10,12 +10,14 @@ size of a BMP or WebP), which catches truncated files without decoding pixels.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
 from PIL import Image
 
-__all__ = ["IMAGE_FIELDS", "ImageInfo", "ImageCheckError", "sniff_ext", "check_image", "transcode_jpeg", "FORMAT_EXT"]
+__all__ = ["IMAGE_FIELDS", "ImageInfo", "ImageCheckError", "sniff_ext", "check_image", "transcode_jpeg", "FORMAT_EXT",
+           "describe_error"]
 
 FORMAT_EXT = {
     "JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif",
@@ -24,6 +26,18 @@ FORMAT_EXT = {
 """Pillow format name -> the extension a member of that content is stored under."""
 IMAGE_FIELDS = frozenset({*FORMAT_EXT.values(), "pgm", "pbm"})
 """Every extension an image member can be stored under (what :func:`sniff_ext` can return)."""
+
+
+_ADDRESS = re.compile(r"<([A-Za-z_][\w.]*) object at 0x[0-9a-fA-F]+>|\b0x[0-9a-fA-F]{6,}\b")
+
+
+def describe_error(e: BaseException) -> str:
+    """``Type: message`` of a decoder's error, as stable text: object reprs and memory
+    addresses (which differ between runs) are dropped, so reports are byte-identical."""
+    if isinstance(e, Image.UnidentifiedImageError):
+        return "Pillow cannot identify the data (damaged, or another format)"
+    text = _ADDRESS.sub(lambda m: f"<{m.group(1)}>" if m.group(1) else "<address>", str(e))
+    return f"{type(e).__name__}: {text}"
 
 
 class ImageCheckError(ValueError):
@@ -108,6 +122,7 @@ def check_image(data: bytes, *, full: bool = False) -> ImageInfo:
         raise ImageCheckError("not an image (unknown format)")
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's warnings about damaged metadata go to stderr otherwise
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
             info = ImageInfo(FORMAT_EXT.get(img.format or "", ext), img.width, img.height, img.mode)
@@ -122,7 +137,7 @@ def check_image(data: bytes, *, full: bool = False) -> ImageInfo:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageCheckError(f"decompression bomb: {e}") from e
     except Exception as e:  # Pillow raises many types for bad files: report them all
-        raise ImageCheckError(f"cannot decode {ext}: {type(e).__name__}: {e}") from e
+        raise ImageCheckError(f"cannot decode {ext}: {describe_error(e)}") from e
     return info
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
+from shardify.convert.sniff import ImageCheckError, check_image, describe_error, transcode_jpeg
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
@@ -99,7 +99,7 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
                 try:
                     small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
                 except Exception as e:  # Pillow's decoder errors have many types
-                    raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=source.path, key=key) from e
+                    raise InputError(f"cannot transcode: {describe_error(e)}", path=source.path, key=key) from e
                 if small is not None:
                     data, ext = small, "jpg"
         members.append((ext, data))

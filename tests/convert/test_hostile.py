@@ -170,3 +170,32 @@ def test_write_failure_is_clear_and_output_never_looks_finished(tmp_path: Path) 
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert (out / "manifest.json").exists()
+
+
+def _junk_with_magic() -> dict[str, bytes]:
+    """Files whose first bytes name an image format and whose rest is junk: Pillow's errors
+    for them carry object reprs with memory addresses (``<_io.BytesIO object at 0x...>``)."""
+    return {
+        "jpg_junk.jpg": b"\xff\xd8\xff" + bytes(range(256)) * 4,
+        "png_junk.png": b"\x89PNG\r\n\x1a\n" + bytes(40),
+        "tiff_junk.tif": b"II*\x00" + b"\xff" * 50,
+        "gif_junk.gif": b"GIF89a" + b"\x01" * 5,
+        "webp_junk.webp": b"RIFF\x00\x00\x00\x00WEBP" + bytes(10),
+        "bmp_junk.bmp": b"BM" + bytes(100),
+        "ppm_junk.ppm": b"P6\n" + b"x" * 10,
+    }
+
+
+def test_report_is_byte_identical_across_runs(tmp_path: Path, options) -> None:
+    root = tmp_path / "src" / "c"
+    root.mkdir(parents=True)
+    for name, data in _junk_with_magic().items():
+        (root / name).write_bytes(data)
+    reports = []
+    for run in ("a", "b"):
+        convert_imagefolder(root.parent, tmp_path / run, options=options(workers=1 if run == "a" else 2))
+        reports.append((tmp_path / run / "train.report.jsonl").read_bytes())
+    lines = [json.loads(line) for line in reports[0].decode().splitlines()]
+    assert len(lines) == len(_junk_with_magic())
+    assert not [r for r in lines if " at 0x" in r["reason"] or "object at" in r["reason"]], reports[0].decode()
+    assert reports[0] == reports[1]
