@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
+from shardify.convert.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import Manifest, SplitIndex
@@ -79,6 +80,8 @@ def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = N
             report.problems.append(Problem(split, None, None, str(e)))
             continue
         _verify_split(root, index, decode, report)
+    for name, why in stray_files(root):
+        report.problems.append(Problem("(dataset)", name, None, why))
     return report
 
 

@@ -14,13 +14,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
+from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
 from shardify.errors import OutputError, ShardifyError
 from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, load_json,
                                report_name)
 from shardify.tarfmt import VERSION_CHARS, shard_of_split
 
-__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "GcResult", "collect_garbage"]
+__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "GcResult", "collect_garbage", "stray_files"]
 
 _INDEX_RE = re.compile(r"-(?P<version>[0-9a-f]{%d})\.json\Z" % VERSION_CHARS)
 
@@ -146,3 +146,16 @@ def collect_garbage(out: str | os.PathLike[str], *, dry_run: bool = False) -> Gc
         return GcResult(removed=names, bytes=total, kept_in_progress=dict(state.in_progress))
     finally:
         lock.release()
+
+
+def stray_files(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``(name, why)`` for what an interrupted conversion left in the local dataset folder
+    ``root``: temporary files, and a work folder. Empty while a conversion is running there."""
+    if is_locked(root):
+        return []
+    fs = open_output(root)
+    found = [(name, "temporary file of an interrupted write; rerunning the conversion or `shardify gc` "
+                    "removes it") for name in fs.listdir() if is_temp_name(name)]
+    if [n for n in fs.entries(WORK_DIR) if n != "lock"]:
+        found.append((f"{WORK_DIR}/", "an interrupted conversion's work folder; rerun the same command to finish it"))
+    return found
