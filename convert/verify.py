@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
+from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
@@ -105,7 +105,11 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
             try:
                 for sample in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
                     count += 1
-                    _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                    try:
+                        _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                    except Exception as e:  # any sample, however hostile, is a reported problem
+                        problems.append(Problem(split, entry.url, str(sample.get("__key__")),
+                                                f"cannot check the sample: {describe_error(e)}"))
                 while reader.read(1 << 20):
                     pass
             except ShardifyError as e:
@@ -146,6 +150,8 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
             json.loads(sample["json"])
         except ValueError as e:
             problems.append(Problem(split, shard, key, f"json member is not valid JSON: {e}"))
+        except RecursionError:
+            problems.append(Problem(split, shard, key, "json member is nested too deeply to parse"))
     if decode:
         for ext, data in sample.items():
             if ext in IMAGE_FIELDS or ext.rsplit(".", 1)[-1] in IMAGE_FIELDS:

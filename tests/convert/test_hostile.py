@@ -199,3 +199,49 @@ def test_report_is_byte_identical_across_runs(tmp_path: Path, options) -> None:
     assert len(lines) == len(_junk_with_magic())
     assert not [r for r in lines if " at 0x" in r["reason"] or "object at" in r["reason"]], reports[0].decode()
     assert reports[0] == reports[1]
+
+
+def _replace_member(shard: Path, ext: str, data: bytes) -> None:
+    """Rewrite ``shard`` (in the format's layout) with every ``.{ext}`` member holding ``data``."""
+    import tarfile
+
+    from shardify.tarfmt import END_OF_ARCHIVE, padding, ustar_header
+
+    out = bytearray()
+    with tarfile.open(shard) as tf:
+        for m in tf.getmembers():
+            body = data if m.name.endswith(f".{ext}") else tf.extractfile(m).read()
+            out += ustar_header(m.name, len(body)) + body + padding(len(body))
+    shard.write_bytes(bytes(out + END_OF_ARCHIVE))
+
+
+def _one_image_dataset(tmp_path: Path, options, make_image) -> Path:
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "a.jpg").write_bytes(make_image())
+    out = tmp_path / "out"
+    convert_imagefolder(src.parent, out, options=options())
+    return out
+
+
+def test_verify_reports_a_deeply_nested_json_member_never_a_traceback(tmp_path: Path, options, make_image) -> None:
+    out = _one_image_dataset(tmp_path, options, make_image)
+    _replace_member(out / json.loads((out / "train.json").read_text())["shardlist"][0]["url"], "json", b"[" * 200_000)
+    proc = subprocess.run([*CLI, "verify", str(out), "--decode"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert "key 'c__a': json member is nested too deeply to parse" in proc.stdout, proc.stdout
+
+
+def test_verify_reports_any_error_of_a_sample_check(tmp_path: Path, options, make_image, monkeypatch) -> None:
+    from shardify.convert import verify
+
+    out = _one_image_dataset(tmp_path, options, make_image)
+
+    def broken(key: str) -> str:
+        raise RuntimeError(f"unexpected trouble at {object()!r}")
+
+    monkeypatch.setattr(verify, "check_key", broken)
+    report = verify.verify_dataset(out, decode=True)
+    assert [p.message for p in report.problems] == [
+        "cannot check the sample: RuntimeError: unexpected trouble at <object>"]
+    assert report.problems[0].key == "c__a"
