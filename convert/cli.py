@@ -56,6 +56,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true", help="stop at the first bad input instead of skipping it")
     g.add_argument("--max-pixels", type=int, default=None,
                    help="decompression-bomb limit in pixels (default: Pillow's, about 89 M)")
+    g.add_argument("--max-image-bytes", default="1GiB",
+                   help="image files larger than this are reported as too large, unread (default: 1GiB)")
     g.add_argument("--no-follow-symlinks", action="store_true", help="ignore symbolic links in the source tree")
     g.add_argument("--num-classes", type=int, default=None, help="int labels must be below this")
     g = p.add_argument_group("transcode")
@@ -127,7 +129,8 @@ def _options(args: argparse.Namespace) -> Any:
     return ConvertOptions(
         split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
-        quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
+        quality=args.quality, max_pixels=args.max_pixels, max_image_bytes=parse_size(args.max_image_bytes),
+        follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address)
 

@@ -230,7 +230,8 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels, version=plan.version)
+                      max_pixels=options.max_pixels, version=plan.version,
+                      max_image_bytes=options.max_image_bytes)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())

@@ -17,7 +17,8 @@ from PIL import Image
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import ImageCheckError, check_image, describe_error, transcode_jpeg
+from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, check_head, check_image, describe_error,
+                                    transcode_jpeg)
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
@@ -44,6 +45,8 @@ class ShardTask:
     max_pixels: int | None = None
     version: str | None = None
     """The plan's version token, in the shard's file name."""
+    max_image_bytes: int | None = None
+    """Image files larger than this are reported as too large, without being read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,9 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         path = os.path.join(task.root, source.path)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = _read_image(f, task.max_image_bytes) if source.is_image else f.read()
+        except ImageCheckError as e:
+            raise InputError(str(e), path=source.path, key=key) from e
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror or e}", path=source.path, key=key) from e
         ext = source.ext
@@ -109,6 +114,21 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         if a[0] == b[0]:
             raise InputError(f"two files would be stored as field {a[0]!r}", path=spec.identity, key=key)
     return members
+
+
+def _read_image(f: BinaryIO, limit: int | None) -> bytes:
+    """The bytes of an image file, read whole only once its size is within ``limit`` and its
+    first bytes (:data:`SNIFF_BYTES`) may be an image, so junk costs bounded memory and time."""
+    size = os.fstat(f.fileno()).st_size
+    if limit is not None and size > limit:
+        raise ImageCheckError(f"too large: {size} bytes, over the limit of {limit} (--max-image-bytes)")
+    head = f.read(SNIFF_BYTES)
+    whole = len(head) < SNIFF_BYTES
+    check_head(head, whole=whole)
+    if whole:
+        return head
+    f.seek(0)
+    return f.read()
 
 
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:

@@ -245,3 +245,49 @@ def test_verify_reports_any_error_of_a_sample_check(tmp_path: Path, options, mak
     assert [p.message for p in report.problems] == [
         "cannot check the sample: RuntimeError: unexpected trouble at <object>"]
     assert report.problems[0].key == "c__a"
+
+
+# Converts one folder in a child process and prints its peak RSS (MiB) and the seconds taken.
+_MEASURED = (
+    "import resource, sys, time\n"
+    "from shardify.convert.cli import main\n"
+    "began = time.monotonic()\n"
+    "rc = main(sys.argv[1:])\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time.monotonic() - began)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def _sparse(path: Path, head: bytes, size: int) -> None:
+    """A file of ``size`` bytes that starts with ``head`` and is zeros after (sparse: no disk used)."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("name, head, size, limit, reason", [
+    pytest.param("huge.jpg", b"\xff\xd8\xff\xe0", 1_500_000_000, "1GiB",
+                 "too large: 1500000000 bytes, over the limit of 1073741824", id="1.5GB-over-the-limit"),
+    pytest.param("junk.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", 200_000_000, "1GiB",
+                 "not an image: a JPEG signature, then more than 1 MiB of junk between segments",
+                 id="200MB-jpeg-signature-then-zeros"),
+    pytest.param("noscan.jpg", b"\xff\xd8" + (b"\xff\xfe\xff\xff" + b"c" * 65533) * 260, 200_000_000, "1GiB",
+                 "not an image: a JPEG signature, but no scan in the first 16 MiB", id="200MB-comments-no-scan"),
+    pytest.param("zeros.png", b"", 200_000_000, "1GiB", "not an image (unknown format)", id="200MB-no-signature"),
+])
+def test_a_big_junk_file_costs_bounded_memory_and_time(tmp_path: Path, name: str, head: bytes, size: int,
+                                                       limit: str, reason: str) -> None:
+    root = tmp_path / "src" / "c"
+    root.mkdir(parents=True)
+    _sparse(root / name, head, size)
+    (root / "ok.jpg").write_bytes(_save(natural_image(48, 32, seed=1), "JPEG"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", _MEASURED, "convert", "imagefolder", str(root.parent), str(out),
+                           "--quiet", "--workers", "1", "--max-image-bytes", limit],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    rss_mib, seconds = map(float, proc.stdout.split())
+    report = [json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()]
+    assert report == [{"kind": "skipped", "path": f"c/{name}", "reason": report[0]["reason"]}]
+    assert report[0]["reason"].startswith(reason), report[0]["reason"]
+    assert rss_mib < 150 and seconds < 10, (rss_mib, seconds)
