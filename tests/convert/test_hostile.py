@@ -291,3 +291,61 @@ def test_a_big_junk_file_costs_bounded_memory_and_time(tmp_path: Path, name: str
     assert report == [{"kind": "skipped", "path": f"c/{name}", "reason": report[0]["reason"]}]
     assert report[0]["reason"].startswith(reason), report[0]["reason"]
     assert rss_mib < 150 and seconds < 10, (rss_mib, seconds)
+
+
+def _decodes_fully(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+        return True
+    except Exception:
+        return False
+
+
+def _decoder_tolerated() -> dict[str, tuple[bytes, str, str]]:
+    """Images that Pillow decodes (or not) despite odd structure: ``name -> (bytes, header, full)``,
+    where each outcome is ``"kept"`` or the start of the reason reported (``""``: not asserted)."""
+    rgb = natural_image(48, 32, seed=1)
+    jpg, bmp = _save(rgb, "JPEG"), _save(rgb, "BMP")
+    return {
+        "bmp_size_zero.bmp": (bmp[:2] + bytes(4) + bmp[6:], "kept", "kept"),
+        "bmp_size_too_big.bmp": (bmp[:2] + (10**6).to_bytes(4, "little") + bmp[6:], "kept", "kept"),
+        "bmp_size_too_small.bmp": (bmp[:2] + (100).to_bytes(4, "little") + bmp[6:], "kept", "kept"),
+        "bmp_cut.bmp": (bmp[:-100], "truncated bmp (pixel data cut short)", "truncated bmp (pixel data cut short)"),
+        "jpg_junk_between_segments.jpg": (jpg[:20] + b"junk\x00\x01" + jpg[20:], "kept", "kept"),
+        "jpg_app_length_zero.jpg": (jpg[:2] + b"\xff\xef\x00\x00" + jpg[2:], "kept", "kept"),
+        # APP1 declares 64 bytes but holds 26: skipping it swallows a quantization table, so
+        # the pixels cannot decode; the structure alone cannot tell (header keeps it).
+        "jpg_app1_cut_short.jpg": (jpg[:2] + b"\xff\xe1\x00\x40Exif\x00\x00" + b"x" * 20 + jpg[2:], "",
+                                   "cannot decode jpg: OSError: broken data stream"),
+        "jpg_no_end_marker.jpg": (jpg[:-2], "truncated jpg (no end marker)", "truncated jpg (no end marker)"),
+        # Pillow would decode this, a byte at a time; more than 1 MiB of junk is refused (item 10).
+        "jpg_2mb_junk.jpg": (jpg[:20] + b"j" * (2 << 20) + jpg[20:],
+                             "cannot decode jpg: more than 1 MiB of junk", "cannot decode jpg: more than 1 MiB of junk"),
+        "bigtiff.tiff": (_save(rgb, "TIFF", big_tiff=True), "kept", "kept"),
+    }
+
+
+@pytest.mark.parametrize("check", ["header", "full"])
+def test_images_the_decoder_tolerates_are_kept_by_the_documented_rule(tmp_path: Path, options, read_split,
+                                                                      check: str) -> None:
+    corpus = _decoder_tolerated()
+    root = tmp_path / "src" / "c"
+    root.mkdir(parents=True)
+    for name, (data, _, _) in corpus.items():
+        (root / name).write_bytes(data)
+    out = tmp_path / "out"
+    convert_imagefolder(root.parent, out, options=options(check=check))
+    packed = {json.loads(s["json"])["path"]: s for s in read_split(out, "train").values()}
+    report = {json.loads(line)["path"]: json.loads(line)["reason"]
+              for line in (out / "train.report.jsonl").read_text().splitlines()}
+    for name, (data, header, full) in corpus.items():
+        want, rel = header if check == "header" else full, f"c/{name}"
+        if want == "kept":
+            assert rel in packed, (name, report.get(rel))
+            assert _decodes_fully(data), f"{name}: kept, so the reader must decode it"
+            assert next(v for k, v in packed[rel].items() if k not in ("__key__", "json", "cls")) == data
+        elif want:
+            assert report.get(rel, "").startswith(want), (name, report.get(rel))
+        if check == "full" and name != "jpg_2mb_junk.jpg":  # full: decoding decides
+            assert (rel in packed) == _decodes_fully(data), name
