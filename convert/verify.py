@@ -180,6 +180,7 @@ def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
             "skipped": dict(index.skipped),
             "ignored": dict(index.ignored),
             "converter": index.converter,
+            "version": index.version,
         }
     return out
 
