@@ -154,11 +154,15 @@ def _remove_temp_files(fs: OutputFS) -> None:
 
 def _note_old_versions(fs: OutputFS, result: ConvertResult) -> None:
     """Tell the user which earlier versions are kept for readers, and how to remove them."""
-    state = folder_state(fs)
+    try:
+        state = folder_state(fs)
+        sizes = {split: sum(fs.size(n) for n in names) for split, names in state.old.items()}
+    except (ShardifyError, OSError):  # another split's index is unreadable: only the note is lost
+        return
     for split, summary in result.splits.items():
         old = state.old_versions(split)
         if old:
-            size = sum(fs.size(n) for n in state.old.get(split, []))
+            size = sizes[split]
             summary.notes.append(
                 f"earlier version(s) {', '.join(old)} of split {split!r} kept ({size / 1e6:.1f} MB) for readers "
                 f"that opened them; when none is left, `shardify gc {fs.location}` removes them")

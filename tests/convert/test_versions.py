@@ -185,3 +185,20 @@ def test_format_1_manifests_and_indexes_still_load(tmp_path: Path) -> None:
     assert manifest.format_version == 1 and manifest.splits["train"].version is None
     index = manifest.load_split(tmp_path, "train")
     assert index.version is None and index.shards[0].url == "train-000000.tar"
+
+
+@pytest.mark.parametrize("name, split, want", [
+    pytest.param("train-3f2a9c1d0b7e-000007.tar", "train", ("3f2a9c1d0b7e", 7), id="versioned"),
+    pytest.param("train-000007.tar", "train", (None, 7), id="format-1"),
+    pytest.param("train-extra-000007.tar", "train", None, id="another-split"),
+    pytest.param("train-3f2a9c1d0b7e-000007.tar", "train-3f2a9c1d0b7e", (None, 7), id="split-named-like-a-version"),
+    pytest.param("train-3F2A9C1D0B7E-000007.tar", "train", None, id="upper-case"),
+    pytest.param("train-3f2a9c1d0b7e-07.tar", "train", None, id="short-index"),
+    pytest.param("train-3f2a9c1d0b7e.json", "train", None, id="index"),
+])
+def test_shard_names_parse_back_per_split(name: str, split: str, want: tuple[str | None, int] | None) -> None:
+    from shardify.tarfmt import shard_name, shard_of_split
+
+    assert shard_of_split(name, split) == want
+    if want is not None:
+        assert shard_name(split, want[1], want[0]) == name
