@@ -65,6 +65,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true", help="stop at the first bad input instead of skipping it")
     g.add_argument("--max-pixels", type=int, default=None,
                    help="decompression-bomb limit in pixels (default: Pillow's, about 89 M)")
+    g.add_argument("--max-image-bytes", default="1GiB",
+                   help="image files larger than this are reported as too large, unread (default: 1GiB)")
     g.add_argument("--no-follow-symlinks", action="store_true", help="ignore symbolic links in the source tree")
     g.add_argument("--num-classes", type=int, default=None, help="int labels must be below this")
     g = p.add_argument_group("transcode")
@@ -168,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", action="append", default=None, help="only this split (repeatable)")
     p.add_argument("--decode", action="store_true", help="also decode every image and parse every label")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("gc", help="remove earlier versions of a dataset's splits, once no reader uses them",
+                       description="Remove the files of earlier versions of each split (kept by `convert "
+                                   "--overwrite` for readers that opened them) and leftovers of killed runs. "
+                                   "A reader still on a removed version raises DatasetVersionError.")
+    p.add_argument("dataset", metavar="OUT")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p = sub.add_parser("bench", help="measure reading speed of a dataset (decode + augment + batch)")
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", default=None, help="default: the only split, or train")
@@ -186,7 +194,8 @@ def _options(args: argparse.Namespace) -> Any:
     return ConvertOptions(
         split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
-        quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
+        quality=args.quality, max_pixels=args.max_pixels, max_image_bytes=parse_size(args.max_image_bytes),
+        follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address)
 
@@ -260,6 +269,18 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_SKIPPED
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from shardify.convert.versions import collect_garbage
+
+    result = collect_garbage(args.dataset, dry_run=args.dry_run)
+    for name in result.removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {name}")
+    for split, version in result.kept_in_progress.items():
+        print(f"kept {split} version {version}: an unfinished conversion (rerun it to finish)")
+    print(f"{'would remove' if args.dry_run else 'removed'} {len(result.removed)} files ({_human(result.bytes)})")
+    return EXIT_OK
+
+
 def _bench(args: argparse.Namespace) -> int:
     from shardify.reader.bench import format_bench, run_bench
 
@@ -280,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "gc":
+            return _gc(args)
         return _bench(args)
     except ShardifyError as e:
         print(f"shardify: error: {e}", file=sys.stderr)

@@ -249,7 +249,7 @@ class _Run:
         filtered = sum(self._filtered_counts) + self.open.filtered
         index = finish_split(self.fs, o.split, self.results, classes=o.classes, skipped=skipped, ignored=[],
                              ignored_counts={FILTERED: filtered} if filtered else None,
-                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()))
+                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()), version=stream.version)
         publish_splits(self.fs, {o.split: index})
         return split_summary(index, skipped, reused=len(reused), seconds=time.monotonic() - started)
 

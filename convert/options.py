@@ -7,11 +7,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES"]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 """Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
 over ranks x workers, few enough to list and open cheaply)."""
+
+DEFAULT_MAX_IMAGE_BYTES = 1 << 30
+"""Default bound on an image file's size: 1 GiB (above any image under Pillow's default pixel
+limit in a usual format; a larger file is reported as too large without being read)."""
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
@@ -47,6 +51,7 @@ class ConvertOptions:
     max_side: int | None = None
     quality: int = 90
     max_pixels: int | None = None
+    max_image_bytes: int | None = DEFAULT_MAX_IMAGE_BYTES
     follow_symlinks: bool = True
     num_classes: int | None = None
     strict: bool = False
@@ -74,6 +79,8 @@ class ConvertOptions:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
         if self.engine not in ("local", "ray"):
             raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
+        if self.max_image_bytes is not None and self.max_image_bytes < 1:
+            raise ValueError(f"max_image_bytes={self.max_image_bytes} should be >= 1 (None: no limit)")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 
@@ -99,6 +106,7 @@ class ConvertOptions:
             "max_side": self.max_side,
             "quality": self.quality if self.max_side is not None else None,
             "max_pixels": self.max_pixels,
+            "max_image_bytes": self.max_image_bytes,
             "follow_symlinks": self.follow_symlinks,
             "num_classes": self.num_classes,
         }

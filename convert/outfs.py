@@ -7,13 +7,18 @@ becomes visible only when it completes, which is the atomicity a rename gives lo
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
-__all__ = ["OutputFS", "LocalFS", "FsspecFS", "open_output", "is_url"]
+__all__ = ["OutputFS", "LocalFS", "FsspecFS", "OutputLock", "is_locked", "open_output", "is_url", "WORK_DIR"]
+
+WORK_DIR = ".shardify-work"
+"""The folder of an unfinished conversion's progress (records of finished shards, the lock)."""
 
 
 def is_url(location: str) -> bool:
@@ -206,3 +211,48 @@ def open_output(location: str | os.PathLike[str]) -> OutputFS:
     """The OutputFS for a local path or an fsspec URL."""
     text = str(location)
     return FsspecFS(text) if is_url(text) else LocalFS(text)
+
+
+class OutputLock:
+    """An exclusive lock on a local output folder, so two conversions (or a conversion and
+    ``shardify gc``) never write it at once.
+
+    Object stores have no such lock; there, running two conversions into one prefix is the
+    user's mistake to avoid (documented).
+    """
+
+    def __init__(self, fs: OutputFS) -> None:
+        self.fs = fs
+        fs.makedirs(WORK_DIR)
+        self.f = None
+        if isinstance(fs, LocalFS):
+            self.f = open(fs.root / WORK_DIR / "lock", "a+")  # noqa: SIM115 - held until release
+            try:
+                fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as e:
+                self.f.close()
+                raise OutputError(f"{fs.location}: another shardify conversion is writing this folder") from e
+
+    def release(self) -> None:
+        """Unlock; remove the work folder when no unfinished split is left in it."""
+        if not [n for n in self.fs.entries(WORK_DIR) if n != "lock"]:
+            self.fs.remove_tree(WORK_DIR)
+        if self.f is not None:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+            self.f.close()
+
+
+def is_locked(location: str | os.PathLike[str]) -> bool:
+    """Whether a conversion holds the lock of the local output folder ``location`` now."""
+    path = Path(location) / WORK_DIR / "lock"
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False

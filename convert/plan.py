@@ -18,7 +18,7 @@ from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs import SampleSpec, Scan
 from shardify.convert.options import ConvertOptions
 from shardify.keys import assign_keys
-from shardify.tarfmt import END_OF_ARCHIVE, member_size
+from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
 
 __all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "shuffle_order"]
 
@@ -44,6 +44,15 @@ class SplitPlan:
     shards: tuple[ShardPlan, ...]
     fingerprint: str
     """SHA-256 over the shaping options and every planned sample: equal plans, equal output."""
+
+    @property
+    def version(self) -> str:
+        """The version token in the output's file names: the fingerprint's first hex digits.
+
+        The same conversion of the same inputs gets the same names (so a rerun resumes and
+        ends byte-identical); any other conversion gets new names, and never rewrites the
+        files of a version a reader may be reading."""
+        return self.fingerprint[:VERSION_CHARS]
 
     @property
     def num_samples(self) -> int:

@@ -167,7 +167,7 @@ class ShardWriter:
             stream.close_shard()
             o = self.options
             index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped, ignored=[],
-                                 converter=converter_info("python", o.shaping()))
+                                 converter=converter_info("python", o.shaping()), version=stream.version)
             publish_splits(fs, {o.split: index})
             self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
             return self.summary

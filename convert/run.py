@@ -3,16 +3,23 @@
 Finalize order is what makes a half-written dataset impossible to mistake for a finished
 one: shards are renamed into place when whole, the report and split index come next, and
 the top-level ``manifest.json`` (the only thing readers trust) is written last.
+
+Every file of a conversion but the manifest, the report and the wids copy of the index
+carries the plan's version token in its name (:attr:`SplitPlan.version`), so converting
+again (``overwrite``) never changes bytes a reader of the previous version may be reading:
+the manifest switches to the new version at once, and earlier versions stay until
+``shardify gc`` (:mod:`shardify.convert.versions`). The same conversion gets the same names,
+so a rerun after a kill resumes and ends byte-identical, also when the kill came after the
+manifest was written.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,19 +30,17 @@ from shardify.convert.imagefolder import scan_imagefolder
 from shardify.convert.inputs import Ignored, Scan
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
-from shardify.convert.outfs import LocalFS, OutputFS, open_output
+from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
 from shardify.convert.plan import SplitPlan, plan_split
+from shardify.convert.versions import folder_state, read_marker, work_marker
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name, json_bytes,
-                               load_json, report_name)
-from shardify.tarfmt import check_split_name, parse_shard_name
+from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name,
+                               is_temp_name, json_bytes, load_json, report_name)
+from shardify.tarfmt import check_split_name, shard_of_split
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
            "open_locked", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
-
-WORK_DIR = ".shardify-work"
-
 
 @dataclass
 class SplitSummary:
@@ -87,34 +92,6 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
     return convert_scans(scans, out, options=options)
 
 
-class _Lock:
-    """An exclusive lock on a local output folder, so two conversions never write it at once.
-
-    Object stores have no such lock; there, running two conversions into one prefix is the
-    user's mistake to avoid (documented).
-    """
-
-    def __init__(self, fs: OutputFS) -> None:
-        self.fs = fs
-        fs.makedirs(WORK_DIR)
-        self.f = None
-        if isinstance(fs, LocalFS):
-            self.f = open(fs.root / WORK_DIR / "lock", "a+")
-            try:
-                fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as e:
-                self.f.close()
-                raise OutputError(f"{fs.location}: another shardify conversion is writing this folder") from e
-
-    def release(self) -> None:
-        """Unlock; remove the work folder when no unfinished split is left in it."""
-        if not [n for n in self.fs.entries(WORK_DIR) if n != "lock"]:
-            self.fs.remove_tree(WORK_DIR)
-        if self.f is not None:
-            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
-            self.f.close()
-
-
 def _load_manifest(fs: OutputFS) -> Manifest:
     if not fs.exists(MANIFEST_NAME):
         return Manifest(splits={})
@@ -122,8 +99,12 @@ def _load_manifest(fs: OutputFS) -> Manifest:
     return Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
 
 
-def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool) -> tuple[OutputFS, _Lock]:
-    """Create and lock ``out``; unlist those of ``splits`` that are finished there (``overwrite``).
+def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool,
+                finishing: Callable[[OutputFS, Manifest, str], bool] = lambda fs, manifest, split: False,
+                ) -> tuple[OutputFS, OutputLock]:
+    """Create and lock ``out``, removing temp files an interrupted run left; refuse splits
+    finished there unless ``overwrite`` (a finished split stays listed until its new version
+    is published) or ``finishing`` says this very conversion is finishing it.
 
     The caller writes the splits, then calls :func:`publish_splits`, and releases the lock.
     """
@@ -134,17 +115,14 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
         fs.makedirs()
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
-    lock = _Lock(fs)
+    lock = OutputLock(fs)
     try:
+        _remove_temp_files(fs)
         manifest = _load_manifest(fs)
-        finished = [s for s in splits if s in manifest.splits]
+        finished = [s for s in splits if s in manifest.splits and not finishing(fs, manifest, s)]
         if finished and not overwrite:
             raise OutputExistsError(
                 f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
-        if finished:
-            for split in finished:
-                manifest = manifest.without_split(split)
-            fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
     except OSError as e:
         lock.release()
         raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
@@ -155,27 +133,33 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
 
 
 def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
-    """List the finished splits in ``manifest.json`` (written last) and drop their work folders."""
+    """Switch ``manifest.json`` (written last) to the finished splits' versions, then write the
+    unversioned copy of each index that wids opens and drop the splits' work folders."""
     manifest = _load_manifest(fs)
     for split, index in indexes.items():
         manifest = manifest.with_split(split, index)
     fs.sync_root()
-    fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))
+    fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))  # the switch to the new versions
+    for split, index in indexes.items():  # the copy wids opens: the same bytes
+        fs.write_atomic(index_name(split), json_bytes(index.to_json()))
     for split in indexes:
         fs.remove_tree(f"{WORK_DIR}/{split}")
 
 
 def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
     """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
-    fs, lock = open_locked(out, scans, overwrite=options.overwrite)
+    plans = {split: plan_split(scan, replace(options, split=split)) for split, scan in scans.items()}
+    fs, lock = open_locked(out, scans, overwrite=options.overwrite,
+                           finishing=lambda fs, manifest, split: _finishing(fs, manifest, plans[split]))
     try:
         result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
         for split, scan in scans.items():
-            summary, index = _convert_split(scan, fs, replace(options, split=split))
+            summary, index = _convert_split(scan, plans[split], fs, replace(options, split=split))
             result.splits[split] = summary
             indexes[split] = index
         publish_splits(fs, indexes)
+        _note_old_versions(fs, result)
         return result
     except OSError as e:
         raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
@@ -183,6 +167,38 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
         raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
     finally:
         lock.release()
+
+
+def _finishing(fs: OutputFS, manifest: Manifest, plan: SplitPlan) -> bool:
+    """Whether the manifest already lists ``plan``'s version of its split while the work folder
+    still holds that plan: a run of the same conversion killed after it wrote the manifest,
+    whose rerun finishes it (the same bytes again) instead of refusing."""
+    marker = read_marker(fs, plan.split)
+    return (manifest.splits[plan.split].version == plan.version and marker is not None
+            and marker.get("fingerprint") == plan.fingerprint)
+
+
+def _remove_temp_files(fs: OutputFS) -> None:
+    """Delete temporary files an interrupted run left (only this run, holding the lock, writes them)."""
+    for name in fs.listdir():
+        if is_temp_name(name):
+            fs.remove(name)
+
+
+def _note_old_versions(fs: OutputFS, result: ConvertResult) -> None:
+    """Tell the user which earlier versions are kept for readers, and how to remove them."""
+    try:
+        state = folder_state(fs)
+        sizes = {split: sum(fs.size(n) for n in names) for split, names in state.old.items()}
+    except (ShardifyError, OSError):  # another split's index is unreadable: only the note is lost
+        return
+    for split, summary in result.splits.items():
+        old = state.old_versions(split)
+        if old:
+            size = sizes[split]
+            summary.notes.append(
+                f"earlier version(s) {', '.join(old)} of split {split!r} kept ({size / 1e6:.1f} MB) for readers "
+                f"that opened them; when none is left, `shardify gc {fs.location}` removes them")
 
 
 def _file_sha256(fs: OutputFS, name: str) -> str:
@@ -195,18 +211,26 @@ def record_name(split: str, index: int) -> str:
     return f"{WORK_DIR}/{split}/{index:06d}.json"
 
 
-def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
-    """Finished shards of an earlier run of the same plan, each checked against its record."""
-    marker = f"{WORK_DIR}/{plan.split}/plan.json"
-    if fs.exists(marker):
-        try:
-            same = load_json(fs.read_bytes(marker), source=marker).get("fingerprint") == plan.fingerprint
-        except ShardifyError:
-            same = False
-        if not same:
-            fs.remove_tree(f"{WORK_DIR}/{plan.split}")
+def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[int, ShardResult]:
+    """Finished shards of an earlier run of the same plan, each checked against its record.
+
+    An unfinished run of another plan is dropped, with its shards unless its version is
+    ``current`` (the manifest's): a version never listed was never read by anyone."""
+    marker = work_marker(plan.split)
+    found = read_marker(fs, plan.split)
+    if found is not None and found.get("fingerprint") != plan.fingerprint:
+        abandoned = found.get("version")
+        if isinstance(abandoned, str) and abandoned != current:
+            for name in fs.listdir():
+                shard = shard_of_split(name, plan.split)
+                if shard is not None and shard[0] == abandoned:
+                    fs.remove(name)
+        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
+    elif found is None and fs.exists(marker):
+        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
     fs.makedirs(f"{WORK_DIR}/{plan.split}")
-    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "shards": len(plan.shards)}))
+    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "version": plan.version,
+                                        "shards": len(plan.shards)}))
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
     for shard in plan.shards:
@@ -231,19 +255,21 @@ def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
         "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
 
 
-def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
+def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
+                   options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
     started = time.monotonic()
     split = options.split
-    plan = plan_split(scan, options)
     if options.strict:
         bad = [p for p in scan.problems if p.kind == "skipped"]
         if bad:
             raise InputError(bad[0].reason, path=bad[0].path)
-    results = _load_reusable(fs, plan)
+    current = _load_manifest(fs).splits.get(split)
+    results = _load_reusable(fs, plan, current.version if current is not None else None)
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels)
+                      max_pixels=options.max_pixels, version=plan.version,
+                      max_image_bytes=options.max_image_bytes)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())
@@ -268,7 +294,8 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     ignored = [p for p in scan.problems if p.kind == "ignored"]
     index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored,
                          converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
-                                    "source": scan.source, "options": options.shaping()})
+                                    "source": scan.source, "options": options.shaping()},
+                         version=plan.version)
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started)
@@ -277,13 +304,13 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
 
 def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
                  converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
-                 ignored_counts: dict[str, int] | None = None) -> SplitIndex:
-    """After the last shard: drop stale shards, write the report, then the split index.
+                 version: str | None, ignored_counts: dict[str, int] | None = None) -> SplitIndex:
+    """After the last shard: write the report, then the split index of ``version`` (the token
+    in its shards' names, see :mod:`shardify.convert.versions`; None: format-1 names).
 
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
     index's ``ignored`` counts without a report line each.
     """
-    _remove_stale_shards(fs, split, len(ordered))
     _write_report(fs, report_name(split), list(skipped), list(ignored))
     counts = Counter(_reason_class(p.reason) for p in ignored)
     counts.update(ignored_counts or {})
@@ -295,29 +322,15 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
         converter=converter,
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(counts),
+        version=version,
     )
-    fs.write_atomic(index_name(split), json_bytes(index.to_json()))
+    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
     return index
 
 
 def _reason_class(reason: str) -> str:
     """A reason without its per-file details, for the counts in the index."""
     return reason.split(":", 1)[0].strip()
-
-
-def _remove_stale_shards(fs: OutputFS, split: str, count: int) -> None:
-    """Delete shards of ``split`` numbered ``count`` and up (left by an earlier, larger output)
-    and temporary files of unfinished shards."""
-    for name in fs.listdir():
-        if name.startswith(f"{split}-") and name.endswith(".tar"):
-            try:
-                name_split, index = parse_shard_name(name)
-            except ShardifyError:
-                continue
-            if name_split == split and index >= count:
-                fs.remove(name)
-        elif name.startswith(f".{split}-") and name.endswith(".tmp"):
-            fs.remove(name)
 
 
 def _write_report(fs: OutputFS, name: str, skipped: list[Ignored], ignored: list[Ignored]) -> None:

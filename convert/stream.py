@@ -35,9 +35,12 @@ class ShardStream:
     """
 
     def __init__(self, fs: OutputFS, split: str, *, shard_size: int | None, samples_per_shard: int | None,
-                 fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None) -> None:
+                 fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None,
+                 version: str | None = None) -> None:
         self.fs = fs
         self.split = split
+        self.version = version
+        """The version token in the shards' names (:mod:`shardify.convert.versions`)."""
         self.shard_size = shard_size
         self.samples_per_shard = samples_per_shard
         self.fsync = fsync
@@ -69,7 +72,7 @@ class ShardStream:
             write_members(out, key, members)
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.fs.location}/{shard_name(self.split, self.index)}: cannot write shard: "
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
                               f"{e.strerror or e}") from e
         self.samples += 1
         self.nbytes += size
@@ -79,11 +82,14 @@ class ShardStream:
         """Note an input that was not packed; it is reported with the shard being written."""
         self.skipped.append(problem)
 
+    def _name(self) -> str:
+        return shard_name(self.split, self.index, self.version)
+
     def _open(self) -> HashingWriter:
         try:
-            self._file = self.fs.open_write(temp_name(self.split, self.index))
+            self._file = self.fs.open_write(temp_name(self._name()))
         except OSError as e:
-            raise OutputError(f"{self.fs.location}/{temp_name(self.split, self.index)}: cannot create shard: "
+            raise OutputError(f"{self.fs.location}/{temp_name(self._name())}: cannot create shard: "
                               f"{e.strerror or e}") from e
         self._out = HashingWriter(self._file)
         return self._out
@@ -96,8 +102,8 @@ class ShardStream:
         out, f = self._out, self._file
         if out is None or f is None:
             return None
-        final = shard_name(self.split, self.index)
-        tmp = temp_name(self.split, self.index)
+        final = self._name()
+        tmp = temp_name(self._name())
         try:
             out.write(END_OF_ARCHIVE)
             self.fs.finish_write(f, fsync=self.fsync)
@@ -125,6 +131,6 @@ class ShardStream:
             except OSError:
                 pass
             try:
-                self.fs.remove(temp_name(self.split, self.index))
+                self.fs.remove(temp_name(self._name()))
             except OSError:
                 pass

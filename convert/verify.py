@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
+from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
+from shardify.convert.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import Manifest, SplitIndex
-from shardify.tarfmt import parse_shard_name, shard_name
+from shardify.tarfmt import shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
@@ -79,6 +80,8 @@ def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = N
             report.problems.append(Problem(split, None, None, str(e)))
             continue
         _verify_split(root, index, decode, report)
+    for name, why in stray_files(root):
+        report.problems.append(Problem("(dataset)", name, None, why))
     return report
 
 
@@ -87,8 +90,9 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
     keys: set[str] = set()
     problems = report.problems
     for i, entry in enumerate(index.shards):
-        if entry.url != shard_name(split, i):
-            problems.append(Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i)}"))
+        if entry.url != shard_name(split, i, index.version):
+            problems.append(Problem(split, entry.url, None,
+                                    f"shard {i} should be named {shard_name(split, i, index.version)}"))
         path = root / entry.url
         try:
             f = open(path, "rb")
@@ -101,7 +105,11 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
             try:
                 for sample in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
                     count += 1
-                    _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                    try:
+                        _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                    except Exception as e:  # any sample, however hostile, is a reported problem
+                        problems.append(Problem(split, entry.url, str(sample.get("__key__")),
+                                                f"cannot check the sample: {describe_error(e)}"))
                 while reader.read(1 << 20):
                     pass
             except ShardifyError as e:
@@ -114,13 +122,9 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
     for entry in os.scandir(root):
-        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
-            try:
-                name_split, i = parse_shard_name(entry.name)
-            except ShardifyError:
-                continue
-            if name_split == split and i >= len(index.shards):
-                problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
+        found = shard_of_split(entry.name, split)
+        if found is not None and found[0] == index.version and found[1] >= len(index.shards):
+            problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
 
 
@@ -146,6 +150,8 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
             json.loads(sample["json"])
         except ValueError as e:
             problems.append(Problem(split, shard, key, f"json member is not valid JSON: {e}"))
+        except RecursionError:
+            problems.append(Problem(split, shard, key, "json member is nested too deeply to parse"))
     if decode:
         for ext, data in sample.items():
             if ext in IMAGE_FIELDS or ext.rsplit(".", 1)[-1] in IMAGE_FIELDS:
@@ -174,6 +180,7 @@ def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
             "skipped": dict(index.skipped),
             "ignored": dict(index.ignored),
             "converter": index.converter,
+            "version": index.version,
         }
     return out
 

@@ -17,7 +17,8 @@ from PIL import Image
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
+from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, check_head, check_image, describe_error,
+                                    transcode_jpeg)
 from shardify.convert.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
@@ -43,6 +44,10 @@ class ShardTask:
     strict: bool
     fsync: bool
     max_pixels: int | None = None
+    version: str | None = None
+    """The plan's version token, in the shard's file name."""
+    max_image_bytes: int | None = None
+    """Image files larger than this are reported as too large, without being read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +61,9 @@ class ShardResult:
     skipped: tuple[Ignored, ...]
 
 
-def temp_name(split: str, index: int) -> str:
-    """The hidden name a shard is written under until it is whole."""
-    return f".{shard_name(split, index)}.tmp"
+def temp_name(final: str) -> str:
+    """The hidden name the shard ``final`` is written under until it is whole."""
+    return f".{final}.tmp"
 
 
 _JOIN_LIMIT = 1 << 20
@@ -103,7 +108,9 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         path = os.path.join(task.root, source.path)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = _read_image(f, task.max_image_bytes) if source.is_image else f.read()
+        except ImageCheckError as e:
+            raise InputError(str(e), path=source.path, key=key) from e
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror or e}", path=source.path, key=key) from e
         ext = source.ext
@@ -119,7 +126,7 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
                 try:
                     small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
                 except Exception as e:  # Pillow's decoder errors have many types
-                    raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=source.path, key=key) from e
+                    raise InputError(f"cannot transcode: {describe_error(e)}", path=source.path, key=key) from e
                 if small is not None:
                     data, ext = small, "jpg"
         members.append((ext, data))
@@ -131,14 +138,29 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
     return members
 
 
+def _read_image(f: BinaryIO, limit: int | None) -> bytes:
+    """The bytes of an image file, read whole only once its size is within ``limit`` and its
+    first bytes (:data:`SNIFF_BYTES`) may be an image, so junk costs bounded memory and time."""
+    size = os.fstat(f.fileno()).st_size
+    if limit is not None and size > limit:
+        raise ImageCheckError(f"too large: {size} bytes, over the limit of {limit} (--max-image-bytes)")
+    head = f.read(SNIFF_BYTES)
+    whole = len(head) < SNIFF_BYTES
+    check_head(head, whole=whole)
+    if whole:
+        return head
+    f.seek(0)
+    return f.read()
+
+
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
     plan = task.plan
     if task.max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = task.max_pixels
     fs = open_output(task.out_dir)
-    final = shard_name(task.split, plan.index)
-    tmp = temp_name(task.split, plan.index)
+    final = shard_name(task.split, plan.index, task.version)
+    tmp = temp_name(final)
     skipped: list[Ignored] = []
     fields: set[str] = set()
     written = 0

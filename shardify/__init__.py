@@ -11,5 +11,9 @@ from __future__ import annotations
 __all__ = ["__version__", "FORMAT_VERSION"]
 
 __version__ = "0.1.0"
-FORMAT_VERSION = 1
-"""Version of the shard layout and manifest schema; readers refuse newer versions."""
+FORMAT_VERSION = 2
+"""Version of the shard layout and manifest schema; readers refuse newer versions.
+
+1: shards `{split}-{index:06d}.tar`, index `{split}.json`. 2: every conversion has a version
+token in its file names (`{split}-{version}-{index:06d}.tar`, `{split}-{version}.json`), and
+the manifest names each split's version. Version 1 datasets still read."""

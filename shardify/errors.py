@@ -10,6 +10,7 @@ __all__ = [
     "ManifestError",
     "KeyRuleError",
     "ShardFormatError",
+    "DatasetVersionError",
     "InputError",
     "SampleError",
     "OutputExistsError",
@@ -71,6 +72,12 @@ class _AtShard(_Located):
 
 class ShardFormatError(_AtShard):
     """A shard is truncated, malformed, or not laid out as the format requires."""
+
+
+class DatasetVersionError(ShardFormatError):
+    """The version of a dataset a reader opened is gone: the dataset was converted again and
+    the old version's files were removed (``shardify gc``). The message names the dataset,
+    the split, the version read and the current one."""
 
 
 class InputError(_Located):

@@ -1,9 +1,13 @@
 """The manifest: one top-level ``manifest.json`` and one index per split, versioned.
 
-Each split index (``{split}.json``) is a ``wids-shard-index-v1`` file that
-``wids.ShardListDataset`` opens unmodified, plus a ``shardify`` section with our fields.
-Everything is written through a temporary file and :func:`os.replace`, the split index
-before the top-level manifest, so a split exists only once it is complete.
+Each split index is a ``wids-shard-index-v1`` file that ``wids.ShardListDataset`` opens
+unmodified, plus a ``shardify`` section with our fields. Every conversion of a split has a
+version token (format 2): its shards and its index (``{split}-{version}.json``) carry it in
+their names and are never rewritten with other bytes, so a reader that opened one version
+keeps reading it while the next is written. ``manifest.json`` names the current version of
+each split and is the only file that switches; ``{split}.json`` is a copy of the current
+index for wids. Everything is written through a temporary file and :func:`os.replace`, the
+index before the top-level manifest, so a split exists only once it is complete.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, BinaryIO
 
 from shardify import FORMAT_VERSION
 from shardify.errors import ManifestError
+from shardify.tarfmt import VERSION_CHARS
 
 __all__ = [
     "MANIFEST_NAME",
@@ -28,6 +33,7 @@ __all__ = [
     "Manifest",
     "index_name",
     "report_name",
+    "is_temp_name",
     "write_json_atomic",
     "write_bytes_atomic",
     "json_bytes",
@@ -40,14 +46,22 @@ WIDS_KIND = "wids-shard-index-v1"
 FORMAT_NAME = "shardify"
 
 
-def index_name(split: str) -> str:
-    """File name of a split's index, relative to the dataset directory."""
-    return f"{split}.json"
+def index_name(split: str, version: str | None = None) -> str:
+    """File name of a split's index, relative to the dataset directory: ``{split}-{version}.json``
+    for a version, ``{split}.json`` for the copy wids opens (and format 1)."""
+    return f"{split}-{version}.json" if version else f"{split}.json"
 
 
 def report_name(split: str) -> str:
     """File name of a split's report of skipped inputs (JSON lines)."""
     return f"{split}.report.jsonl"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is a temporary file of an unfinished write (never part of a dataset):
+    ``.{name}.{random}.tmp`` (:func:`write_bytes_atomic`), ``.{shard}.tmp`` (a shard being
+    written) or ``{name}.tmp-upload`` (an atomic write to object storage)."""
+    return (name.startswith(".") and name.endswith(".tmp")) or name.endswith(".tmp-upload")
 
 
 def _umask() -> int:
@@ -162,6 +176,8 @@ class SplitIndex:
     skipped: dict[str, int] = field(default_factory=dict)
     ignored: dict[str, int] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    version: str | None = None
+    """The conversion's version token (format 2); None for format 1 indexes."""
 
     @property
     def num_samples(self) -> int:
@@ -176,14 +192,16 @@ class SplitIndex:
         return sum(self.skipped.values())
 
     def to_json(self) -> dict[str, Any]:
+        ours: dict[str, Any] = {"format_version": self.format_version, "split": self.split}
+        if self.version is not None:
+            ours["version"] = self.version
         return {
             "__kind__": WIDS_KIND,
             "wids_version": 1,
             "name": self.split,
             "shardlist": [s.to_json() for s in self.shards],
             FORMAT_NAME: {
-                "format_version": self.format_version,
-                "split": self.split,
+                **ours,
                 "num_samples": self.num_samples,
                 "classes": list(self.classes),
                 "fields": list(self.fields),
@@ -208,6 +226,7 @@ class SplitIndex:
         if not all(isinstance(c, str) for c in classes):
             raise ManifestError(f"{where}: field 'classes' should be a list of str")
         fields = ours.get("fields", [])
+        token = _version_token(ours, where)
         shards = tuple(ShardEntry.from_json(s, source=source) for s in raw_shards)
         declared = ours.get("num_samples")
         index = cls(
@@ -219,6 +238,7 @@ class SplitIndex:
             skipped={str(k): int(v) for k, v in dict(ours.get("skipped", {})).items()},
             ignored={str(k): int(v) for k, v in dict(ours.get("ignored", {})).items()},
             format_version=version,
+            version=token,
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(
@@ -236,6 +256,16 @@ class SplitIndex:
         return cls.from_json(load_json(text, source=str(path)), source=str(path))
 
 
+def _version_token(obj: dict[str, Any], source: str) -> str | None:
+    """The optional ``version`` field: a version token, or None when absent (format 1)."""
+    if obj.get("version") is None:
+        return None
+    token = obj["version"]
+    if not isinstance(token, str) or len(token) != VERSION_CHARS or token.strip("0123456789abcdef"):
+        raise ManifestError(f"{source}: field 'version' should be {VERSION_CHARS} lowercase hex digits, found {token!r}")
+    return token
+
+
 @dataclass(frozen=True)
 class SplitRef:
     """The top-level manifest's entry for one split."""
@@ -244,9 +274,14 @@ class SplitRef:
     samples: int
     shards: int
     bytes: int
+    version: str | None = None
+    """The split's current version token (format 2); None in format 1 manifests."""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.version is None:
+            del out["version"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -281,6 +316,7 @@ class Manifest:
                 samples=_field(ref, "samples", int, where),
                 shards=_field(ref, "shards", int, where),
                 bytes=_field(ref, "bytes", int, where),
+                version=_version_token(ref, where),
             )
         return cls(splits=splits, format_version=version)
 
@@ -308,17 +344,24 @@ class Manifest:
             raise ManifestError(
                 f"{Path(directory) / MANIFEST_NAME}: no split {split!r}; splits: {sorted(self.splits)}"
             )
-        index = SplitIndex.load(Path(directory) / self.splits[split].index)
-        if index.split != split:
-            raise ManifestError(
-                f"{Path(directory) / self.splits[split].index}: field 'split' is {index.split!r}, "
-                f"the manifest lists it as {split!r}"
-            )
+        ref = self.splits[split]
+        index = SplitIndex.load(Path(directory) / ref.index)
+        self.check_index(split, index, source=str(Path(directory) / ref.index))
         return index
 
+    def check_index(self, split: str, index: SplitIndex, *, source: str) -> None:
+        """Raise ManifestError unless ``index`` is the one the manifest lists for ``split``."""
+        ref = self.splits[split]
+        if index.split != split:
+            raise ManifestError(f"{source}: field 'split' is {index.split!r}, the manifest lists it as {split!r}")
+        if index.version != ref.version:
+            raise ManifestError(f"{source}: field 'version' is {index.version!r}, the manifest lists "
+                                f"version {ref.version!r} for split {split!r}")
+
     def with_split(self, split: str, index: SplitIndex) -> Manifest:
-        ref = SplitRef(index=index_name(split), samples=index.num_samples,
-                       shards=len(index.shards), bytes=index.num_bytes)
+        """The manifest with ``split`` switched to ``index`` (its versioned index file)."""
+        ref = SplitRef(index=index_name(split, index.version), samples=index.num_samples,
+                       shards=len(index.shards), bytes=index.num_bytes, version=index.version)
         return Manifest(splits={**self.splits, split: ref}, format_version=FORMAT_VERSION)
 
     def without_split(self, split: str) -> Manifest:

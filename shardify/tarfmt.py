@@ -17,8 +17,11 @@ __all__ = [
     "END_OF_ARCHIVE",
     "MAX_MEMBER_SIZE",
     "MTIME",
+    "VERSION_CHARS",
     "shard_name",
     "parse_shard_name",
+    "shard_of_split",
+    "check_version_token",
     "padded_size",
     "member_size",
     "ustar_header",
@@ -34,6 +37,10 @@ MAX_MEMBER_SIZE = 8**11 - 1
 
 _SHARD_RE = re.compile(r"(?P<split>[A-Za-z0-9][A-Za-z0-9_-]*)-(?P<index>\d{6,})\.tar\Z")
 _SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+VERSION_CHARS = 12
+"""Hex digits of a dataset version token (the start of the conversion's plan fingerprint)."""
+_VERSION_RE = re.compile(r"[0-9a-f]{%d}\Z" % VERSION_CHARS)
+_TAIL_RE = re.compile(r"(?:(?P<version>[0-9a-f]{%d})-)?(?P<index>\d{6,})\.tar\Z" % VERSION_CHARS)
 
 
 def check_split_name(split: str) -> str:
@@ -43,11 +50,21 @@ def check_split_name(split: str) -> str:
     return split
 
 
-def shard_name(split: str, index: int) -> str:
-    """``{split}-{index:06d}.tar``: the file name of shard ``index`` of ``split``."""
+def check_version_token(version: str) -> str:
+    """Return ``version`` if it is a version token (12 lowercase hex digits), else raise KeyRuleError."""
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise KeyRuleError(f"version {version!r} should be {VERSION_CHARS} lowercase hex digits")
+    return version
+
+
+def shard_name(split: str, index: int, version: str | None = None) -> str:
+    """The file name of shard ``index`` of ``split``: ``{split}-{version}-{index:06d}.tar``
+    (format 2), or ``{split}-{index:06d}.tar`` without a version (format 1)."""
     if index < 0:
         raise ValueError(f"{index=} should be >= 0")
-    return f"{check_split_name(split)}-{index:06d}.tar"
+    if version is None:
+        return f"{check_split_name(split)}-{index:06d}.tar"
+    return f"{check_split_name(split)}-{check_version_token(version)}-{index:06d}.tar"
 
 
 def parse_shard_name(name: str) -> tuple[str, int]:
@@ -56,6 +73,15 @@ def parse_shard_name(name: str) -> tuple[str, int]:
     if not m:
         raise ShardFormatError("name is not '{split}-{index:06d}.tar'", shard=name)
     return m.group("split"), int(m.group("index"))
+
+
+def shard_of_split(name: str, split: str) -> tuple[str | None, int] | None:
+    """``(version, index)`` when ``name`` is a shard file name of ``split`` (version None for
+    format 1 names), else None."""
+    if not name.startswith(f"{split}-"):
+        return None
+    m = _TAIL_RE.match(name, len(split) + 1)
+    return (m.group("version"), int(m.group("index"))) if m else None
 
 
 def padded_size(size: int) -> int:

@@ -51,7 +51,7 @@ def test_two_ranks_same_steps_union_is_the_dataset(dataset: Path, tmp_path: Path
     assert "rank 0: epoch 0: 3 steps" in proc.stdout and "rank 1: epoch 0: 3 steps" in proc.stdout
     keys = [k for rank in (0, 1) for entry in _log(tmp_path, rank) for k in entry["keys"]]
     assert len(keys) == 24 and len(set(keys)) == 24
-    with_tar = subprocess.run(["tar", "tf", str(dataset / "train-000000.tar")], capture_output=True, text=True)
+    with_tar = subprocess.run(["tar", "tf", str(dataset / index["shardlist"][0]["url"])], capture_output=True, text=True)
     assert with_tar.returncode == 0
 
 

@@ -8,6 +8,11 @@ into a local file (streamed, retried, resumed; see :mod:`shardify.reader.io.remo
 Shards without a manifest (a list, or a brace pattern such as ``data-{000..099}.tar``;
 ``.tar``, ``.tar.gz`` and ``.tgz``, written by shardify, webdataset or GNU tar) are counted by
 scanning their headers once, and the counts are logged.
+
+A source from a manifest or split index is pinned to the dataset version it resolved
+(:attr:`Source.version`): a shard of that version that cannot be opened any more because
+the dataset was converted again and the old version removed raises
+:class:`~shardify.errors.DatasetVersionError` naming the dataset and both versions.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, BinaryIO
 
 import braceexpand
 
-from shardify.errors import ManifestError, ShardFormatError
+from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.reader.io.cache import FetchOptions, open_remote
 from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
@@ -80,6 +85,10 @@ class Source:
     unreadable: tuple[tuple[str, str], ...] = ()
     """``(url, reason)`` of listed shards left out because they could not be counted
     (missing, a directory, damaged), under ``skip_unreadable``."""
+    version: str | None = None
+    """The dataset version this source reads (from its split index; None: format 1 or a shard list)."""
+    dataset: str | None = None
+    """Where the dataset's ``manifest.json`` is (a folder or a URL), to tell a version that is gone."""
 
     @property
     def num_samples(self) -> int:
@@ -94,10 +103,47 @@ class Source:
         return {s.url: s for s in self.shards}
 
     def open_tar(self, url: str) -> tuple[BinaryIO, bool]:
-        """:func:`open_tar` for one of this source's shards, with its fetch options and checks."""
+        """:func:`open_tar` for one of this source's shards, with its fetch options and checks.
+
+        When the shard cannot be opened and the manifest now lists another version of the
+        split, raises :class:`DatasetVersionError` (the pinned version is gone)."""
         info = self._by_url.get(url)
-        return open_tar(url, fetch=self.fetch, filesize=info.filesize if info else None,
-                        sha256=info.sha256 if info else "")
+        try:
+            return open_tar(url, fetch=self.fetch, filesize=info.filesize if info else None,
+                            sha256=info.sha256 if info else "")
+        except (OSError, ShardFormatError) as e:
+            gone = self.version_gone(url)
+            if gone is not None:
+                raise gone from e
+            raise
+
+    def current_version(self) -> str | None:
+        """The version of this source's split that the dataset's manifest lists now."""
+        if self.dataset is None or self.split is None:
+            return None
+        if is_remote(self.dataset):
+            manifest = Manifest.from_json(_fetch_json(self.dataset, self.fetch, "manifest"), source=self.dataset)
+        else:
+            manifest = Manifest.load(self.dataset)
+        ref = manifest.splits.get(self.split)
+        return ref.version if ref is not None else None
+
+    def version_gone(self, url: str) -> DatasetVersionError | None:
+        """The error for a shard ``url`` that failed to open, when it failed because the version
+        this source pinned was replaced (None: same version, or no manifest to tell)."""
+        if self.dataset is None:
+            return None
+        try:
+            now = self.current_version()
+        except ManifestError:
+            return None
+        if now == self.version:
+            return None
+        return DatasetVersionError(
+            f"dataset {self.name}, split {self.split!r}: version {self.version or 'unversioned (format 1)'} "
+            f"that this reader opened is gone; the dataset was converted again and is now at version "
+            f"{now or 'unversioned'}. Make a new ShardedDataset to read version {now} (the epoch cannot "
+            "go on: its samples would mix two versions)", shard=url)
 
 
 def is_gzip(url: str) -> bool:
@@ -218,7 +264,9 @@ def resolve_source(
     if path.suffix == ".json":
         index = SplitIndex.load(path)
         _check_split(index, split, str(path))
-        return _from_index(index, str(path), name=str(path), fetch=fetch)
+        manifest_near = path.parent / MANIFEST_NAME
+        return _from_index(index, str(path), name=str(path), fetch=fetch,
+                           dataset=str(path.parent) if manifest_near.exists() else None)
     raise ManifestError(
         f"{text}: not a dataset directory, manifest.json, split index (.json) or tar shard "
         "(.tar, .tar.gz, .tgz, or a {a..b} pattern)"
@@ -242,7 +290,8 @@ def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> S
     manifest = Manifest.load(directory)
     split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
     index = manifest.load_split(directory, split)
-    return _from_index(index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch)
+    return _from_index(index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch,
+                       dataset=str(directory))
 
 
 def _fetch_json(url: str, fetch: FetchOptions, what: str) -> dict[str, Any]:
@@ -266,9 +315,8 @@ def _from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
         raise ManifestError(f"{top}: no split {split!r}; splits: {sorted(manifest.splits)}")
     index_url = join_url(top, manifest.splits[split].index)
     index = SplitIndex.from_json(_fetch_json(index_url, fetch, "split index"), source=index_url)
-    if index.split != split:
-        raise ManifestError(f"{index_url}: field 'split' is {index.split!r}, the manifest lists it as {split!r}")
-    return _from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch)
+    manifest.check_index(split, index, source=index_url)
+    return _from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
 
 
 def _shard_location(index_at: str, relative: str) -> str:
@@ -278,11 +326,12 @@ def _shard_location(index_at: str, relative: str) -> str:
     return str(Path(index_at).parent / relative)
 
 
-def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions) -> Source:
+def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions,
+                dataset: str | None = None) -> Source:
     shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
                              filesize=e.filesize, sha256=e.sha256) for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
-                  fields=index.fields, unique_keys=True, fetch=fetch)
+                  fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)
 
 
 def _count_or_error(url: str, fetch: FetchOptions) -> int | ShardFormatError:

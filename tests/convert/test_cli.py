@@ -38,6 +38,11 @@ def test_help_shows_an_example_for_each_input_kind(kind: str, example: str, caps
     assert example in capsys.readouterr().out
 
 
+def _shard(out: Path, i: int) -> Path:
+    """Shard ``i`` of the train split, named as the index lists it (names carry the version)."""
+    return out / json.loads((out / "train.json").read_text())["shardlist"][i]["url"]
+
+
 def test_exit_codes_info_and_verify(tmp_path: Path, make_image, capsys) -> None:
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
@@ -57,13 +62,13 @@ def test_exit_codes_info_and_verify(tmp_path: Path, make_image, capsys) -> None:
     assert info["splits"]["train"]["skipped"] == {"empty file": 1}
 
     assert main(["verify", str(out), "--decode"]) == EXIT_OK
-    shard = out / "train-000000.tar"
+    shard = _shard(out, 0)
     raw = bytearray(shard.read_bytes())
     raw[2000] ^= 0xFF
     shard.write_bytes(bytes(raw))
     capsys.readouterr()
     assert main(["verify", str(out)]) == EXIT_SKIPPED
-    assert "train/train-000000.tar: sha256 does not match" in capsys.readouterr().out
+    assert f"train/{shard.name}: sha256 does not match" in capsys.readouterr().out
     assert main(["info", str(tmp_path / "nowhere")]) == EXIT_ERROR
 
 
@@ -74,10 +79,11 @@ def test_verify_finds_truncation_count_and_stray_shards(tmp_path: Path, make_ima
         (src / f"{i}.jpg").write_bytes(make_image(seed=i))
     out = tmp_path / "out"
     main(["convert", "imagefolder", str(src.parent), str(out), "--quiet", "--samples-per-shard", "2"])
-    shard = out / "train-000001.tar"
+    shard = _shard(out, 1)
     shard.write_bytes(shard.read_bytes()[:1000])
-    (out / "train-000005.tar").write_bytes(b"")
+    stray = shard.name.replace("-000001.tar", "-000005.tar")
+    (out / stray).write_bytes(b"")
     assert main(["verify", str(out)]) == EXIT_SKIPPED
     text = capsys.readouterr().out
-    assert "train-000001.tar: shard train-000001.tar: truncated" in text
-    assert "train-000005.tar: shard file not listed in the index" in text
+    assert f"{shard.name}: shard {shard.name}: truncated" in text
+    assert f"{stray}: shard file not listed in the index" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.run import convert_imagefolder
+from shardify.convert.versions import collect_garbage
 from shardify.convert.synth import make_imagefolder
 from shardify.errors import OutputExistsError
 
@@ -71,7 +73,7 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(src, out, options=options(samples_per_shard=2))
     assert not (out / "manifest.json").exists()
-    damaged = out / "train-000001.tar"
+    damaged = next(out.glob("train-*-000001.tar"))
     raw = bytearray(damaged.read_bytes())
     raw[600:700] = bytes(b ^ 0xFF for b in raw[600:700])
     damaged.write_bytes(bytes(raw))
@@ -92,8 +94,14 @@ def test_finished_output_is_not_overwritten_without_flag(tmp_path: Path, options
     (src / "d.jpg").write_bytes(make_image(seed=4))
     result = convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=1))
     assert result.splits["train"].samples == 4
-    convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=3))
-    assert sorted(p.name for p in (tmp_path / "out").glob("train-*.tar")) == ["train-000000.tar", "train-000001.tar"]
+    result = convert_imagefolder(src.parent, tmp_path / "out", options=options(overwrite=True, samples_per_shard=3))
+    version = json.loads((tmp_path / "out" / "train.json").read_text())["shardify"]["version"]
+    listed = [f"train-{version}-000000.tar", f"train-{version}-000001.tar"]
+    assert [s["url"] for s in json.loads((tmp_path / "out" / "train.json").read_text())["shardlist"]] == listed
+    assert "shardify gc" in result.splits["train"].notes[-1]  # the earlier versions are kept for readers
+    assert len(list((tmp_path / "out").glob("train-*.tar"))) == 1 + 4 + 2
+    collect_garbage(tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").glob("train-*.tar")) == listed
 
 
 def test_two_splits_in_one_folder(tmp_path: Path, options, make_image) -> None:
@@ -105,3 +113,46 @@ def test_two_splits_in_one_folder(tmp_path: Path, options, make_image) -> None:
         (d / "a.jpg").write_bytes(make_image())
         convert_imagefolder(d.parent, tmp_path / "out", options=options(split=split))
     assert set(Manifest.load(tmp_path / "out").splits) == {"train", "validation"}
+
+
+# The CLI, killed with SIGKILL at one os.replace of the finalize: before or after renaming the
+# temporary file of ``argv[1]`` (``index``: the versioned split index) into place.
+KILL_AT = [sys.executable, "-c",
+           "import os, re, signal, sys\n"
+           "target, when = sys.argv.pop(1), sys.argv.pop(1)\n"
+           "real = os.replace\n"
+           "def hit(dst):\n"
+           "    name = os.path.basename(dst)\n"
+           "    return name == target or (target == 'index' and re.fullmatch(r'train-[0-9a-f]{12}\\.json', name))\n"
+           "def replace(src, dst, *a, **k):\n"
+           "    if hit(dst) and when == 'before': os.kill(os.getpid(), signal.SIGKILL)\n"
+           "    real(src, dst, *a, **k)\n"
+           "    if hit(dst) and when == 'after': os.kill(os.getpid(), signal.SIGKILL)\n"
+           "os.replace = replace\n"
+           "from shardify.convert.cli import main\n"
+           "sys.exit(main(sys.argv[1:]))\n"]
+
+
+@pytest.mark.parametrize("target, when", [("index", "before"), ("manifest.json", "before"),
+                                          ("manifest.json", "after"), ("train.json", "before")])
+def test_rerun_after_a_kill_in_the_finalize_cleans_up_and_finishes(tmp_path: Path, tree_bytes, capsys,
+                                                                  target: str, when: str) -> None:
+    from shardify.convert.cli import main
+
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=3, sizes=((48, 32),))
+    args = ["convert", "imagefolder", str(src), "OUT", "--samples-per-shard", "2", "--workers", "1", "--quiet"]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    subprocess.run([*CMD[:3], *[a if a != "OUT" else str(ref) for a in args]], check=True)
+    killed = subprocess.run([*KILL_AT, target, when, *[a if a != "OUT" else str(out) for a in args]])
+    assert killed.returncode == -signal.SIGKILL
+    assert (list(out.glob(".*.tmp")) != []) == (when == "before"), "the kill should leave the temp file"
+    if (out / "manifest.json").exists():  # verify tells what the kill left
+        capsys.readouterr()
+        assert main(["verify", str(out)]) == 3
+        text = capsys.readouterr().out
+        assert (".tmp: temporary file of an interrupted write" in text) == (when == "before"), text
+        assert ".shardify-work/: an interrupted conversion's work folder" in text, text
+    rerun = subprocess.run([*CMD[:3], *[a if a != "OUT" else str(out) for a in args]], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert tree_bytes(out) == tree_bytes(ref)  # every file: no temp file, no work folder left
+    assert main(["verify", str(out)]) == 0

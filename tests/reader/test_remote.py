@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import multiprocessing
 import pickle
 import re
@@ -35,7 +36,9 @@ from shardify.reader.io.sources import Source, resolve_source
 from shardify.reader.io.stream import ShardReader
 
 FAST = RetryPolicy(retries=3, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, chunk_bytes=1024)
-SHARD = "train-000001.tar"
+NAMES: list[str] = []
+"""The converted dataset's shard names (they carry its version token), set by ``dataset``."""
+SHARD = ""
 
 
 @dataclass
@@ -122,6 +125,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = make_imagefolder(base / "src", classes=3, per_class=6, sizes=((40, 32), (32, 40)))
     options = ConvertOptions(samples_per_shard=4, workers=1, progress=False)
     convert_imagefolder(src, base / "www" / "ds", options=options)
+    global SHARD
+    NAMES[:] = [s["url"] for s in json.loads((base / "www" / "ds" / "train.json").read_text())["shardlist"]]
+    SHARD = NAMES[1]
     return base / "www" / "ds"
 
 
@@ -171,14 +177,15 @@ def test_folder_manifest_and_index_urls_resolve_alike(dataset, server, spec):
     local = resolve_source(dataset, split="train")
     src = resolve_source(spec.format(url=url), split="train", retry=FAST)
     assert src.split == "train" and src.sizes == local.sizes == [4, 4, 4, 4, 2]
-    assert [s.url for s in src.shards] == [f"{url}/train-{i:06d}.tar" for i in range(5)]
+    assert [s.url for s in src.shards] == [f"{url}/{NAMES[i]}" for i in range(5)]
     assert [(s.filesize, s.sha256) for s in src.shards] == [(s.filesize, s.sha256) for s in local.shards]
     assert src.classes == local.classes
 
 
 def test_shard_pattern_url_without_manifest_is_counted_and_read(dataset, server):
     url, _ = server
-    src = resolve_source(url + "/train-{000000..000004}.tar", retry=FAST)
+    version = NAMES[0].split("-")[1]
+    src = resolve_source(url + f"/train-{version}-{{000000..000004}}.tar", retry=FAST)
     assert src.sizes == [4, 4, 4, 4, 2] and src.split is None
     assert keys_of(src) == keys_of(resolve_source(dataset))
 
@@ -207,7 +214,7 @@ def test_gzip_shards_over_http(dataset, server):
     url, _ = server
     (dataset.parent / "gz").mkdir(exist_ok=True)
     for i in range(5):
-        data = (dataset / f"train-{i:06d}.tar").read_bytes()
+        data = (dataset / NAMES[i]).read_bytes()
         (dataset.parent / "gz" / f"part-{i}.tgz").write_bytes(gzip.compress(data, mtime=0))
     src = resolve_source(url.replace("/ds", "/gz/part-{0..4}.tgz"), retry=FAST)
     assert src.sizes == [4, 4, 4, 4, 2] and keys_of(src) == keys_of(resolve_source(dataset))
@@ -284,27 +291,27 @@ def test_two_processes_sharing_a_cache_fetch_each_shard_once(dataset, server, tm
     want = keys_of(resolve_source(dataset))
     assert results == [want, want]
     shards = Counter(n for n, _, _ in faults.requests if n.endswith(".tar"))
-    assert shards == {f"train-{i:06d}.tar": 1 for i in range(5)}
+    assert shards == {NAMES[i]: 1 for i in range(5)}
     cache = ShardCache(tmp_path / "cache")
     assert len(cache.entries()) == 5 and not list((tmp_path / "cache").glob("*.part-*"))
 
 
 def test_cache_limit_keeps_the_most_recently_used(dataset, server, tmp_path):
     url, faults = server
-    sizes = [(dataset / f"train-{i:06d}.tar").stat().st_size for i in range(5)]
+    sizes = [(dataset / NAMES[i]).stat().st_size for i in range(5)]
     limit = sizes[4] + max(sizes[:4])
     src = resolve_source(url, retry=FAST, cache_dir=tmp_path / "c", cache_limit_bytes=limit)
     keys_of(src)
     cache = ShardCache(tmp_path / "c")
     kept = [p.name.split("-", 1)[1] for _, _, p in cache.entries()]
     assert sum(size for _, size, _ in cache.entries()) <= limit
-    assert kept == ["train-000003.tar", "train-000004.tar"]
+    assert kept == [NAMES[3], NAMES[4]]
     before = len(faults.requests)
     src.open_tar(src.shards[4].url)[0].close()  # a hit: no request
     assert len(faults.requests) == before
     src.open_tar(src.shards[0].url)[0].close()  # evicted: fetched again, 3 evicted now
-    assert faults.gets("train-000000.tar")[-1] == (None, 200) and len(faults.requests) == before + 1
-    assert [p.name.split("-", 1)[1] for _, _, p in cache.entries()] == ["train-000004.tar", "train-000000.tar"]
+    assert faults.gets(NAMES[0])[-1] == (None, 200) and len(faults.requests) == before + 1
+    assert [p.name.split("-", 1)[1] for _, _, p in cache.entries()] == [NAMES[4], NAMES[0]]
 
 
 def test_leftover_part_and_wrong_size_copies_are_never_used(dataset, server, tmp_path):
@@ -359,7 +366,7 @@ def test_fsspec_url_reads_like_local(dataset):
         fs.pipe(f"/remote-test/ds/{p.name}", p.read_bytes())
     try:
         src = resolve_source("memory://remote-test/ds", retry=FAST)
-        assert src.shards[0].url == "memory://remote-test/ds/train-000000.tar"
+        assert src.shards[0].url == f"memory://remote-test/ds/{NAMES[0]}"
         assert keys_of(src) == keys_of(resolve_source(dataset))
         with pytest.raises(ManifestError, match="memory://remote-test/none/manifest.json: cannot read"):
             resolve_source("memory://remote-test/none", retry=FAST)
@@ -397,7 +404,7 @@ def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset
         assert sum(len(labels) for _, labels in loader) == 18
     loader.close()
     shard_gets = Counter(n for n, _, _ in faults.requests if n.endswith(".tar"))
-    assert shard_gets == {f"train-{i:06d}.tar": 1 for i in range(5)}
+    assert shard_gets == {NAMES[i]: 1 for i in range(5)}
 
 
 def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, server):

@@ -1,0 +1,161 @@
+"""The versions in one output folder: which files are current, which belong to an unfinished
+conversion, which to earlier versions, and which are leftovers of a killed write.
+
+A conversion never deletes a version the manifest listed, because a reader may still be
+reading it (on this machine or another); ``shardify gc`` (:func:`collect_garbage`) removes
+earlier versions when the user says none is read any more. What no reader can be using is
+removed by the converter itself: temporary files, and the shards of an unfinished
+conversion that a different conversion replaced before it was ever listed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
+from shardify.errors import OutputError, ShardifyError
+from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, load_json,
+                               report_name)
+from shardify.tarfmt import VERSION_CHARS, shard_of_split
+
+__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "GcResult", "collect_garbage", "stray_files"]
+
+_INDEX_RE = re.compile(r"-(?P<version>[0-9a-f]{%d})\.json\Z" % VERSION_CHARS)
+
+
+def work_marker(split: str) -> str:
+    """The file naming the plan (fingerprint, version) an unfinished conversion of ``split`` writes."""
+    return f"{WORK_DIR}/{split}/plan.json"
+
+
+def read_marker(fs: OutputFS, split: str) -> dict[str, object] | None:
+    """The work marker of ``split``, or None when there is none or it is unreadable."""
+    name = work_marker(split)
+    if not fs.exists(name):
+        return None
+    try:
+        return load_json(fs.read_bytes(name), source=name)
+    except (ShardifyError, OSError):
+        return None
+
+
+@dataclass
+class FolderState:
+    """What each file directly under an output folder is (names relative to it)."""
+
+    manifest: Manifest
+    current: set[str] = field(default_factory=set)
+    """The manifest, the listed versions' indexes and shards, the wids copies and reports."""
+    in_progress: dict[str, str] = field(default_factory=dict)
+    """split -> the version an unfinished conversion is writing (its shards are kept)."""
+    old: dict[str, list[str]] = field(default_factory=dict)
+    """split -> files of its earlier versions, which readers opened before may still read."""
+    temp: list[str] = field(default_factory=list)
+    """Temporary files of writes that never finished."""
+
+    def old_versions(self, split: str) -> list[str]:
+        """The earlier versions of ``split`` still on disk (``"unversioned"`` for format 1 files)."""
+        found = set()
+        for name in self.old.get(split, []):
+            shard = shard_of_split(name, split)
+            if shard is not None:
+                found.add(shard[0] or "unversioned")
+            elif m := _INDEX_RE.search(name):
+                found.add(m.group("version"))
+        return sorted(found)
+
+
+def _old_version_of(name: str, split: str) -> str | None:
+    """The version (or ``""`` for format 1) of a shard or versioned index file of ``split``."""
+    shard = shard_of_split(name, split)
+    if shard is not None:
+        return shard[0] or ""
+    if name.startswith(f"{split}-") and (m := _INDEX_RE.match(name, len(split))) is not None:
+        return m.group("version")
+    return None
+
+
+def folder_state(fs: OutputFS) -> FolderState:
+    """Classify the files of the output folder ``fs`` against its manifest and work folder."""
+    manifest = Manifest(splits={})
+    if fs.exists(MANIFEST_NAME):
+        where = f"{fs.location}/{MANIFEST_NAME}"
+        manifest = Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
+    state = FolderState(manifest=manifest, current={MANIFEST_NAME} if fs.exists(MANIFEST_NAME) else set())
+    for split, ref in manifest.splits.items():
+        state.current.update({ref.index, index_name(split), report_name(split)})
+        where = f"{fs.location}/{ref.index}"
+        try:
+            index = SplitIndex.from_json(load_json(fs.read_bytes(ref.index), source=where), source=where)
+        except (ShardifyError, OSError) as e:
+            raise OutputError(f"{where}: cannot read the index of split {split!r}: {e}") from e
+        state.current.update(s.url for s in index.shards if "/" not in s.url and "://" not in s.url)
+    splits = set(manifest.splits)
+    for split in fs.entries(WORK_DIR):
+        marker = read_marker(fs, split)
+        if marker is not None and isinstance(marker.get("version"), str):
+            state.in_progress[split] = str(marker["version"])
+            splits.add(split)
+    for name in fs.listdir():
+        if is_temp_name(name):
+            state.temp.append(name)
+            continue
+        if name in state.current:
+            continue
+        for split in splits:
+            version = _old_version_of(name, split)
+            if version is not None and version != state.in_progress.get(split):
+                state.old.setdefault(split, []).append(name)
+                break
+    return state
+
+
+@dataclass
+class GcResult:
+    """What ``shardify gc`` removed (or, with ``dry_run``, would remove)."""
+
+    removed: list[str]
+    bytes: int
+    kept_in_progress: dict[str, str]
+
+
+def collect_garbage(out: str | os.PathLike[str], *, dry_run: bool = False) -> GcResult:
+    """Remove earlier versions and leftovers from the dataset folder ``out``.
+
+    Only run it when no reader still uses an earlier version: a reader whose version is gone
+    raises :class:`~shardify.errors.DatasetVersionError`. Files of the versions the manifest
+    lists, and shards of an unfinished conversion (which its rerun resumes), are kept.
+    """
+    fs = open_output(out)
+    if not fs.exists(MANIFEST_NAME) and not fs.entries(WORK_DIR):
+        raise OutputError(f"{fs.location}: no {MANIFEST_NAME}; not a shardify dataset folder")
+    lock = OutputLock(fs)
+    try:
+        state = folder_state(fs)
+        names = sorted(state.temp + [n for files in state.old.values() for n in files])
+        total = 0
+        for name in names:
+            try:
+                total += fs.size(name)
+            except OSError:
+                continue
+            if not dry_run:
+                fs.remove(name)
+        return GcResult(removed=names, bytes=total, kept_in_progress=dict(state.in_progress))
+    finally:
+        lock.release()
+
+
+def stray_files(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``(name, why)`` for what an interrupted conversion left in the local dataset folder
+    ``root``: temporary files, and a work folder. Empty while a conversion is running there."""
+    if is_locked(root):
+        return []
+    fs = open_output(root)
+    found = [(name, "temporary file of an interrupted write; rerunning the conversion or `shardify gc` "
+                    "removes it") for name in fs.listdir() if is_temp_name(name)]
+    if [n for n in fs.entries(WORK_DIR) if n != "lock"]:
+        found.append((f"{WORK_DIR}/", "an interrupted conversion's work folder; rerun the same command to finish it"))
+    return found
