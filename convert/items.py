@@ -36,6 +36,7 @@ from shardify.convert.plan import shuffle_order
 from shardify.convert.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
 from shardify.convert.run import WORK_DIR, SplitSummary, finish_split, open_locked, publish_splits, record_name
 from shardify.convert.stream import ShardStream, sample_size
+from shardify.convert.versions import begin_version, listed_version
 from shardify.convert.writer import ShardResult
 from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
 from shardify.manifest import json_bytes, load_json
@@ -214,6 +215,8 @@ class _Run:
         self._end = 0
         self.open = _Open(start=0)
         self._filtered_counts: list[int] = []
+        self.version: str | None = None
+        """The version token of the split being written (set when the run starts)."""
 
     def run(self) -> SplitSummary:
         started = time.monotonic()
@@ -225,7 +228,7 @@ class _Run:
         self.pos = resume_at
         self.open = _Open(start=resume_at)
         stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                             fsync=o.fsync, first=len(reused), on_shard=self._finished)
+                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version)
         bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
                           done_bytes=sum(r.filesize for r in self.results))
         runner = ChunkRunner(self.fn, o.values, o.classes)
@@ -306,16 +309,7 @@ class _Run:
     def _load_records(self, fingerprint: str) -> list[dict[str, Any]]:
         """Records of the finished shards of an earlier run of the same call, from shard 0 on."""
         split = self.o.split
-        marker = f"{WORK_DIR}/{split}/plan.json"
-        if self.fs.exists(marker):
-            try:
-                same = load_json(self.fs.read_bytes(marker), source=marker).get("fingerprint") == fingerprint
-            except ShardifyError:
-                same = False
-            if not same:
-                self.fs.remove_tree(f"{WORK_DIR}/{split}")
-        self.fs.makedirs(f"{WORK_DIR}/{split}")
-        self.fs.write_atomic(marker, json_bytes({"fingerprint": fingerprint, "kind": "items"}))
+        self.version = begin_version(self.fs, split, fingerprint, listed=listed_version(self.fs, split), kind="items")
         have = set(self.fs.listdir(f"{WORK_DIR}/{split}"))
         records: list[dict[str, Any]] = []
         while (name := record_name(split, len(records))).rsplit("/", 1)[1] in have:

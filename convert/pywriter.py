@@ -10,6 +10,8 @@ An exception inside the block leaves no finished split.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +24,7 @@ from shardify.convert.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, parse_size
 from shardify.convert.outfs import OutputFS
 from shardify.convert.run import SplitSummary, finish_split, open_locked, publish_splits
+from shardify.convert.versions import begin_version, listed_version
 from shardify.convert.stream import ShardStream, sample_size
 from shardify.convert.values import ValueOptions, encode_sample, sample_key
 from shardify.convert.writer import ShardResult
@@ -135,8 +138,14 @@ class ShardWriter:
             raise RuntimeError("this ShardWriter is already open")
         o = self.options
         self._fs, self._lock = open_locked(self.out, [o.split], overwrite=o.overwrite)
+        try:
+            version = begin_version(self._fs, o.split, _fingerprint(o), listed=listed_version(self._fs, o.split),
+                                    kind="writer")
+        except BaseException:
+            self._release()
+            raise
         self._stream = ShardStream(self._fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                                   fsync=o.fsync, on_shard=self._results.append)
+                                   fsync=o.fsync, on_shard=self._results.append, version=version)
         self._started = time.monotonic()
 
     def write(self, sample: Mapping[str, object]) -> str:
@@ -214,3 +223,11 @@ def split_summary(index: SplitIndex, skipped: Sequence[Ignored], *, reused: int,
                         skipped=list(skipped), ignored=dict(index.ignored), notes=[], reused_shards=reused,
                         seconds=seconds)
 
+
+def _fingerprint(o: WriteOptions) -> str:
+    """What makes a ShardWriter's output: the format, the converter and the shaping options.
+    The samples come later, so a rewrite with other samples gets a new version by chaining
+    (:func:`~shardify.convert.versions.begin_version`)."""
+    return hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__, "writer": "python",
+                                      "options": o.shaping(), "classes": list(o.classes)},
+                                     sort_keys=True).encode()).hexdigest()

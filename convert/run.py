@@ -32,12 +32,12 @@ from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
 from shardify.convert.plan import SplitPlan, plan_split
-from shardify.convert.versions import folder_state, read_marker, work_marker
+from shardify.convert.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
 from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name,
                                is_temp_name, json_bytes, load_json, report_name)
-from shardify.tarfmt import check_split_name, shard_of_split
+from shardify.tarfmt import check_split_name
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
            "open_locked", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
@@ -92,13 +92,6 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
     return convert_scans(scans, out, options=options)
 
 
-def _load_manifest(fs: OutputFS) -> Manifest:
-    if not fs.exists(MANIFEST_NAME):
-        return Manifest(splits={})
-    where = f"{fs.location}/{MANIFEST_NAME}"
-    return Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
-
-
 def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool,
                 finishing: Callable[[OutputFS, Manifest, str], bool] = lambda fs, manifest, split: False,
                 ) -> tuple[OutputFS, OutputLock]:
@@ -118,7 +111,7 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     lock = OutputLock(fs)
     try:
         _remove_temp_files(fs)
-        manifest = _load_manifest(fs)
+        manifest = load_manifest(fs)
         finished = [s for s in splits if s in manifest.splits and not finishing(fs, manifest, s)]
         if finished and not overwrite:
             raise OutputExistsError(
@@ -135,7 +128,7 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
 def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
     """Switch ``manifest.json`` (written last) to the finished splits' versions, then write the
     unversioned copy of each index that wids opens and drop the splits' work folders."""
-    manifest = _load_manifest(fs)
+    manifest = load_manifest(fs)
     for split, index in indexes.items():
         manifest = manifest.with_split(split, index)
     fs.sync_root()
@@ -216,21 +209,7 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
 
     An unfinished run of another plan is dropped, with its shards unless its version is
     ``current`` (the manifest's): a version never listed was never read by anyone."""
-    marker = work_marker(plan.split)
-    found = read_marker(fs, plan.split)
-    if found is not None and found.get("fingerprint") != plan.fingerprint:
-        abandoned = found.get("version")
-        if isinstance(abandoned, str) and abandoned != current:
-            for name in fs.listdir():
-                shard = shard_of_split(name, plan.split)
-                if shard is not None and shard[0] == abandoned:
-                    fs.remove(name)
-        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
-    elif found is None and fs.exists(marker):
-        fs.remove_tree(f"{WORK_DIR}/{plan.split}")
-    fs.makedirs(f"{WORK_DIR}/{plan.split}")
-    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "version": plan.version,
-                                        "shards": len(plan.shards)}))
+    begin_version(fs, plan.split, plan.fingerprint, listed=current, version=plan.version, shards=len(plan.shards))
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
     for shard in plan.shards:
@@ -263,7 +242,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
         bad = [p for p in scan.problems if p.kind == "skipped"]
         if bad:
             raise InputError(bad[0].reason, path=bad[0].path)
-    current = _load_manifest(fs).splits.get(split)
+    current = load_manifest(fs).splits.get(split)
     results = _load_reusable(fs, plan, current.version if current is not None else None)
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
@@ -311,6 +290,7 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
     index's ``ignored`` counts without a report line each.
     """
+    remove_stale_shards(fs, split, version, len(ordered))
     _write_report(fs, report_name(split), list(skipped), list(ignored))
     counts = Counter(_reason_class(p.reason) for p in ignored)
     counts.update(ignored_counts or {})

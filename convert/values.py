@@ -22,13 +22,14 @@ from __future__ import annotations
 import io
 import json
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardify.errors import EncodeError, KeyRuleError
+from shardify import npy
+from shardify.errors import ArrayFormatError, EncodeError, KeyRuleError
 from shardify.keys import check_ext, key_from_name
 
 __all__ = ["ValueOptions", "encode_array", "encode_value", "encode_sample", "sample_key", "ORIGINAL_KEY_FIELD"]
@@ -52,33 +53,17 @@ class ValueOptions:
             raise ValueError(f"quality={self.quality} should be in 1..100")
 
 
-_NPY_HEADERS: dict[tuple[str, tuple[int, ...], bool], bytes] = {}
-
-
 def encode_array(array: np.ndarray) -> bytes:
-    """The ``.npy`` bytes of ``array`` (format 1.0, or 2.0 for huge headers); object dtypes refused.
+    """The ``.npy`` bytes of ``array`` through :func:`shardify.npy.encode_array` (the one ``.npy``
+    encoder: C order, deterministic for equal values); object arrays refused as :class:`EncodeError`."""
+    return _as_npy(npy.encode_array, array)
 
-    The one place arrays are serialized: the bytes depend only on dtype, shape, memory order
-    (C, or Fortran for F-contiguous arrays) and values. Headers are cached per (dtype, shape).
-    """
-    if array.dtype.hasobject:
-        raise EncodeError(f"arrays of dtype {array.dtype} hold Python objects and would be pickled; "
-                          "store them as JSON or convert them to a numeric dtype")
-    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
-    cache_key = (array.dtype.str if array.dtype.names is None else repr(array.dtype.descr), array.shape, fortran)
-    header = _NPY_HEADERS.get(cache_key)
-    if header is None:
-        buf = io.BytesIO()
-        d = np.lib.format.header_data_from_array_1_0(array)
-        try:
-            np.lib.format.write_array_header_1_0(buf, d)
-        except ValueError:  # header over 64 KiB (many-field structured dtypes)
-            buf = io.BytesIO()
-            np.lib.format.write_array_header_2_0(buf, d)
-        header = buf.getvalue()
-        if len(_NPY_HEADERS) < 4096:
-            _NPY_HEADERS[cache_key] = header
-    return header + array.tobytes(order="F" if fortran else "C")
+
+def _as_npy(encode: Callable[[Any], bytes], value: Any) -> bytes:
+    try:
+        return encode(value)
+    except ArrayFormatError as e:
+        raise EncodeError(f"{e}; store such values as JSON or convert them to a numeric dtype") from e
 
 
 def _encode_tensor_pt(tensor: Any) -> bytes:
@@ -94,14 +79,6 @@ def _encode_tensor_pt(tensor: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(t, buf)
     return buf.getvalue()
-
-
-def _tensor_to_numpy(tensor: Any) -> np.ndarray:
-    t = tensor.detach().cpu()
-    try:
-        return t.numpy()
-    except TypeError as e:  # bfloat16 and other dtypes numpy lacks
-        raise EncodeError(f"a {t.dtype} tensor has no numpy dtype; store it in a 'pt' field") from e
 
 
 def _is_tensor(value: object) -> bool:
@@ -165,7 +142,7 @@ def encode_value(field: str, value: object, options: ValueOptions) -> bytes:
         if kind in ("pt", "pth"):
             return _encode_tensor_pt(value)
         if kind == "npy":
-            return encode_array(_tensor_to_numpy(value))
+            return _as_npy(npy.encode_tensor, value)
     elif _is_pil(value) and kind in _IMAGE_FORMATS:
         return _encode_image(value, kind, options)
     raise EncodeError(f"cannot store a {type(value).__module__}.{type(value).__qualname__} here: "

@@ -10,17 +10,19 @@ conversion that a different conversion replaced before it was ever listed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 
 from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
 from shardify.errors import OutputError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, load_json,
+from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, json_bytes, load_json,
                                report_name)
 from shardify.tarfmt import VERSION_CHARS, shard_of_split
 
-__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "GcResult", "collect_garbage", "stray_files"]
+__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "load_manifest", "listed_version",
+           "begin_version", "remove_stale_shards", "GcResult", "collect_garbage", "stray_files"]
 
 _INDEX_RE = re.compile(r"-(?P<version>[0-9a-f]{%d})\.json\Z" % VERSION_CHARS)
 
@@ -39,6 +41,59 @@ def read_marker(fs: OutputFS, split: str) -> dict[str, object] | None:
         return load_json(fs.read_bytes(name), source=name)
     except (ShardifyError, OSError):
         return None
+
+
+def load_manifest(fs: OutputFS) -> Manifest:
+    """The output folder's manifest (empty when there is none yet)."""
+    if not fs.exists(MANIFEST_NAME):
+        return Manifest(splits={})
+    where = f"{fs.location}/{MANIFEST_NAME}"
+    return Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
+
+
+def listed_version(fs: OutputFS, split: str) -> str | None:
+    """The version of ``split`` the manifest lists (None: not listed, or format 1)."""
+    entry = load_manifest(fs).splits.get(split)
+    return entry.version if entry is not None else None
+
+
+def begin_version(fs: OutputFS, split: str, fingerprint: str, *, listed: str | None,
+                  version: str | None = None, **marker: object) -> str:
+    """Start or resume writing ``split`` for the conversion ``fingerprint``; return its version token.
+
+    A work marker with the same fingerprint is an interrupted run of this conversion: its
+    version and records are kept, so the rerun resumes. The work of any other unfinished
+    conversion is dropped, with its shards unless its version is ``listed`` (the manifest's,
+    which readers may be reading). ``version`` defaults to a token of the fingerprint chained
+    with ``listed``, for writers whose plan is not known before their samples (ShardWriter,
+    convert_items): writing a split again never reuses the names of the version a reader has.
+    """
+    found = read_marker(fs, split)
+    if found is not None and found.get("fingerprint") == fingerprint and isinstance(found.get("version"), str):
+        return str(found["version"])
+    if found is not None:
+        abandoned = found.get("version")
+        if isinstance(abandoned, str) and abandoned != listed:
+            for name in fs.listdir():
+                shard = shard_of_split(name, split)
+                if shard is not None and shard[0] == abandoned:
+                    fs.remove(name)
+    if found is not None or fs.exists(work_marker(split)):
+        fs.remove_tree(f"{WORK_DIR}/{split}")
+    if version is None:
+        version = hashlib.sha256(f"{fingerprint}:{listed or ''}".encode()).hexdigest()[:VERSION_CHARS]
+    fs.makedirs(f"{WORK_DIR}/{split}")
+    fs.write_atomic(work_marker(split), json_bytes({"fingerprint": fingerprint, "version": version, **marker}))
+    return version
+
+
+def remove_stale_shards(fs: OutputFS, split: str, version: str | None, count: int) -> None:
+    """Delete shards of ``version`` of ``split`` numbered ``count`` and up: an interrupted run of
+    the same unlisted version that had written more shards than this one."""
+    for name in fs.listdir():
+        shard = shard_of_split(name, split)
+        if shard is not None and shard[0] == version and shard[1] >= count:
+            fs.remove(name)
 
 
 @dataclass
@@ -79,10 +134,7 @@ def _old_version_of(name: str, split: str) -> str | None:
 
 def folder_state(fs: OutputFS) -> FolderState:
     """Classify the files of the output folder ``fs`` against its manifest and work folder."""
-    manifest = Manifest(splits={})
-    if fs.exists(MANIFEST_NAME):
-        where = f"{fs.location}/{MANIFEST_NAME}"
-        manifest = Manifest.from_json(load_json(fs.read_bytes(MANIFEST_NAME), source=where), source=where)
+    manifest = load_manifest(fs)
     state = FolderState(manifest=manifest, current={MANIFEST_NAME} if fs.exists(MANIFEST_NAME) else set())
     for split, ref in manifest.splits.items():
         state.current.update({ref.index, index_name(split), report_name(split)})

@@ -46,9 +46,9 @@ def test_bytes_are_identical_for_one_and_two_workers_and_match_shardwriter(tmp_p
                 continue
             if sample is not None:
                 w.write({"__key__": f"{i:09d}", **sample})
-    shards = sorted(p.name for p in (tmp_path / "w1").glob("*.tar"))
-    assert shards == sorted(p.name for p in (tmp_path / "sw").glob("*.tar"))
-    assert all((tmp_path / "w1" / s).read_bytes() == (tmp_path / "sw" / s).read_bytes() for s in shards)
+    # (the names differ: each writer's version token comes from its own fingerprint)
+    shards = [[p.read_bytes() for p in sorted((tmp_path / d).glob("*.tar"))] for d in ("w1", "sw")]
+    assert len(shards[0]) == 11 and shards[0] == shards[1]
 
 
 def test_a_failing_fn_is_reported_with_index_repr_and_error(tmp_path: Path) -> None:
