@@ -56,6 +56,8 @@ class ConvertOptions:
     progress: bool = True
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    allow_empty: bool = False
+    """Finish a split even when no sample was written (every input skipped); else an error."""
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.samples_per_shard is None:

@@ -19,6 +19,7 @@ from shardify.convert.engine import ProgressBar, run_local
 from shardify.convert.ids import scan_ids
 from shardify.convert.imagefolder import scan_imagefolder
 from shardify.convert.inputs import Ignored, Scan
+from shardify.convert.labels import int_labels
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.outfs import LocalFS, OutputFS, open_output
@@ -47,6 +48,8 @@ class SplitSummary:
     notes: list[str]
     reused_shards: int
     seconds: float
+    noted: list[Ignored] = field(default_factory=list)
+    """Inputs packed with a decoder warning (in the report as ``note``)."""
 
 
 @dataclass
@@ -123,6 +126,9 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
     fs = open_output(out)
     try:
         fs.makedirs()
+    except (FileExistsError, NotADirectoryError) as e:
+        raise OutputError(f"{fs.location}: the output is a file (or lies under a file), not a folder; "
+                          "give the path of a folder to create or fill") from e
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
     lock = _Lock(fs)
@@ -191,7 +197,8 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
                 reusable[shard.index] = ShardResult(
                     index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
-                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
+                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
+                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])))
         except (ShardifyError, OSError, KeyError, TypeError, ValueError):
             continue
     return reusable
@@ -200,7 +207,8 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
 def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
     fs.write_atomic(_record_name(split, r.index), json_bytes({
         "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
-        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
+        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped],
+        "notes": [[s.path, s.reason] for s in r.notes]}))
 
 
 def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
@@ -239,21 +247,27 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     _remove_stale_shards(fs, split, len(ordered))
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
-    _write_report(fs, report_name(split), skipped, ignored)
+    notes = [n for r in ordered for n in r.notes]
+    _write_report(fs, report_name(split), skipped, ignored + notes)
     index = SplitIndex(
         split=split,
         shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
         classes=tuple(scan.classes),
         fields=tuple(sorted({f for r in ordered for f in r.fields})),
         converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
-                   "source": scan.source, "options": options.shaping()},
+                   "source": scan.source, "options": options.shaping(), **int_labels(scan)},
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(Counter(_reason_class(p.reason) for p in ignored)),
     )
+    if index.num_samples == 0 and not options.allow_empty:
+        raise InputError(
+            f"split {split!r}: no sample was written ({len(skipped)} skipped, {len(ignored)} ignored; reasons in "
+            f"{fs.location}/{report_name(split)}); nothing was marked finished. Pass --allow-empty "
+            "(allow_empty=True) to write an empty split", path=scan.root)
     fs.write_atomic(index_name(split), json_bytes(index.to_json()))
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
-                           reused_shards=reused, seconds=time.monotonic() - started)
+                           reused_shards=reused, seconds=time.monotonic() - started, noted=notes)
     return summary, index
 
 

@@ -14,10 +14,11 @@ from typing import BinaryIO, Protocol
 
 from PIL import Image
 
+from shardify.convert.capture import decoder_messages
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import ImageCheckError, check_image, transcode_jpeg
+from shardify.convert.sniff import ImageCheckError, check_image, sniff_ext, transcode_jpeg
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
@@ -53,6 +54,8 @@ class ShardResult:
     sha256: str
     fields: tuple[str, ...]
     skipped: tuple[Ignored, ...]
+    notes: tuple[Ignored, ...] = ()
+    """Inputs packed with decoder warnings (kind ``note``), for the report."""
 
 
 def temp_name(split: str, index: int) -> str:
@@ -74,8 +77,10 @@ class _HashingWriter:
         self.size += len(data)
 
 
-def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[tuple[str, bytes]]:
-    """The (extension, bytes) members of one sample, sorted; raises InputError to skip it."""
+def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask,
+             notes: list[Ignored]) -> list[tuple[str, bytes]]:
+    """The (extension, bytes) members of one sample, sorted; raises InputError to skip it.
+    Decoder warnings about an input are appended to ``notes``."""
     members: list[tuple[str, bytes]] = [("json", meta)]
     if spec.label is not None:
         members.append(("cls", str(spec.label).encode("ascii")))
@@ -89,17 +94,15 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         ext = source.ext
         if source.is_image:
             try:
-                info = check_image(data, full=task.check_full)
-            except ImageCheckError as e:
-                raise InputError(str(e), path=source.path, key=key) from e
-            ext = info.ext
-            if task.max_side is not None:
-                try:
-                    small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
-                except Exception as e:  # Pillow's decoder errors have many types
-                    raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=source.path, key=key) from e
-                if small is not None:
-                    data, ext = small, "jpg"
+                with decoder_messages(native=sniff_ext(data) == "tiff") as messages:
+                    data, ext = _image_member(data, source.path, key, task)
+            except InputError as e:
+                if messages:
+                    raise InputError(f"{e.reason} (decoder said: {' | '.join(messages)})",
+                                     path=source.path, key=key) from e
+                raise
+            if messages:
+                notes.append(Ignored(source.path, "decoder said: " + " | ".join(messages), "note"))
         members.append((ext, data))
     members.extend(spec.inline)
     members.sort(key=lambda m: m[0])
@@ -107,6 +110,23 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
         if a[0] == b[0]:
             raise InputError(f"two files would be stored as field {a[0]!r}", path=spec.identity, key=key)
     return members
+
+
+def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[bytes, str]:
+    """Check (and maybe transcode) one image; ``(bytes, extension)`` to store."""
+    try:
+        info = check_image(data, full=task.check_full)
+    except ImageCheckError as e:
+        raise InputError(str(e), path=path, key=key) from e
+    ext = info.ext
+    if task.max_side is not None:
+        try:
+            small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
+        except Exception as e:  # Pillow's decoder errors have many types
+            raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=path, key=key) from e
+        if small is not None:
+            data, ext = small, "jpg"
+    return data, ext
 
 
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
@@ -118,6 +138,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
     final = shard_name(task.split, plan.index)
     tmp = temp_name(task.split, plan.index)
     skipped: list[Ignored] = []
+    notes: list[Ignored] = []
     fields: set[str] = set()
     written = 0
     try:
@@ -126,7 +147,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
             for sample in plan.samples:
                 before = out.size
                 try:
-                    members = _members(sample.spec, sample.key, sample.meta, task)
+                    members = _members(sample.spec, sample.key, sample.meta, task, notes)
                 except InputError as e:
                     if task.strict:
                         raise
@@ -151,7 +172,8 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
         _discard(fs, tmp)
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
-                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped))
+                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped),
+                       notes=tuple(notes))
 
 
 def _discard(fs: OutputFS, name: str) -> None:

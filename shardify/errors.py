@@ -8,10 +8,12 @@ from __future__ import annotations
 __all__ = [
     "ShardifyError",
     "ManifestError",
+    "SplitRequiredError",
     "KeyRuleError",
     "ShardFormatError",
     "InputError",
     "SampleError",
+    "FieldError",
     "OutputExistsError",
     "OutputError",
     "WorkerError",
@@ -24,6 +26,20 @@ class ShardifyError(Exception):
 
 class ManifestError(ShardifyError):
     """A manifest or split index is missing, malformed or inconsistent."""
+
+
+class SplitRequiredError(ManifestError):
+    """A dataset holds several splits and none was chosen; ``splits`` lists them.
+
+    The message names the Python argument (``split=``); the CLI names its ``--split`` flag.
+    """
+
+    def __init__(self, where: str, splits: list[str]) -> None:
+        self.where, self.splits = where, list(splits)
+        super().__init__(f"{where}: pass split=...; splits: {self.splits}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.where, self.splits))
 
 
 class KeyRuleError(ShardifyError):
@@ -86,6 +102,10 @@ class InputError(_Located):
 
 class SampleError(_AtShard):
     """A sample could not be decoded or transformed while reading."""
+
+
+class FieldError(ShardifyError, ValueError):
+    """The fields asked of a dataset are not among those its split holds (checked when it is built)."""
 
 
 class OutputExistsError(ShardifyError):
