@@ -79,7 +79,15 @@ def skip_bytes(f: BinaryIO, n: int) -> int:
     return done
 
 
-def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str) -> bytes:
+def _key_of(name: str) -> str | None:
+    """The sample key of member ``name``, or None when it has none (for locating damage)."""
+    try:
+        return split_member_name(name)[0]
+    except KeyRuleError:
+        return None
+
+
+def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str, key: str | None = None) -> bytes:
     """Read exactly ``n`` bytes, growing memory only with bytes that really arrive."""
     if n <= _CHUNK:
         data = f.read(n)
@@ -93,7 +101,7 @@ def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str) -> bytes:
             got += len(part)
         data = b"".join(parts)
     if len(data) != n:
-        raise ShardFormatError(f"truncated: {what} needs {n} bytes, only {len(data)} left", shard=shard)
+        raise ShardFormatError(f"truncated: {what} needs {n} bytes, only {len(data)} left", shard=shard, key=key)
     return data
 
 
@@ -247,21 +255,24 @@ def _walk(
             total = data_len + (-data_len % BLOCK)
             if problem:
                 if on_bad_member is None:
-                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard)
+                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard,
+                                           key=_key_of(name))
                 on_bad_member(name, problem)
             if skip_bytes(f, total) != total:
-                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
+                                       key=_key_of(name))
             offset += total
             continue
         total = size + (-size % BLOCK)
         data_offset = offset
         if read_data:
-            data = _read_exact(f, size, shard=shard, what=f"member {name!r}")
+            data = _read_exact(f, size, shard=shard, what=f"member {name!r}", key=_key_of(name))
             skip = total - size
         else:
             data, skip = b"", total
         if skip and skip_bytes(f, skip) != skip:
-            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
+                                   key=_key_of(name))
         offset += total
         yield Member(name, data, member_offset, data_offset, size)
 
@@ -342,18 +353,27 @@ def iter_samples(
     A sample is ``{"__key__": key, "__shard__": shard, "__offset__": first header offset,
     ext: bytes, ...}``. A name without a dot, a field repeated within a sample, or a key
     that comes back after another key raises ShardFormatError (or goes to ``on_bad_member``).
+    When the archive is damaged after the last member read so far of a sample, that sample
+    is yielded before the error is raised, unless the error names its key (the damage is in
+    one of its own members). A damaged header cannot be told apart from the next sample's,
+    so the sample before it counts as whole (a member it lacks then fails as a missing field).
     """
     current: dict[str, object] | None = None
-    for item in _grouped(members, shard=shard, on_bad_member=on_bad_member):
-        if item is None:
-            if current is not None:
-                yield current
-            current = None
-            continue
-        key, field, m = item
-        if current is None:
-            current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
-        current[field] = m.data
+    try:
+        for item in _grouped(members, shard=shard, on_bad_member=on_bad_member):
+            if item is None:
+                if current is not None:
+                    yield current
+                current = None
+                continue
+            key, field, m = item
+            if current is None:
+                current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
+            current[field] = m.data
+    except ShardFormatError as e:
+        if current is not None and e.key != current["__key__"]:
+            yield current  # read in full before the damage; the error comes at the next request
+        raise
 
 
 @dataclass(frozen=True, slots=True)
