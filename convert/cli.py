@@ -92,7 +92,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("transcode")
     g.add_argument("--max-side", type=int, default=None,
                    help="downscale images whose longer side exceeds this and re-encode them as JPEG")
-    g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side (default: 90)")
+    g.add_argument("--image-format", choices=("keep", "jpg", "png"), default="keep",
+                   help="keep: each image in its own format (default); jpg: re-encode the others as JPEG "
+                        "(lossy, at --quality); png: re-encode the others as PNG (lossless, larger). "
+                        "One image field for readers that take a single extension (Hugging Face datasets)")
+    g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side and --image-format jpg (default: 90)")
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -160,7 +164,7 @@ def _options(args: argparse.Namespace) -> Any:
         quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
-        allow_empty=args.allow_empty)
+        allow_empty=args.allow_empty, image_format=args.image_format)
 
 
 def _human(n: float) -> str:

@@ -56,6 +56,9 @@ class ConvertOptions:
     progress: bool = True
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    image_format: Literal["keep", "jpg", "png"] = "keep"
+    """``keep`` each image's own format, or store every image as ``jpg`` (non-JPEGs re-encoded
+    at ``quality``) or ``png`` (lossless), so all samples have the same image field."""
     allow_empty: bool = False
     """Finish a split even when no sample was written (every input skipped); else an error."""
 
@@ -76,6 +79,8 @@ class ConvertOptions:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
         if self.engine not in ("local", "ray"):
             raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
+        if self.image_format not in ("keep", "jpg", "png"):
+            raise ValueError(f"image_format={self.image_format!r} should be 'keep', 'jpg' or 'png'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 
@@ -99,7 +104,8 @@ class ConvertOptions:
             "seed": self.seed,
             "check": self.check,
             "max_side": self.max_side,
-            "quality": self.quality if self.max_side is not None else None,
+            "quality": self.quality if self.max_side is not None or self.image_format == "jpg" else None,
+            "image_format": self.image_format,
             "max_pixels": self.max_pixels,
             "follow_symlinks": self.follow_symlinks,
             "num_classes": self.num_classes,

@@ -223,7 +223,7 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels)
+                      max_pixels=options.max_pixels, image_format=options.image_format)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())

@@ -18,7 +18,8 @@ from shardify.convert.capture import decoder_messages
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import ImageCheckError, check_image, sniff_ext, transcode_jpeg
+from shardify.convert.imageformat import reencode
+from shardify.convert.sniff import ImageCheckError, ImageInfo, check_image, sniff_ext, transcode_jpeg
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
@@ -43,6 +44,8 @@ class ShardTask:
     strict: bool
     fsync: bool
     max_pixels: int | None = None
+    image_format: str = "keep"
+    """``keep``, or ``jpg``/``png``: every image stored in that format (see ``imageformat``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,15 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
             raise InputError(f"cannot transcode: {type(e).__name__}: {e}", path=path, key=key) from e
         if small is not None:
             data, ext = small, "jpg"
+            info = ImageInfo("jpg", info.width, info.height, "RGB")
+    if task.image_format != "keep":
+        try:
+            same = reencode(data, info, image_format=task.image_format, quality=task.quality)  # type: ignore[arg-type]
+        except Exception as e:  # Pillow's decoder errors have many types
+            raise InputError(f"cannot re-encode as {task.image_format}: {type(e).__name__}: {e}",
+                             path=path, key=key) from e
+        if same is not None:
+            data, ext = same
     return data, ext
 
 

@@ -327,7 +327,8 @@ def _grouped(
             if last is not None:
                 yield None
                 last = None
-            problem = "key appears again after other keys (duplicate or non-adjacent members)" if key in seen else None
+            problem = ("key appears again after other keys (duplicate or non-adjacent members; "
+                       "GNU tar keeps a sample's members together with `tar --sort=name`)") if key in seen else None
         if problem is not None:
             if on_bad_member is None:
                 raise ShardFormatError(problem, shard=shard, key=key)
