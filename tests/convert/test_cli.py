@@ -79,5 +79,5 @@ def test_verify_finds_truncation_count_and_stray_shards(tmp_path: Path, make_ima
     (out / "train-000005.tar").write_bytes(b"")
     assert main(["verify", str(out)]) == EXIT_SKIPPED
     text = capsys.readouterr().out
-    assert "train-000001.tar: shard train-000001.tar: truncated" in text
+    assert "train-000001.tar: shard train-000001.tar, key 'c__" in text and ": truncated: member" in text
     assert "train-000005.tar: shard file not listed in the index" in text
