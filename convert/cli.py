@@ -2,7 +2,7 @@
 
 Exit codes: 0 done; 1 error (nothing marked finished); 2 bad usage; 3 done, but some
 inputs were skipped as bad (listed in ``{split}.report.jsonl``) or ``verify`` found problems.
-Importing this module does not import torch: only ``bench`` loads the reader.
+Importing this module does not import torch: only ``bench`` and ``show`` load the reader.
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ Exit code 3 when a problem is found (each one printed with its shard and key).""
   shardify bench out/imagenet --no-webdataset --epochs 3 --json
 
 A split without images is measured for reading only (the output says what is not measured).""",
+    "show": """examples:
+  shardify show out/imagenet --split validation -o sheet.png
+  shardify show out/imagenet --split train --augment --views 4 -n 16 -o train-views.png
+
+Each cell: the stored image with its key and label (class name and index); with --augment,
+then the training transform's output for epochs 0, 1, ... side by side. A split without
+images prints a text summary of its samples instead.""",
     "imagefolder": """example:
   shardify convert imagefolder ~/data/imagenet/train out/imagenet --split train
   shardify convert imagefolder ~/data/imagenet/val   out/imagenet --split validation
@@ -152,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=224, help="crop size of RandomResizedCrop (default: 224)")
     p.add_argument("--no-webdataset", action="store_true", help="skip the side-by-side webdataset run")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("show", help="draw samples of a dataset into a PNG contact sheet (labels, keys, augmentation)",
+                       epilog=_EXAMPLES["show"], formatter_class=fmt)
+    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("--split", default=None, help="default: the only split, or train")
+    p.add_argument("-n", type=int, default=64, help="samples to show, spread over the split (default: 64)")
+    p.add_argument("-o", "--output", default="sheet.png", help="PNG to write (default: sheet.png)")
+    p.add_argument("--augment", action="store_true",
+                   help="also show the training transform's views (RandomResizedCrop --size + flip)")
+    p.add_argument("--views", type=int, default=4, help="augmented views per sample with --augment (default: 4)")
+    p.add_argument("--size", type=int, default=224, help="crop size of the augmentation (default: 224)")
+    p.add_argument("--tile", type=int, default=128, help="pixels per image in the sheet (default: 128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the augmentation, as in training (default: 0)")
     return parser
 
 
@@ -268,11 +287,28 @@ def _bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _show(args: argparse.Namespace) -> int:
+    from shardify.reader.bench import bench_source
+    from shardify.reader.sample import transforms as T
+    from shardify.reader.show import contact_sheet
+
+    source = bench_source(args.dataset, args.split)
+    transform = T.imagenet_train(args.size) if args.augment else None
+    sheet = contact_sheet(source, n=args.n, transform=transform, views=args.views, tile=args.tile, seed=args.seed)
+    print(sheet.text)
+    if sheet.image is None:
+        print("shardify: no images in this split: printed a text summary, wrote no picture", file=sys.stderr)
+        return EXIT_OK
+    sheet.save(args.output)
+    print(f"wrote {args.output} ({sheet.image.width}x{sheet.image.height})")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; return the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"convert": _convert, "info": _info, "verify": _verify, "bench": _bench}
+    commands = {"convert": _convert, "info": _info, "verify": _verify, "bench": _bench, "show": _show}
     try:
         code = commands[args.command](args)
         sys.stdout.flush()  # here, so a closed pipe is met inside the try
