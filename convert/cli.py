@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5, help="epochs to stream (default: 5)")
     p.add_argument("--size", type=int, default=224, help="crop size of RandomResizedCrop (default: 224)")
     p.add_argument("--no-webdataset", action="store_true", help="skip the side-by-side webdataset run")
+    p.add_argument("--fast-decode", action="store_true",
+                   help="decode JPEGs with libjpeg-turbo's fast IDCT and upsampling in (a) and (b) "
+                        "(the fast-vs-exact ratio and pixel difference are always reported)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("show", help="draw samples of a dataset into a PNG contact sheet (labels, keys, augmentation)",
                        epilog=_EXAMPLES["show"], formatter_class=fmt)
@@ -282,7 +285,8 @@ def _bench(args: argparse.Namespace) -> int:
     from shardify.reader.bench import format_bench, run_bench
 
     result = run_bench(args.dataset, split=args.split, batch_size=args.batch_size, num_workers=args.workers,
-                       epochs=args.epochs, image_size=args.size, compare_webdataset=not args.no_webdataset)
+                       epochs=args.epochs, image_size=args.size, compare_webdataset=not args.no_webdataset,
+                       fast_decode=args.fast_decode)
     print(json.dumps(result, indent=1, default=str) if args.json else format_bench(result))
     return EXIT_OK
 

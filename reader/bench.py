@@ -11,7 +11,9 @@ fresh loader; (e) memory (PSS) of the main process and its workers after each ep
 shuffle quality, the mean distance in the original order between consecutive samples,
 against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone). The CLI's ``shardify bench`` and ``tools/bench_read.py``
-call it. A split without images gets (b), (d), (e) and (f) on its default fields, and the
+call it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
+and upsampling) against the exact path, in alternating passes of one run, and reports how
+far its pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its default fields, and the
 result says which figures it cannot measure (``not_measured``).
 """
 
@@ -187,16 +189,17 @@ def run_bench(
     compare_webdataset: bool = True,
     shuffle_buffer: int = 1024,
     shuffle_block: int = 64,
+    fast_decode: bool = False,
 ) -> dict[str, Any]:
     """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
     from shardify.reader.sample import transforms as T
     from shardify.reader.sample.decode import decode_image
 
     source = bench_source(dataset, split)
-    transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
+    transform = T.Compose([T.RandomResizedCrop(image_size, fast_decode=fast_decode), T.RandomHorizontalFlip()])
     result: dict[str, Any] = {"dataset": str(dataset), "split": source.split, "samples": source.num_samples,
                               "shards": len(source.shards), "batch_size": batch_size,
-                              "num_workers": num_workers, "image_size": image_size}
+                              "num_workers": num_workers, "image_size": image_size, "fast_decode": fast_decode}
     encoded = _encoded_images(source, single_limit)
     if not encoded:
         return _run_without_images(result, source, epochs=epochs, shuffle_buffer=shuffle_buffer,
@@ -214,6 +217,7 @@ def run_bench(
         for _, data in encoded:
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
+        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)
     finally:
         torch.set_num_threads(threads)
     if num_workers > 1:
@@ -278,6 +282,33 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
     del loader, ds
     _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     return result
+
+
+def fast_decode_figures(encoded: list[tuple[str, bytes]], image_size: int, *, passes: int = 3) -> dict[str, float]:
+    """``fast_decode=True`` against the exact path on the same crops: images/s of each (the
+    better of ``passes`` alternating passes, so load hits both alike), their ratio, and the
+    pixel difference of the outputs (mean and max absolute, in 0..255 levels; share of
+    values that differ)."""
+    from shardify.reader.sample import transforms as T
+
+    exact = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
+    fast = T.Compose([T.RandomResizedCrop(image_size, fast_decode=True), T.RandomHorizontalFlip()])
+    best = {"exact": 0.0, "fast": 0.0}
+    for _ in range(passes):
+        for name, t in (("exact", exact), ("fast", fast)):
+            best[name] = max(best[name], len(encoded) / _decode_all(encoded, t)[1])
+    total = differ = count = 0
+    worst = 0
+    for key, data in encoded:
+        a = T.run_image_transform(exact, data, rng=sample_rng(0, 1, key))
+        b = T.run_image_transform(fast, data, rng=sample_rng(0, 1, key))
+        d = (a.to(torch.int16) - b.to(torch.int16)).abs()  # type: ignore[union-attr]
+        total += int(d.sum())
+        differ += int((d > 0).sum())
+        count += d.numel()
+        worst = max(worst, int(d.max()))
+    return {"exact_ips": best["exact"], "fast_ips": best["fast"], "ratio": best["fast"] / best["exact"],
+            "mean_abs_diff": total / max(1, count), "max_abs_diff": float(worst), "share_differing": differ / max(1, count)}
 
 
 def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
@@ -351,6 +382,11 @@ def format_bench(r: dict[str, Any]) -> str:
         ("(a) single process, fast path", f"{r['single_process_ips']:.0f} images/s"),
         ("    single process, plain PIL", f"{r['single_process_plain_ips']:.0f} images/s"),
     ]
+    fd = r.get("fast_decode_vs_exact")
+    if fd:
+        rows.append(("    fast IDCT (fast_decode=True)", f"{fd['ratio']:.2f} x the exact path ({fd['fast_ips']:.0f} vs "
+                     f"{fd['exact_ips']:.0f} images/s); pixels off by {fd['mean_abs_diff']:.2f} on average, "
+                     f"{fd['max_abs_diff']:.0f} at most (0..255), {100 * fd['share_differing']:.0f}% differ"))
     if r.get("independent_processes_ips"):
         rows.append((f"    {w} bare processes at once", f"{r['independent_processes_ips']:.0f} images/s = "
                      f"{r['independent_vs_2x_single']:.2f} x {w} x (a)  (this machine's ceiling for (b))"))
