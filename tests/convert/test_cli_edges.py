@@ -32,7 +32,7 @@ def _convert(src: Path, out: Path, *extra: str) -> int:
 @pytest.mark.parametrize("argv", [
     pytest.param([], id="top"), pytest.param(["convert"], id="convert"), pytest.param(["info"], id="info"),
     pytest.param(["verify"], id="verify"), pytest.param(["bench"], id="bench"),
-    pytest.param(["convert", "imagefolder"], id="imagefolder"),
+    pytest.param(["convert", "imagefolder"], id="imagefolder"), pytest.param(["show"], id="show"),
 ])
 def test_every_help_has_an_example(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit):
@@ -157,3 +157,10 @@ def test_decoder_chatter_goes_to_the_report_not_the_terminal(tmp_path: Path, mak
     assert report["c/bad.tiff"]["kind"] == "skipped"
     assert "More samples per pixel than can be decoded: 65535" in report["c/bad.tiff"]["reason"]
     assert json.loads((out / "manifest.json").read_text())["splits"]["train"]["samples"] == 2
+
+
+def test_image_format_flag_stores_one_image_field(tmp_path: Path, make_image) -> None:
+    src = _folder(tmp_path / "src", make_image, {"c/a.JPEG": make_image(seed=1), "c/b.JPEG": make_image("PNG", seed=2)})
+    for fmt, fields in (("keep", ["cls", "jpg", "json", "png"]), ("jpg", ["cls", "jpg", "json"])):
+        assert _convert(src, tmp_path / fmt, "--image-format", fmt) == EXIT_OK
+        assert json.loads((tmp_path / fmt / "train.json").read_text())["shardify"]["fields"] == fields
