@@ -35,6 +35,7 @@ from shardify.reader.plan.shuffle import sample_rng, stream_rng, worker_order
 from shardify.errors import SplitRequiredError
 from shardify.reader.io.sources import ShardInfo, Source, resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader.bench_decode import fast_decode_figures
 from shardify.reader.sample.fields import output_fields
 
 __all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids", "bench_source"]
@@ -217,7 +218,7 @@ def run_bench(
         for _, data in encoded:
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
-        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)
+        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see bench_decode
     finally:
         torch.set_num_threads(threads)
     if num_workers > 1:
@@ -282,36 +283,6 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
     del loader, ds
     _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     return result
-
-
-def fast_decode_figures(encoded: list[tuple[str, bytes]], image_size: int, *, passes: int = 3) -> dict[str, float]:
-    """``fast_decode=True`` against the exact path on the same crops: images per CPU second of
-    each (this process's CPU time, so other load on the machine counts less; the better of
-    ``passes`` alternating passes, so what load remains hits both alike), their ratio, and the
-    pixel difference of the outputs (mean and max absolute, in 0..255 levels; share of
-    values that differ)."""
-    from shardify.reader.sample import transforms as T
-
-    exact = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
-    fast = T.Compose([T.RandomResizedCrop(image_size, fast_decode=True), T.RandomHorizontalFlip()])
-    best = {"exact": 0.0, "fast": 0.0}
-    for _ in range(passes):
-        for name, t in (("exact", exact), ("fast", fast)):
-            c0 = time.process_time()
-            _decode_all(encoded, t)
-            best[name] = max(best[name], len(encoded) / max(time.process_time() - c0, 1e-9))
-    total = differ = count = 0
-    worst = 0
-    for key, data in encoded:
-        a = T.run_image_transform(exact, data, rng=sample_rng(0, 1, key))
-        b = T.run_image_transform(fast, data, rng=sample_rng(0, 1, key))
-        d = (a.to(torch.int16) - b.to(torch.int16)).abs()  # type: ignore[union-attr]
-        total += int(d.sum())
-        differ += int((d > 0).sum())
-        count += d.numel()
-        worst = max(worst, int(d.max()))
-    return {"exact_ips": best["exact"], "fast_ips": best["fast"], "ratio": best["fast"] / best["exact"],
-            "mean_abs_diff": total / max(1, count), "max_abs_diff": float(worst), "share_differing": differ / max(1, count)}
 
 
 def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
