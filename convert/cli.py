@@ -2,25 +2,67 @@
 
 Exit codes: 0 done; 1 error (nothing marked finished); 2 bad usage; 3 done, but some
 inputs were skipped as bad (listed in ``{split}.report.jsonl``) or ``verify`` found problems.
-Importing this module does not import torch: only ``bench`` loads the reader.
+Importing this module does not import torch: only ``bench`` and ``show`` load the reader.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from shardify import __version__
-from shardify.errors import ShardifyError
+from shardify.errors import ShardifyError, SplitRequiredError
 
 __all__ = ["main", "entrypoint", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 
 _EXAMPLES = {
+    "shardify": """examples:
+  shardify convert imagefolder ~/data/imagenet/train out/imagenet --split train
+  shardify info out/imagenet
+  shardify verify out/imagenet
+  shardify bench out/imagenet --split train
+  shardify show out/imagenet --split validation -o sheet.png
+
+`shardify COMMAND --help` shows each command's options and examples.""",
+    "convert": """examples:
+  shardify convert imagefolder ~/data/imagenet/train out/imagenet --split train
+  shardify convert ids data/ out/mydata --partition partition.json --labels labels.json
+  shardify convert listing train.jsonl out/mydata
+  shardify convert python mymodule:make_sample items.jsonl out/tokens
+
+`shardify convert KIND --help` shows each kind's options and examples.""",
+    "info": """examples:
+  shardify info out/imagenet
+  shardify info out/imagenet --json | jq '.splits.train.samples'""",
+    "verify": """examples:
+  shardify verify out/imagenet
+  shardify verify out/imagenet --split validation --decode
+
+Exit code 3 when a problem is found (each one printed with its shard and key).""",
+    "bench": """examples:
+  shardify bench out/imagenet --split train --workers 8 --batch-size 256
+  shardify bench out/imagenet --no-webdataset --epochs 3 --json
+
+A split without images is measured for reading only (the output says what is not measured).""",
+    "gc": """examples:
+  shardify gc out/imagenet --dry-run
+  shardify gc out/imagenet
+
+Run it when no reader still uses an earlier version (a reader whose version is gone raises
+DatasetVersionError naming both versions; it never reads wrong samples).""",
+    "show": """examples:
+  shardify show out/imagenet --split validation -o sheet.png
+  shardify show out/imagenet --split train --augment --views 4 -n 16 -o train-views.png
+
+Each cell: the stored image with its key and label (class name and index); with --augment,
+then the training transform's output for epochs 0, 1, ... side by side. A split without
+images prints a text summary of its samples instead.""",
     "imagefolder": """example:
   shardify convert imagefolder ~/data/imagenet/train out/imagenet --split train
   shardify convert imagefolder ~/data/imagenet/val   out/imagenet --split validation
@@ -53,12 +95,15 @@ function raises is skipped and listed in OUT/<split>.report.jsonl (--strict: sto
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--split", default="train", help="split name (default: train; listing: for rows without a split)")
+    g.add_argument("--split", default=None,
+                   help="split name (default: train; listing: for rows without a split; ids: not used)")
     g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
     g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sample order (default: 0)")
     g.add_argument("--no-shuffle", action="store_true", help="keep the input order instead of a seeded shuffle")
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
+    g.add_argument("--allow-empty", action="store_true",
+                   help="finish a split even if every input was skipped (default: that is an error, exit 1)")
     g = p.add_argument_group("checks")
     g.add_argument("--check", choices=("header", "full"), default="header",
                    help="header: format, size, mode and completeness (default); full: decode every image")
@@ -72,7 +117,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("transcode")
     g.add_argument("--max-side", type=int, default=None,
                    help="downscale images whose longer side exceeds this and re-encode them as JPEG")
-    g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side (default: 90)")
+    g.add_argument("--image-format", choices=("keep", "jpg", "png"), default="keep",
+                   help="keep: each image in its own format (default); jpg: re-encode the others as JPEG "
+                        "(lossy, at --quality); png: re-encode the others as PNG (lossless, larger). "
+                        "One image field for readers that take a single extension (Hugging Face datasets)")
+    g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side and --image-format jpg (default: 90)")
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -131,12 +180,14 @@ def _convert_python(args: argparse.Namespace) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardify", description="Pack datasets into tar shards; stream them into PyTorch.")
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="shardify", description="Pack datasets into tar shards; stream them into PyTorch.",
+                                     epilog=_EXAMPLES["shardify"], formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"shardify {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    conv = sub.add_parser("convert", help="convert a dataset into shards", description="Convert a dataset into shards.")
+    conv = sub.add_parser("convert", help="convert a dataset into shards", description="Convert a dataset into shards.",
+                          epilog=_EXAMPLES["convert"], formatter_class=fmt)
     kinds = conv.add_subparsers(dest="kind", required=True, metavar="KIND")
-    fmt = argparse.RawDescriptionHelpFormatter
     p = kinds.add_parser("imagefolder", help="SRC/<class>/<image> folders", epilog=_EXAMPLES["imagefolder"], formatter_class=fmt)
     p.add_argument("src", metavar="SRC")
     p.add_argument("out", metavar="OUT")
@@ -162,10 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="ITEMS.jsonl")
     p.add_argument("out", metavar="OUT")
     _python_args(p)
-    p = sub.add_parser("info", help="describe a dataset: splits, samples, shards, bytes, classes")
+    p = sub.add_parser("info", help="describe a dataset: splits, samples, shards, bytes, classes",
+                       epilog=_EXAMPLES["info"], formatter_class=fmt)
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p = sub.add_parser("verify", help="check checksums, counts and naming of every shard")
+    p = sub.add_parser("verify", help="check checksums, counts and naming of every shard",
+                       epilog=_EXAMPLES["verify"], formatter_class=fmt)
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", action="append", default=None, help="only this split (repeatable)")
     p.add_argument("--decode", action="store_true", help="also decode every image and parse every label")
@@ -173,10 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gc", help="remove earlier versions of a dataset's splits, once no reader uses them",
                        description="Remove the files of earlier versions of each split (kept by `convert "
                                    "--overwrite` for readers that opened them) and leftovers of killed runs. "
-                                   "A reader still on a removed version raises DatasetVersionError.")
+                                   "A reader still on a removed version raises DatasetVersionError.",
+                       epilog=_EXAMPLES["gc"], formatter_class=fmt)
     p.add_argument("dataset", metavar="OUT")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")
-    p = sub.add_parser("bench", help="measure reading speed of a dataset (decode + augment + batch)")
+    p = sub.add_parser("bench", help="measure reading speed of a dataset (decode + augment + batch)",
+                       epilog=_EXAMPLES["bench"], formatter_class=fmt)
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", default=None, help="default: the only split, or train")
     p.add_argument("--batch-size", type=int, default=64)
@@ -184,7 +239,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5, help="epochs to stream (default: 5)")
     p.add_argument("--size", type=int, default=224, help="crop size of RandomResizedCrop (default: 224)")
     p.add_argument("--no-webdataset", action="store_true", help="skip the side-by-side webdataset run")
+    p.add_argument("--fast-decode", action="store_true",
+                   help="decode JPEGs with libjpeg-turbo's fast IDCT and upsampling in (a) and (b) "
+                        "(the fast-vs-exact ratio and pixel difference are always reported)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("show", help="draw samples of a dataset into a PNG contact sheet (labels, keys, augmentation)",
+                       epilog=_EXAMPLES["show"], formatter_class=fmt)
+    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("--split", default=None, help="default: the only split, or train")
+    p.add_argument("-n", type=int, default=64, help="samples to show, spread over the split (default: 64)")
+    p.add_argument("-o", "--output", default="sheet.png", help="PNG to write (default: sheet.png)")
+    p.add_argument("--augment", action="store_true",
+                   help="also show the training transform's views (RandomResizedCrop --size + flip)")
+    p.add_argument("--views", type=int, default=4, help="augmented views per sample with --augment (default: 4)")
+    p.add_argument("--size", type=int, default=224, help="crop size of the augmentation (default: 224)")
+    p.add_argument("--tile", type=int, default=128, help="pixels per image in the sheet (default: 128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the augmentation, as in training (default: 0)")
     return parser
 
 
@@ -192,12 +262,13 @@ def _options(args: argparse.Namespace) -> Any:
     from shardify.convert.options import ConvertOptions, parse_size
 
     return ConvertOptions(
-        split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
+        split=args.split or "train", shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, max_image_bytes=parse_size(args.max_image_bytes),
         follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
-        fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address)
+        fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
+        allow_empty=args.allow_empty, image_format=args.image_format)
 
 
 def _human(n: float) -> str:
@@ -211,6 +282,10 @@ def _human(n: float) -> str:
 def _convert(args: argparse.Namespace) -> int:
     from shardify.convert import run
 
+    if args.kind == "ids" and args.split is not None:
+        print("shardify: error: convert ids takes its splits from --partition; --split is not used there",
+              file=sys.stderr)
+        return EXIT_USAGE
     options = _options(args) if args.kind != "python" else None
     if args.kind == "python":
         result = _convert_python(args)
@@ -228,11 +303,15 @@ def _convert(args: argparse.Namespace) -> int:
               f"in {s.seconds:.1f} s; {len(s.skipped)} skipped, {ignored} ignored", file=sys.stderr)
         for note in s.notes:
             print(f"  note: {note}", file=sys.stderr)
+        for n in s.noted[:3]:
+            print(f"  note: {n.path}: {n.reason}", file=sys.stderr)
+        if len(s.noted) > 3:
+            print(f"  ... {len(s.noted) - 3} more inputs with decoder warnings", file=sys.stderr)
         for p in s.skipped[:10]:
             print(f"  skipped {p.path}: {p.reason}", file=sys.stderr)
         if len(s.skipped) > 10:
             print(f"  ... {len(s.skipped) - 10} more", file=sys.stderr)
-        if s.skipped or ignored:
+        if s.skipped or ignored or s.noted:
             print(f"  report: {args.out}/{s.split}.report.jsonl", file=sys.stderr)
     return EXIT_SKIPPED if result.num_skipped else EXIT_OK
 
@@ -246,12 +325,30 @@ def _info(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{info['path']} (format {info['format_version']})")
     for split, s in info["splits"].items():
-        names = ", ".join(s["class_names"][:5]) + (", ..." if s["classes"] > 5 else "")
         print(f"  {split}: {s['samples']} samples, {s['shards']} shards, {_human(s['bytes'])}, "
-              f"{s['classes']} classes{' (' + names + ')' if names else ''}; fields {', '.join(s['fields'])}")
+              f"{_labels_text(s)}; fields {', '.join(s['fields'])}")
         if s["skipped"]:
             print(f"    skipped at conversion: {s['skipped']}")
     return EXIT_OK
+
+
+def _labels_text(s: dict[str, Any]) -> str:
+    """``10 classes (cat, dog, ...)``, or for int labels ``10 int labels: 0..9``."""
+    if s["classes"]:
+        names = ", ".join(s["class_names"][:5]) + (", ..." if s["classes"] > 5 else "")
+        return f"{s['classes']} classes ({names})"
+    labels = s.get("labels")
+    if not labels:
+        return "no labels" if "cls" not in s["fields"] else "int labels (not recorded by this converter version)"
+    counts = labels.get("counts") or {}
+    seen = [int(k) for k in counts]
+    if seen and seen == list(range(seen[0], seen[-1] + 1)):
+        shown = f"{seen[0]}..{seen[-1]}"
+    elif seen:
+        shown = ", ".join(map(str, seen[:8])) + (", ..." if len(seen) > 8 else "")
+    else:
+        shown = f"{labels['min']}..{labels['max']}, not all present"
+    return f"{labels['distinct']} int labels: {shown}"
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -285,8 +382,26 @@ def _bench(args: argparse.Namespace) -> int:
     from shardify.reader.bench import format_bench, run_bench
 
     result = run_bench(args.dataset, split=args.split, batch_size=args.batch_size, num_workers=args.workers,
-                       epochs=args.epochs, image_size=args.size, compare_webdataset=not args.no_webdataset)
+                       epochs=args.epochs, image_size=args.size, compare_webdataset=not args.no_webdataset,
+                       fast_decode=args.fast_decode)
     print(json.dumps(result, indent=1, default=str) if args.json else format_bench(result))
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    from shardify.reader.bench import bench_source
+    from shardify.reader.sample import transforms as T
+    from shardify.reader.show import contact_sheet
+
+    source = bench_source(args.dataset, args.split)
+    transform = T.imagenet_train(args.size) if args.augment else None
+    sheet = contact_sheet(source, n=args.n, transform=transform, views=args.views, tile=args.tile, seed=args.seed)
+    print(sheet.text)
+    if sheet.image is None:
+        print("shardify: no images in this split: printed a text summary, wrote no picture", file=sys.stderr)
+        return EXIT_OK
+    sheet.save(args.output)
+    print(f"wrote {args.output} ({sheet.image.width}x{sheet.image.height})")
     return EXIT_OK
 
 
@@ -294,16 +409,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; return the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands = {"convert": _convert, "info": _info, "verify": _verify, "gc": _gc, "bench": _bench, "show": _show}
     try:
-        if args.command == "convert":
-            return _convert(args)
-        if args.command == "info":
-            return _info(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command == "gc":
-            return _gc(args)
-        return _bench(args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # here, so a closed pipe is met inside the try
+        return code
+    except BrokenPipeError:  # `shardify info --json | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+        return 128 + 13  # what a tool killed by SIGPIPE returns
+    except SplitRequiredError as e:
+        print(f"shardify: error: {e.where}: it has several splits ({', '.join(e.splits)}); choose one with --split",
+              file=sys.stderr)
+        return EXIT_USAGE
     except ShardifyError as e:
         print(f"shardify: error: {e}", file=sys.stderr)
         return EXIT_ERROR

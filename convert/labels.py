@@ -8,12 +8,18 @@ an error naming the file.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from shardify.convert.inputs import Scan
 from shardify.errors import InputError
 
-__all__ = ["LabelSpace", "label_space"]
+__all__ = ["LabelSpace", "label_space", "int_labels", "MAX_LABEL_COUNTS"]
+
+MAX_LABEL_COUNTS = 1000
+"""Distinct int labels up to which the split index records a count per label."""
 
 _INT_RE = re.compile(r"-?\d+\Z")
 
@@ -74,3 +80,19 @@ def label_space(values: Iterable[object], *, source: str, num_classes: int | Non
             raise InputError(f"{len(classes)} label names, more than --num-classes {num_classes}", path=source)
         return LabelSpace(classes=classes, by_int=False, num_classes=num_classes)
     return LabelSpace(classes=(), by_int=True, num_classes=num_classes)
+
+
+def int_labels(scan: Scan) -> dict[str, Any]:
+    """What the split index records about int labels (a split without class names), so
+    ``shardify info`` can show the labels seen: ``{"labels": {"distinct", "min", "max",
+    "counts"}}`` (``counts`` per label up to :data:`MAX_LABEL_COUNTS` distinct labels),
+    or ``{}`` when the split has class names or no labels."""
+    if scan.classes:
+        return {}
+    counts = Counter(s.label for s in scan.samples if s.label is not None)
+    if not counts:
+        return {}
+    out: dict[str, Any] = {"distinct": len(counts), "min": min(counts), "max": max(counts)}
+    if len(counts) <= MAX_LABEL_COUNTS:
+        out["counts"] = {str(k): v for k, v in sorted(counts.items())}
+    return {"labels": out}

@@ -61,6 +61,11 @@ class ConvertOptions:
     progress: bool = True
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    image_format: Literal["keep", "jpg", "png"] = "keep"
+    """``keep`` each image's own format, or store every image as ``jpg`` (non-JPEGs re-encoded
+    at ``quality``) or ``png`` (lossless), so all samples have the same image field."""
+    allow_empty: bool = False
+    """Finish a split even when no sample was written (every input skipped); else an error."""
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.samples_per_shard is None:
@@ -81,6 +86,8 @@ class ConvertOptions:
             raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
         if self.max_image_bytes is not None and self.max_image_bytes < 1:
             raise ValueError(f"max_image_bytes={self.max_image_bytes} should be >= 1 (None: no limit)")
+        if self.image_format not in ("keep", "jpg", "png"):
+            raise ValueError(f"image_format={self.image_format!r} should be 'keep', 'jpg' or 'png'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 
@@ -104,7 +111,8 @@ class ConvertOptions:
             "seed": self.seed,
             "check": self.check,
             "max_side": self.max_side,
-            "quality": self.quality if self.max_side is not None else None,
+            "quality": self.quality if self.max_side is not None or self.image_format == "jpg" else None,
+            "image_format": self.image_format,
             "max_pixels": self.max_pixels,
             "max_image_bytes": self.max_image_bytes,
             "follow_symlinks": self.follow_symlinks,

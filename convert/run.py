@@ -28,6 +28,7 @@ from shardify.convert.engine import ProgressBar, run_local
 from shardify.convert.ids import scan_ids
 from shardify.convert.imagefolder import scan_imagefolder
 from shardify.convert.inputs import Ignored, Scan
+from shardify.convert.labels import int_labels
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
@@ -55,6 +56,8 @@ class SplitSummary:
     notes: list[str]
     reused_shards: int
     seconds: float
+    noted: list[Ignored] = field(default_factory=list)
+    """Inputs packed with a decoder warning (in the report as ``note``)."""
 
 
 @dataclass
@@ -106,6 +109,9 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     fs = open_output(out)
     try:
         fs.makedirs()
+    except (FileExistsError, NotADirectoryError) as e:
+        raise OutputError(f"{fs.location}: the output is a file (or lies under a file), not a folder; "
+                          "give the path of a folder to create or fill") from e
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
     lock = OutputLock(fs)
@@ -222,7 +228,8 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
                 reusable[shard.index] = ShardResult(
                     index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
-                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
+                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
+                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])))
         except (ShardifyError, OSError, KeyError, TypeError, ValueError):
             continue
     return reusable
@@ -231,7 +238,8 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
 def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
     fs.write_atomic(record_name(split, r.index), json_bytes({
         "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
-        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped]}))
+        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped],
+        "notes": [[s.path, s.reason] for s in r.notes]}))
 
 
 def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
@@ -248,7 +256,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
                       max_pixels=options.max_pixels, version=plan.version,
-                      max_image_bytes=options.max_image_bytes)
+                      max_image_bytes=options.max_image_bytes, image_format=options.image_format)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())
@@ -271,27 +279,36 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     ordered = [results[s.index] for s in plan.shards]
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
-    index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored,
+    notes = [n for r in ordered for n in r.notes]
+    if not any(r.nsamples for r in ordered) and not options.allow_empty:
+        _write_report(fs, report_name(split), skipped, ignored + notes)
+        raise InputError(
+            f"split {split!r}: no sample was written ({len(skipped)} skipped, {len(ignored)} ignored; reasons in "
+            f"{fs.location}/{report_name(split)}); nothing was marked finished. Pass --allow-empty "
+            "(allow_empty=True) to write an empty split", path=scan.root)
+    index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
                          converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
-                                    "source": scan.source, "options": options.shaping()},
+                                    "source": scan.source, "options": options.shaping(), **int_labels(scan)},
                          version=plan.version)
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
-                           reused_shards=reused, seconds=time.monotonic() - started)
+                           reused_shards=reused, seconds=time.monotonic() - started, noted=notes)
     return summary, index
 
 
 def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
                  converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
-                 version: str | None, ignored_counts: dict[str, int] | None = None) -> SplitIndex:
+                 version: str | None, notes: Sequence[Ignored] = (),
+                 ignored_counts: dict[str, int] | None = None) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.versions`; None: format-1 names).
 
+    ``notes`` (inputs packed with decoder warnings) go to the report only.
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
     index's ``ignored`` counts without a report line each.
     """
     remove_stale_shards(fs, split, version, len(ordered))
-    _write_report(fs, report_name(split), list(skipped), list(ignored))
+    _write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
     counts = Counter(_reason_class(p.reason) for p in ignored)
     counts.update(ignored_counts or {})
     index = SplitIndex(

@@ -177,6 +177,7 @@ def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
             "classes": len(index.classes),
             "class_names": list(index.classes),
             "fields": list(index.fields),
+            "labels": index.converter.get("labels"),
             "skipped": dict(index.skipped),
             "ignored": dict(index.ignored),
             "converter": index.converter,

@@ -14,11 +14,13 @@ from typing import BinaryIO, Protocol
 
 from PIL import Image
 
+from shardify.convert.capture import decoder_messages
 from shardify.convert.inputs import Ignored, SampleSpec
 from shardify.convert.outfs import OutputFS, open_output
 from shardify.convert.plan import ShardPlan
-from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, check_head, check_image, describe_error,
-                                    transcode_jpeg)
+from shardify.convert.imageformat import reencode
+from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, check_head, check_image, describe_error,
+                                    sniff_ext, transcode_jpeg)
 from shardify.convert.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import member_name
@@ -48,6 +50,8 @@ class ShardTask:
     """The plan's version token, in the shard's file name."""
     max_image_bytes: int | None = None
     """Image files larger than this are reported as too large, without being read."""
+    image_format: str = "keep"
+    """``keep``, or ``jpg``/``png``: every image stored in that format (see ``imageformat``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,8 @@ class ShardResult:
     sha256: str
     fields: tuple[str, ...]
     skipped: tuple[Ignored, ...]
+    notes: tuple[Ignored, ...] = ()
+    """Inputs packed with decoder warnings (kind ``note``), for the report."""
 
 
 def temp_name(final: str) -> str:
@@ -99,8 +105,10 @@ def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]
             out.write(part)
 
 
-def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[tuple[str, bytes]]:
-    """The (extension, bytes) members of one sample, sorted; raises InputError to skip it."""
+def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask,
+             notes: list[Ignored]) -> list[tuple[str, bytes]]:
+    """The (extension, bytes) members of one sample, sorted; raises InputError to skip it.
+    Decoder warnings about an input are appended to ``notes``."""
     members: list[tuple[str, bytes]] = [("json", meta)]
     if spec.label is not None:
         members.append(("cls", str(spec.label).encode("ascii")))
@@ -118,17 +126,15 @@ def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[t
             data = transcode_file(source.transcode, data, path=source.path, key=key, identity=spec.identity)
         if source.is_image:
             try:
-                info = check_image(data, full=task.check_full)
-            except ImageCheckError as e:
-                raise InputError(str(e), path=source.path, key=key) from e
-            ext = info.ext
-            if task.max_side is not None:
-                try:
-                    small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
-                except Exception as e:  # Pillow's decoder errors have many types
-                    raise InputError(f"cannot transcode: {describe_error(e)}", path=source.path, key=key) from e
-                if small is not None:
-                    data, ext = small, "jpg"
+                with decoder_messages(native=sniff_ext(data) == "tiff") as messages:
+                    data, ext = _image_member(data, source.path, key, task)
+            except InputError as e:
+                if messages:
+                    raise InputError(f"{e.reason} (decoder said: {' | '.join(messages)})",
+                                     path=source.path, key=key) from e
+                raise
+            if messages:
+                notes.append(Ignored(source.path, "decoder said: " + " | ".join(messages), "note"))
         members.append((ext, data))
     members.extend(spec.inline)
     members.sort(key=lambda m: m[0])
@@ -153,6 +159,32 @@ def _read_image(f: BinaryIO, limit: int | None) -> bytes:
     return f.read()
 
 
+def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[bytes, str]:
+    """Check (and maybe transcode) one image; ``(bytes, extension)`` to store."""
+    try:
+        info = check_image(data, full=task.check_full)
+    except ImageCheckError as e:
+        raise InputError(str(e), path=path, key=key) from e
+    ext = info.ext
+    if task.max_side is not None:
+        try:
+            small = transcode_jpeg(data, info, max_side=task.max_side, quality=task.quality)
+        except Exception as e:  # Pillow's decoder errors have many types
+            raise InputError(f"cannot transcode: {describe_error(e)}", path=path, key=key) from e
+        if small is not None:
+            data, ext = small, "jpg"
+            info = ImageInfo("jpg", info.width, info.height, "RGB")
+    if task.image_format != "keep":
+        try:
+            same = reencode(data, info, image_format=task.image_format, quality=task.quality)  # type: ignore[arg-type]
+        except Exception as e:  # Pillow's decoder errors have many types
+            raise InputError(f"cannot re-encode as {task.image_format}: {describe_error(e)}",
+                             path=path, key=key) from e
+        if same is not None:
+            data, ext = same
+    return data, ext
+
+
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
     plan = task.plan
@@ -162,6 +194,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
     final = shard_name(task.split, plan.index, task.version)
     tmp = temp_name(final)
     skipped: list[Ignored] = []
+    notes: list[Ignored] = []
     fields: set[str] = set()
     written = 0
     try:
@@ -170,7 +203,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
             for sample in plan.samples:
                 before = out.size
                 try:
-                    members = _members(sample.spec, sample.key, sample.meta, task)
+                    members = _members(sample.spec, sample.key, sample.meta, task, notes)
                 except InputError as e:
                     if task.strict:
                         raise
@@ -192,7 +225,8 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
         _discard(fs, tmp)
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
-                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped))
+                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped),
+                       notes=tuple(notes))
 
 
 def _discard(fs: OutputFS, name: str) -> None:

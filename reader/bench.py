@@ -11,7 +11,10 @@ fresh loader; (e) memory (PSS) of the main process and its workers after each ep
 shuffle quality, the mean distance in the original order between consecutive samples,
 against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone). The CLI's ``shardify bench`` and ``tools/bench_read.py``
-call it.
+call it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
+and upsampling) against the exact path, in alternating passes of one run, and reports how
+far its pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its default fields, and the
+result says which figures it cannot measure (``not_measured``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from shardify.reader.plan.assign import plan_worker
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.plan.shuffle import sample_rng, stream_rng, worker_order
+from shardify.errors import SplitRequiredError
 from shardify.reader.io.sources import ShardInfo, Source, resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader.bench_decode import fast_decode_figures
+from shardify.reader.sample.fields import output_fields
 
-__all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids"]
+__all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids", "bench_source"]
 
 
 def process_memory(pid: int | None = None) -> int:
@@ -100,6 +106,16 @@ def shuffle_quality(source: Source, *, seed: int, epoch: int, batch_size: int, w
     return {"gap": gap / (n / 3), "shards_per_batch": shards}
 
 
+def bench_source(dataset: str | os.PathLike[str], split: str | None) -> Source:
+    """The split to measure: ``split``, else the only split, else ``train`` when there is one."""
+    try:
+        return resolve_source(dataset, split=split)
+    except SplitRequiredError as e:
+        if split is not None or "train" not in e.splits:
+            raise
+        return resolve_source(dataset, split="train")
+
+
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
     """``(key, image bytes)`` of the first ``limit`` samples (all when None)."""
     reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True)
@@ -152,10 +168,10 @@ def _rate(loader: Any, epochs: int, set_epoch: Callable[[int], None] | None = No
             set_epoch(epoch)
         t0 = time.perf_counter()
         n = 0
-        for i, (images, _) in enumerate(loader):
+        for i, batch in enumerate(loader):
             if epoch == 0 and i == 0:
                 first = time.perf_counter() - t0
-            n += len(images)
+            n += len(batch[0] if isinstance(batch, (tuple, list)) else batch)
         rates.append(n / (time.perf_counter() - t0))
         if memory is not None:
             memory.append(process_memory())
@@ -174,18 +190,23 @@ def run_bench(
     compare_webdataset: bool = True,
     shuffle_buffer: int = 1024,
     shuffle_block: int = 64,
+    fast_decode: bool = False,
 ) -> dict[str, Any]:
     """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
     from shardify.reader.sample import transforms as T
     from shardify.reader.sample.decode import decode_image
 
-    source = resolve_source(dataset, split=split)
-    transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
-    result: dict[str, Any] = {"dataset": str(dataset), "samples": source.num_samples, "shards": len(source.shards),
-                              "batch_size": batch_size, "num_workers": num_workers, "image_size": image_size}
+    source = bench_source(dataset, split)
+    transform = T.Compose([T.RandomResizedCrop(image_size, fast_decode=fast_decode), T.RandomHorizontalFlip()])
+    result: dict[str, Any] = {"dataset": str(dataset), "split": source.split, "samples": source.num_samples,
+                              "shards": len(source.shards), "batch_size": batch_size,
+                              "num_workers": num_workers, "image_size": image_size, "fast_decode": fast_decode}
+    encoded = _encoded_images(source, single_limit)
+    if not encoded:
+        return _run_without_images(result, source, epochs=epochs, shuffle_buffer=shuffle_buffer,
+                                   shuffle_block=shuffle_block)
 
     # (a) the same work as one loader worker does: per-key RNG, one torch thread.
-    encoded = _encoded_images(source, single_limit)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -197,6 +218,7 @@ def run_bench(
         for _, data in encoded:
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
+        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see bench_decode
     finally:
         torch.set_num_threads(threads)
     if num_workers > 1:
@@ -217,20 +239,49 @@ def run_bench(
     if compare_webdataset:
         result["webdataset_ips"] = _webdataset_rate(source, batch_size, num_workers, image_size,
                                                     shuffle_buffer, min(epochs, 3))
-    result["shuffle_quality"] = shuffle_quality(source, seed=0, epoch=1, batch_size=batch_size, workers=num_workers,
-                                                shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-    result["shuffle_quality_buffer_only"] = shuffle_quality(
-        source, seed=0, epoch=1, batch_size=batch_size, workers=num_workers, shuffle_buffer=shuffle_buffer,
-        shuffle_block=source.num_samples)
-    imagenet = Source(name="imagenet-like", split=None, shards=tuple(ShardInfo("", 1251) for _ in range(1024)))
-    result["shuffle_quality_imagenet"] = shuffle_quality(
-        imagenet, seed=0, epoch=1, batch_size=256, workers=8, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+    _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     single = result["single_process_ips"]
     result["loader_vs_2x_single"] = result["loader_ips"] / (max(1, num_workers) * single)
     if result.get("independent_processes_ips"):
         result["independent_vs_2x_single"] = result["independent_processes_ips"] / (num_workers * single)
     if "webdataset_ips" in result:
         result["loader_vs_webdataset"] = result["loader_ips"] / result["webdataset_ips"]
+    return result
+
+
+def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int, shuffle_block: int) -> None:
+    """(f): shuffle quality here, with the buffer alone, and at ImageNet scale."""
+    batch_size, workers = result["batch_size"], result["num_workers"]
+    result["shuffle_quality"] = shuffle_quality(source, seed=0, epoch=1, batch_size=batch_size, workers=workers,
+                                                shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+    result["shuffle_quality_buffer_only"] = shuffle_quality(
+        source, seed=0, epoch=1, batch_size=batch_size, workers=workers, shuffle_buffer=shuffle_buffer,
+        shuffle_block=source.num_samples)
+    imagenet = Source(name="imagenet-like", split=None, shards=tuple(ShardInfo("", 1251) for _ in range(1024)))
+    result["shuffle_quality_imagenet"] = shuffle_quality(
+        imagenet, seed=0, epoch=1, batch_size=256, workers=8, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+
+
+def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,
+                        shuffle_block: int) -> dict[str, Any]:
+    """(b), (d), (e), (f) for a split without images, reading its default fields undecoded-by-us."""
+    base = process_memory()
+    fields = output_fields(None, source.fields, where=f"{source.name} split {source.split!r}")
+    ds = ShardedDataset(source, batch_size=result["batch_size"], shuffle=True, seed=0, fields=fields,
+                        shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+    result["fields"] = list(fields)
+    result["not_measured"] = (
+        f"this split holds no images (its fields: {', '.join(source.fields) or 'unknown'}), so (a) image "
+        "decoding and augmentation and (c) the webdataset comparison are not measured; (b) counts samples/s "
+        f"reading and decoding fields {', '.join(fields)}, with no transform")
+    loader = make_loader(ds, num_workers=result["num_workers"])
+    memory: list[int] = []
+    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory)
+    result["loader_ips_per_epoch"] = rates
+    result["loader_ips"] = max(rates[1:] or rates)
+    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
+    del loader, ds
+    _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     return result
 
 
@@ -297,12 +348,19 @@ def format_bench(r: dict[str, Any]) -> str:
     """The figures of :func:`run_bench` as a table."""
     w = r["num_workers"]
     q, b, i = r["shuffle_quality"], r["shuffle_quality_buffer_only"], r["shuffle_quality_imagenet"]
+    if "not_measured" in r:
+        return _format_without_images(r)
     rows = [
         ("dataset", f"{r['samples']} samples in {r['shards']} shards, batches of {r['batch_size']}, "
                     f"{w} workers, RandomResizedCrop {r['image_size']} + flip, uint8"),
         ("(a) single process, fast path", f"{r['single_process_ips']:.0f} images/s"),
         ("    single process, plain PIL", f"{r['single_process_plain_ips']:.0f} images/s"),
     ]
+    fd = r.get("fast_decode_vs_exact")
+    if fd:
+        rows.append(("    fast IDCT (fast_decode=True)", f"{fd['ratio']:.2f} x the exact path ({fd['fast_ips']:.0f} vs "
+                     f"{fd['exact_ips']:.0f} images per CPU second); pixels off by {fd['mean_abs_diff']:.2f} on average, "
+                     f"{fd['max_abs_diff']:.0f} at most (0..255), {100 * fd['share_differing']:.0f}% differ"))
     if r.get("independent_processes_ips"):
         rows.append((f"    {w} bare processes at once", f"{r['independent_processes_ips']:.0f} images/s = "
                      f"{r['independent_vs_2x_single']:.2f} x {w} x (a)  (this machine's ceiling for (b))"))
@@ -320,5 +378,22 @@ def format_bench(r: dict[str, Any]) -> str:
         ("    at ImageNet scale", f"{i['gap']:.2f}, {i['shards_per_batch']:.1f} shards per batch of 256 "
          "(1.28 M samples in 1024 shards, 8 workers; full permutation: 1.00, ~226)"),
     ]
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _format_without_images(r: dict[str, Any]) -> str:
+    q = r["shuffle_quality"]
+    return _table([
+        ("dataset", f"{r['samples']} samples in {r['shards']} shards, batches of {r['batch_size']}, "
+                    f"{r['num_workers']} workers, fields {', '.join(r['fields'])}"),
+        ("not measured", r["not_measured"]),
+        (f"(b) shardify loader, {r['num_workers']} workers", f"{r['loader_ips']:.0f} samples/s"),
+        ("(d) time to first batch", f"{r['first_batch_s']:.2f} s"),
+        ("(e) memory by epoch (PSS, MB)", " ".join(f"{m:.0f}" for m in r["memory_mb_per_epoch"])),
+        ("(f) shuffle: mean gap / (N/3)", f"{q['gap']:.2f}, {q['shards_per_batch']:.1f} shards per batch"),
+    ])

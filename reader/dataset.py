@@ -28,8 +28,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
-from shardify.reader.sample.pipeline import (IMAGE_FIELD, Bad, SampleProcessor, batches, bucketed, cut,
-                                             read_positions, selected_fields)
+from shardify.reader.sample.fields import output_fields
+from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
 from shardify.reader.io.checksums import ChecksumSpec, with_checksums
@@ -101,10 +101,11 @@ class ShardedDataset(IterableDataset):
     and ranks, LRU-evicted under ``cache_limit_bytes``), or without it into a small
     per-process temporary folder; for training on remote data, give a ``cache_dir``.
 
-    Output: ``fields`` (default ``("image", "cls")``, or ``("image",)`` when the split has no
-    labels) gives one column per entry (an extension, ``"a;b"`` alternatives, or ``"image"``
-    for any image extension); image fields go through ``transform`` (uint8 CHW), others are
-    decoded by extension. Or ``map(sample_dict)`` builds the output (see
+    Output: ``fields`` (checked against the split index, if any, when the dataset is built;
+    default ``("image", "cls")``, or the split's tensor field and ``cls`` when it has no
+    images: :mod:`~shardify.reader.sample.fields`) gives one column per entry (an
+    extension, ``"a;b"`` alternatives, or ``"image"`` for any image extension); image fields
+    go through ``transform`` (uint8 CHW), others are decoded by extension. Or ``map(sample_dict)`` builds the output (see
     :class:`~shardify.reader.sample.pipeline.SampleProcessor`). ``collate_fn`` (default
     ``default_collate``) makes the batch. ``on_error="skip"`` skips bad samples and samples of
     damaged shards, repeating good samples of the same batch in their place; see
@@ -163,6 +164,8 @@ class ShardedDataset(IterableDataset):
         if verify is not False and verify is not True:
             self.source = with_checksums(self.source, verify)
         self._checksums = _checksums(self.source) if verify is not False else None
+        self._output_fields = () if map is not None else output_fields(
+            self.options.fields, self.source.fields, where=f"{self.source.name} split {self.source.split!r}")
         self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
@@ -246,7 +249,7 @@ class ShardedDataset(IterableDataset):
                                              skip_damaged=self.options.on_error == "skip",
                                              checksums=self._checksums, opener=self.source.open_tar,
                                              fields=None if self.options.map is not None else
-                                             selected_fields(self._fields()),
+                                             selected_fields(self._output_fields),
                                              max_member=self.options.max_member_bytes))
         return self._reader[1]
 
@@ -258,12 +261,6 @@ class ShardedDataset(IterableDataset):
         if self._pool is None or self._pool[0] != pid:
             self._pool = (pid, SlotPool(self._channel, worker))
         return self._pool[1]
-
-    def _fields(self) -> tuple[str, ...]:
-        if self.options.fields is not None:
-            return self.options.fields
-        known = self.source.fields
-        return (IMAGE_FIELD,) if known and "cls" not in known else (IMAGE_FIELD, "cls")
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
@@ -297,7 +294,7 @@ class ShardedDataset(IterableDataset):
             mask = bytearray(len(out))
             for p in out[:done]:
                 mask[p] = 1
-        process = SampleProcessor(seed=o.seed, epoch=epoch, transform=o.transform, fields=self._fields(),
+        process = SampleProcessor(seed=o.seed, epoch=epoch, transform=o.transform, fields=self._output_fields,
                                   map=o.map, allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
                                   unique_keys=self.source.unique_keys)
         collate = o.collate_fn

@@ -8,14 +8,17 @@ from __future__ import annotations
 __all__ = [
     "ShardifyError",
     "ManifestError",
+    "SplitRequiredError",
     "KeyRuleError",
     "ShardFormatError",
     "DatasetVersionError",
     "InputError",
     "SampleError",
+    "FieldError",
     "OutputExistsError",
     "OutputError",
     "WorkerError",
+    "CompressedDataError",
     "ArrayFormatError",
     "ObjectArrayError",
     "EncodeError",
@@ -28,6 +31,20 @@ class ShardifyError(Exception):
 
 class ManifestError(ShardifyError):
     """A manifest or split index is missing, malformed or inconsistent."""
+
+
+class SplitRequiredError(ManifestError):
+    """A dataset holds several splits and none was chosen; ``splits`` lists them.
+
+    The message names the Python argument (``split=``); the CLI names its ``--split`` flag.
+    """
+
+    def __init__(self, where: str, splits: list[str]) -> None:
+        self.where, self.splits = where, list(splits)
+        super().__init__(f"{where}: pass split=...; splits: {self.splits}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.where, self.splits))
 
 
 class KeyRuleError(ShardifyError):
@@ -74,6 +91,11 @@ class ShardFormatError(_AtShard):
     """A shard is truncated, malformed, or not laid out as the format requires."""
 
 
+class CompressedDataError(ShardFormatError):
+    """A compressed shard fails its own check (a gzip CRC or length mismatch): none of its
+    samples can be trusted, including those already read in full."""
+
+
 class DatasetVersionError(ShardFormatError):
     """The version of a dataset a reader opened is gone: the dataset was converted again and
     the old version's files were removed (``shardify gc``). The message names the dataset,
@@ -96,6 +118,10 @@ class InputError(_Located):
 
 class SampleError(_AtShard):
     """A sample could not be decoded or transformed while reading."""
+
+
+class FieldError(ShardifyError, ValueError):
+    """The fields asked of a dataset are not among those its split holds (checked when it is built)."""
 
 
 class OutputExistsError(ShardifyError):

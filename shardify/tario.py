@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.errors import CompressedDataError, KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.tarfmt import BLOCK
 
@@ -90,7 +90,15 @@ def skip_bytes(f: BinaryIO, n: int) -> int:
     return done
 
 
-def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str) -> bytes:
+def _key_of(name: str) -> str | None:
+    """The sample key of member ``name``, or None when it has none (for locating damage)."""
+    try:
+        return split_member_name(name)[0]
+    except KeyRuleError:
+        return None
+
+
+def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str, key: str | None = None) -> bytes:
     """Read exactly ``n`` bytes, growing memory only with bytes that really arrive."""
     if n <= _CHUNK:
         data = f.read(n)
@@ -104,7 +112,7 @@ def _read_exact(f: BinaryIO, n: int, *, shard: str, what: str) -> bytes:
             got += len(part)
         data = b"".join(parts)
     if len(data) != n:
-        raise ShardFormatError(f"truncated: {what} needs {n} bytes, only {len(data)} left", shard=shard)
+        raise ShardFormatError(f"truncated: {what} needs {n} bytes, only {len(data)} left", shard=shard, key=key)
     return data
 
 
@@ -214,7 +222,7 @@ def read_to_end(f: BinaryIO, *, shard: str) -> int:
                 return done
             done += len(chunk)
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-        raise ShardFormatError(f"corrupt compressed data after the end of the archive: "
+        raise CompressedDataError(f"corrupt compressed data after the end of the archive: "
                                f"{type(e).__name__}: {e}", shard=shard) from e
 
 
@@ -298,10 +306,12 @@ def _walk(
             total = data_len + (-data_len % BLOCK)
             if problem:
                 if on_bad_member is None:
-                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard)
+                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard,
+                                           key=_key_of(name))
                 on_bad_member(name, problem)
             if skip_bytes(f, total) != total:
-                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
+                                       key=_key_of(name))
             offset += total
             continue
         total = size + (-size % BLOCK)
@@ -310,10 +320,11 @@ def _walk(
         if skipped:
             data, skip = b"", total
         else:
-            data = _read_exact(f, size, shard=shard, what=f"member {name!r}")
+            data = _read_exact(f, size, shard=shard, what=f"member {name!r}", key=_key_of(name))
             skip = total - size
         if skip and skip_bytes(f, skip) != skip:
-            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard)
+            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
+                                   key=_key_of(name))
         offset += total
         yield Member(name, data, member_offset, data_offset, size, skipped)
 
@@ -368,7 +379,8 @@ def _grouped(
             if last is not None:
                 yield None
                 last = None
-            problem = "key appears again after other keys (duplicate or non-adjacent members)" if key in seen else None
+            problem = ("key appears again after other keys (duplicate or non-adjacent members; "
+                       "GNU tar keeps a sample's members together with `tar --sort=name`)") if key in seen else None
         if problem is not None:
             if on_bad_member is None:
                 raise ShardFormatError(problem, shard=shard, key=key)
@@ -394,19 +406,28 @@ def iter_samples(
     A sample is ``{"__key__": key, "__shard__": shard, "__offset__": first header offset,
     ext: bytes, ...}``. A name without a dot, a field repeated within a sample, or a key
     that comes back after another key raises ShardFormatError (or goes to ``on_bad_member``).
+    When the archive is damaged after the last member read so far of a sample, that sample
+    is yielded before the error is raised, unless the error names its key (the damage is in
+    one of its own members). A damaged header cannot be told apart from the next sample's,
+    so the sample before it counts as whole (a member it lacks then fails as a missing field).
     """
     current: dict[str, object] | None = None
-    for item in _grouped(members, shard=shard, on_bad_member=on_bad_member):
-        if item is None:
-            if current is not None:
-                yield current
-            current = None
-            continue
-        key, field, m = item
-        if current is None:
-            current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
-        if not m.skipped:
-            current[field] = m.data
+    try:
+        for item in _grouped(members, shard=shard, on_bad_member=on_bad_member):
+            if item is None:
+                if current is not None:
+                    yield current
+                current = None
+                continue
+            key, field, m = item
+            if current is None:
+                current = {"__key__": key, "__shard__": shard, "__offset__": m.offset}
+            if not m.skipped:
+                current[field] = m.data
+    except ShardFormatError as e:
+        if current is not None and e.key != current["__key__"] and not isinstance(e, CompressedDataError):
+            yield current  # read in full before the damage; the error comes at the next request
+        raise
 
 
 @dataclass(frozen=True, slots=True)

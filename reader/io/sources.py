@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 import braceexpand
 
-from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError
+from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError, SplitRequiredError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.reader.io.cache import FetchOptions, open_remote
 from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
@@ -277,7 +277,7 @@ def _only_split(manifest: Manifest, split: str | None, where: str) -> str:
     if split is not None:
         return split
     if len(manifest.splits) != 1:
-        raise ManifestError(f"{where}: pass split=...; splits: {sorted(manifest.splits)}")
+        raise SplitRequiredError(where, sorted(manifest.splits))
     return next(iter(manifest.splits))
 
 

@@ -8,8 +8,9 @@ shards cannot seek, so a cursor streams forward and skips samples by reading thr
 
 With ``skip_damaged``, a truncated or garbage shard does not raise: the samples before the
 damage are read as usual and every later position comes back as a :class:`Lost` marker, so
-a range always yields exactly ``stop - start`` items. The sample being read when the damage
-shows up is lost too: the reader cannot tell whether it had all its members.
+a range always yields exactly ``stop - start`` items. The sample just before the damage is
+kept when all its members were read before it (the damage is not in one of its own
+members; see :func:`shardify.tario.iter_samples`).
 
 With ``checksums``, each shard's SHA-256 is checked against the manifest's before its first
 sample is used (once per shard and process); a mismatch raises, or with ``skip_damaged``

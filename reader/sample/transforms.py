@@ -85,7 +85,16 @@ class Transform:
 
 
 class _Geometric(Transform):
-    """A crop of the original image resized to an output size; planned before decoding."""
+    """A crop of the original image resized to an output size; planned before decoding.
+
+    ``fast_decode=True`` (a keyword of every crop transform) decodes JPEGs on the fast path
+    with libjpeg-turbo's fast integer IDCT and fast chroma upsampling, as FFCV and DALI do:
+    the crop is the same, the pixels differ slightly from the exact path (``shardify bench``
+    reports by how much). Only full-scale decodes change: crops decoded at 1/2..1/8 scale use
+    libjpeg's scaled IDCT either way, and crops that take Pillow's path are decoded exactly.
+    """
+
+    fast_decode: bool = False
 
     def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         """Draw the crop box (original pixels) and the output (w, h) for an image of that size."""
@@ -106,7 +115,7 @@ class _Geometric(Transform):
         turbo = turbo_jpeg_size(data)
         if turbo is not None:  # the usual JPEG: no Pillow at all, unless the crop needs it
             box, size = self.plan(*turbo, rng)
-            fast = turbo_crop(data, *turbo, box, size)
+            fast = turbo_crop(data, *turbo, box, size, fast=self.fast_decode)
             if fast is not None:
                 return fast
             img = open_image(data)
@@ -144,6 +153,7 @@ class RandomResizedCrop(_Geometric):
         *,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        fast_decode: bool = False,
     ) -> None:
         dims = (size, size) if isinstance(size, int) else tuple(size)
         if len(dims) != 2:
@@ -157,6 +167,7 @@ class RandomResizedCrop(_Geometric):
         self.size = (h, w)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.fast_decode = fast_decode
 
     def crop_params(self, width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
         """(top, left, height, width) of the crop, drawn as torchvision's ``get_params``."""
@@ -196,11 +207,12 @@ class ScaleJitter(_Geometric):
     resize-then-crop, so equal up to the filter's rounding (a few pixels off by 1 or 2).
     """
 
-    def __init__(self, *, min_size: int = 256, max_size: int = 480, crop: int = 224) -> None:
+    def __init__(self, *, min_size: int = 256, max_size: int = 480, crop: int = 224, fast_decode: bool = False) -> None:
         _check_positive(min_size=min_size, max_size=max_size, crop=crop)
         if not crop <= min_size <= max_size:
             raise ValueError(f"need {crop=} <= {min_size=} <= {max_size=}")
         self.min_size, self.max_size, self.crop = min_size, max_size, crop
+        self.fast_decode = fast_decode
 
     def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         nw, nh = _shorter_side_to(width, height, rng.randint(self.min_size, self.max_size))
@@ -212,11 +224,12 @@ class ScaleJitter(_Geometric):
 class ResizeCenterCrop(_Geometric):
     """Evaluation: shorter side to ``resize`` (torchvision ``Resize``), then ``CenterCrop(crop)``."""
 
-    def __init__(self, *, resize: int = 256, crop: int = 224) -> None:
+    def __init__(self, *, resize: int = 256, crop: int = 224, fast_decode: bool = False) -> None:
         _check_positive(resize=resize, crop=crop)
         if crop > resize:
             raise ValueError(f"{crop=} should be <= {resize=}")
         self.resize, self.crop = resize, crop
+        self.fast_decode = fast_decode
 
     def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         nw, nh = _shorter_side_to(width, height, self.resize)
@@ -345,14 +358,14 @@ def _apply(t: Callable, value: object, rng: random.Random) -> object:
     return t(value)
 
 
-def imagenet_train(size: int = 224) -> Compose:
+def imagenet_train(size: int = 224, *, fast_decode: bool = False) -> Compose:
     """The standard ImageNet training recipe: RandomResizedCrop(size) and a horizontal flip."""
-    return Compose([RandomResizedCrop(size), RandomHorizontalFlip()])
+    return Compose([RandomResizedCrop(size, fast_decode=fast_decode), RandomHorizontalFlip()])
 
 
-def imagenet_eval(size: int = 224, *, resize: int = 256) -> ResizeCenterCrop:
+def imagenet_eval(size: int = 224, *, resize: int = 256, fast_decode: bool = False) -> ResizeCenterCrop:
     """The standard ImageNet evaluation recipe: shorter side to ``resize``, centre crop ``size``."""
-    return ResizeCenterCrop(resize=resize, crop=size)
+    return ResizeCenterCrop(resize=resize, crop=size, fast_decode=fast_decode)
 
 
 def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.Random) -> object:

@@ -85,5 +85,5 @@ def test_verify_finds_truncation_count_and_stray_shards(tmp_path: Path, make_ima
     (out / stray).write_bytes(b"")
     assert main(["verify", str(out)]) == EXIT_SKIPPED
     text = capsys.readouterr().out
-    assert f"{shard.name}: shard {shard.name}: truncated" in text
+    assert f"{shard.name}: shard {shard.name}, key 'c__" in text and ": truncated: member" in text
     assert f"{stray}: shard file not listed in the index" in text

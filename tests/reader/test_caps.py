@@ -99,7 +99,7 @@ def test_a_member_over_max_member_bytes_is_refused_before_it_is_read(tmp_path, p
     url = str(write_zero_member_tgz(tmp_path / "zeros.tgz"))
     ds = ShardedDataset([url], batch_size=1, fields=("cls", "bin;cls"), on_error=policy, max_member_bytes=64 << 20,
                         collate_fn=list)
-    over = f"shard {url}: member declares {ZEROS} bytes, over the limit of {64 << 20}"
+    over = f"shard {url}, key 'k1': member declares {ZEROS} bytes, over the limit of {64 << 20}"
     if policy == "raise":
         with pytest.raises(ShardFormatError, match=over):
             list(make_loader(ds))

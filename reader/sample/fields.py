@@ -1,0 +1,61 @@
+"""Which fields a dataset outputs: checked against the split, or chosen from what it holds.
+
+A shardify split index lists the extensions its samples hold (``fields``). When it does,
+the fields asked for are checked against it when the dataset is built, so a missing field
+is one clear error in the main process, not a traceback from inside a worker at the first
+batch. Without ``fields=``, the default follows what the split holds: ``("image", "cls")``
+when it has images, else its array or tensor field (``pt``, ``pth``, ``npy``, or its only
+data field) with ``cls``; ``cls`` is left out when the split has no labels. Shards without
+an index (a list or pattern) list nothing: then the default is ``("image", "cls")`` and
+nothing is checked until reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardify.errors import FieldError
+from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec
+
+__all__ = ["TENSOR_FIELDS", "output_fields"]
+
+TENSOR_FIELDS = ("pt", "pth", "npy")
+"""Array or tensor extensions, in order of preference for the default field."""
+
+_META_FIELDS = frozenset({"cls", "json"})
+
+
+def _images(held: Sequence[str], image_exts: frozenset[str]) -> list[str]:
+    return [f for f in held if f in image_exts]  # as the pipeline matches "image": exactly
+
+
+def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where: str) -> tuple[str, ...]:
+    """The output fields of a dataset whose split holds the extensions ``held`` (empty: unknown).
+
+    ``requested`` is checked (each entry must match a held extension); None chooses the
+    default (see the module docstring). Raises :class:`~shardify.errors.FieldError` naming
+    ``where`` and what the split holds.
+    """
+    from shardify.reader.sample.decode import IMAGE_EXTS
+
+    held = tuple(held)
+    if requested is not None:
+        if held:
+            for spec in requested:
+                if not set(_field_spec(spec, IMAGE_EXTS)) & set(held):
+                    raise FieldError(
+                        f"{where}: no field {spec!r} in this split (its samples hold {', '.join(held)}); "
+                        f"choose fields among those")
+        return tuple(requested)
+    labels = ("cls",) if "cls" in held or not held else ()
+    if not held or _images(held, IMAGE_EXTS):
+        return (IMAGE_FIELD, *labels)
+    data = [f for f in held if f not in _META_FIELDS]
+    tensor = next((f for f in TENSOR_FIELDS if f in data), None)
+    if tensor is None and len(data) == 1:
+        tensor = data[0]
+    if tensor is None:
+        raise FieldError(
+            f"{where}: this split has no images and no single data field to default to "
+            f"(its samples hold {', '.join(held)}); choose fields among those")
+    return (tensor, *labels)
