@@ -196,7 +196,8 @@ class _Open:
 
     start: int
     hash: Any = field(default_factory=hashlib.sha256)
-    keys: list[list[Any]] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)
     filtered: int = 0
 
 
@@ -279,7 +280,8 @@ class _Run:
         if got.members is not None:
             self.keys.add(got.key, index)
             stream.add(got.key, got.members, sample_size(got.members))  # may finish the shard before pos
-            self.open.keys.append([got.key, index])
+            self.open.keys.append(got.key)
+            self.open.indexes.append(index)
         elif got.error is not None:
             if self.o.strict:
                 raise InputError(f"fn raised {got.error}", path=f"item {index} ({item_repr(item)})")
@@ -297,8 +299,10 @@ class _Run:
                   "sha256": result.sha256, "fields": list(result.fields),
                   "skipped": [[s.path, s.reason] for s in result.skipped],
                   "start": o.start, "stop": stop, "digest": o.hash.hexdigest(), "keys": o.keys,
-                  "filtered": o.filtered}
-        self.fs.write_atomic(record_name(self.o.split, result.index), json_bytes(record))
+                  "indexes": o.indexes, "filtered": o.filtered}
+        # compact (C encoder): a record lists every key of its shard
+        self.fs.write_atomic(record_name(self.o.split, result.index),
+                             json.dumps(record, separators=(",", ":")).encode("ascii"))
         self.results.append(result)
         self._filtered_counts.append(o.filtered)
         self.open = _Open(start=stop)
@@ -327,7 +331,7 @@ class _Run:
                 result = ShardResult(index=len(records), url=r["url"], nsamples=r["nsamples"],
                                      filesize=r["filesize"], sha256=r["sha256"], fields=tuple(r["fields"]),
                                      skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
-                for key, index in r["keys"]:
+                for key, index in zip(r["keys"], r["indexes"], strict=True):
                     self.keys.add(key, index)
             except (ShardifyError, OSError, KeyError, TypeError, ValueError):
                 break
