@@ -181,13 +181,14 @@ def _fingerprint(o: ItemsOptions, fn: Callable[..., Any], count: int | None) -> 
     return h.hexdigest()
 
 
-def _item_digest(item: object) -> bytes:
-    """A digest of one item for detecting changed input on resume (pickle, else repr)."""
+def _hash_item(h: Any, item: object) -> None:
+    """Feed one item to a shard's digest, for detecting changed input on resume (pickle, else repr)."""
     try:
         data = pickle.dumps(item, protocol=4)
     except Exception:  # noqa: BLE001 - unpicklable items are still hashed, by repr
         data = repr(item).encode("utf-8", "replace")
-    return hashlib.sha256(data).digest()
+    h.update(len(data).to_bytes(8, "little"))
+    h.update(data)
 
 
 @dataclass
@@ -209,7 +210,6 @@ class _Run:
         self.items, self.fn, self.fs, self.o = items, fn, fs, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
-        self.filtered = 0
         self.keys = KeyRegistry("item")
         self.pos = 0
         self._end = 0
@@ -234,11 +234,11 @@ class _Run:
         try:
             for chunk, outcomes in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
                                                ray_address=o.ray_address):
+                written = 0
                 for j, got in enumerate(outcomes):
                     self.pos = chunk.start + j
-                    self._take(stream, chunk, j, got)
-                bar.set(chunk.start + len(outcomes), bar.nbytes + sum(
-                    sample_size(g.members) for g in outcomes if g.members is not None))
+                    written += self._take(stream, chunk, j, got)
+                bar.set(chunk.start + len(outcomes), bar.nbytes + written)
             self.pos = self._end
             stream.close_shard()
         except BaseException:
@@ -273,13 +273,16 @@ class _Run:
             yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
-    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> None:
+    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> int:
+        """Write, skip or count one outcome; return the bytes written."""
         index, item = chunk.indexes[j], chunk.items[j]
+        size = 0
         if got.encode_error is not None:
             raise EncodeError(f"item {index} ({item_repr(item)}): {got.encode_error}")
         if got.members is not None:
             self.keys.add(got.key, index)
-            stream.add(got.key, got.members, sample_size(got.members))  # may finish the shard before pos
+            size = sample_size(got.members)
+            stream.add(got.key, got.members, size)  # may finish the shard before pos
             self.open.keys.append(got.key)
             self.open.indexes.append(index)
         elif got.error is not None:
@@ -288,7 +291,8 @@ class _Run:
             stream.skip(Ignored(f"item {index}: {item_repr(item)}", f"fn raised {got.error}"))
         else:
             self.open.filtered += 1
-        self.open.hash.update(_item_digest(item))
+        _hash_item(self.open.hash, item)
+        return size
 
     # -- records: resuming -----------------------------------------------------------------
     def _finished(self, result: ShardResult) -> None:
@@ -356,7 +360,7 @@ class _Run:
                 got = next(source, None)
                 if got is None:
                     break
-                h.update(_item_digest(got[2]))
+                _hash_item(h, got[2])
             if h.hexdigest() != r["digest"]:
                 self.fs.remove_tree(f"{WORK_DIR}/{self.o.split}")
                 raise InputError(
