@@ -182,13 +182,14 @@ def _fingerprint(o: ItemsOptions, fn: Callable[..., Any], count: int | None) -> 
     return h.hexdigest()
 
 
-def _item_digest(item: object) -> bytes:
-    """A digest of one item for detecting changed input on resume (pickle, else repr)."""
+def _hash_item(h: Any, item: object) -> None:
+    """Feed one item to a shard's digest, for detecting changed input on resume (pickle, else repr)."""
     try:
         data = pickle.dumps(item, protocol=4)
     except Exception:  # noqa: BLE001 - unpicklable items are still hashed, by repr
         data = repr(item).encode("utf-8", "replace")
-    return hashlib.sha256(data).digest()
+    h.update(len(data).to_bytes(8, "little"))
+    h.update(data)
 
 
 @dataclass
@@ -197,7 +198,8 @@ class _Open:
 
     start: int
     hash: Any = field(default_factory=hashlib.sha256)
-    keys: list[list[Any]] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)
     filtered: int = 0
 
 
@@ -209,7 +211,6 @@ class _Run:
         self.items, self.fn, self.fs, self.o = items, fn, fs, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
-        self.filtered = 0
         self.keys = KeyRegistry("item")
         self.pos = 0
         self._end = 0
@@ -236,11 +237,11 @@ class _Run:
         try:
             for chunk, outcomes in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
                                                ray_address=o.ray_address):
+                written = 0
                 for j, got in enumerate(outcomes):
                     self.pos = chunk.start + j
-                    self._take(stream, chunk, j, got)
-                bar.set(chunk.start + len(outcomes), bar.nbytes + sum(
-                    sample_size(g.members) for g in outcomes if g.members is not None))
+                    written += self._take(stream, chunk, j, got)
+                bar.set(chunk.start + len(outcomes), bar.nbytes + written)
             self.pos = self._end
             stream.close_shard()
         except BaseException:
@@ -275,21 +276,26 @@ class _Run:
             yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
-    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> None:
+    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> int:
+        """Write, skip or count one outcome; return the bytes written."""
         index, item = chunk.indexes[j], chunk.items[j]
+        size = 0
         if got.encode_error is not None:
             raise EncodeError(f"item {index} ({item_repr(item)}): {got.encode_error}")
         if got.members is not None:
             self.keys.add(got.key, index)
-            stream.add(got.key, got.members, sample_size(got.members))  # may finish the shard before pos
-            self.open.keys.append([got.key, index])
+            size = sample_size(got.members)
+            stream.add(got.key, got.members, size)  # may finish the shard before pos
+            self.open.keys.append(got.key)
+            self.open.indexes.append(index)
         elif got.error is not None:
             if self.o.strict:
                 raise InputError(f"fn raised {got.error}", path=f"item {index} ({item_repr(item)})")
             stream.skip(Ignored(f"item {index}: {item_repr(item)}", f"fn raised {got.error}"))
         else:
             self.open.filtered += 1
-        self.open.hash.update(_item_digest(item))
+        _hash_item(self.open.hash, item)
+        return size
 
     # -- records: resuming -----------------------------------------------------------------
     def _finished(self, result: ShardResult) -> None:
@@ -300,8 +306,10 @@ class _Run:
                   "sha256": result.sha256, "fields": list(result.fields),
                   "skipped": [[s.path, s.reason] for s in result.skipped],
                   "start": o.start, "stop": stop, "digest": o.hash.hexdigest(), "keys": o.keys,
-                  "filtered": o.filtered}
-        self.fs.write_atomic(record_name(self.o.split, result.index), json_bytes(record))
+                  "indexes": o.indexes, "filtered": o.filtered}
+        # compact (C encoder): a record lists every key of its shard
+        self.fs.write_atomic(record_name(self.o.split, result.index),
+                             json.dumps(record, separators=(",", ":")).encode("ascii"))
         self.results.append(result)
         self._filtered_counts.append(o.filtered)
         self.open = _Open(start=stop)
@@ -321,7 +329,7 @@ class _Run:
                 result = ShardResult(index=len(records), url=r["url"], nsamples=r["nsamples"],
                                      filesize=r["filesize"], sha256=r["sha256"], fields=tuple(r["fields"]),
                                      skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
-                for key, index in r["keys"]:
+                for key, index in zip(r["keys"], r["indexes"], strict=True):
                     self.keys.add(key, index)
             except (ShardifyError, OSError, KeyError, TypeError, ValueError):
                 break
@@ -346,7 +354,7 @@ class _Run:
                 got = next(source, None)
                 if got is None:
                     break
-                h.update(_item_digest(got[2]))
+                _hash_item(h, got[2])
             if h.hexdigest() != r["digest"]:
                 self.fs.remove_tree(f"{WORK_DIR}/{self.o.split}")
                 raise InputError(

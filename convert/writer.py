@@ -23,8 +23,8 @@ from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, che
                                     sniff_ext, transcode_jpeg)
 from shardify.convert.tensors import transcode_file
 from shardify.errors import InputError, OutputError
-from shardify.keys import member_name
-from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
+from shardify.keys import check_ext, check_key
+from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, shard_name, ustar_header
 
 __all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "temp_name", "Progress", "HashingWriter"]
 
@@ -90,19 +90,25 @@ class HashingWriter:
         self.size += len(data)
 
 
-def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> None:
-    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``.
+def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
+    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``; return the bytes.
 
     Small samples go out in one write (one copy, fewer calls); large members are not copied.
     """
+    check_key(key)
     parts: list[bytes] = []
+    total = 0
     for ext, data in members:
-        parts += (ustar_header(member_name(key, ext), len(data)), data, padding(len(data)))
-    if sum(len(p) for p in parts) <= _JOIN_LIMIT:
+        n = len(data)
+        pad = -n % BLOCK
+        parts += (ustar_header(f"{key}.{check_ext(ext)}", n), data, bytes(pad))
+        total += BLOCK + n + pad
+    if total <= _JOIN_LIMIT:
         out.write(b"".join(parts))
     else:
         for part in parts:
             out.write(part)
+    return total
 
 
 def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask,

@@ -108,6 +108,8 @@ _HEADER_TEMPLATE[148:156] = b" " * 8
 _HEADER_TEMPLATE[156:157] = b"0"
 _HEADER_TEMPLATE[257:263] = b"ustar\x00"
 _HEADER_TEMPLATE[263:265] = b"00"
+_TEMPLATE_SUM = sum(_HEADER_TEMPLATE)
+"""Checksum of the template (name and size fields empty, checksum field as spaces)."""
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -117,8 +119,9 @@ def ustar_header(name: str, size: int) -> bytes:
         raise KeyRuleError(f"member name {name!r} should be 1..100 ASCII bytes")
     if not 0 <= size <= MAX_MEMBER_SIZE:
         raise ShardFormatError(f"member of {size} bytes does not fit a ustar header", shard="-", key=name)
+    size_field = b"%011o\x00" % size
     header = bytearray(_HEADER_TEMPLATE)
     header[0 : len(raw)] = raw
-    header[124:136] = b"%011o\x00" % size
-    header[148:156] = b"%06o\x00 " % sum(header)
+    header[124:136] = size_field
+    header[148:156] = b"%06o\x00 " % (_TEMPLATE_SUM + sum(raw) + sum(size_field))  # = sum(header), 2% of the work
     return bytes(header)

@@ -87,6 +87,10 @@ def _timed(fn: Callable[[], object], out: Path, cpu: dict[str, float] | None = N
     return elapsed
 
 
+def _ratio(rates: dict[str, float], a: str, b: str) -> float | None:
+    return round(rates[a] / rates[b], 2) if a in rates and b in rates else None
+
+
 def main() -> None:
     global SIDE
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,20 +99,18 @@ def main() -> None:
     p.add_argument("--side", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-fsync", action="store_true", help="shardify without fsync (webdataset never fsyncs)")
+    p.add_argument("--parts", default="items,writer", help="which of (a) writer and (b) items to run")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
     args = p.parse_args()
     SIDE = args.side
     root = Path(args.dir or tempfile.mkdtemp(prefix="bench_write_"))
-    arrays, labels = _samples(args.samples)
     fsync = not args.no_fsync
-
+    load_start = os.getloadavg()[0]
     best: dict[str, float] = {}
-    for _ in range(args.repeat):
-        for name, fn in (("shardify ShardWriter", lambda: write_shardify(root / "a", arrays, labels, fsync=fsync)),
-                         ("webdataset ShardWriter", lambda: write_webdataset(root / "a", arrays, labels))):
-            best[name] = min(best.get(name, float("inf")), _timed(fn, root / "a"))
+    # (b) first: forking workers from a process that holds 100,000 arrays would time the fork
     cpu: dict[str, dict[str, float]] = {}
-    for _ in range(args.repeat):
+    parts = args.parts.split(",")
+    for _ in range(args.repeat if "items" in parts else 0):
         for w in (1, 2):
             name = f"convert_items workers={w}"
             run = lambda w=w: convert_items(range(args.items), jpeg_sample, root / "b", workers=w,  # noqa: E731
@@ -117,17 +119,22 @@ def main() -> None:
             elapsed = _timed(run, root / "b", used)
             if elapsed < best.get(name, float("inf")):
                 best[name], cpu[name] = elapsed, used
+    arrays, labels = _samples(args.samples if "writer" in parts else 0)
+    for _ in range(args.repeat if "writer" in parts else 0):
+        for name, fn in (("shardify ShardWriter", lambda: write_shardify(root / "a", arrays, labels, fsync=fsync)),
+                         ("webdataset ShardWriter", lambda: write_webdataset(root / "a", arrays, labels))):
+            best[name] = min(best.get(name, float("inf")), _timed(fn, root / "a"))
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 
     rates = {k: (args.samples if "ShardWriter" in k else args.items) / v for k, v in best.items()}
     result = {
         "samples": args.samples, "items": args.items, "side": args.side, "repeat": args.repeat, "fsync": fsync,
-        "cpus": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg()[0],
+        "cpus": len(os.sched_getaffinity(0)), "load_avg_start_end": [load_start, os.getloadavg()[0]],
         "seconds": {k: round(v, 3) for k, v in best.items()},
         "samples_per_s": {k: round(v) for k, v in rates.items()},
-        "shardify_vs_webdataset": round(rates["shardify ShardWriter"] / rates["webdataset ShardWriter"], 2),
-        "items_2_vs_1_workers": round(rates["convert_items workers=2"] / rates["convert_items workers=1"], 2),
+        "shardify_vs_webdataset": _ratio(rates, "shardify ShardWriter", "webdataset ShardWriter"),
+        "items_2_vs_1_workers": _ratio(rates, "convert_items workers=2", "convert_items workers=1"),
         "convert_items_cpu_ms_per_item": {k: {part: round(1000 * v / args.items, 3) for part, v in c.items()}
                                           for k, c in cpu.items()},
     }
