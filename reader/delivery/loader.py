@@ -211,6 +211,7 @@ class Loader:
             "batches": batches,
             "seed": ds.options.seed,
             "world": detect_rank_world()[1],
+            "workers": max(1, self.dataloader.num_workers),
             "num_batches": len(ds),
         }
 
@@ -219,6 +220,8 @@ class Loader:
         ds = self.dataset
         expected = {"version": STATE_VERSION, "seed": ds.options.seed, "world": detect_rank_world()[1],
                     "num_batches": len(ds)}
+        if "workers" in state:  # a version 1 state without it was saved with the same worker count
+            expected["workers"] = max(1, self.dataloader.num_workers)
         for name, value in expected.items():
             if state.get(name) != value:
                 raise ValueError(f"loader state field {name!r} is {state.get(name)!r}, this loader has {value!r}")

@@ -112,3 +112,17 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
     ds, loader = make()
     loader.load_state_dict({**loader.state_dict(), "batches": 5})
     assert list(loader) == full[5:]
+
+
+@pytest.mark.parametrize("saved, loaded", [(2, 0), (2, 3), (0, 2)])
+def test_resume_with_other_worker_count_is_refused(counting_dataset, saved, loaded):
+    root = counting_dataset([7, 2, 13])
+    loader = make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True), num_workers=saved)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    loader.close()
+    other = make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True), num_workers=loaded)
+    with pytest.raises(ValueError, match="field 'workers'"):
+        other.load_state_dict(state)
