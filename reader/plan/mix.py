@@ -1,0 +1,105 @@
+"""The epoch's sequence of samples: several weighted streams, a fixed epoch size, and blocks.
+
+Each stream ``i`` (its shards are numbered after those of the streams before it) takes
+``counts[i]`` samples per epoch from its own endless sequence of cycles: cycle ``q`` is the
+stream's shards laid end to end in a seeded order (natural without shuffle; stream 0's
+cycle ``q`` is the shard order of epoch ``q`` of a single source), and epoch ``e`` takes
+positions ``[e * c, (e + 1) * c)`` of it. So a stream asked for fewer samples than it has
+gives a different subset each epoch and uses every sample once before any twice; asked for
+more, every sample appears before any repeats. ``stream_counts`` splits an epoch size by
+weight with largest-remainder rounding, so the counts add up.
+
+With shuffle, the streams' takes are then cut into blocks of ``block`` samples (read with
+one seek each) and the blocks put in a seeded random order: batches mix the streams, and
+any slice of the sequence (a rank's) is a sample of the whole epoch even when shards are
+sorted by class. Everything here is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from shardify.reader.plan.assign import Range, append_range
+from shardify.reader.plan.shuffle import derive_seed, shard_order
+
+__all__ = ["stream_counts", "stream_take", "epoch_sequence"]
+
+
+def stream_counts(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` with largest-remainder rounding (ties: lower index)."""
+    if total < 0:
+        raise ValueError(f"{total=} should be >= 0")
+    if not weights or any(not w > 0 for w in weights):
+        raise ValueError(f"weights should be > 0, found {list(weights)}")
+    s = sum(weights)
+    exact = [total * w / s for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _cycle_seed(seed: int, stream: int) -> int:
+    return seed if stream == 0 else derive_seed("cycle", seed, stream)
+
+
+def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuffle: bool, stream: int = 0,
+                offset: int = 0) -> list[Range]:
+    """Stream ``stream``'s ``count`` samples of ``epoch`` (shard indices shifted by ``offset``)."""
+    n = sum(sizes)
+    if count and not n:
+        raise ValueError(f"stream {stream} has no samples, but {count} are asked of it per epoch")
+    out: list[Range] = []
+    lo, hi = epoch * count, (epoch + 1) * count
+    while lo < hi:
+        q, at = divmod(lo, n)
+        order = shard_order(len(sizes), seed=_cycle_seed(seed, stream), epoch=q, shuffle=shuffle)
+        start = 0
+        for j in order:
+            stop = start + sizes[j]
+            if stop > at and start < at + hi - lo:
+                a, b = max(at, start), min(stop, at + hi - lo)
+                append_range(out, offset + j, a - start, b - start)
+            start = stop
+        lo += min(hi - lo, n - at)
+    return out
+
+
+def epoch_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int,
+                   shuffle: bool, block: int, interleave: bool = True) -> tuple[Range, ...]:
+    """The epoch's samples in order: each stream's take (``counts``; None: each stream once),
+    then, with ``shuffle`` and ``interleave``, blocks of ``block`` samples in a seeded order."""
+    if counts is None:
+        counts = [sum(s) for s in streams]
+    if len(counts) != len(streams):
+        raise ValueError(f"{len(counts)=} should be {len(streams)}, one per stream")
+    if block < 1:
+        raise ValueError(f"{block=} should be >= 1")
+    takes: list[Range] = []
+    offset = 0
+    for i, (sizes, count) in enumerate(zip(streams, counts)):
+        takes += stream_take(sizes, count=count, epoch=epoch, seed=seed, shuffle=shuffle, stream=i, offset=offset)
+        offset += len(sizes)
+    if not (shuffle and interleave):
+        return tuple(takes)
+    blocks: list[list[Range]] = []
+    current: list[Range] = []
+    room = block
+    for shard, a, b in takes:
+        while a < b:
+            t = min(b - a, room)
+            current.append((shard, a, a + t))
+            a, room = a + t, room - t
+            if room == 0:
+                blocks.append(current)
+                current, room = [], block
+    if current:
+        blocks.append(current)
+    random.Random(derive_seed("blocks", seed, epoch)).shuffle(blocks)
+    out: list[Range] = []
+    for ranges in blocks:
+        for r in ranges:
+            append_range(out, *r)
+    return tuple(out)
