@@ -1,12 +1,12 @@
 """The epoch's sequence of samples: several weighted streams, a fixed epoch size, and blocks.
 
 Each stream ``i`` (its shards are numbered after those of the streams before it) takes
-``counts[i]`` samples per epoch from its own endless sequence of cycles: cycle ``q`` is the
-stream's shards laid end to end in a seeded order (natural without shuffle; stream 0's
-cycle ``q`` is the shard order of epoch ``q`` of a single source), and epoch ``e`` takes
-positions ``[e * c, (e + 1) * c)`` of it. So a stream asked for fewer samples than it has
-gives a different subset each epoch and uses every sample once before any twice; asked for
-more, every sample appears before any repeats. ``stream_counts`` splits an epoch size by
+``c = counts[i]`` of its ``N`` samples per epoch: ``c // N`` whole passes (its shards laid
+end to end in a seeded order; natural without shuffle; stream 0's first pass is the shard
+order of a single source's epoch), then ``c % N`` samples: positions ``[e * r, (e + 1) * r)``
+of an endless sequence of further such passes. So a stream asked for fewer samples than it
+has gives a different subset each epoch and uses every sample once before any twice; asked
+for more, every sample appears (``c // N`` times) before any repeats more. ``stream_counts`` splits an epoch size by
 weight with largest-remainder rounding, so the counts add up.
 
 With shuffle, the streams' takes are then cut into blocks of ``block`` samples (read with
@@ -41,29 +41,43 @@ def stream_counts(total: int, weights: Sequence[float]) -> list[int]:
     return counts
 
 
-def _cycle_seed(seed: int, stream: int) -> int:
-    return seed if stream == 0 else derive_seed("cycle", seed, stream)
+def _whole(sizes: Sequence[int], order: Sequence[int], offset: int, lo: int, hi: int, out: list[Range]) -> None:
+    """Positions ``[lo, hi)`` of the stream's shards laid end to end in ``order``."""
+    start = 0
+    for j in order:
+        stop = start + sizes[j]
+        if stop > lo and start < hi:
+            append_range(out, offset + j, max(lo, start) - start, min(stop, hi) - start)
+        start = stop
 
 
 def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuffle: bool, stream: int = 0,
                 offset: int = 0) -> list[Range]:
-    """Stream ``stream``'s ``count`` samples of ``epoch`` (shard indices shifted by ``offset``)."""
+    """Stream ``stream``'s ``count`` samples of ``epoch`` (shard indices shifted by ``offset``).
+
+    ``count // N`` whole passes over the stream's ``N`` samples (pass 0 of stream 0 is the
+    shard order of a single source's epoch), then ``count % N`` samples taken in turn from an
+    endless sequence of further passes: so an epoch holds every sample ``count // N`` or
+    ``count // N + 1`` times, and the extra ones go through every sample before any twice.
+    """
     n = sum(sizes)
     if count and not n:
         raise ValueError(f"stream {stream} has no samples, but {count} are asked of it per epoch")
     out: list[Range] = []
-    lo, hi = epoch * count, (epoch + 1) * count
+    if not count:
+        return out
+    passes, rest = divmod(count, n)
+    for j in range(passes):
+        pass_seed = (seed if stream == 0 else derive_seed("cycle", seed, stream)) if j == 0 else derive_seed(
+            "pass", seed, stream, j)
+        _whole(sizes, shard_order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), offset, 0, n, out)
+    lo, hi = epoch * rest, (epoch + 1) * rest
     while lo < hi:
         q, at = divmod(lo, n)
-        order = shard_order(len(sizes), seed=_cycle_seed(seed, stream), epoch=q, shuffle=shuffle)
-        start = 0
-        for j in order:
-            stop = start + sizes[j]
-            if stop > at and start < at + hi - lo:
-                a, b = max(at, start), min(stop, at + hi - lo)
-                append_range(out, offset + j, a - start, b - start)
-            start = stop
-        lo += min(hi - lo, n - at)
+        order = shard_order(len(sizes), seed=derive_seed("rest", seed, stream), epoch=q, shuffle=shuffle)
+        take = min(hi - lo, n - at)
+        _whole(sizes, order, offset, at, at + take, out)
+        lo += take
     return out
 
 

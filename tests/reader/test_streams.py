@@ -48,7 +48,7 @@ def test_each_epoch_takes_exact_counts_of_each_stream(two_sources, workers):
             assert Counter(s for _, s in got) == {0: 20, 1: 10}
             assert all((v >= 1000) == (s == 1) for v, s in got)
             books_seen = Counter(v for v, s in got if s == 1)
-            assert set(books_seen) == set(range(1000, 1006)) and max(books_seen.values()) == 2  # all before repeats
+            assert set(books_seen) == set(range(1000, 1006)) and max(books_seen.values()) <= 3  # all, then 4 more
             used.update(v for v, s in got if s == 0)
     assert set(used) == set(range(22)) and max(used.values()) - min(used.values()) <= 1  # new subsets
 
