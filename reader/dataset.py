@@ -16,15 +16,12 @@ left of the epoch (:mod:`shardify.reader.plan.resume`).
 
 from __future__ import annotations
 
-import array
 import functools
 import itertools
 import logging
 import os
 import random
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -39,7 +36,8 @@ from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder
 from shardify.reader.io.sources import Source, SourceLike
 from shardify.reader.io.stream import Item, ShardReader
-from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights
+from shardify.reader.options import ReadOptions
+from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "MAX_SEGMENTS"]
@@ -59,41 +57,6 @@ MAX_SEGMENTS = 16
 
 SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
 """Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """Every option of a :class:`ShardedDataset` (see its docstring); picklable to workers."""
-
-    batch_size: int
-    shuffle: bool = False
-    seed: int = 0
-    drop_last: bool = False
-    transform: Callable[..., Any] | None = None
-    fields: tuple[str, ...] | None = None
-    map: Callable[[dict[str, Any]], Any] | None = None
-    collate_fn: Callable[[list[Any]], Any] | None = None
-    shuffle_buffer: int = 1024
-    shuffle_block: int = 4
-    bucket_length: Callable[[Any], int] | None = None
-    bucket_buffer: int | None = None
-    on_error: Literal["raise", "skip"] = "raise"
-    allow_pickle: bool = False
-    verify: bool = False
-    samples_per_epoch: int | None = None
-    mark_repeats: bool = False
-
-    def __post_init__(self) -> None:
-        if self.samples_per_epoch is not None and self.samples_per_epoch < 0:
-            raise ValueError(f"{self.samples_per_epoch=} should be >= 0")
-        if self.batch_size < 1:
-            raise ValueError(f"{self.batch_size=} should be >= 1")
-        if self.shuffle_buffer < 1 or self.shuffle_block < 1:
-            raise ValueError(f"{self.shuffle_buffer=} and {self.shuffle_block=} should be >= 1")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"{self.on_error=} should be 'raise' or 'skip'")
-        if self.fields is not None and self.map is not None:
-            raise ValueError("pass fields=... or map=..., not both")
 
 
 def _checksums(source: Source) -> tuple[str, ...]:
@@ -403,7 +366,8 @@ class ShardedDataset(IterableDataset):
         try:
             items = read_positions(reader, plan.ranges, read, mask)
             if self._tag_stream or o.mark_repeats:
-                items = self._tagged(items, plan)
+                items = tag_samples(items, plan, streams=self._stream_sizes if self._tag_stream else None,
+                                    mark_repeats=o.mark_repeats)
             outputs = map(process, reorder(items, out[done:]))
             if o.bucket_length is None:
                 groups: Iterator[list[Any]] = cut(outputs, sizes)
@@ -419,19 +383,3 @@ class ShardedDataset(IterableDataset):
             report = self.last_epoch_report
             if report:
                 log.warning("%s", report)
-
-    def _tagged(self, items: Iterator[tuple[int, Item]], plan: Any) -> Iterator[tuple[int, Item]]:
-        """Add ``__stream__`` and (``mark_repeats``) ``__valid__`` to each sample dict."""
-        streams = array.array("i")
-        if self._tag_stream:
-            first = list(itertools.accumulate((len(s) for s in self._stream_sizes), initial=0))
-            for shard, a, b in plan.ranges:
-                streams.extend([bisect_right(first, shard) - 1] * (b - a))
-        repeats = plan.repeats() if self.options.mark_repeats else None
-        for p, item in items:
-            if type(item) is dict:
-                if streams:
-                    item["__stream__"] = streams[p]
-                if repeats is not None:
-                    item["__valid__"] = p not in repeats
-            yield p, item

@@ -8,15 +8,20 @@ live here rather than on the dataset. How an epoch draws from each stream is
 
 from __future__ import annotations
 
+import array
 import dataclasses
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, BinaryIO
 
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
+from shardify.reader.io.stream import Item
+from shardify.reader.plan.assign import WorkerPlan
 
-__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights"]
+__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "tag_samples"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +103,22 @@ class MixedOpener:
 
     def __call__(self, url: str) -> tuple[BinaryIO, bool]:
         return self._sources[self._owner[url]].open_tar(url)
+
+
+def tag_samples(items: Iterator[tuple[int, Item]], plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None,
+                mark_repeats: bool) -> Iterator[tuple[int, Item]]:
+    """Add ``__stream__`` (when ``streams``, each stream's shard sizes, is given) and, with
+    ``mark_repeats``, ``__valid__`` to each sample dict of a worker's ``(position, item)``s."""
+    of = array.array("i")
+    if streams is not None:
+        first = list(itertools.accumulate((len(s) for s in streams), initial=0))
+        for shard, a, b in plan.ranges:
+            of.extend([bisect_right(first, shard) - 1] * (b - a))
+    repeats = plan.repeats() if mark_repeats else None
+    for p, item in items:
+        if type(item) is dict:
+            if streams is not None:
+                item["__stream__"] = of[p]
+            if repeats is not None:
+                item["__valid__"] = p not in repeats
+        yield p, item
