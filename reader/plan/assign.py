@@ -19,6 +19,7 @@ samples before it.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ __all__ = [
     "WorkerPlan",
     "shard_sequence",
     "sequence_length",
+    "sequence_starts",
     "append_range",
     "samples_per_rank",
     "batches_per_rank",
@@ -139,6 +141,11 @@ def shard_sequence(sizes: Sequence[int], order: Sequence[int]) -> tuple[Range, .
     return tuple((i, 0, sizes[i]) for i in order if sizes[i] > 0)
 
 
+def sequence_starts(sequence: Sequence[Range]) -> list[int]:
+    """Where each range of ``sequence`` starts in it, plus its length at the end."""
+    return list(itertools.accumulate((b - a for _, a, b in sequence), initial=0))
+
+
 def sequence_length(sequence: Sequence[Range]) -> int:
     """Samples in ``sequence``."""
     return sum(b - a for _, a, b in sequence)
@@ -163,8 +170,12 @@ def plan_worker(
     workers: int,
     batch_size: int,
     drop_last: bool,
+    starts: Sequence[int] | None = None,
 ) -> WorkerPlan:
-    """The share of worker ``worker`` of rank ``rank`` of the epoch ``sequence`` (see the module docstring)."""
+    """The share of worker ``worker`` of rank ``rank`` of the epoch ``sequence`` (see the module docstring).
+
+    ``starts``: :func:`sequence_starts` of ``sequence``, when the caller plans it several times.
+    """
     if not 0 <= rank < world:
         raise ValueError(f"{rank=} should be in [0, {world=})")
     if not 0 <= worker < workers:
@@ -172,9 +183,7 @@ def plan_worker(
     bad = next((r for r in sequence if not 0 <= r[1] <= r[2]), None)
     if bad is not None:
         raise ValueError(f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, found {bad}")
-    cum = [0]
-    for _, a, b in sequence:
-        cum.append(cum[-1] + b - a)
+    cum = sequence_starts(sequence) if starts is None else starts
     total = cum[-1]
     per = samples_per_rank(total, world=world, drop_last=drop_last)
     nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)

@@ -17,8 +17,9 @@ sorted by class. Everything here is a pure function of its arguments.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
+
+import numpy as np
 
 from shardify.reader.plan.assign import Range, append_range
 from shardify.reader.plan.shuffle import derive_seed, shard_order
@@ -98,22 +99,37 @@ def epoch_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | 
         offset += len(sizes)
     if not (shuffle and interleave):
         return tuple(takes)
-    blocks: list[list[Range]] = []
-    current: list[Range] = []
-    room = block
-    for shard, a, b in takes:
-        while a < b:
-            t = min(b - a, room)
-            current.append((shard, a, a + t))
-            a, room = a + t, room - t
-            if room == 0:
-                blocks.append(current)
-                current, room = [], block
-    if current:
-        blocks.append(current)
-    random.Random(derive_seed("blocks", seed, epoch)).shuffle(blocks)
+    return _interleave(takes, block=block, seed=seed, epoch=epoch)
+
+
+def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) -> tuple[Range, ...]:
+    """``takes`` cut into blocks of ``block`` samples, the blocks in a seeded random order.
+
+    The permutation comes from NumPy's ``RandomState``, whose stream is frozen (NEP 19), so
+    the order is the same on every version and machine; vectorised, as an epoch of ImageNet
+    has 320,000 blocks of 4.
+    """
+    if not takes:
+        return ()
+    shards = np.array([s for s, _, _ in takes], dtype=np.int64)
+    firsts = np.array([a for _, a, _ in takes], dtype=np.int64)
+    cum = np.concatenate(([0], np.cumsum([b - a for _, a, b in takes]))).astype(np.int64)
+    n = int(cum[-1])
+    perm = np.random.RandomState(derive_seed("blocks", seed, epoch) % 2**32).permutation(-(-n // block))
+    starts = perm.astype(np.int64) * block
+    stops = np.minimum(starts + block, n)
+    j = np.searchsorted(cum, starts, side="right") - 1
+    lo = firsts[j] + starts - cum[j]
+    inside = (stops <= cum[j + 1]).tolist()
     out: list[Range] = []
-    for ranges in blocks:
-        for r in ranges:
-            append_range(out, *r)
+    for k, (shard, a, b, whole) in enumerate(zip(shards[j].tolist(), lo.tolist(), (lo + stops - starts).tolist(),
+                                                  inside)):
+        if whole:
+            out.append((shard, a, b))
+            continue
+        v, end, r = int(starts[k]), int(stops[k]), int(j[k])
+        while v < end:  # a block across the end of a take: one range per take it touches
+            take = min(end, int(cum[r + 1])) - v
+            out.append((int(shards[r]), int(firsts[r]) + v - int(cum[r]), int(firsts[r]) + v - int(cum[r]) + take))
+            v, r = v + take, r + 1
     return tuple(out)

@@ -24,6 +24,7 @@ from shardify.reader.plan.assign import (
     consumed_by_worker,
     plan_worker,
     sequence_length,
+    sequence_starts,
 )
 from shardify.reader.plan.shuffle import stream_rng, worker_order
 
@@ -75,13 +76,14 @@ def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions
     if segment.batches > have:
         raise ValueError(f"{segment} consumed more batches than the {have} each rank has")
     mask = bytearray(total)
+    starts = sequence_starts(sequence)
     for rank in range(segment.world):
         for worker in range(segment.workers):
             k = consumed_by_worker(segment.batches, worker=worker, workers=segment.workers)
             if not k:
                 continue
             plan = plan_worker(sequence, rank=rank, world=segment.world, worker=worker, workers=segment.workers,
-                               batch_size=opts.batch_size, drop_last=opts.drop_last)
+                               batch_size=opts.batch_size, drop_last=opts.drop_last, starts=starts)
             _, out = share_order(plan, opts, epoch=epoch, rank=rank, worker=worker, segment=index)
             where = plan.sequence_positions()
             for p in out[: k * opts.batch_size]:
