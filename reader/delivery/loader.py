@@ -1,10 +1,13 @@
 """``make_loader``: a DataLoader over a ShardedDataset, device prefetch, and exact resume.
 
 The loader counts the batches it has handed to the training loop in the current epoch.
-``state_dict()`` saves that count with the epoch; ``load_state_dict()`` tells the dataset to
-resume there, and each worker works out from the deterministic plan which of its batches the
+``state_dict()`` saves that count with the epoch and the topology (see
+:mod:`shardify.reader.delivery.state`); ``load_state_dict()`` tells the dataset to resume
+there, and each worker works out from the deterministic plan which of its batches the
 trainer already had and skips their samples without reading or decoding them. The resumed
-run yields exactly the remaining batches: same samples, order and augmentation.
+run yields exactly the remaining batches: same samples, order and augmentation. Under
+another world size or worker count, the rest of the epoch is planned anew (every sample not
+yet consumed once over all ranks).
 
 Worker processes end with the loader: ``close()`` (or ``with make_loader(...) as loader``, or
 dropping the loader) stops persistent workers; an iteration left early stops its own workers
