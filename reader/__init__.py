@@ -1,7 +1,7 @@
 """The training side: stream shards into a PyTorch training loop.
 
 ``ShardedDataset`` yields whole batches, the same number on every rank, exactly once per
-epoch; ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
+epoch, from one source or weighted ``Stream``s; ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
 ``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from shardify.reader.sample import transforms
 from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
 from shardify.reader.dataset import ReadOptions, ShardedDataset
+from shardify.reader.streams import Stream
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
@@ -17,6 +18,7 @@ from shardify.reader.plan.shuffle import sample_rng
 
 __all__ = [
     "ShardedDataset",
+    "Stream",
     "ReadOptions",
     "make_loader",
     "Loader",

@@ -10,8 +10,10 @@ and flip, uint8 batches) in the same DataLoader setup; (d) time to the first bat
 fresh loader; (e) memory (PSS) of the main process and its workers after each epoch; (f)
 shuffle quality, the mean distance in the original order between consecutive samples,
 against a full random permutation's (~N/3), here and for an ImageNet-size dataset
-(computed from the plan alone). The CLI's ``shardify bench`` and ``tools/bench_read.py``
-call it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
+(computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
+on class-sorted shards relative to a full random permutation, at world 1, 2 and 8
+(:func:`class_mixing`, from the plan alone). The CLI's ``shardify bench`` and
+``tools/bench_read.py`` call it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
 and upsampling) against the exact path, in alternating passes of one run, and reports how
 far its pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its default fields, and the
 result says which figures it cannot measure (``not_measured``).
@@ -19,6 +21,7 @@ result says which figures it cannot measure (``not_measured``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -28,17 +31,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardify.reader.plan.assign import plan_worker
+from shardify.reader.plan.mix import epoch_sequence
+from shardify.reader.plan.resume import PlanOptions
+from shardify.reader.plan.simulate import Entry, rank_batches
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.loader import make_loader
-from shardify.reader.plan.shuffle import sample_rng, stream_rng, worker_order
+from shardify.reader.plan.shuffle import sample_rng
 from shardify.errors import SplitRequiredError
 from shardify.reader.io.sources import ShardInfo, Source, resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
 from shardify.reader.bench_decode import fast_decode_figures
 from shardify.reader.sample.fields import output_fields
 
-__all__ = ["run_bench", "format_bench", "shuffle_quality", "process_memory", "child_pids", "bench_source"]
+__all__ = ["run_bench", "format_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory",
+           "child_pids", "bench_source"]
 
 
 def process_memory(pid: int | None = None) -> int:
@@ -77,6 +83,15 @@ def _memory_of(pid: int) -> int:
     return 0
 
 
+def _rank0_batches(sizes: list[int], *, seed: int, epoch: int, batch_size: int, workers: int, shuffle_buffer: int,
+                   shuffle_block: int, rank: int = 0, world: int = 1, interleave: bool = True) -> list[list[Entry]]:
+    opts = PlanOptions(seed=seed, shuffle=True, batch_size=batch_size, drop_last=False, block=shuffle_block,
+                       buffer=shuffle_buffer)
+    seq = epoch_sequence([sizes], counts=None, seed=seed, epoch=epoch, shuffle=True, block=shuffle_block,
+                         interleave=interleave)
+    return rank_batches(seq, opts, epoch=epoch, rank=rank, world=world, workers=max(1, workers))
+
+
 def shuffle_quality(source: Source, *, seed: int, epoch: int, batch_size: int, workers: int,
                     shuffle_buffer: int, shuffle_block: int) -> dict[str, float]:
     """How well rank 0's epoch is mixed, from the plan alone (no I/O).
@@ -87,22 +102,14 @@ def shuffle_quality(source: Source, *, seed: int, epoch: int, batch_size: int, w
     start = [0]
     for s in source.sizes:
         start.append(start[-1] + s)
-    per_worker = []
-    for w in range(max(1, workers)):
-        plan = plan_worker(source.sizes, seed=seed, epoch=epoch, shuffle=True, rank=0, world=1, worker=w,
-                           workers=max(1, workers), batch_size=batch_size, drop_last=False)
-        samples = plan.samples()
-        _, out = worker_order(len(samples), rng=stream_rng(seed, epoch, 0, w), block=shuffle_block,
-                              buffer_size=shuffle_buffer)
-        order = [samples[p] for p in out]
-        per_worker.append([order[i:i + batch_size] for i in range(0, len(order), batch_size)])
-    batches = [w[b] for b in range(max(map(len, per_worker))) for w in per_worker if b < len(w)]
-    seq = [start[shard] + i for batch in batches for shard, i in batch]
+    batches = _rank0_batches(source.sizes, seed=seed, epoch=epoch, batch_size=batch_size, workers=workers,
+                             shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+    seq = [start[shard] + i for batch in batches for shard, i, _ in batch]
     n = len(seq)
     if n < 2:
         return {"gap": 0.0, "shards_per_batch": 1.0}
     gap = sum(abs(a - b) for a, b in zip(seq, seq[1:])) / (n - 1)
-    shards = sum(len({shard for shard, _ in batch}) for batch in batches) / len(batches)
+    shards = sum(len({shard for shard, _, _ in batch}) for batch in batches) / len(batches)
     return {"gap": gap / (n / 3), "shards_per_batch": shards}
 
 
@@ -114,6 +121,35 @@ def bench_source(dataset: str | os.PathLike[str], split: str | None) -> Source:
         if split is not None or "train" not in e.splits:
             raise
         return resolve_source(dataset, split="train")
+
+
+def permutation_classes(*, classes: int, per_class: int, batch_size: int) -> float:
+    """Expected distinct classes in ``batch_size`` samples of a uniform random permutation."""
+    n = classes * per_class
+    absent = 1.0
+    for i in range(min(batch_size, n)):
+        absent *= max(0, n - per_class - i) / (n - i)
+    return classes * (1 - absent)
+
+
+def class_mixing(*, world: int, classes: int = 100, per_class: int = 1000, samples_per_shard: int = 1000,
+                 batch_size: int = 256, workers: int = 4, shuffle_buffer: int = 1024, shuffle_block: int = 4,
+                 seed: int = 0, epoch: int = 0, interleave: bool = True) -> float:
+    """Mean distinct classes per batch (every rank's batches) on class-sorted shards, over a
+    uniform random permutation's; ``interleave=False``: whole shards in order, as before
+    cross-rank shuffle. Computed from the plan alone."""
+    n = classes * per_class
+    sizes = [min(samples_per_shard, n - a) for a in range(0, n, samples_per_shard)]
+    start = list(itertools.accumulate(sizes, initial=0))
+    distinct, count = 0, 0
+    for rank in range(world):
+        for batch in _rank0_batches(sizes, seed=seed, epoch=epoch, batch_size=batch_size, workers=workers,
+                                    shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, rank=rank,
+                                    world=world, interleave=interleave):
+            if len(batch) == batch_size:
+                distinct += len({(start[s] + i) // per_class for s, i, _ in batch})
+                count += 1
+    return distinct / count / permutation_classes(classes=classes, per_class=per_class, batch_size=batch_size)
 
 
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
@@ -189,7 +225,7 @@ def run_bench(
     single_limit: int | None = None,
     compare_webdataset: bool = True,
     shuffle_buffer: int = 1024,
-    shuffle_block: int = 64,
+    shuffle_block: int = 4,
     fast_decode: bool = False,
 ) -> dict[str, Any]:
     """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
@@ -250,7 +286,7 @@ def run_bench(
 
 
 def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int, shuffle_block: int) -> None:
-    """(f): shuffle quality here, with the buffer alone, and at ImageNet scale."""
+    """(f): shuffle quality here, with the buffer alone, and at ImageNet scale; (g) class mixing across ranks."""
     batch_size, workers = result["batch_size"], result["num_workers"]
     result["shuffle_quality"] = shuffle_quality(source, seed=0, epoch=1, batch_size=batch_size, workers=workers,
                                                 shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
@@ -260,6 +296,11 @@ def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int
     imagenet = Source(name="imagenet-like", split=None, shards=tuple(ShardInfo("", 1251) for _ in range(1024)))
     result["shuffle_quality_imagenet"] = shuffle_quality(
         imagenet, seed=0, epoch=1, batch_size=256, workers=8, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+    result["class_mixing"] = {w: class_mixing(world=w, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+                              for w in (1, 2, 8)}
+    result["class_mixing_whole_shards"] = {
+        w: class_mixing(world=w, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, interleave=False)
+        for w in (1, 2, 8)}
 
 
 def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,
@@ -378,6 +419,10 @@ def format_bench(r: dict[str, Any]) -> str:
         ("    at ImageNet scale", f"{i['gap']:.2f}, {i['shards_per_batch']:.1f} shards per batch of 256 "
          "(1.28 M samples in 1024 shards, 8 workers; full permutation: 1.00, ~226)"),
     ]
+    mix, old = r["class_mixing"], r["class_mixing_whole_shards"]
+    rows.append(("(g) classes per batch / permutation", ", ".join(f"world {w}: {mix[w]:.2f}" for w in mix) +
+                 "  (target >= 0.90; class-sorted shards, 100 classes x 1000, batches of 256, 4 workers; "
+                 "whole shards per rank as before: " + ", ".join(f"{old[w]:.2f}" for w in old) + ")"))
     return _table(rows)
 
 

@@ -5,78 +5,62 @@ here, so ``set_epoch`` and resuming reach persistent DataLoader workers, which h
 the dataset. Each worker reads the cells when its iteration starts and runs the pure plan
 (:mod:`shardify.reader.plan.assign`) for its (rank, worker); see :mod:`shardify.reader.sample.pipeline`.
 
-Shuffle and batching: a worker gets whole batches of its rank (batch ``b`` to worker
-``b % workers``), and shuffles the samples of all its batches together, before batching,
-with a buffer of encoded samples. So a batch holds samples of the worker's share only, each
-sample still appears exactly once, and DataLoader's round-robin fetch keeps the rank's batch
-count and order.
+Shuffle and batching: the epoch's sequence mixes blocks of every stream and shard
+(:mod:`shardify.reader.plan.mix`); a worker gets whole batches of its rank's slice of it
+(batch ``b`` to worker ``b % workers``), and shuffles the samples of all its batches
+together, before batching, with a buffer of encoded samples. So a batch holds samples of the
+worker's share only, each sample still appears exactly once, and DataLoader's round-robin
+fetch keeps the rank's batch count and order. A resume on another topology plans what is
+left of the epoch (:mod:`shardify.reader.plan.resume`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
+from shardify.reader.plan.mix import epoch_sequence, stream_counts
+from shardify.reader.plan.resume import PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
 from shardify.reader.sample.fields import output_fields
 from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
 from shardify.reader.delivery.report import EpochReport, SharedReport
-from shardify.reader.plan.shuffle import derive_seed, reorder, stream_rng, worker_order
+from shardify.reader.plan.shuffle import derive_seed, reorder
 from shardify.reader.io.checksums import ChecksumSpec, with_checksums
-from shardify.reader.io.sources import Source, SourceLike, resolve_source
-from shardify.reader.io.stream import ShardReader
+from shardify.reader.io.sources import Source, SourceLike
+from shardify.reader.io.stream import Item, ShardReader
+from shardify.reader.options import ReadOptions
+from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.tario import DEFAULT_MAX_MEMBER
 
-__all__ = ["ReadOptions", "ShardedDataset"]
+__all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "MAX_SEGMENTS"]
 
 log = logging.getLogger("shardify.reader")
 
-_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES = range(3)
+_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS = range(5)
+_HEADER = 5
 
+LAYOUT = 2
+"""How an epoch's sequence is built: 2, blocks of every shard interleaved (see
+:mod:`shardify.reader.plan.mix`); 1, whole shards one after another (before cross-rank
+shuffle; an epoch resumed from a version 1 loader state is finished that way)."""
 
-@dataclass(frozen=True)
-class ReadOptions:
-    """Every option of a :class:`ShardedDataset` (see its docstring); picklable to workers."""
+MAX_SEGMENTS = 16
+"""Resumes of one epoch on another topology that a state can hold."""
 
-    batch_size: int
-    shuffle: bool = False
-    seed: int = 0
-    drop_last: bool = False
-    transform: Callable[..., Any] | None = None
-    fields: tuple[str, ...] | None = None
-    map: Callable[[dict[str, Any]], Any] | None = None
-    collate_fn: Callable[[list[Any]], Any] | None = None
-    shuffle_buffer: int = 1024
-    shuffle_block: int = 64
-    bucket_length: Callable[[Any], int] | None = None
-    bucket_buffer: int | None = None
-    on_error: Literal["raise", "skip"] = "raise"
-    allow_pickle: bool = False
-    verify: bool = False
-    max_member_bytes: int = DEFAULT_MAX_MEMBER
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"{self.batch_size=} should be >= 1")
-        if self.shuffle_buffer < 1 or self.shuffle_block < 1:
-            raise ValueError(f"{self.shuffle_buffer=} and {self.shuffle_block=} should be >= 1")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"{self.on_error=} should be 'raise' or 'skip'")
-        if self.fields is not None and self.map is not None:
-            raise ValueError("pass fields=... or map=..., not both")
-        if self.max_member_bytes < 0:
-            raise ValueError(f"{self.max_member_bytes=} should be >= 0")
+SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
+"""Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
 
 
 def _checksums(source: Source) -> tuple[str, ...]:
@@ -121,12 +105,21 @@ class ShardedDataset(IterableDataset):
     holding a member over ``max_member_bytes`` (default 2 GiB) is damaged, and an image over
     ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample (see docs/reliability.md).
     ``bucket_length(output) -> int`` groups samples of similar length into batches, within
-    ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again.
+    ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again
+    (and needs the same topology).
+
+    Several sources: ``source`` as a list of :class:`Stream` (each with its ``weight``,
+    ``split``, ``transform``, ``map``, ``fields``); batches mix them. ``samples_per_epoch``:
+    the epoch's size (default: every sample of every stream once), split between the streams
+    by weight; with one source it trains on a new subset per epoch, or oversamples.
+    ``mark_repeats=True``: ``__valid__`` (False for the few samples repeated so that every rank
+    yields as many batches, only without ``drop_last``) in ``map`` dicts and ``fields``, for
+    exact evaluation. ``__stream__`` (the stream's index) and ``__key__`` are there too.
     """
 
     def __init__(
         self,
-        source: SourceLike | Source,
+        source: SourceLike | Source | Stream | Sequence[Stream],
         *,
         split: str | None = None,
         batch_size: int,
@@ -138,7 +131,7 @@ class ShardedDataset(IterableDataset):
         map: Callable[[dict[str, Any]], Any] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         shuffle_buffer: int = 1024,
-        shuffle_block: int = 64,
+        shuffle_block: int = 4,
         bucket_length: Callable[[Any], int] | None = None,
         bucket_buffer: int | None = None,
         on_error: Literal["raise", "skip"] = "raise",
@@ -147,6 +140,8 @@ class ShardedDataset(IterableDataset):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
         max_member_bytes: int = DEFAULT_MAX_MEMBER,
+        samples_per_epoch: int | None = None,
+        mark_repeats: bool = False,
     ) -> None:
         super().__init__()
         self.options = ReadOptions(
@@ -155,18 +150,31 @@ class ShardedDataset(IterableDataset):
                 tuple(fields) if fields is not None else None), map=map,
             collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
             bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle, verify=verify is not False, max_member_bytes=max_member_bytes)
-        if isinstance(source, Source):
-            self.source = source
-        else:
-            self.source = resolve_source(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
-                                         skip_unreadable=on_error == "skip")
+            allow_pickle=allow_pickle, verify=verify is not False, samples_per_epoch=samples_per_epoch,
+            mark_repeats=mark_repeats, max_member_bytes=max_member_bytes)
+        self.streams = resolve_streams(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
+                                       skip_unreadable=on_error == "skip")
+        sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:
-            self.source = with_checksums(self.source, verify)
+            sources = [with_checksums(s, verify) for s in sources]
+            self.streams = tuple(dataclasses.replace(st, source=s) for st, s in zip(self.streams, sources))
+        self.source = mixed_source(sources)
+        self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
+        self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
+        weighted = len(sources) > 1 and any(s.weight is not None for s in self.streams)
+        self._counts: tuple[int, ...] | None = None
+        if samples_per_epoch is not None or weighted:
+            total = self.source.num_samples if samples_per_epoch is None else samples_per_epoch
+            self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
+        self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
+        wanted = {f for fields in self._stream_fields for f in fields}
+        if "__valid__" in wanted and not mark_repeats:
+            raise ValueError("fields=... names '__valid__': pass mark_repeats=True")
+        self._tag_stream = len(sources) > 1 or "__stream__" in wanted or map is not None or any(
+            s.map is not None for s in self.streams)
         self._checksums = _checksums(self.source) if verify is not False else None
-        self._output_fields = () if map is not None else output_fields(
-            self.options.fields, self.source.fields, where=f"{self.source.name} split {self.source.split!r}")
-        self._state = torch.tensor([0, -1, 0], dtype=torch.int64).share_memory_()
+        self._state = torch.zeros(_HEADER + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
+        self._state[_RESUME_EPOCH] = -1
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
@@ -190,17 +198,41 @@ class ShardedDataset(IterableDataset):
             self.clear_resume()
         self._state[_EPOCH] = epoch
 
-    def resume_at(self, epoch: int, batches: int) -> None:
-        """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded)."""
+    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
+        """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded).
+
+        ``history``: the parts of the epoch consumed before on other topologies (their samples
+        are left out and the rest is planned anew); ``layout``: the epoch's (see :data:`LAYOUT`).
+        """
         if epoch < 0 or batches < 0:
             raise ValueError(f"{epoch=} and {batches=} should be >= 0")
+        if len(history) > MAX_SEGMENTS:
+            raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times; "
+                             f"a state holds at most {MAX_SEGMENTS}")
+        if layout not in (1, LAYOUT):
+            raise ValueError(f"{layout=} should be 1 or {LAYOUT}")
         self._state[_EPOCH] = epoch
         self._state[_RESUME_EPOCH] = epoch
         self._state[_RESUME_BATCHES] = batches
+        self._state[_LAYOUT] = layout
+        self._state[_SEGMENTS] = len(history)
+        for i, seg in enumerate(history):
+            self._state[_HEADER + 3 * i: _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
 
     def clear_resume(self) -> None:
         self._state[_RESUME_EPOCH] = -1
         self._state[_RESUME_BATCHES] = 0
+        self._state[_LAYOUT] = LAYOUT
+        self._state[_SEGMENTS] = 0
+
+    @property
+    def resume_history(self) -> tuple[tuple[Segment, ...], int]:
+        """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
+        if int(self._state[_RESUME_EPOCH]) < 0:
+            return (), LAYOUT
+        n = int(self._state[_SEGMENTS])
+        v = self._state[_HEADER: _HEADER + 3 * n].tolist()
+        return tuple(Segment(*v[3 * i: 3 * i + 3]) for i in range(n)), int(self._state[_LAYOUT]) or LAYOUT
 
     @property
     def resume_point(self) -> tuple[int, int] | None:
@@ -210,20 +242,43 @@ class ShardedDataset(IterableDataset):
 
     @property
     def num_samples(self) -> int:
-        """Samples in the source (all ranks)."""
+        """Samples in the source (all streams, all ranks)."""
         return self.source.num_samples
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples of an epoch over all ranks (``samples_per_epoch``, else every sample once)."""
+        return self.num_samples if self._counts is None else sum(self._counts)
+
+    @property
+    def stream_counts(self) -> tuple[int, ...]:
+        """Samples each stream gives an epoch."""
+        return self._counts if self._counts is not None else tuple(s.source.num_samples for s in self.streams)  # type: ignore[union-attr]
 
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per epoch, padding repeats included."""
         _, world = detect_rank_world()
-        return samples_per_rank(self.num_samples, world=world, drop_last=self.options.drop_last)
+        return samples_per_rank(self.samples_per_epoch, world=world, drop_last=self.options.drop_last)
 
     def __len__(self) -> int:
         """Batches each rank yields per epoch (the same on every rank)."""
         _, world = detect_rank_world()
         o = self.options
-        return batches_per_rank(self.num_samples, world=world, batch_size=o.batch_size, drop_last=o.drop_last)
+        return batches_per_rank(self.samples_per_epoch, world=world, batch_size=o.batch_size, drop_last=o.drop_last)
+
+    @property
+    def plan_options(self) -> PlanOptions:
+        o = self.options
+        return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
+                           block=o.shuffle_block, buffer=o.shuffle_buffer)
+
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple:
+        """The epoch's samples in order as ``(shard, start, stop)`` ranges, after ``history``'s."""
+        o = self.options
+        seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
+                             block=o.shuffle_block, interleave=layout >= 2)
+        return resumed_sequence(seq, history, self.plan_options, epoch=epoch) if history else seq
 
     @property
     def last_epoch_report(self) -> EpochReport:
@@ -247,9 +302,8 @@ class ShardedDataset(IterableDataset):
             shards = self.source.shards
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
                                              skip_damaged=self.options.on_error == "skip",
-                                             checksums=self._checksums, opener=self.source.open_tar,
-                                             fields=None if self.options.map is not None else
-                                             selected_fields(self._output_fields),
+                                             checksums=self._checksums, opener=self._opener,
+                                             fields=self._selected_fields(),
                                              max_member=self.options.max_member_bytes))
         return self._reader[1]
 
@@ -262,11 +316,39 @@ class ShardedDataset(IterableDataset):
             self._pool = (pid, SlotPool(self._channel, worker))
         return self._pool[1]
 
+    def _output_fields(self, stream: Stream) -> tuple[str, ...]:
+        """The stream's output columns, checked against what its split holds (special names pass)."""
+        if stream.map is not None or (stream.fields is None and self.options.map is not None):
+            return ()
+        requested = stream.fields if stream.fields is not None else self.options.fields
+        special = tuple(f for f in requested or () if f in SPECIAL_FIELDS)
+        src = stream.source
+        checked = output_fields(None if requested is None else tuple(f for f in requested if f not in SPECIAL_FIELDS),
+                                src.fields, where=f"{src.name} split {src.split!r}")  # type: ignore[union-attr]
+        return checked if not special else tuple(requested)  # type: ignore[arg-type]
+
+    def _selected_fields(self) -> frozenset[str] | None:
+        """The extensions the shard reader loads (None: all, when a ``map`` sees every field)."""
+        if any(not fields for fields in self._stream_fields):
+            return None
+        return frozenset().union(*(selected_fields(f) for f in self._stream_fields))
+
+    def _processors(self, epoch: int) -> list[SampleProcessor]:
+        o = self.options
+        return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
+                                fields=fields, map=s.map or (o.map if s.fields is None else None),
+                                allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
+                                unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
+                for s, fields in zip(self.streams, self._stream_fields)]
+
+
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = detect_world(self._rank_world if in_worker else None)
         epoch = int(self._state[_EPOCH])
-        consumed = int(self._state[_RESUME_BATCHES]) if int(self._state[_RESUME_EPOCH]) == epoch else 0
+        resuming = int(self._state[_RESUME_EPOCH]) == epoch
+        consumed = int(self._state[_RESUME_BATCHES]) if resuming else 0
+        history, layout = self.resume_history if resuming else ((), LAYOUT)
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
         slot = SharedReport.slot(world.worker, world.workers, in_worker=in_worker)
@@ -274,19 +356,20 @@ class ShardedDataset(IterableDataset):
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         plan_world = World(world.rank, world.world, role, world.workers)
         pool = self._slot_pool(world.worker) if in_worker else None
-        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool)
+        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool, history=history,
+                         layout=layout)
 
     def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
-             pool: SlotPool | None) -> Iterator[Any]:
+             pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT) -> Iterator[Any]:
         o = self.options
-        plan = plan_worker(self.source.sizes, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
-                           rank=world.rank, world=world.world, worker=world.worker,
+        seq = self.epoch_sequence(epoch, history=history, layout=layout)
+        plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
                            workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last)
         sizes = plan.batch_sizes()[skip:]
         if not sizes:
             return
-        rng = stream_rng(o.seed, epoch, world.rank, world.worker) if o.shuffle else None
-        read, out = worker_order(plan.num_samples, rng=rng, block=o.shuffle_block, buffer_size=o.shuffle_buffer)
+        read, out = share_order(plan, self.plan_options, epoch=epoch, rank=world.rank, worker=world.worker,
+                                segment=len(history))
         # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
         done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
         mask = None
@@ -294,9 +377,11 @@ class ShardedDataset(IterableDataset):
             mask = bytearray(len(out))
             for p in out[:done]:
                 mask[p] = 1
-        process = SampleProcessor(seed=o.seed, epoch=epoch, transform=o.transform, fields=self._output_fields,
-                                  map=o.map, allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
-                                  unique_keys=self.source.unique_keys)
+        processors = self._processors(epoch)
+        process: Callable[[Item], Any] = processors[0]
+        if len(processors) > 1:
+            def process(item: Item) -> Any:
+                return processors[item["__stream__"] if type(item) is dict else 0](item)  # type: ignore[index]
         collate = o.collate_fn
         if collate is None:
             from shardify.reader.sample.collate import default_collate as collate
@@ -308,7 +393,11 @@ class ShardedDataset(IterableDataset):
 
         reader = self._shard_reader()
         try:
-            outputs = map(process, reorder(read_positions(reader, plan.ranges, read, mask), out[done:]))
+            items = read_positions(reader, plan.ranges, read, mask)
+            if self._tag_stream or o.mark_repeats:
+                items = tag_samples(items, plan, streams=self._stream_sizes if self._tag_stream else None,
+                                    mark_repeats=o.mark_repeats)
+            outputs = map(process, reorder(items, out[done:]))
             if o.bucket_length is None:
                 groups: Iterator[list[Any]] = cut(outputs, sizes)
             else:

@@ -68,3 +68,80 @@ def test_checkpoint_and_resume_continue_batch_for_batch(dataset: Path, tmp_path:
     assert "resumed at epoch 1, batch 1, step 4" in resumed.stdout
     for rank in (0, 1):
         assert [e["keys"] for e in _log(parts, rank)] == [e["keys"] for e in _log(full, rank)]
+
+
+MIX_SCRIPT = '''
+import json, sys
+import torch.distributed as dist
+from shardify.reader import ShardedDataset, Stream, make_loader
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+web, extra, out, workers, stop, state_in = sys.argv[1:7]
+
+def row(sample):
+    return sample["__key__"], sample["__stream__"], sample["__valid__"]
+
+ds = ShardedDataset([Stream(web, weight=3), Stream(extra.split(","), weight=1)], map=row,
+                    collate_fn=list, samples_per_epoch=40, batch_size=4, shuffle=True, seed=0, mark_repeats=True)
+loader = make_loader(ds, num_workers=int(workers))
+if state_in != "-":
+    loader.load_state_dict(json.load(open(state_in)))
+else:
+    ds.set_epoch(1)
+rows, steps = [], 0
+for batch in loader:
+    rows += batch
+    steps += 1
+    if steps == int(stop):
+        if rank == 0:
+            json.dump(loader.state_dict(), open(out + ".state.json", "w"))
+        break
+json.dump({"rows": rows, "steps": steps}, open(f"{out}.rank{rank}.json", "w"))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def _tar_shard(path: Path, keys: list[str]) -> str:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for key in keys:
+            data = key.encode()
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def _mix(tmp: Path, web: Path, extra: str, tag: str, *, procs: int, workers: int, stop: int = 0,
+         state: str = "-") -> list[dict]:
+    script = tmp / "mix.py"
+    script.write_text(MIX_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", str(script),
+           str(web), extra, str(tmp / tag), str(workers), str(stop), state]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp / f"{tag}.rank{r}.json").read_text()) for r in range(procs)]
+
+
+def test_two_ranks_mix_streams_exactly_and_resume_on_one_rank(dataset: Path, tmp_path: Path) -> None:
+    """Issue 10: weighted mixing under a real 2-process job, then the epoch finished by 1 process."""
+    from collections import Counter
+
+    extra = ",".join(_tar_shard(tmp_path / f"extra-{i}.tar", [f"x{i}_{j}" for j in range(3)]) for i in range(2))
+    full = _mix(tmp_path, dataset, extra, "full", procs=2, workers=2)
+    assert full[0]["steps"] == full[1]["steps"] == 5  # 40 samples / 2 ranks / batches of 4
+    valid = Counter((k, s) for r in full for k, s, ok in r["rows"] if ok)
+    assert Counter(s for _, s in valid.elements()) == {0: 30, 1: 10}  # 3:1 of 40
+    assert {k for k, s in valid if s == 1} == {f"x{i}_{j}" for i in range(2) for j in range(3)}  # all 6 before repeats
+    web = Counter(k for k, s in valid.elements() if s == 0)
+    assert len(web) == 24 and set(web.values()) == {1, 2}  # 30 of 24 images: all once, 6 twice
+    head = _mix(tmp_path, dataset, extra, "head", procs=2, workers=2, stop=2)
+    state = json.loads((tmp_path / "head.state.json").read_text())
+    assert state["world"] == 2 and state["workers"] == 2 and state["batches"] == 2
+    rest = _mix(tmp_path, dataset, extra, "rest", procs=1, workers=0, state=str(tmp_path / "head.state.json"))
+    resumed = Counter((k, s) for r in head + rest for k, s, ok in r["rows"] if ok)
+    assert resumed == valid

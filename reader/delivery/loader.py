@@ -1,10 +1,13 @@
 """``make_loader``: a DataLoader over a ShardedDataset, device prefetch, and exact resume.
 
 The loader counts the batches it has handed to the training loop in the current epoch.
-``state_dict()`` saves that count with the epoch; ``load_state_dict()`` tells the dataset to
-resume there, and each worker works out from the deterministic plan which of its batches the
+``state_dict()`` saves that count with the epoch and the topology (see
+:mod:`shardify.reader.delivery.state`); ``load_state_dict()`` tells the dataset to resume
+there, and each worker works out from the deterministic plan which of its batches the
 trainer already had and skips their samples without reading or decoding them. The resumed
-run yields exactly the remaining batches: same samples, order and augmentation.
+run yields exactly the remaining batches: same samples, order and augmentation. Under
+another world size or worker count, the rest of the epoch is planned anew (every sample not
+yet consumed once over all ranks).
 
 Worker processes end with the loader: ``close()`` (or ``with make_loader(...) as loader``, or
 dropping the loader) stops persistent workers; an iteration left early stops its own workers
@@ -29,15 +32,15 @@ from torch.utils.data import DataLoader
 from shardify.errors import ShardifyError, WorkerError
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
-from shardify.reader.dataset import ShardedDataset
+from shardify.reader.dataset import LAYOUT, ShardedDataset
+from shardify.reader.delivery.state import STATE_VERSION, load_state, make_state
+from shardify.reader.plan.resume import Segment
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.plan.world import detect_rank_world
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
 log = logging.getLogger("shardify.reader")
-
-STATE_VERSION = 1
 
 
 def _identity(batch: Any) -> Any:
@@ -98,6 +101,7 @@ class Loader:
         self._epoch = -1
         self._batches = 0
         self._resume_started = False
+        self._history: tuple[tuple[Segment, ...], int] = ((), LAYOUT)
         self._live: Any = None  # the DataLoader iterator of the iteration under way
 
     def __len__(self) -> int:
@@ -130,6 +134,7 @@ class Loader:
         point = ds.resume_point
         self._epoch = ds.epoch
         self._batches = point[1] if point is not None and point[0] == self._epoch else 0
+        self._history = ds.resume_history if point is not None and point[0] == self._epoch else ((), LAYOUT)
         self._resume_started = point is not None
         return self._run()
 
@@ -211,34 +216,27 @@ class Loader:
             self.dataloader._iterator = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and batches consumed in it, plus what must match on load."""
+        """Where the epoch stands (see :mod:`shardify.reader.delivery.state`): small, versioned."""
         ds = self.dataset
         if self._epoch == ds.epoch:
-            batches = self._batches
+            batches, (history, layout) = self._batches, self._history
         else:
             point = ds.resume_point
             batches = point[1] if point is not None and point[0] == ds.epoch else 0
-        return {
-            "version": STATE_VERSION,
-            "epoch": ds.epoch,
-            "batches": batches,
-            "seed": ds.options.seed,
-            "world": detect_rank_world()[1],
-            "num_batches": len(ds),
-        }
+            history, layout = ds.resume_history if point is not None and point[0] == ds.epoch else ((), LAYOUT)
+        return make_state(ds, epoch=ds.epoch, batches=batches, history=history, layout=layout,
+                          world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state``: the next iteration yields the batches the saved run had left."""
+        """Resume at ``state``: the next iteration yields the rest of the saved epoch.
+
+        Same world and workers: exactly the batches the saved run had left. Another topology:
+        every sample the saved run had not consumed, once over all ranks, in new batches.
+        """
         ds = self.dataset
-        expected = {"version": STATE_VERSION, "seed": ds.options.seed, "world": detect_rank_world()[1],
-                    "num_batches": len(ds)}
-        for name, value in expected.items():
-            if state.get(name) != value:
-                raise ValueError(f"loader state field {name!r} is {state.get(name)!r}, this loader has {value!r}")
-        epoch, batches = state.get("epoch"), state.get("batches")
-        if not isinstance(epoch, int) or not isinstance(batches, int) or not 0 <= batches <= len(ds):
-            raise ValueError(f"loader state has {epoch=} and {batches=}; want ints, 0 <= batches <= {len(ds)}")
-        ds.resume_at(epoch, batches)
+        epoch, batches, history, layout = load_state(ds, state, world=detect_rank_world()[1],
+                                                     workers=max(1, self.dataloader.num_workers))
+        ds.resume_at(epoch, batches, history=history, layout=layout)
         self._epoch, self._batches, self._resume_started = -1, 0, False
 
 

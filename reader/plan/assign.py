@@ -1,29 +1,35 @@
-"""Which samples of which shards each (rank, worker) reads in an epoch: a pure function.
+"""Which samples each (rank, worker) reads in an epoch: a pure function of the epoch's sequence.
 
-For an epoch the shards are put in a seeded order and their samples laid end to end as one
-virtual sequence of ``N`` samples. Rank ``r`` takes the contiguous slice
-``[r * per_rank, (r + 1) * per_rank)`` of it, where ``per_rank`` is ``N // world`` with
-``drop_last`` (the few left over are dropped) and ``ceil(N / world)`` without (the slice runs
-past the end and wraps to the start, repeating a few samples, like DistributedSampler).
-The rank cuts its slice into batches of ``batch_size`` (``drop_last`` drops the last partial
-batch, identically on every rank) and deals whole batches to its workers round-robin: batch
-``b`` goes to worker ``b % workers``. DataLoader fetches from its workers round-robin too, so
-it yields the rank's batches in order, and every rank yields the same number of batches. A
-worker with no batch yields nothing. Slices and batches cut through shards freely: a worker
-reads a range ``[start, stop)`` of a shard by seeking over the samples before it.
+The epoch is one sequence of ``N`` samples, given as shard ranges in order (built by
+:mod:`shardify.reader.plan.mix`: shards laid end to end, and when shuffling cut into blocks
+of a few samples put in a seeded random order, so that any slice of it is a sample of the
+whole epoch). Rank ``r`` takes the contiguous slice ``[r * per_rank, (r + 1) * per_rank)``
+of it, where ``per_rank`` is ``N // world`` with ``drop_last`` (the few left over are
+dropped) and ``ceil(N / world)`` without (the slice runs past the end and wraps to the
+start, repeating a few samples, like DistributedSampler; positions ``>= N`` are those
+repeats). The rank cuts its slice into batches of ``batch_size`` (``drop_last`` drops the
+last partial batch, identically on every rank) and deals whole batches to its workers
+round-robin: batch ``b`` goes to worker ``b % workers``. DataLoader fetches from its workers
+round-robin too, so it yields the rank's batches in order, and every rank yields the same
+number of batches. A worker with no batch yields nothing. Slices and batches cut through
+shards freely: a worker reads a range ``[start, stop)`` of a shard by seeking over the
+samples before it.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from shardify.reader.plan.shuffle import shard_order
 
 __all__ = [
     "Range",
     "WorkerPlan",
+    "shard_sequence",
+    "sequence_length",
+    "sequence_starts",
+    "append_range",
     "samples_per_rank",
     "batches_per_rank",
     "worker_batches",
@@ -90,6 +96,10 @@ class WorkerPlan:
 
     ranges: tuple[Range, ...]
     batch_size: int
+    runs: tuple[tuple[int, int], ...] = ()
+    """The share as runs ``[lo, hi)`` of positions in the epoch's sequence; ``>= total``: repeats."""
+    total: int = 0
+    """Samples in the epoch's sequence."""
 
     @property
     def num_samples(self) -> int:
@@ -111,8 +121,38 @@ class WorkerPlan:
         """Every ``(shard, index)`` of the share, in order (for tests and small datasets)."""
         return [(s, i) for s, a, b in self.ranges for i in range(a, b)]
 
+    def sequence_positions(self) -> list[int]:
+        """The position in the epoch's sequence of each sample of the share, in share order;
+        a padding repeat has its position plus the sequence's length (``>= total``)."""
+        return [v for lo, hi in self.runs for v in range(lo, hi)]
 
-def _append(out: list[Range], shard: int, start: int, stop: int) -> None:
+    def repeats(self) -> frozenset[int]:
+        """Share positions that repeat a sample to even out the ranks (only without ``drop_last``)."""
+        out: set[int] = set()
+        at = 0
+        for lo, hi in self.runs:
+            out.update(range(at + max(lo, self.total) - lo, at + hi - lo))
+            at += hi - lo
+        return frozenset(out)
+
+
+def shard_sequence(sizes: Sequence[int], order: Sequence[int]) -> tuple[Range, ...]:
+    """The sequence of whole shards ``order`` (indices into ``sizes``) laid end to end."""
+    return tuple((i, 0, sizes[i]) for i in order if sizes[i] > 0)
+
+
+def sequence_starts(sequence: Sequence[Range]) -> list[int]:
+    """Where each range of ``sequence`` starts in it, plus its length at the end."""
+    return list(itertools.accumulate((b - a for _, a, b in sequence), initial=0))
+
+
+def sequence_length(sequence: Sequence[Range]) -> int:
+    """Samples in ``sequence``."""
+    return sum(b - a for _, a, b in sequence)
+
+
+def append_range(out: list[Range], shard: int, start: int, stop: int) -> None:
+    """Append ``(shard, start, stop)`` to ``out``, merged into the last range when it continues it."""
     if stop <= start:
         return
     if out and out[-1][0] == shard and out[-1][2] == start:
@@ -122,40 +162,42 @@ def _append(out: list[Range], shard: int, start: int, stop: int) -> None:
 
 
 def plan_worker(
-    shard_sizes: Sequence[int],
+    sequence: Sequence[Range],
     *,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
     rank: int,
     world: int,
     worker: int,
     workers: int,
     batch_size: int,
     drop_last: bool,
+    starts: Sequence[int] | None = None,
 ) -> WorkerPlan:
-    """The share of worker ``worker`` of rank ``rank`` in ``epoch`` (see the module docstring)."""
+    """The share of worker ``worker`` of rank ``rank`` of the epoch ``sequence`` (see the module docstring).
+
+    ``starts``: :func:`sequence_starts` of ``sequence``, when the caller plans it several times.
+    """
     if not 0 <= rank < world:
         raise ValueError(f"{rank=} should be in [0, {world=})")
     if not 0 <= worker < workers:
         raise ValueError(f"{worker=} should be in [0, {workers=})")
-    if any(s < 0 for s in shard_sizes):
-        raise ValueError(f"shard sizes should be >= 0, found {min(shard_sizes)}")
-    total = sum(shard_sizes)
+    bad = next((r for r in sequence if not 0 <= r[1] <= r[2]), None)
+    if bad is not None:
+        raise ValueError(f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, found {bad}")
+    cum = sequence_starts(sequence) if starts is None else starts
+    total = cum[-1]
     per = samples_per_rank(total, world=world, drop_last=drop_last)
     nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)
-    order = shard_order(len(shard_sizes), seed=seed, epoch=epoch, shuffle=shuffle)
-    cum = [0]
-    for i in order:
-        cum.append(cum[-1] + shard_sizes[i])
     out: list[Range] = []
+    runs: list[tuple[int, int]] = []
     for b in range(worker, nb, workers):
         lo = rank * per + b * batch_size
         hi = rank * per + min((b + 1) * batch_size, per)
-        while lo < hi:  # split at wrap-arounds of the virtual sequence, then at shard ends
+        runs.append((lo, hi))
+        while lo < hi:  # split at wrap-arounds of the sequence, then at its range ends
             v = lo % total
             j = bisect.bisect_right(cum, v) - 1
             take = min(hi - lo, cum[j + 1] - v)
-            _append(out, order[j], v - cum[j], v - cum[j] + take)
+            shard, start, _ = sequence[j]
+            append_range(out, shard, start + v - cum[j], start + v - cum[j] + take)
             lo += take
-    return WorkerPlan(ranges=tuple(out), batch_size=batch_size)
+    return WorkerPlan(ranges=tuple(out), batch_size=batch_size, runs=tuple(runs), total=total)

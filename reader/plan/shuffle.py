@@ -50,8 +50,11 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     return order
 
 
-def stream_rng(seed: int, epoch: int, rank: int, worker: int) -> random.Random:
-    """The RNG of the shuffle of one (rank, worker)'s share in ``epoch``."""
+def stream_rng(seed: int, epoch: int, rank: int, worker: int, segment: int = 0) -> random.Random:
+    """The RNG of the shuffle of one (rank, worker)'s share in ``epoch``; ``segment``: how many
+    times the epoch was resumed on another topology before (see :mod:`shardify.reader.plan.resume`)."""
+    if segment:
+        return random.Random(derive_seed("stream", seed, epoch, rank, worker, "segment", segment))
     return random.Random(derive_seed("stream", seed, epoch, rank, worker))
 
 

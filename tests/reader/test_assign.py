@@ -15,9 +15,19 @@ from shardify.reader.plan.assign import (
     plan_worker,
     resumed_role,
     samples_per_rank,
+    shard_sequence,
     worker_batches,
 )
+from shardify.reader.plan.mix import epoch_sequence
 from shardify.reader.plan.shuffle import shard_order
+
+
+def sequence(sizes, *, seed, epoch, shuffle, block=3):
+    return epoch_sequence([sizes], counts=None, seed=seed, epoch=epoch, shuffle=shuffle, block=block)
+
+
+def plan(sizes, *, seed, epoch, shuffle, **kw):
+    return plan_worker(sequence(sizes, seed=seed, epoch=epoch, shuffle=shuffle), **kw)
 
 SIZES = [
     pytest.param([7, 2, 13], id="7-2-13"),
@@ -33,10 +43,10 @@ def rank_batches(sizes, *, seed, epoch, shuffle, rank, world, workers, batch_siz
     """A rank's batches in the order DataLoader yields them: round-robin over its workers."""
     per_worker = []
     for w in range(workers):
-        plan = plan_worker(sizes, seed=seed, epoch=epoch, shuffle=shuffle, rank=rank, world=world,
-                           worker=w, workers=workers, batch_size=batch_size, drop_last=drop_last)
-        samples = plan.samples()
-        cuts = itertools.accumulate(plan.batch_sizes(), initial=0)
+        p = plan(sizes, seed=seed, epoch=epoch, shuffle=shuffle, rank=rank, world=world,
+                 worker=w, workers=workers, batch_size=batch_size, drop_last=drop_last)
+        samples = p.samples()
+        cuts = itertools.accumulate(p.batch_sizes(), initial=0)
         bounds = list(cuts)
         per_worker.append([samples[a:b] for a, b in zip(bounds, bounds[1:])])
     out = []
@@ -49,8 +59,7 @@ def rank_batches(sizes, *, seed, epoch, shuffle, rank, world, workers, batch_siz
 
 def reference(sizes, *, seed, epoch, shuffle, rank, world, batch_size, drop_last):
     """The spec, spelled out on an explicit list of every sample."""
-    virtual = [(s, i) for s in shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle)
-               for i in range(sizes[s])]
+    virtual = [(s, i) for s, a, b in sequence(sizes, seed=seed, epoch=epoch, shuffle=shuffle) for i in range(a, b)]
     n = len(virtual)
     if n == 0:
         return []
@@ -111,24 +120,42 @@ def test_exactly_once_property(sizes, world, workers, batch_size, seed, epoch, d
 def test_deterministic_and_new_order_each_epoch():
     sizes = [5] * 20
     kw = dict(shuffle=True, rank=0, world=2, worker=0, workers=2, batch_size=4, drop_last=True)
-    a = plan_worker(sizes, seed=7, epoch=3, **kw)
-    assert a == plan_worker(sizes, seed=7, epoch=3, **kw)
-    orders = {plan_worker(sizes, seed=7, epoch=e, **kw).ranges for e in range(5)}
+    a = plan(sizes, seed=7, epoch=3, **kw)
+    assert a == plan(sizes, seed=7, epoch=3, **kw)
+    orders = {plan(sizes, seed=7, epoch=e, **kw).ranges for e in range(5)}
     assert len(orders) == 5
-    assert plan_worker(sizes, seed=8, epoch=3, **kw) != a
+    assert plan(sizes, seed=8, epoch=3, **kw) != a
 
 
 def test_worker_without_batches_gets_an_empty_plan():
-    plan = plan_worker([3], seed=0, epoch=0, shuffle=False, rank=1, world=2, worker=3, workers=4,
-                       batch_size=1, drop_last=False)
-    assert plan.ranges == () and plan.num_batches == 0 and plan.batch_sizes() == []
+    p = plan([3], seed=0, epoch=0, shuffle=False, rank=1, world=2, worker=3, workers=4,
+             batch_size=1, drop_last=False)
+    assert p.ranges == () and p.num_batches == 0 and p.batch_sizes() == []
 
 
 def test_ranges_stay_compact():
-    plan = plan_worker([1000] * 1300, seed=0, epoch=0, shuffle=True, rank=0, world=1, worker=0, workers=1,
-                       batch_size=256, drop_last=True)
-    assert plan.num_samples == 1_300_000 // 256 * 256
-    assert len(plan.ranges) <= 1300 + 1
+    seq = epoch_sequence([[1000] * 1300], counts=None, seed=0, epoch=0, shuffle=True, block=64)
+    p = plan_worker(seq, rank=0, world=1, worker=0, workers=1, batch_size=256, drop_last=True)
+    assert p.num_samples == 1_300_000 // 256 * 256
+    assert len(p.ranges) <= 1_300_000 // 64 + 1300  # one read per block of 64, at most one more per shard
+
+
+def test_unshuffled_and_legacy_sequences_are_whole_shards_in_order():
+    sizes = [4, 0, 3]
+    assert sequence(sizes, seed=1, epoch=2, shuffle=False) == ((0, 0, 4), (2, 0, 3))
+    legacy = epoch_sequence([sizes], counts=None, seed=1, epoch=2, shuffle=True, block=2, interleave=False)
+    assert legacy == shard_sequence(sizes, shard_order(3, seed=1, epoch=2))
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_each_rank_sees_the_whole_of_class_sorted_shards(world):
+    """Issue 10 (5): with contiguous slices, rank r of a class-sorted single shard saw the same classes."""
+    sizes = [3200]  # one shard, class c = index // 400 (8 classes)
+    for epoch in range(3):
+        seq = sequence(sizes, seed=0, epoch=epoch, shuffle=True, block=4)
+        for rank in range(world):
+            p = plan_worker(seq, rank=rank, world=world, worker=0, workers=1, batch_size=10, drop_last=True)
+            assert {i // 400 for _, i in p.samples()} == set(range(8))
 
 
 def test_consumed_by_worker_matches_round_robin():
@@ -167,4 +194,4 @@ def test_bad_arguments_name_the_value(bad):
     kw = dict(seed=0, epoch=0, shuffle=False, rank=0, world=1, worker=0, workers=1, batch_size=2, drop_last=False)
     kw.update(bad)
     with pytest.raises(ValueError, match=next(iter(bad))):
-        plan_worker([3, 4], **kw)
+        plan([3, 4], **kw)

@@ -11,5 +11,6 @@ def test_run_bench_smoke(image_dataset):
         assert r[name] > 0
     assert len(r["memory_mb_per_epoch"]) == 2
     assert 0 < r["shuffle_quality"]["gap"] and r["shuffle_quality_imagenet"]["shards_per_batch"] > 10
-    assert "(f) shuffle" in format_bench(r)
+    assert "(f) shuffle" in format_bench(r) and "(g) classes per batch" in format_bench(r)
+    assert min(r["class_mixing"].values()) >= 0.9 > r["class_mixing_whole_shards"][8]
     assert process_memory() > 0

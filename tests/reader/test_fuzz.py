@@ -169,7 +169,8 @@ def test_random_damage_errors_name_the_shard_or_skips_are_counted(
         if policy == "raise":
             assert not ds.last_epoch_report
     if verify and changed and policy == "skip":
-        assert lost == COUNT and seen <= ALL - DAMAGED  # the whole shard skipped, nothing of it read
+        # the whole shard skipped, nothing of it read (a padding repeat of one of its samples counts again)
+        assert COUNT <= lost < COUNT + world and seen <= ALL - DAMAGED
     if not changed:
         assert seen == ALL and lost == 0
 

@@ -112,3 +112,86 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
     ds, loader = make()
     loader.load_state_dict({**loader.state_dict(), "batches": 5})
     assert list(loader) == full[5:]
+
+
+@pytest.mark.parametrize("saved, loaded", [(2, 0), (2, 3), (0, 2), (3, 1)])
+def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_dataset, saved, loaded):
+    """The defect of issue 10: this resumed with ~1/5 of the samples read twice and as many never."""
+    root = counting_dataset([7, 2, 13, 30, 1])
+
+    def make(workers):
+        return make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, seed=3,
+                                          shuffle_buffer=4, shuffle_block=3), num_workers=workers)
+
+    loader = make(saved)
+    it = iter(loader)
+    head = [next(it) for _ in range(9)]
+    state = loader.state_dict()
+    del it
+    loader.close()
+    other = make(loaded)
+    other.load_state_dict(state)
+    rest = list(other)
+    seen = sorted(int(x) for b in head + rest for x in b)
+    assert seen == list(range(53))
+    assert len(rest) == -(-(53 - 18) // 2)
+    other.close()
+
+
+def _counting(root, **kw):
+    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3, shuffle_buffer=4,
+                          shuffle_block=3, mark_repeats=True, **kw)
+
+
+@pytest.mark.parametrize("a, b, k", [((2, 0), (3, 2), 2), ((3, 2), (1, 0), 1), ((1, 3), (2, 1), 4), ((2, 1), (2, 1), 3)])
+def test_resume_on_another_world_and_workers_reads_the_rest_once(counting_dataset, monkeypatch, a, b, k):
+    from collections import Counter
+
+    root = counting_dataset([7, 2, 13, 30, 1])
+    seen: Counter = Counter()
+    for rank in range(a[0]):  # every rank of the saved run, stopped after k batches
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(a[0]))
+        with make_loader(_counting(root), num_workers=a[1]) as loader:
+            it = iter(loader)
+            for _ in range(k):
+                cls, ok = next(it)
+                seen.update(cls[ok].tolist())
+            state = loader.state_dict()
+            del it
+    lengths = []
+    for rank in range(b[0]):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(b[0]))
+        with make_loader(_counting(root), num_workers=b[1]) as loader:
+            loader.load_state_dict(state)
+            rest = list(loader)
+        lengths.append(len(rest))
+        seen.update(x for cls, ok in rest for x in cls[ok].tolist())
+    assert len(set(lengths)) == 1
+    assert seen == Counter(range(53))
+
+
+def test_a_version_1_state_still_loads_and_finishes_its_epoch(counting_dataset):
+    from shardify.reader.plan.mix import epoch_sequence
+    from shardify.reader.plan.simulate import rank_batches
+
+    root = counting_dataset([7, 2, 13, 30, 1])
+    ds = _counting(root)
+    legacy = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3, interleave=False)
+    old_run = rank_batches(legacy, ds.plan_options, epoch=2, rank=0, world=1, workers=2)  # what version 1 read
+    start = [0, 7, 9, 22, 52]
+    index = [[start[s] + i for s, i, _ in b] for b in old_run]
+    state = {"version": 1, "epoch": 2, "batches": 5, "seed": 3, "world": 1, "num_batches": len(ds)}
+    # without "workers" (first version 1), the same worker count is assumed; with it, any loads
+    for workers, same, extra in ((2, True, {}), (0, False, {"workers": 2}), (3, False, {"workers": 2})):
+        with make_loader(_counting(root), num_workers=workers) as loader:
+            loader.load_state_dict({**state, **extra})
+            got = list(loader)
+        rest = [cls.tolist() for cls, _ in got]
+        if same:
+            assert rest == index[5:]
+        valid = [x for cls, ok in got for x in cls[ok].tolist()]
+        assert sorted([x for b in index[:5] for x in b] + valid) == list(range(53))
+    with pytest.raises(ValueError, match="version"):
+        loader.load_state_dict({**state, "version": 7})
