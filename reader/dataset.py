@@ -37,7 +37,7 @@ from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucke
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder
 from shardify.reader.io.checksums import ChecksumSpec, with_checksums
-from shardify.reader.io.sources import Source, SourceLike
+from shardify.reader.io.sources import Source, SourceLike, is_gzip
 from shardify.reader.io.stream import Item, ShardReader
 from shardify.reader.options import ReadOptions
 from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
@@ -166,6 +166,9 @@ class ShardedDataset(IterableDataset):
         if samples_per_epoch is not None or weighted:
             total = self.source.num_samples if samples_per_epoch is None else samples_per_epoch
             self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
+        # a compressed shard cannot seek: read in blocks it would be inflated from its start for
+        # each block, so datasets with such shards keep whole shards (no cross-rank blocks)
+        self._blocks = not any(is_gzip(sh.url) for sh in self.source.shards)
         self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
         wanted = {f for fields in self._stream_fields for f in fields}
         if "__valid__" in wanted and not mark_repeats:
@@ -277,7 +280,7 @@ class ShardedDataset(IterableDataset):
         """The epoch's samples in order as ``(shard, start, stop)`` ranges, after ``history``'s."""
         o = self.options
         seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
-                             block=o.shuffle_block, interleave=layout >= 2)
+                             block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
         return resumed_sequence(seq, history, self.plan_options, epoch=epoch) if history else seq
 
     @property

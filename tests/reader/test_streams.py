@@ -114,3 +114,20 @@ def test_special_fields_need_their_option(counting_dataset):
     ds = ShardedDataset(Stream(root), batch_size=3, fields=("cls", "__stream__", "__key__"))
     (cls, stream, keys), = list(ds)
     assert stream.tolist() == [0, 0, 0] and list(keys) == ["s000_00000", "s000_00001", "s000_00002"]
+
+
+def test_gzip_shards_are_read_whole_not_in_blocks(tmp_path, shards) -> None:
+    """A .tgz cannot seek: blocks across ranks would inflate each shard once per block."""
+    import gzip
+
+    urls = []
+    for i, samples in enumerate(shards.counting([40, 40, 40])):
+        path = tmp_path / f"part-{i}.tgz"
+        path.write_bytes(gzip.compress(shards.tar_bytes(samples), mtime=0))
+        urls.append(str(path))
+    ds = ShardedDataset(urls, batch_size=8, shuffle=True, seed=3, fields=("cls",))
+    assert sorted(ds.epoch_sequence(0)) == [(0, 0, 40), (1, 0, 40), (2, 0, 40)]  # whole shards
+    assert sorted(int(x) for b in make_loader(ds, num_workers=2) for x in b) == list(range(120))
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(shards.tar_bytes(shards.counting([40])[0]))
+    assert len(ShardedDataset([str(plain)], batch_size=8, shuffle=True, seed=3, fields=("cls",)).epoch_sequence(0)) > 1
