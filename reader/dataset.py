@@ -166,8 +166,9 @@ class ShardedDataset(IterableDataset):
         if samples_per_epoch is not None or weighted:
             total = self.source.num_samples if samples_per_epoch is None else samples_per_epoch
             self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
-        # a compressed shard cannot seek: read in blocks it would be inflated from its start for
-        # each block, so datasets with such shards keep whole shards (no cross-rank blocks)
+        # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from its
+        # start once per block, so datasets with such shards keep whole shards. (A property of
+        # the format, not of where shards live: the same dataset reads alike locally and remotely.)
         self._blocks = not any(is_gzip(sh.url) for sh in self.source.shards)
         self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
         wanted = {f for fields in self._stream_fields for f in fields}
