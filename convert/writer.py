@@ -192,10 +192,21 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
 
 
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
-    """Write ``task.plan`` to ``{split}-{index:06d}.tar`` in ``task.out_dir``; return its entry."""
-    plan = task.plan
+    """Write ``task.plan`` to ``{split}-{version}-{index:06d}.tar`` in ``task.out_dir``; return its entry.
+
+    Pillow's pixel limit is the task's while it runs, and restored after: a conversion in a
+    training process must not change the limit its reader applies."""
+    saved = Image.MAX_IMAGE_PIXELS
     if task.max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = task.max_pixels
+    try:
+        return _write_shard(task, progress)
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
+    plan = task.plan
     fs = open_output(task.out_dir)
     final = shard_name(task.split, plan.index, task.version)
     tmp = temp_name(final)
