@@ -31,6 +31,7 @@ from shardify import FORMAT_VERSION, __version__
 from shardify.convert.engine import ProgressBar
 from shardify.convert.inputs import Ignored
 from shardify.convert.itemmap import Chunk, ChunkRunner, item_repr, map_ordered
+from shardify.convert.options import worker_count
 from shardify.convert.outfs import OutputFS
 from shardify.convert.plan import shuffle_order
 from shardify.convert.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
@@ -39,7 +40,7 @@ from shardify.convert.stream import ShardStream, sample_size
 from shardify.convert.versions import begin_version, listed_version
 from shardify.convert.writer import ShardResult
 from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
-from shardify.manifest import json_bytes, load_json
+from shardify.manifest import load_json
 
 __all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
 
@@ -76,12 +77,7 @@ class ItemsOptions(WriteOptions):
     @property
     def num_workers(self) -> int:
         """Worker processes to use: ``workers``, or one per available core when 0."""
-        if self.workers:
-            return self.workers
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # pragma: no cover - not Linux
-            return max(1, os.cpu_count() or 1)
+        return worker_count(self.workers)
 
     def shaping(self) -> dict[str, Any]:
         return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed}

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES"]
+__all__ = ["ConvertOptions", "parse_size", "worker_count", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES"]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 """Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
@@ -36,6 +36,16 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"size {text!r} should be positive")
     return value
+
+
+def worker_count(workers: int) -> int:
+    """``workers``, or one per core this process may use when 0."""
+    if workers:
+        return workers
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,12 +104,7 @@ class ConvertOptions:
     @property
     def num_workers(self) -> int:
         """Worker processes to use: ``workers``, or one per available core when 0."""
-        if self.workers:
-            return self.workers
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # pragma: no cover - not Linux
-            return max(1, os.cpu_count() or 1)
+        return worker_count(self.workers)
 
     def shaping(self) -> dict[str, Any]:
         """The options that decide the output bytes; recorded in the split index."""

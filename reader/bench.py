@@ -264,13 +264,8 @@ def run_bench(
     base = process_memory()
     ds = ShardedDataset(source, batch_size=batch_size, shuffle=True, seed=0, transform=transform,
                         shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-    loader = make_loader(ds, num_workers=num_workers)
-    memory: list[int] = []
-    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory)
-    result["loader_ips_per_epoch"] = rates
-    result["loader_ips"] = max(rates[1:] or rates)
-    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
-    del loader, ds
+    _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base)
+    del ds
 
     if compare_webdataset:
         result["webdataset_ips"] = _webdataset_rate(source, batch_size, num_workers, image_size,
@@ -283,6 +278,17 @@ def run_bench(
     if "webdataset_ips" in result:
         result["loader_vs_webdataset"] = result["loader_ips"] / result["webdataset_ips"]
     return result
+
+
+def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: int, epochs: int, base: int) -> None:
+    """(b), (d), (e): the loader's rate per epoch (best after the first), first batch, memory."""
+    loader = make_loader(ds, num_workers=num_workers)
+    memory: list[int] = []
+    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory)
+    result["loader_ips_per_epoch"] = rates
+    result["loader_ips"] = max(rates[1:] or rates)
+    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
+    loader.close()
 
 
 def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int, shuffle_block: int) -> None:
@@ -315,13 +321,8 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
         f"this split holds no images (its fields: {', '.join(source.fields) or 'unknown'}), so (a) image "
         "decoding and augmentation and (c) the webdataset comparison are not measured; (b) counts samples/s "
         f"reading and decoding fields {', '.join(fields)}, with no transform")
-    loader = make_loader(ds, num_workers=result["num_workers"])
-    memory: list[int] = []
-    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory)
-    result["loader_ips_per_epoch"] = rates
-    result["loader_ips"] = max(rates[1:] or rates)
-    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
-    del loader, ds
+    _loader_figures(result, ds, num_workers=result["num_workers"], epochs=epochs, base=base)
+    del ds
     _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     return result
 
