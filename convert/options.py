@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +57,9 @@ class ConvertOptions:
     progress: bool = True
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    """Options of the fsspec backend of a URL output (``s3://``: ``key``, ``secret``,
+    ``endpoint_url``, ...); default: the backend's usual places (environment, config files)."""
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.samples_per_shard is None:

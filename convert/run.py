@@ -120,7 +120,7 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
     """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
     for split in scans:
         check_split_name(split)
-    fs = open_output(out)
+    fs = open_output(out, storage_options=options.storage_options)
     try:
         fs.makedirs()
     except OSError as e:
@@ -215,7 +215,7 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     reused = len(results)
     todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
                       max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels)
+                      max_pixels=options.max_pixels, storage_options=options.storage_options)
             for s in plan.shards if s.index not in results]
     done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
     done_bytes = sum(r.filesize for r in results.values())

@@ -1,7 +1,8 @@
 """``shardify verify`` and ``shardify info``: check a finished dataset, describe it.
 
-Verify reads every shard once: its checksum and size against the index, its members
-against the format (names, adjacency, key rules, unique keys, counts), and with
+The dataset is named as the reader names it (a folder, ``manifest.json`` or a split index;
+a path or a URL: see :mod:`shardify.convert.dataset_files`). Verify reads every shard once:
+its checksum and size against the index, its members against the format (names, adjacency, key rules, unique keys, counts), and with
 ``decode`` every image decoded and every label parsed. It reports every problem it finds
 with the shard and key, rather than stopping at the first.
 """
@@ -12,18 +13,17 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardify.convert.dataset_files import DatasetFiles, locate_dataset
 from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
-from shardify.manifest import Manifest, SplitIndex
+from shardify.manifest import SplitIndex
 from shardify.tarfmt import parse_shard_name, shard_name
 from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
-
 
 
 @dataclass(frozen=True)
@@ -67,33 +67,32 @@ class _HashingReader:
 
 
 def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = None,
-                   decode: bool = False) -> VerifyReport:
-    """Check every shard of ``splits`` (default: all) of the dataset at ``root``."""
-    root = Path(root)
+                   decode: bool = False, storage_options: dict[str, Any] | None = None) -> VerifyReport:
+    """Check every shard of ``splits`` (default: all) of the dataset at ``root``: a folder, its
+    ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``)."""
+    dataset = locate_dataset(root, storage_options=storage_options)
     report = VerifyReport()
-    manifest = Manifest.load(root)
-    for split in splits or sorted(manifest.splits):
+    for split in splits or dataset.splits:
         try:
-            index = manifest.load_split(root, split)
+            index = dataset.load_split(split)
         except ManifestError as e:
             report.problems.append(Problem(split, None, None, str(e)))
             continue
-        _verify_split(root, index, decode, report)
+        _verify_split(dataset.files, index, decode, report)
     return report
 
 
-def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
+def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
     split = index.split
     keys: set[str] = set()
     problems = report.problems
     for i, entry in enumerate(index.shards):
         if entry.url != shard_name(split, i):
             problems.append(Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i)}"))
-        path = root / entry.url
         try:
-            f = open(path, "rb")
-        except OSError as e:
-            problems.append(Problem(split, entry.url, None, f"cannot open: {e.strerror}"))
+            f = files.open_stream(entry.url)
+        except ShardifyError as e:
+            problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
             continue
         with f:
             reader = _HashingReader(f)
@@ -113,14 +112,14 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
             problems.append(Problem(split, entry.url, None, "sha256 does not match the index (corrupt or replaced)"))
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
-    for entry in os.scandir(root):
-        if entry.name.startswith(f"{split}-") and entry.name.endswith(".tar"):
+    for name in files.names() or ():
+        if name.startswith(f"{split}-") and name.endswith(".tar"):
             try:
-                name_split, i = parse_shard_name(entry.name)
+                name_split, i = parse_shard_name(name)
             except ShardifyError:
                 continue
             if name_split == split and i >= len(index.shards):
-                problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
+                problems.append(Problem(split, name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
 
 
@@ -157,13 +156,13 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
                     problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
 
 
-def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """A JSON-able description of a dataset: splits, samples, shards, bytes, classes."""
-    root = Path(root)
-    manifest = Manifest.load(root)
-    out: dict[str, Any] = {"path": str(root), "format_version": manifest.format_version, "splits": {}}
-    for split in sorted(manifest.splits):
-        index = manifest.load_split(root, split)
+def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-able description of a dataset (a folder, ``manifest.json`` or split index, a path
+    or a URL): splits, samples, shards, bytes, classes."""
+    dataset = locate_dataset(root, storage_options=storage_options)
+    out: dict[str, Any] = {"path": os.fspath(root), "format_version": dataset.format_version, "splits": {}}
+    for split in dataset.splits:
+        index = dataset.load_split(split)
         out["splits"][split] = {
             "samples": index.num_samples,
             "shards": len(index.shards),
@@ -176,5 +175,3 @@ def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
             "converter": index.converter,
         }
     return out
-
-

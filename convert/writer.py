@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from collections.abc import Mapping
+from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
@@ -42,6 +43,8 @@ class ShardTask:
     strict: bool
     fsync: bool
     max_pixels: int | None = None
+    storage_options: Mapping[str, Any] | None = None
+    """The fsspec backend's options for a URL ``out_dir``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
     plan = task.plan
     if task.max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = task.max_pixels
-    fs = open_output(task.out_dir)
+    fs = open_output(task.out_dir, storage_options=task.storage_options)
     final = shard_name(task.split, plan.index)
     tmp = temp_name(task.split, plan.index)
     skipped: list[Ignored] = []
