@@ -1,13 +1,23 @@
-"""What every input scanner produces: samples to pack, and files it chose not to pack."""
+"""What every input scanner produces: samples to pack, and files it chose not to pack.
+
+A scan of ImageNet's 1.3 M inputs must not hold 1.3 M Python objects: :class:`SampleTable`
+keeps each sample as one compact ``marshal`` record in a single buffer (about 100 bytes
+for a listing row with a short text) and gives a :class:`SampleSpec` back on indexing.
+"""
 
 from __future__ import annotations
 
+import marshal
 import os
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from shardify.errors import InputError
 
-__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS", "list_input_dir"]
+__all__ = ["SourceFile", "SampleSpec", "SampleTable", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
+           "list_input_dir"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``: the files an ImageFolder takes (case-insensitive)."""
@@ -41,6 +51,53 @@ class SampleSpec:
     inline: tuple[tuple[str, bytes], ...] = ()
 
 
+class SampleTable(Sequence[SampleSpec]):
+    """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
+
+    Appending and indexing are O(1); memory is the records plus 8 bytes of offset each.
+    """
+
+    def __init__(self, samples: Iterable[SampleSpec] = ()) -> None:
+        self._data = bytearray()
+        self._ends = array("q")
+        for spec in samples:
+            self.append(spec)
+
+    def append(self, spec: SampleSpec) -> None:
+        identity = None if spec.identity == spec.name else spec.identity
+        files = tuple((f.ext, f.path, f.size, f.mtime_ns, f.is_image) for f in spec.files)
+        self._data += marshal.dumps((spec.name, identity, spec.label, spec.label_name, files, spec.inline))
+        self._ends.append(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, i: int) -> SampleSpec: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SampleSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> SampleSpec | list[SampleSpec]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self._ends)
+        start = self._ends[i - 1] if i > 0 else 0  # IndexError for i out of range comes from here or below
+        end = self._ends[i]
+        name, identity, label, label_name, files, inline = marshal.loads(self._data[start:end])
+        return SampleSpec(name=name, identity=name if identity is None else identity, label=label,
+                          label_name=label_name, files=tuple(SourceFile(*f) for f in files), inline=inline)
+
+    def __iter__(self) -> Iterator[SampleSpec]:
+        for i in range(len(self._ends)):
+            yield self[i]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the records and offsets."""
+        return len(self._data) + self._ends.itemsize * len(self._ends)
+
+
 @dataclass(frozen=True, slots=True)
 class Ignored:
     """An input not packed: ``kind`` is ``skipped`` (bad input) or ``ignored`` (not an input)."""
@@ -56,7 +113,8 @@ class Scan:
 
     root: str
     source: str
-    samples: list[SampleSpec]
+    samples: Sequence[SampleSpec]
+    """A list, or a :class:`SampleTable` for scans that may be large."""
     classes: list[str] = field(default_factory=list)
     problems: list[Ignored] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

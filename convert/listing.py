@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shardify.convert.ids import stored_ext
-from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, SampleTable, Scan, SourceFile
 from shardify.convert.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
@@ -79,33 +79,46 @@ def scan_listing(
     if fmt not in ("csv", "jsonl"):
         raise InputError(f"format {fmt!r} should be 'csv' or 'jsonl'", path=str(path))
     base = Path(root) if root is not None else path.parent
-    try:
-        rows = list(_rows(path, fmt))
-    except OSError as e:
-        raise InputError(f"cannot read listing: {e.strerror}", path=str(path)) from e
-    except UnicodeDecodeError as e:
-        raise InputError(f"listing is not UTF-8: {e}", path=str(path)) from e
-    has_labels = any("label" in row for _, row in rows)
-    space = label_space((row.get("label") for _, row in rows), source=str(path), num_classes=num_classes)
+    # Two streaming passes instead of holding every row: the first finds the label space
+    # (names or ints, over every split), the second makes the samples.
+    seen = {"labels": False}
 
-    by_split: dict[str, tuple[list[SampleSpec], list[Ignored]]] = {}
-    for n, row in rows:
+    def labels() -> Iterator[object]:
+        for _, row in _read(path, fmt):
+            if "label" in row:
+                seen["labels"] = True
+                yield row["label"]
+
+    space = label_space(labels(), source=str(path), num_classes=num_classes)
+    has_labels = seen["labels"]
+    by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
+    for n, row in _read(path, fmt):
         split = str(row.get("split", default_split))
-        samples, problems = by_split.setdefault(split, ([], []))
-        where = f"{path.name}:{n}"
+        entry = by_split.get(split)
+        if entry is None:
+            try:
+                check_split_name(split)
+            except KeyRuleError as e:
+                raise InputError(str(e), path=str(path)) from e
+            entry = by_split[split] = (SampleTable(), [])
         try:
-            samples.append(_sample(row, base=base, space=space, has_labels=has_labels))
+            entry[0].append(_sample(row, base=base, space=space, has_labels=has_labels))
         except ValueError as e:
-            problems.append(Ignored(where, str(e)))
-    for split in by_split:
-        try:
-            check_split_name(split)
-        except KeyRuleError as e:
-            raise InputError(str(e), path=str(path)) from e
+            entry[1].append(Ignored(f"{path.name}:{n}", str(e)))
     return {
         split: Scan(root=str(base), source="listing", samples=samples, classes=list(space.classes), problems=problems)
         for split, (samples, problems) in by_split.items()
     }
+
+
+def _read(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:
+    """The rows of the listing, with read errors as InputError naming it."""
+    try:
+        yield from _rows(path, fmt)
+    except OSError as e:
+        raise InputError(f"cannot read listing: {e.strerror}", path=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"listing is not UTF-8: {e}", path=str(path)) from e
 
 
 def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bool) -> SampleSpec:

@@ -57,6 +57,10 @@ class ConvertOptions:
     progress: bool = True
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    metadata: Literal["auto", "always"] = "auto"
+    """``{key}.json`` per sample: ``auto`` only when it holds something the key, the members
+    and the split index do not (a rewritten name, a file path, a label name not in the
+    classes); ``always`` for every sample."""
     storage_options: Mapping[str, Any] | None = None
     """Options of the fsspec backend of a URL output (``s3://``: ``key``, ``secret``,
     ``endpoint_url``, ...); default: the backend's usual places (environment, config files)."""
@@ -78,6 +82,8 @@ class ConvertOptions:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
         if self.engine not in ("local", "ray"):
             raise ValueError(f"engine={self.engine!r} should be 'local' or 'ray'")
+        if self.metadata not in ("auto", "always"):
+            raise ValueError(f"metadata={self.metadata!r} should be 'auto' or 'always'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 
@@ -105,4 +111,5 @@ class ConvertOptions:
             "max_pixels": self.max_pixels,
             "follow_symlinks": self.follow_symlinks,
             "num_classes": self.num_classes,
+            "metadata": self.metadata,
         }

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from shardify import FORMAT_VERSION, __version__
@@ -22,7 +23,7 @@ from shardify.convert.inputs import Ignored, Scan
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.outfs import LocalFS, OutputFS, open_output
-from shardify.convert.plan import SplitPlan, plan_split
+from shardify.convert.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
 from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name, json_bytes,
@@ -178,18 +179,18 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan) -> dict[int, ShardResult]:
         if not same:
             fs.remove_tree(f"{WORK_DIR}/{plan.split}")
     fs.makedirs(f"{WORK_DIR}/{plan.split}")
-    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "shards": len(plan.shards)}))
+    fs.write_atomic(marker, json_bytes({"fingerprint": plan.fingerprint, "shards": plan.num_shards}))
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
-    for shard in plan.shards:
-        record = _record_name(plan.split, shard.index)
+    for shard in range(plan.num_shards):
+        record = _record_name(plan.split, shard)
         if record.rsplit("/", 1)[1] not in have:
             continue
         try:
             r = load_json(fs.read_bytes(record), source=record)
             if fs.size(r["url"]) == r["filesize"] and _file_sha256(fs, r["url"]) == r["sha256"]:
-                reusable[shard.index] = ShardResult(
-                    index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
+                reusable[shard] = ShardResult(
+                    index=shard, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
         except (ShardifyError, OSError, KeyError, TypeError, ValueError):
@@ -213,11 +214,11 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
             raise InputError(bad[0].reason, path=bad[0].path)
     results = _load_reusable(fs, plan)
     reused = len(results)
-    todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
-                      max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels, storage_options=options.storage_options)
-            for s in plan.shards if s.index not in results]
-    done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
+    todo = _Tasks(plan, [i for i in range(plan.num_shards) if i not in results], ShardTask(
+        out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), 0), check_full=options.check == "full",
+        max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
+        max_pixels=options.max_pixels, storage_options=options.storage_options))
+    done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
     bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
                       done=done_samples, done_bytes=done_bytes)
@@ -235,7 +236,7 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
             run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
     finally:
         bar.close()
-    ordered = [results[s.index] for s in plan.shards]
+    ordered = [results[i] for i in range(plan.num_shards)]
     _remove_stale_shards(fs, split, len(ordered))
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
@@ -255,6 +256,22 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started)
     return summary, index
+
+
+class _Tasks(Sequence[ShardTask]):
+    """The tasks of the shards still to write, each made (with its samples) only when the
+    engine takes it, so that a plan of millions of samples is never all in memory at once."""
+
+    def __init__(self, plan: SplitPlan, shards: list[int], template: ShardTask) -> None:
+        self.plan, self.shards, self.template = plan, shards, template
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return replace(self.template, plan=self.plan.shard(self.shards[i]))
 
 
 def _reason_class(reason: str) -> str:

@@ -77,9 +77,9 @@ class _HashingWriter:
         self.size += len(data)
 
 
-def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask) -> list[tuple[str, bytes]]:
+def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask) -> list[tuple[str, bytes]]:
     """The (extension, bytes) members of one sample, sorted; raises InputError to skip it."""
-    members: list[tuple[str, bytes]] = [("json", meta)]
+    members: list[tuple[str, bytes]] = [("json", meta)] if meta is not None else []
     if spec.label is not None:
         members.append(("cls", str(spec.label).encode("ascii")))
     for source in spec.files:
