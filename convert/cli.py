@@ -49,6 +49,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sample order (default: 0)")
     g.add_argument("--no-shuffle", action="store_true", help="keep the input order instead of a seeded shuffle")
+    g.add_argument("--metadata", choices=("auto", "always"), default="auto",
+                   help="per-sample {key}.json: auto, only when it holds what key, members and index do not "
+                        "(default); always")
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
     g = p.add_argument_group("checks")
     g.add_argument("--check", choices=("header", "full"), default="header",
@@ -123,7 +126,8 @@ def _options(args: argparse.Namespace) -> Any:
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
-        fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address)
+        fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
+        metadata=args.metadata)
 
 
 def _human(n: float) -> str:

@@ -12,7 +12,7 @@ import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import NamedTuple, overload
 
 from shardify.errors import InputError
 
@@ -25,9 +25,10 @@ IMAGE_EXTS = frozenset(e[1:] for e in IMAGE_EXTENSIONS)
 """The same, as lower-case extensions without the dot: a file with one is checked as an image."""
 
 
-@dataclass(frozen=True, slots=True)
-class SourceFile:
-    """One file of a sample: the extension it will be stored under, where it is, its size."""
+class SourceFile(NamedTuple):
+    """One file of a sample: the extension it will be stored under, where it is, its size.
+
+    (A NamedTuple, like :class:`SampleSpec`: made millions of times, it costs a tuple.)"""
 
     ext: str
     path: str
@@ -37,8 +38,7 @@ class SourceFile:
     is_image: bool
 
 
-@dataclass(frozen=True, slots=True)
-class SampleSpec:
+class SampleSpec(NamedTuple):
     """One sample as planned: the name its key comes from, its files, label and inline fields."""
 
     name: str
@@ -60,13 +60,14 @@ class SampleTable(Sequence[SampleSpec]):
     def __init__(self, samples: Iterable[SampleSpec] = ()) -> None:
         self._data = bytearray()
         self._ends = array("q")
+        self._last: tuple[int, SampleSpec | None] = (-1, None)
         for spec in samples:
             self.append(spec)
 
     def append(self, spec: SampleSpec) -> None:
-        identity = None if spec.identity == spec.name else spec.identity
-        files = tuple((f.ext, f.path, f.size, f.mtime_ns, f.is_image) for f in spec.files)
-        self._data += marshal.dumps((spec.name, identity, spec.label, spec.label_name, files, spec.inline))
+        name, identity, label, label_name, files, inline = spec
+        self._data += marshal.dumps((name, None if identity == name else identity, label, label_name,
+                                     tuple(map(tuple, files)), inline))
         self._ends.append(len(self._data))
 
     def __len__(self) -> int:
@@ -82,11 +83,14 @@ class SampleTable(Sequence[SampleSpec]):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self._ends)
-        start = self._ends[i - 1] if i > 0 else 0  # IndexError for i out of range comes from here or below
-        end = self._ends[i]
-        name, identity, label, label_name, files, inline = marshal.loads(self._data[start:end])
-        return SampleSpec(name=name, identity=name if identity is None else identity, label=label,
-                          label_name=label_name, files=tuple(SourceFile(*f) for f in files), inline=inline)
+        if self._last[0] == i:  # a sample is often read twice in a row (name, then identity)
+            return self._last[1]  # type: ignore[return-value]
+        end = self._ends[i]  # IndexError for i out of range
+        name, identity, label, label_name, files, inline = marshal.loads(self._data[self._ends[i - 1] if i else 0:end])
+        spec = SampleSpec(name, name if identity is None else identity, label, label_name,
+                          tuple(SourceFile(*f) for f in files) if files else (), inline)
+        self._last = (i, spec)
+        return spec
 
     def __iter__(self) -> Iterator[SampleSpec]:
         for i in range(len(self._ends)):

@@ -10,9 +10,11 @@ and a non-string JSON value becomes ``{key}.c.json``. Empty CSV cells are absent
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,9 +33,14 @@ _COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
 
 def inline_ext(column: str, value: object) -> str:
     """The member extension of inline column ``column`` holding ``value``."""
+    return _inline_ext(column, isinstance(value, str))
+
+
+@functools.lru_cache(maxsize=1024)
+def _inline_ext(column: str, is_text: bool) -> str:
     if not _COLUMN_RE.match(column):
         raise KeyRuleError(f"column {column!r} cannot name a field: use [a-z0-9_-], starting with a letter or digit")
-    if isinstance(value, str):
+    if is_text:
         return "txt" if column == "text" else f"{column}.txt"
     return f"{column}.json"
 
@@ -135,7 +142,7 @@ def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bo
             st = full.stat()
         except OSError as e:
             raise ValueError(f"{rel}: cannot stat: {e.strerror}") from e
-        if not full.is_file():
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{rel}: not a regular file")
         dot, slash = rel.rfind("."), rel.rfind("/")
         ext = stored_ext(rel[dot + 1 :]) if dot > slash + 1 else "bin"

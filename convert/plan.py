@@ -125,8 +125,10 @@ def _sample_bytes(spec: SampleSpec, meta: bytes | None) -> int:
     total = member_size(len(meta)) if meta is not None else 0
     if spec.label is not None:
         total += member_size(len(str(spec.label)))
-    total += sum(member_size(f.size) for f in spec.files)
-    total += sum(member_size(len(data)) for _, data in spec.inline)
+    for f in spec.files:
+        total += member_size(f.size)
+    for _, data in spec.inline:
+        total += member_size(len(data))
     return total
 
 

@@ -11,5 +11,9 @@ from __future__ import annotations
 __all__ = ["__version__", "FORMAT_VERSION"]
 
 __version__ = "0.1.0"
-FORMAT_VERSION = 1
-"""Version of the shard layout and manifest schema; readers refuse newer versions."""
+FORMAT_VERSION = 2
+"""Version of the shard layout and manifest schema; readers refuse newer versions.
+
+1: every sample has a ``{key}.json`` member. 2: ``{key}.json`` only where it holds
+something the key, the other members and the split index do not (see docs/format.md).
+A version-2 reader reads version 1 unchanged."""
