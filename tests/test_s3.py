@@ -265,3 +265,30 @@ def test_missing_credential_or_bucket_is_a_quick_clear_error(problem: str, bucke
     with pytest.raises(ManifestError, match=f"{url}/manifest.json: .*({want})"):
         ShardedDataset(url, batch_size=2)
     assert time.monotonic() - started < 20, "errors come quickly, never after a hang"
+
+
+def test_readme_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    from shardify.reader import ShardedDataset
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- s3-example: run by tests/test_s3.py -->", 1)[1].split("<!-- /s3-example -->", 1)[0]
+    shell = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+
+    def local(text: str) -> str:
+        return (text.replace("my-bucket", bucket).replace("~/data/train", str(source))
+                .replace("/local/ssd/shardify-cache", str(tmp_path / "cache")))
+
+    for line in shell.splitlines():
+        words = shlex.split(local(line.split("#", 1)[0]))
+        if words[:1] == ["export"]:  # the endpoint: the fixture's server, already in the environment
+            assert words[1].startswith("AWS_ENDPOINT_URL=")
+        elif words:
+            assert words[0] == "shardify"
+            assert main([*words[1:], "--quiet"] if words[1] == "convert" else words[1:]) == 0, line
+    scope: dict[str, object] = {"ShardedDataset": ShardedDataset}
+    exec(local(code), scope)
+    ds = scope["ds"]
+    assert isinstance(ds, ShardedDataset) and ds.source.num_samples == 18
