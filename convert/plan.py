@@ -12,13 +12,13 @@ import hashlib
 import json
 import random
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.inputs import SampleSpec, Scan
+from shardify.convert.inputs import SampleSpec, SampleTable, Scan
 from shardify.convert.options import ConvertOptions
-from shardify.keys import assign_keys
+from shardify.keys import KeyList, assign_keys
 from shardify.tarfmt import END_OF_ARCHIVE, member_size
 
 __all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "metadata_needed",
@@ -33,13 +33,26 @@ class PlannedSample:
     """The ``{key}.json`` member, or None when the sample has none (see :func:`metadata_needed`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ShardPlan:
-    """One shard's samples, made from the split plan when its task is (never all at once)."""
+    """One shard's samples, made from the split plan when its task is (never all at once),
+    and held compactly (records and keys in two buffers) until the writer reads them."""
 
     index: int
-    samples: tuple[PlannedSample, ...]
+    specs: Sequence[SampleSpec]
+    keys: Sequence[str]
     planned_bytes: int
+    metadata: str = "auto"
+    classes: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def samples(self) -> Iterator[PlannedSample]:
+        """The samples in shard order, with their ``{key}.json`` members, made one at a time."""
+        for spec, key in zip(self.specs, self.keys):
+            yield PlannedSample(key, spec, _meta(spec, key, self.metadata, self.classes))
 
 
 @dataclass(frozen=True)
@@ -69,14 +82,14 @@ class SplitPlan:
         return sum(self.shard_sizes)
 
     def shard(self, index: int) -> ShardPlan:
-        """The samples of shard ``index``, in order, with their keys and metadata members."""
+        """The samples of shard ``index``, in order, with their keys."""
         start = sum(self.shard_sizes[:index])
-        samples = []
+        specs, keys = SampleTable(), KeyList()
         for pos in range(start, start + self.shard_sizes[index]):
             i = self.order[pos]
-            spec, key = self.specs[i], self.keys[i]
-            samples.append(PlannedSample(key, spec, _meta(spec, key, self.metadata, self.classes)))
-        return ShardPlan(index, tuple(samples), self.shard_bytes[index])
+            specs.append(self.specs[i])
+            keys.append(self.keys[i])
+        return ShardPlan(index, specs, keys, self.shard_bytes[index], self.metadata, self.classes)
 
     @property
     def shards(self) -> list[ShardPlan]:

@@ -215,7 +215,7 @@ def _convert_split(scan: Scan, fs: OutputFS, options: ConvertOptions) -> tuple[S
     results = _load_reusable(fs, plan)
     reused = len(results)
     todo = _Tasks(plan, [i for i in range(plan.num_shards) if i not in results], ShardTask(
-        out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), 0), check_full=options.check == "full",
+        out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), (), 0), check_full=options.check == "full",
         max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
         max_pixels=options.max_pixels, storage_options=options.storage_options))
     done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
