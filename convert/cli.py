@@ -47,6 +47,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--split", default="train", help="split name (default: train; listing: for rows without a split)")
     g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
     g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
+    g.add_argument("--min-shards", type=int, default=32,
+                   help="a smaller dataset gets smaller shards (down to 16 MB) so that it makes this many, "
+                        "written by every core (default: 32; 1: never shrink)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sample order (default: 0)")
     g.add_argument("--no-shuffle", action="store_true", help="keep the input order instead of a seeded shuffle")
     g.add_argument("--metadata", choices=("auto", "always"), default="auto",
@@ -123,6 +126,7 @@ def _options(args: argparse.Namespace) -> Any:
 
     return ConvertOptions(
         split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
+        min_shards=args.min_shards,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
 from shardify.errors import InputError
+from shardify.tarfmt import BLOCK, member_size
 
-__all__ = ["SourceFile", "SampleSpec", "SampleTable", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
+__all__ = ["SourceFile", "SampleSpec", "SampleTable", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
            "list_input_dir"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -51,6 +52,24 @@ class SampleSpec(NamedTuple):
     inline: tuple[tuple[str, bytes], ...] = ()
 
 
+def payload_bytes(spec: SampleSpec) -> int:
+    """Tar bytes of a sample's files, inline fields and label (not its ``.json``): what sizes
+    a dataset before planning."""
+    total = 2 * BLOCK if spec.label is not None else 0
+    for f in spec.files:
+        total += member_size(f.size)
+    for _, data in spec.inline:
+        total += member_size(len(data))
+    return total
+
+
+def total_payload_bytes(samples: Sequence[SampleSpec]) -> int:
+    """:func:`payload_bytes` of every sample (kept by a SampleTable as it fills)."""
+    if isinstance(samples, SampleTable):
+        return samples.payload_bytes
+    return sum(payload_bytes(s) for s in samples)
+
+
 class SampleTable(Sequence[SampleSpec]):
     """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
 
@@ -61,11 +80,14 @@ class SampleTable(Sequence[SampleSpec]):
         self._data = bytearray()
         self._ends = array("q")
         self._last: tuple[int, SampleSpec | None] = (-1, None)
+        self.payload_bytes = 0
+        """Sum of :func:`payload_bytes` of the samples appended."""
         for spec in samples:
             self.append(spec)
 
     def append(self, spec: SampleSpec) -> None:
         name, identity, label, label_name, files, inline = spec
+        self.payload_bytes += payload_bytes(spec)
         self._data += marshal.dumps((name, None if identity == name else identity, label, label_name,
                                      tuple(map(tuple, files)), inline))
         self._ends.append(len(self._data))

@@ -8,11 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE", "MIN_SMALL_SHARD"]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 """Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
 over ranks x workers, few enough to list and open cheaply)."""
+
+MIN_SMALL_SHARD = 16 * 1000**2
+"""Shards are never shrunk below this for ``min_shards`` (16 MB: still few files to list)."""
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
@@ -42,6 +45,10 @@ class ConvertOptions:
     split: str = "train"
     shard_size: int | None = DEFAULT_SHARD_SIZE
     samples_per_shard: int | None = None
+    min_shards: int = 32
+    """A dataset that would make fewer shards than this gets smaller ones (down to 16 MB),
+    so that a small dataset is still written by every core and read by many workers. It
+    depends on the data only, never on ``workers``: the output stays the same everywhere."""
     shuffle: bool = True
     seed: int = 0
     check: Literal["header", "full"] = "header"
@@ -70,6 +77,8 @@ class ConvertOptions:
             raise ValueError("one of shard_size and samples_per_shard should be set")
         if self.shard_size is not None and self.shard_size < 4096:
             raise ValueError(f"shard_size={self.shard_size} should be at least 4096 bytes")
+        if self.min_shards < 1:
+            raise ValueError(f"min_shards={self.min_shards} should be >= 1 (1: never shrink shards)")
         if self.samples_per_shard is not None and self.samples_per_shard < 1:
             raise ValueError(f"samples_per_shard={self.samples_per_shard} should be >= 1")
         if self.check not in ("header", "full"):
@@ -97,12 +106,21 @@ class ConvertOptions:
         except AttributeError:  # pragma: no cover - not Linux
             return max(1, os.cpu_count() or 1)
 
+    def shard_bound(self, payload_bytes: int) -> int | None:
+        """The byte bound of a shard for a dataset of about ``payload_bytes``: ``shard_size``,
+        or less so that it makes ``min_shards`` shards, never below 16 MB (or ``shard_size``)."""
+        if self.shard_size is None:
+            return None
+        even = -(-payload_bytes // self.min_shards)
+        return max(min(self.shard_size, even), min(self.shard_size, MIN_SMALL_SHARD))
+
     def shaping(self) -> dict[str, Any]:
         """The options that decide the output bytes; recorded in the split index."""
         return {
             "split": self.split,
             "shard_size": self.shard_size,
             "samples_per_shard": self.samples_per_shard,
+            "min_shards": self.min_shards,
             "shuffle": self.shuffle,
             "seed": self.seed,
             "check": self.check,

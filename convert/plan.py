@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.inputs import SampleSpec, SampleTable, Scan
+from shardify.convert.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.options import ConvertOptions
 from shardify.keys import KeyList, assign_keys
 from shardify.tarfmt import END_OF_ARCHIVE, member_size
@@ -161,7 +161,7 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
                               "source": scan.source, "classes": scan.classes,
                               "options": options.shaping()}, sort_keys=True).encode())
     classes = tuple(scan.classes)
-    limit = options.shard_size
+    limit = options.shard_bound(total_payload_bytes(specs))
     per_shard = options.samples_per_shard
     sizes: list[int] = []
     shard_bytes: list[int] = []
