@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
+from shardify.convert.inputs import (IMAGE_EXTENSIONS, Ignored, SampleSpec, SampleTable, Scan, SourceFile,
+                                     list_input_dir)
 from shardify.errors import InputError
 
 __all__ = ["scan_imagefolder"]
@@ -37,13 +38,14 @@ def scan_imagefolder(root: str | os.PathLike[str], *, follow_symlinks: bool = Tr
     if not classes:
         raise InputError("no class folders found (expected root/<class>/<image>)", path=str(root_path))
 
-    samples: list[SampleSpec] = []
+    samples = SampleTable()  # compact: ImageNet's 1.3 M images in ~130 MB
     notes: list[str] = []
     for index, name in enumerate(classes):
         found = _scan_class(root_path, name, index, real_root, follow_symlinks, problems)
         if not found:
             notes.append(f"class {name!r} (label {index}) has no images")
-        samples.extend(found)
+        for spec in found:
+            samples.append(spec)
     return Scan(root=str(root_path), source="imagefolder", samples=samples, classes=classes,
                 problems=problems, notes=notes)
 
