@@ -46,7 +46,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--split", default="train", help="split name (default: train; listing: for rows without a split)")
     g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
-    g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
+    g.add_argument("--samples-per-shard", type=int, default=10_000,
+                   help="bound on samples per shard (default: 10000, so that a reader starting mid-shard "
+                        "scans few headers; 0: none)")
     g.add_argument("--min-shards", type=int, default=32,
                    help="a smaller dataset gets smaller shards (down to 16 MB) so that it makes this many, "
                         "written by every core (default: 32; 1: never shrink)")
@@ -125,7 +127,7 @@ def _options(args: argparse.Namespace) -> Any:
     from shardify.convert.options import ConvertOptions, parse_size
 
     return ConvertOptions(
-        split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
+        split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard or None,
         min_shards=args.min_shards,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, follow_symlinks=not args.no_follow_symlinks,

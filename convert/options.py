@@ -8,11 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE", "MIN_SMALL_SHARD"]
+__all__ = ["ConvertOptions", "parse_size", "DEFAULT_SHARD_SIZE", "DEFAULT_SAMPLES_PER_SHARD", "MIN_SMALL_SHARD"]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 """Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
 over ranks x workers, few enough to list and open cheaply)."""
+
+DEFAULT_SAMPLES_PER_SHARD = 10_000
+"""Default bound on samples per shard: a reader that starts in the middle of a shard scans
+its tar headers first (two or three per sample), so small samples get shards of at most
+10,000 (ImageNet's ~2,300 per 256 MB shard are unaffected)."""
 
 MIN_SMALL_SHARD = 16 * 1000**2
 """Shards are never shrunk below this for ``min_shards`` (16 MB: still few files to list)."""
@@ -44,7 +49,7 @@ class ConvertOptions:
 
     split: str = "train"
     shard_size: int | None = DEFAULT_SHARD_SIZE
-    samples_per_shard: int | None = None
+    samples_per_shard: int | None = DEFAULT_SAMPLES_PER_SHARD
     min_shards: int = 32
     """A dataset that would make fewer shards than this gets smaller ones (down to 16 MB),
     so that a small dataset is still written by every core and read by many workers. It
