@@ -76,7 +76,7 @@ def _scan_class(
     root: Path, name: str, label: int, real_root: str, follow: bool, problems: list[Ignored]
 ) -> list[SampleSpec]:
     """The images of one class folder in ``sorted(os.walk)`` order."""
-    listing: list[tuple[str, list[os.DirEntry[str]]]] = []
+    listing: list[tuple[str, str, list[os.DirEntry[str]]]] = []
     visited: set[tuple[int, int]] = set()
     stack = [os.path.join(root, name)]
     while stack:
@@ -102,12 +102,12 @@ def _scan_class(
                     stack.append(entry.path)
             else:
                 files.append(entry)
-        listing.append((folder, files))
+        listing.append((folder, rel_folder, files))
     listing.sort(key=lambda item: item[0])
     out = []
-    for _folder, files in listing:
+    for _folder, rel_folder, files in listing:
         for entry in files:
-            rel = os.path.relpath(entry.path, root)
+            rel = os.path.join(rel_folder, entry.name)  # relpath per file is the scan's slowest step
             if not entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 problems.append(Ignored(rel, "not an image file (extension)", "ignored"))
                 continue
