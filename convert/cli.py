@@ -98,9 +98,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--split", default=None,
                    help="split name (default: train; listing: for rows without a split; ids: not used)")
     g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
-    g.add_argument("--samples-per-shard", type=int, default=None, help="bound on samples per shard (default: none)")
+    g.add_argument("--samples-per-shard", type=int, default=10_000,
+                   help="bound on samples per shard (default: 10000, so that a reader starting mid-shard "
+                        "scans few headers; 0: none)")
+    g.add_argument("--min-shards", type=int, default=32,
+                   help="a smaller dataset gets smaller shards (down to 16 MB) so that it makes this many, "
+                        "written by every core (default: 32; 1: never shrink)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sample order (default: 0)")
     g.add_argument("--no-shuffle", action="store_true", help="keep the input order instead of a seeded shuffle")
+    g.add_argument("--metadata", choices=("auto", "always"), default="auto",
+                   help="per-sample {key}.json: auto, only when it holds what key, members and index do not "
+                        "(default); always")
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
     g.add_argument("--allow-empty", action="store_true",
                    help="finish a split even if every input was skipped (default: that is an error, exit 1)")
@@ -262,13 +270,14 @@ def _options(args: argparse.Namespace) -> Any:
     from shardify.convert.options import ConvertOptions, parse_size
 
     return ConvertOptions(
-        split=args.split or "train", shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
+        split=args.split or "train", shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard or None,
+        min_shards=args.min_shards,
         shuffle=not args.no_shuffle, seed=args.seed, check=args.check, max_side=args.max_side,
         quality=args.quality, max_pixels=args.max_pixels, max_image_bytes=parse_size(args.max_image_bytes),
         follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
-        allow_empty=args.allow_empty, image_format=args.image_format)
+        allow_empty=args.allow_empty, image_format=args.image_format, metadata=args.metadata)
 
 
 def _human(n: float) -> str:

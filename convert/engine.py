@@ -1,6 +1,7 @@
 """Run shard-writing tasks: in this process, or on a pool of worker processes.
 
-The engine only executes; what to write was decided by the plan. Results arrive in any
+The engine only executes; what to write was decided by the plan. At most two tasks per
+worker are in flight, so tasks made lazily keep memory bounded. Results arrive in any
 order (the caller sorts them), progress is counted in shared memory and shown by tqdm on
 stderr, and the first failure cancels the rest and is raised in the caller.
 """
@@ -84,11 +85,17 @@ def run_local(
         return
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
     counters = ctx.Array("q", [bar.samples, bar.nbytes])
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
+    workers = min(workers, len(tasks))
+    queued = iter(tasks)  # tasks are made (and their samples held) only when submitted
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                 initializer=_init_worker, initargs=(counters,)) as pool:
-        pending = {pool.submit(_run_task, t) for t in tasks}
+        pending: set[cf.Future[ShardResult]] = set()
         try:
-            while pending:
+            while True:
+                while len(pending) < 2 * workers and (task := next(queued, None)) is not None:
+                    pending.add(pool.submit(_run_task, task))
+                if not pending:
+                    break
                 finished, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
                 bar.set(counters[0], counters[1])
                 for fut in finished:

@@ -17,10 +17,13 @@ from typing import Any
 from shardify.convert.engine import ProgressBar
 from shardify.convert.writer import ShardResult, ShardTask, write_shard
 
-__all__ = ["run_ray", "MAX_RETRIES"]
+__all__ = ["run_ray", "MAX_RETRIES", "MAX_IN_FLIGHT"]
 
 MAX_RETRIES = 3
 """Ray retries a task that died (node lost, worker killed) this many times."""
+MAX_IN_FLIGHT = 256
+"""Tasks submitted and not finished at once: enough to fill a cluster, while the driver
+holds only these tasks' samples."""
 
 
 def _ray() -> Any:
@@ -91,9 +94,14 @@ def _run(ray: Any, tasks: Sequence[ShardTask], bar: ProgressBar, on_result: Call
     counter_cls, write = _remote_parts(ray)
     counter = counter_cls.remote()
     base_samples, base_bytes = bar.samples, bar.nbytes
-    pending = {write.remote(t, counter): t for t in tasks}
+    queued = iter(tasks)  # tasks are made (and their samples held) only when submitted
+    pending: dict[Any, ShardTask] = {}
     try:
-        while pending:
+        while True:
+            while len(pending) < MAX_IN_FLIGHT and (task := next(queued, None)) is not None:
+                pending[write.remote(task, counter)] = task
+            if not pending:
+                break
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
             samples, nbytes = ray.get(counter.get.remote())
             bar.set(base_samples + samples, base_bytes + nbytes)

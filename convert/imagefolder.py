@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTENSIONS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
+from shardify.convert.inputs import (IMAGE_EXTENSIONS, Ignored, SampleSpec, SampleTable, Scan, SourceFile,
+                                     list_input_dir)
 from shardify.errors import InputError
 
 __all__ = ["scan_imagefolder"]
@@ -37,13 +38,14 @@ def scan_imagefolder(root: str | os.PathLike[str], *, follow_symlinks: bool = Tr
     if not classes:
         raise InputError("no class folders found (expected root/<class>/<image>)", path=str(root_path))
 
-    samples: list[SampleSpec] = []
+    samples = SampleTable()  # compact: ImageNet's 1.3 M images in ~130 MB
     notes: list[str] = []
     for index, name in enumerate(classes):
         found = _scan_class(root_path, name, index, real_root, follow_symlinks, problems)
         if not found:
             notes.append(f"class {name!r} (label {index}) has no images")
-        samples.extend(found)
+        for spec in found:
+            samples.append(spec)
     return Scan(root=str(root_path), source="imagefolder", samples=samples, classes=classes,
                 problems=problems, notes=notes)
 
@@ -74,7 +76,7 @@ def _scan_class(
     root: Path, name: str, label: int, real_root: str, follow: bool, problems: list[Ignored]
 ) -> list[SampleSpec]:
     """The images of one class folder in ``sorted(os.walk)`` order."""
-    listing: list[tuple[str, list[os.DirEntry[str]]]] = []
+    listing: list[tuple[str, str, list[os.DirEntry[str]]]] = []
     visited: set[tuple[int, int]] = set()
     stack = [os.path.join(root, name)]
     while stack:
@@ -100,12 +102,12 @@ def _scan_class(
                     stack.append(entry.path)
             else:
                 files.append(entry)
-        listing.append((folder, files))
+        listing.append((folder, rel_folder, files))
     listing.sort(key=lambda item: item[0])
     out = []
-    for _folder, files in listing:
+    for _folder, rel_folder, files in listing:
         for entry in files:
-            rel = os.path.relpath(entry.path, root)
+            rel = os.path.join(rel_folder, entry.name)  # relpath per file is the scan's slowest step
             if not entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 problems.append(Ignored(rel, "not an image file (extension)", "ignored"))
                 continue

@@ -1,13 +1,24 @@
-"""What every input scanner produces: samples to pack, and files it chose not to pack."""
+"""What every input scanner produces: samples to pack, and files it chose not to pack.
+
+A scan of ImageNet's 1.3 M inputs must not hold 1.3 M Python objects: :class:`SampleTable`
+keeps each sample as one compact ``marshal`` record in a single buffer (about 100 bytes
+for a listing row with a short text) and gives a :class:`SampleSpec` back on indexing.
+"""
 
 from __future__ import annotations
 
+import marshal
 import os
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, overload
 
 from shardify.errors import InputError
+from shardify.tarfmt import BLOCK, member_size
 
-__all__ = ["SourceFile", "SampleSpec", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS", "list_input_dir"]
+__all__ = ["SourceFile", "SampleSpec", "SampleTable", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
+           "list_input_dir"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``: the files an ImageFolder takes (case-insensitive)."""
@@ -15,9 +26,10 @@ IMAGE_EXTS = frozenset(e[1:] for e in IMAGE_EXTENSIONS)
 """The same, as lower-case extensions without the dot: a file with one is checked as an image."""
 
 
-@dataclass(frozen=True, slots=True)
-class SourceFile:
-    """One file of a sample: the extension it will be stored under, where it is, its size."""
+class SourceFile(NamedTuple):
+    """One file of a sample: the extension it will be stored under, where it is, its size.
+
+    (A NamedTuple, like :class:`SampleSpec`: made millions of times, it costs a tuple.)"""
 
     ext: str
     path: str
@@ -30,8 +42,7 @@ class SourceFile:
     :func:`shardify.convert.tensors.transcode_file`); None: stored unchanged."""
 
 
-@dataclass(frozen=True, slots=True)
-class SampleSpec:
+class SampleSpec(NamedTuple):
     """One sample as planned: the name its key comes from, its files, label and inline fields."""
 
     name: str
@@ -42,6 +53,78 @@ class SampleSpec:
     label_name: str | int | None
     files: tuple[SourceFile, ...] = ()
     inline: tuple[tuple[str, bytes], ...] = ()
+
+
+def payload_bytes(spec: SampleSpec) -> int:
+    """Tar bytes of a sample's files, inline fields and label (not its ``.json``): what sizes
+    a dataset before planning."""
+    total = 2 * BLOCK if spec.label is not None else 0
+    for f in spec.files:
+        total += member_size(f.size)
+    for _, data in spec.inline:
+        total += member_size(len(data))
+    return total
+
+
+def total_payload_bytes(samples: Sequence[SampleSpec]) -> int:
+    """:func:`payload_bytes` of every sample (kept by a SampleTable as it fills)."""
+    if isinstance(samples, SampleTable):
+        return samples.payload_bytes
+    return sum(payload_bytes(s) for s in samples)
+
+
+class SampleTable(Sequence[SampleSpec]):
+    """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
+
+    Appending and indexing are O(1); memory is the records plus 8 bytes of offset each.
+    """
+
+    def __init__(self, samples: Iterable[SampleSpec] = ()) -> None:
+        self._data = bytearray()
+        self._ends = array("q")
+        self._last: tuple[int, SampleSpec | None] = (-1, None)
+        self.payload_bytes = 0
+        """Sum of :func:`payload_bytes` of the samples appended."""
+        for spec in samples:
+            self.append(spec)
+
+    def append(self, spec: SampleSpec) -> None:
+        name, identity, label, label_name, files, inline = spec
+        self.payload_bytes += payload_bytes(spec)
+        self._data += marshal.dumps((name, None if identity == name else identity, label, label_name,
+                                     tuple(map(tuple, files)), inline))
+        self._ends.append(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, i: int) -> SampleSpec: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SampleSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> SampleSpec | list[SampleSpec]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self._ends)
+        if self._last[0] == i:  # a sample is often read twice in a row (name, then identity)
+            return self._last[1]  # type: ignore[return-value]
+        end = self._ends[i]  # IndexError for i out of range
+        name, identity, label, label_name, files, inline = marshal.loads(self._data[self._ends[i - 1] if i else 0:end])
+        spec = SampleSpec(name, name if identity is None else identity, label, label_name,
+                          tuple(SourceFile(*f) for f in files) if files else (), inline)
+        self._last = (i, spec)
+        return spec
+
+    def __iter__(self) -> Iterator[SampleSpec]:
+        for i in range(len(self._ends)):
+            yield self[i]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the records and offsets."""
+        return len(self._data) + self._ends.itemsize * len(self._ends)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +142,8 @@ class Scan:
 
     root: str
     source: str
-    samples: list[SampleSpec]
+    samples: Sequence[SampleSpec]
+    """A list, or a :class:`SampleTable` for scans that may be large."""
     classes: list[str] = field(default_factory=list)
     problems: list[Ignored] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -10,14 +10,16 @@ and a non-string JSON value becomes ``{key}.c.json``. Empty CSV cells are absent
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from shardify.convert.ids import stored_ext
-from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile
+from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, SampleTable, Scan, SourceFile
 from shardify.convert.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
@@ -31,9 +33,14 @@ _COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
 
 def inline_ext(column: str, value: object) -> str:
     """The member extension of inline column ``column`` holding ``value``."""
+    return _inline_ext(column, isinstance(value, str))
+
+
+@functools.lru_cache(maxsize=1024)
+def _inline_ext(column: str, is_text: bool) -> str:
     if not _COLUMN_RE.match(column):
         raise KeyRuleError(f"column {column!r} cannot name a field: use [a-z0-9_-], starting with a letter or digit")
-    if isinstance(value, str):
+    if is_text:
         return "txt" if column == "text" else f"{column}.txt"
     return f"{column}.json"
 
@@ -79,33 +86,46 @@ def scan_listing(
     if fmt not in ("csv", "jsonl"):
         raise InputError(f"format {fmt!r} should be 'csv' or 'jsonl'", path=str(path))
     base = Path(root) if root is not None else path.parent
-    try:
-        rows = list(_rows(path, fmt))
-    except OSError as e:
-        raise InputError(f"cannot read listing: {e.strerror}", path=str(path)) from e
-    except UnicodeDecodeError as e:
-        raise InputError(f"listing is not UTF-8: {e}", path=str(path)) from e
-    has_labels = any("label" in row for _, row in rows)
-    space = label_space((row.get("label") for _, row in rows), source=str(path), num_classes=num_classes)
+    # Two streaming passes instead of holding every row: the first finds the label space
+    # (names or ints, over every split), the second makes the samples.
+    seen = {"labels": False}
 
-    by_split: dict[str, tuple[list[SampleSpec], list[Ignored]]] = {}
-    for n, row in rows:
+    def labels() -> Iterator[object]:
+        for _, row in _read(path, fmt):
+            if "label" in row:
+                seen["labels"] = True
+                yield row["label"]
+
+    space = label_space(labels(), source=str(path), num_classes=num_classes)
+    has_labels = seen["labels"]
+    by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
+    for n, row in _read(path, fmt):
         split = str(row.get("split", default_split))
-        samples, problems = by_split.setdefault(split, ([], []))
-        where = f"{path.name}:{n}"
+        entry = by_split.get(split)
+        if entry is None:
+            try:
+                check_split_name(split)
+            except KeyRuleError as e:
+                raise InputError(str(e), path=str(path)) from e
+            entry = by_split[split] = (SampleTable(), [])
         try:
-            samples.append(_sample(row, base=base, space=space, has_labels=has_labels))
+            entry[0].append(_sample(row, base=base, space=space, has_labels=has_labels))
         except ValueError as e:
-            problems.append(Ignored(where, str(e)))
-    for split in by_split:
-        try:
-            check_split_name(split)
-        except KeyRuleError as e:
-            raise InputError(str(e), path=str(path)) from e
+            entry[1].append(Ignored(f"{path.name}:{n}", str(e)))
     return {
         split: Scan(root=str(base), source="listing", samples=samples, classes=list(space.classes), problems=problems)
         for split, (samples, problems) in by_split.items()
     }
+
+
+def _read(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:
+    """The rows of the listing, with read errors as InputError naming it."""
+    try:
+        yield from _rows(path, fmt)
+    except OSError as e:
+        raise InputError(f"cannot read listing: {e.strerror}", path=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"listing is not UTF-8: {e}", path=str(path)) from e
 
 
 def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bool) -> SampleSpec:
@@ -122,7 +142,7 @@ def _sample(row: dict[str, object], *, base: Path, space: object, has_labels: bo
             st = full.stat()
         except OSError as e:
             raise ValueError(f"{rel}: cannot stat: {e.strerror}") from e
-        if not full.is_file():
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{rel}: not a regular file")
         dot, slash = rel.rfind("."), rel.rfind("/")
         ext = stored_ext(rel[dot + 1 :]) if dot > slash + 1 else "bin"

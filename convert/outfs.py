@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
-__all__ = ["OutputFS", "LocalFS", "FsspecFS", "OutputLock", "is_locked", "open_output", "is_url", "WORK_DIR"]
+__all__ = ["OutputFS", "LocalFS", "FsspecFS", "OutputLock", "is_locked", "open_output", "is_url", "backend_reason",
+           "WORK_DIR"]
 
 WORK_DIR = ".shardify-work"
 """The folder of an unfinished conversion's progress (records of finished shards, the lock)."""
@@ -146,17 +148,40 @@ class LocalFS(OutputFS):
             os.close(fd)
 
 
-class FsspecFS(OutputFS):
-    """An fsspec URL prefix. The user's installed fsspec backend (s3fs, gcsfs, ...) does the I/O."""
+def backend_reason(e: BaseException) -> str:
+    """A storage backend's error in one line, with a hint where the cause is a usual one."""
+    text = f"{type(e).__name__}: {e}"
+    if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+        text += " (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile, or pass storage_options)"
+    return text
 
-    def __init__(self, url: str) -> None:
+
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+"""fsspec protocols without real folders: a key's prefix is created by writing the key."""
+
+
+class FsspecFS(OutputFS):
+    """An fsspec URL prefix. The user's installed fsspec backend (s3fs, gcsfs, ...) does the I/O.
+
+    Credentials and endpoints come from the backend's usual places (for S3: ``AWS_*``
+    variables, ``~/.aws``, ``AWS_ENDPOINT_URL``) or from ``storage_options``. Listings are
+    never taken from the backend's cache, since worker processes write the same prefix.
+    """
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import fsspec
         except ImportError as e:  # pragma: no cover - fsspec is a declared extra
             raise ImportError(f"writing to {url} needs fsspec: pip install 'shardify[remote]'") from e
         self.location = url.rstrip("/")
         self.fs: Any
-        self.fs, self.path = fsspec.core.url_to_fs(self.location)
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(self.location, **dict(storage_options or {}))
+        except ImportError as e:
+            raise OutputError(f"{self.location}: no storage backend for this URL ({e}); "
+                              "for s3:// install 'shardify[s3]'") from e
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        self.object_store = bool(_OBJECT_STORES.intersection(protocols))
         self.local = False
 
     def _p(self, name: str) -> str:
@@ -169,9 +194,11 @@ class FsspecFS(OutputFS):
         self.fs.mv(self._p(src), self._p(dst))
 
     def exists(self, name: str) -> bool:
+        self.fs.invalidate_cache(self._p(name))
         return bool(self.fs.exists(self._p(name)))
 
     def size(self, name: str) -> int:
+        self.fs.invalidate_cache(self._p(name))
         return int(self.fs.size(self._p(name)))
 
     def open_read(self, name: str) -> BinaryIO:
@@ -179,6 +206,7 @@ class FsspecFS(OutputFS):
 
     def listdir(self, prefix: str = "") -> list[str]:
         folder = self._p(prefix)
+        self.fs.invalidate_cache(folder)
         if not self.fs.exists(folder):
             return []
         entries = self.fs.ls(folder, detail=True)
@@ -186,6 +214,7 @@ class FsspecFS(OutputFS):
 
     def entries(self, prefix: str = "") -> list[str]:
         folder = self._p(prefix)
+        self.fs.invalidate_cache(folder)
         if not self.fs.exists(folder):
             return []
         return sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(folder, detail=False))
@@ -199,7 +228,21 @@ class FsspecFS(OutputFS):
             self.fs.rm(self._p(name), recursive=True)
 
     def makedirs(self, name: str = "") -> None:
-        self.fs.makedirs(self._p(name), exist_ok=True)
+        """Create a folder; on an object store, check instead (for the root) that the bucket
+        exists and answers, so that a wrong bucket or credential fails here, naming the URL."""
+        if not self.object_store:
+            self.fs.makedirs(self._p(name), exist_ok=True)
+            return
+        if name:
+            return
+        bucket = self.path.split("/", 1)[0]
+        try:
+            self.fs.info(bucket)
+        except FileNotFoundError as e:
+            raise OutputError(f"{self.location}: bucket {bucket!r} does not exist (or is not visible with "
+                              "these credentials); create it first") from e
+        except Exception as e:  # the backend's own errors (botocore's have no common base with OSError)
+            raise OutputError(f"{self.location}: cannot reach the store: {backend_reason(e)}") from e
 
     def write_atomic(self, name: str, data: bytes) -> None:
         tmp = f"{name}.tmp-upload"
@@ -207,10 +250,10 @@ class FsspecFS(OutputFS):
         self.fs.mv(self._p(tmp), self._p(name))
 
 
-def open_output(location: str | os.PathLike[str]) -> OutputFS:
-    """The OutputFS for a local path or an fsspec URL."""
+def open_output(location: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> OutputFS:
+    """The OutputFS for a local path or an fsspec URL (``storage_options``: the backend's options)."""
     text = str(location)
-    return FsspecFS(text) if is_url(text) else LocalFS(text)
+    return FsspecFS(text, storage_options=storage_options) if is_url(text) else LocalFS(text)
 
 
 class OutputLock:

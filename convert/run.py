@@ -19,7 +19,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +32,7 @@ from shardify.convert.labels import int_labels
 from shardify.convert.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
-from shardify.convert.plan import SplitPlan, plan_split
+from shardify.convert.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
 from shardify.convert.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
@@ -97,7 +97,7 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
 
 def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool,
                 finishing: Callable[[OutputFS, Manifest, str], bool] = lambda fs, manifest, split: False,
-                ) -> tuple[OutputFS, OutputLock]:
+                storage_options: Mapping[str, Any] | None = None) -> tuple[OutputFS, OutputLock]:
     """Create and lock ``out``, removing temp files an interrupted run left; refuse splits
     finished there unless ``overwrite`` (a finished split stays listed until its new version
     is published) or ``finishing`` says this very conversion is finishing it.
@@ -106,7 +106,7 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     """
     for split in splits:
         check_split_name(split)
-    fs = open_output(out)
+    fs = open_output(out, storage_options=storage_options)
     try:
         fs.makedirs()
     except (FileExistsError, NotADirectoryError) as e:
@@ -148,7 +148,7 @@ def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
 def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
     """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
     plans = {split: plan_split(scan, replace(options, split=split)) for split, scan in scans.items()}
-    fs, lock = open_locked(out, scans, overwrite=options.overwrite,
+    fs, lock = open_locked(out, scans, overwrite=options.overwrite, storage_options=options.storage_options,
                            finishing=lambda fs, manifest, split: _finishing(fs, manifest, plans[split]))
     try:
         result = ConvertResult(out_dir=fs.location)
@@ -215,18 +215,18 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
 
     An unfinished run of another plan is dropped, with its shards unless its version is
     ``current`` (the manifest's): a version never listed was never read by anyone."""
-    begin_version(fs, plan.split, plan.fingerprint, listed=current, version=plan.version, shards=len(plan.shards))
+    begin_version(fs, plan.split, plan.fingerprint, listed=current, version=plan.version, shards=plan.num_shards)
     have = set(fs.listdir(f"{WORK_DIR}/{plan.split}"))
     reusable: dict[int, ShardResult] = {}
-    for shard in plan.shards:
-        record = record_name(plan.split, shard.index)
+    for shard in range(plan.num_shards):
+        record = record_name(plan.split, shard)
         if record.rsplit("/", 1)[1] not in have:
             continue
         try:
             r = load_json(fs.read_bytes(record), source=record)
             if fs.size(r["url"]) == r["filesize"] and _file_sha256(fs, r["url"]) == r["sha256"]:
-                reusable[shard.index] = ShardResult(
-                    index=shard.index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
+                reusable[shard] = ShardResult(
+                    index=shard, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
                     notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])))
@@ -253,12 +253,12 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     current = load_manifest(fs).splits.get(split)
     results = _load_reusable(fs, plan, current.version if current is not None else None)
     reused = len(results)
-    todo = [ShardTask(out_dir=fs.location, root=scan.root, split=split, plan=s, check_full=options.check == "full",
-                      max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-                      max_pixels=options.max_pixels, version=plan.version,
-                      max_image_bytes=options.max_image_bytes, image_format=options.image_format)
-            for s in plan.shards if s.index not in results]
-    done_samples = sum(len(s.samples) for s in plan.shards if s.index in results)
+    todo = _Tasks(plan, [i for i in range(plan.num_shards) if i not in results], ShardTask(
+        out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), (), 0), check_full=options.check == "full",
+        max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
+        max_pixels=options.max_pixels, version=plan.version, max_image_bytes=options.max_image_bytes,
+        image_format=options.image_format, storage_options=options.storage_options))
+    done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
     bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
                       done=done_samples, done_bytes=done_bytes)
@@ -276,7 +276,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
             run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
     finally:
         bar.close()
-    ordered = [results[s.index] for s in plan.shards]
+    ordered = [results[i] for i in range(plan.num_shards)]
     skipped = [p for p in scan.problems if p.kind == "skipped"] + [s for r in ordered for s in r.skipped]
     ignored = [p for p in scan.problems if p.kind == "ignored"]
     notes = [n for r in ordered for n in r.notes]
@@ -323,6 +323,22 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
     )
     fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
     return index
+
+
+class _Tasks(Sequence[ShardTask]):
+    """The tasks of the shards still to write, each made (with its samples) only when the
+    engine takes it, so that a plan of millions of samples is never all in memory at once."""
+
+    def __init__(self, plan: SplitPlan, shards: list[int], template: ShardTask) -> None:
+        self.plan, self.shards, self.template = plan, shards, template
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return replace(self.template, plan=self.plan.shard(self.shards[i]))
 
 
 def _reason_class(reason: str) -> str:

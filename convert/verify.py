@@ -1,7 +1,8 @@
 """``shardify verify`` and ``shardify info``: check a finished dataset, describe it.
 
-Verify reads every shard once: its checksum and size against the index, its members
-against the format (names, adjacency, key rules, unique keys, counts), and with
+The dataset is named as the reader names it (a folder, ``manifest.json`` or a split index;
+a path or a URL: see :mod:`shardify.convert.dataset_files`). Verify reads every shard once:
+its checksum and size against the index, its members against the format (names, adjacency, key rules, unique keys, counts), and with
 ``decode`` every image decoded and every label parsed. It reports every problem it finds
 with the shard and key, rather than stopping at the first.
 """
@@ -12,19 +13,18 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardify.convert.dataset_files import DatasetFiles, locate_dataset
 from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
-from shardify.manifest import Manifest, SplitIndex
+from shardify.manifest import SplitIndex
 from shardify.tarfmt import shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
-
 
 
 @dataclass(frozen=True)
@@ -68,24 +68,25 @@ class _HashingReader:
 
 
 def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = None,
-                   decode: bool = False) -> VerifyReport:
-    """Check every shard of ``splits`` (default: all) of the dataset at ``root``."""
-    root = Path(root)
+                   decode: bool = False, storage_options: dict[str, Any] | None = None) -> VerifyReport:
+    """Check every shard of ``splits`` (default: all) of the dataset at ``root``: a folder, its
+    ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``)."""
+    dataset = locate_dataset(root, storage_options=storage_options)
     report = VerifyReport()
-    manifest = Manifest.load(root)
-    for split in splits or sorted(manifest.splits):
+    for split in splits or dataset.splits:
         try:
-            index = manifest.load_split(root, split)
+            index = dataset.load_split(split)
         except ManifestError as e:
             report.problems.append(Problem(split, None, None, str(e)))
             continue
-        _verify_split(root, index, decode, report)
-    for name, why in stray_files(root):
-        report.problems.append(Problem("(dataset)", name, None, why))
+        _verify_split(dataset.files, index, decode, report)
+    if not dataset.files.remote:
+        for name, why in stray_files(dataset.files.folder):
+            report.problems.append(Problem("(dataset)", name, None, why))
     return report
 
 
-def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
+def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
     split = index.split
     keys: set[str] = set()
     problems = report.problems
@@ -93,11 +94,10 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
         if entry.url != shard_name(split, i, index.version):
             problems.append(Problem(split, entry.url, None,
                                     f"shard {i} should be named {shard_name(split, i, index.version)}"))
-        path = root / entry.url
         try:
-            f = open(path, "rb")
-        except OSError as e:
-            problems.append(Problem(split, entry.url, None, f"cannot open: {e.strerror}"))
+            f = files.open_stream(entry.url)
+        except ShardifyError as e:
+            problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
             continue
         with f:
             reader = _HashingReader(f)
@@ -121,10 +121,10 @@ def _verify_split(root: Path, index: SplitIndex, decode: bool, report: VerifyRep
             problems.append(Problem(split, entry.url, None, "sha256 does not match the index (corrupt or replaced)"))
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
-    for entry in os.scandir(root):
-        found = shard_of_split(entry.name, split)
+    for name in files.names() or ():
+        found = shard_of_split(name, split)
         if found is not None and found[0] == index.version and found[1] >= len(index.shards):
-            problems.append(Problem(split, entry.name, None, "shard file not listed in the index"))
+            problems.append(Problem(split, name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
 
 
@@ -163,13 +163,13 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
                     problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
 
 
-def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """A JSON-able description of a dataset: splits, samples, shards, bytes, classes."""
-    root = Path(root)
-    manifest = Manifest.load(root)
-    out: dict[str, Any] = {"path": str(root), "format_version": manifest.format_version, "splits": {}}
-    for split in sorted(manifest.splits):
-        index = manifest.load_split(root, split)
+def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-able description of a dataset (a folder, ``manifest.json`` or split index, a path
+    or a URL): splits, samples, shards, bytes, classes."""
+    dataset = locate_dataset(root, storage_options=storage_options)
+    out: dict[str, Any] = {"path": os.fspath(root), "format_version": dataset.format_version, "splits": {}}
+    for split in dataset.splits:
+        index = dataset.load_split(split)
         out["splits"][split] = {
             "samples": index.num_samples,
             "shards": len(index.shards),
@@ -184,5 +184,3 @@ def dataset_info(root: str | os.PathLike[str]) -> dict[str, Any]:
             "version": index.version,
         }
     return out
-
-

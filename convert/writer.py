@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from collections.abc import Mapping
+from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
@@ -52,6 +53,8 @@ class ShardTask:
     """Image files larger than this are reported as too large, without being read."""
     image_format: str = "keep"
     """``keep``, or ``jpg``/``png``: every image stored in that format (see ``imageformat``)."""
+    storage_options: Mapping[str, Any] | None = None
+    """The fsspec backend's options for a URL ``out_dir``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +114,11 @@ def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]
     return total
 
 
-def _members(spec: SampleSpec, key: str, meta: bytes, task: ShardTask,
+def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask,
              notes: list[Ignored]) -> list[tuple[str, bytes]]:
     """The (extension, bytes) members of one sample, sorted; raises InputError to skip it.
     Decoder warnings about an input are appended to ``notes``."""
-    members: list[tuple[str, bytes]] = [("json", meta)]
+    members: list[tuple[str, bytes]] = [("json", meta)] if meta is not None else []
     if spec.label is not None:
         members.append(("cls", str(spec.label).encode("ascii")))
     for source in spec.files:
@@ -207,7 +210,7 @@ def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResul
 
 def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     plan = task.plan
-    fs = open_output(task.out_dir)
+    fs = open_output(task.out_dir, storage_options=task.storage_options)
     final = shard_name(task.split, plan.index, task.version)
     tmp = temp_name(final)
     skipped: list[Ignored] = []

@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 FORMAT_VERSION = 2
 """Version of the shard layout and manifest schema; readers refuse newer versions.
 
-1: shards `{split}-{index:06d}.tar`, index `{split}.json`. 2: every conversion has a version
-token in its file names (`{split}-{version}-{index:06d}.tar`, `{split}-{version}.json`), and
-the manifest names each split's version. Version 1 datasets still read."""
+1: shards `{split}-{index:06d}.tar`, index `{split}.json`, and every sample has a
+``{key}.json`` member. 2: every conversion has a version token in its file names
+(`{split}-{version}-{index:06d}.tar`, `{split}-{version}.json`) and the manifest names each
+split's version; ``{key}.json`` only where it holds something the key, the other members
+and the split index do not (see docs/format.md). A version-2 reader reads version 1 unchanged."""

@@ -470,6 +470,9 @@ def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
     member, a name without a field, a field twice in a sample, a key that comes back after
     another key), and when the data a header declares is not all there.
     """
+    fast = _scan_plain(f, max_member=max_member)
+    if fast is not None:
+        return fast
     offsets, first, ext, data, size = array("q"), array("q"), array("H"), array("q"), array("q")
     exts: dict[str, int] = {}
     key_text = bytearray()
@@ -492,6 +495,105 @@ def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
         ext.append(exts.setdefault(field, len(exts)))
         data.append(m.data_offset)
         size.append(m.size)
+    first.append(len(data))
+    return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends)
+
+
+_PLAIN_CHUNK = 1 << 20
+
+
+def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
+    """:func:`scan_layout` for the common case, several times faster: a seekable plain ustar
+    file of regular members with short ASCII names (what shardify writes). Headers are read
+    in 1 MiB windows and their checksums checked in one numpy step per window. Returns None
+    at anything else, or anything wrong, and the caller scans again with the full parser,
+    which accepts what it accepts and raises what it raises."""
+    try:
+        if not f.seekable() or f.tell() != 0:
+            return None
+        end = f.seek(0, os.SEEK_END)
+    except (OSError, AttributeError):
+        return None
+    if end == 0:  # not an archive: the full parser says so
+        f.seek(0)
+        return None
+    try:
+        layout = _plain_layout(f, end, max_member)
+    except OSError:
+        layout = None
+    f.seek(0 if layout is None else end)  # as the full parser leaves it: at the start, or read through
+    return layout
+
+
+def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
+    import numpy as np
+
+    offsets, first, ext, data, size = array("q"), array("q"), array("H"), array("q"), array("q")
+    exts: dict[str, int] = {}
+    key_text = bytearray()
+    key_ends = array("q")
+    seen: set[str] = set()
+    fields: set[str] = set()
+    last: str | None = None
+    pos, buf, buf_at, heads, sums = 0, b"", 0, array("q"), array("q")
+
+    def checksums_ok() -> bool:
+        if not heads:
+            return True
+        rows = np.frombuffer(buf, dtype=np.uint8)[np.asarray(heads)[:, None] + np.arange(BLOCK)].astype(np.int64)
+        found = rows.sum(axis=1) - rows[:, 148:156].sum(axis=1) + 8 * 32
+        return bool((found == np.asarray(sums)).all())
+
+    while True:
+        if pos + BLOCK > buf_at + len(buf):
+            if not checksums_ok():
+                return None
+            heads, sums = array("q"), array("q")
+            if pos >= end:
+                break  # end of data on a block boundary
+            f.seek(pos)
+            buf, buf_at = f.read(_PLAIN_CHUNK), pos
+            if len(buf) < BLOCK:
+                return None
+        at = pos - buf_at
+        header = buf[at:at + BLOCK]
+        if header == _ZERO_BLOCK:
+            break
+        if header[156:157] != b"0" or header[345] != 0 or header[124] & 0x80 or header[148] & 0x80:
+            return None
+        try:
+            length = int(header[124:136].split(b"\x00", 1)[0].strip(b" ") or b"0", 8)
+            sums.append(int(header[148:156].split(b"\x00", 1)[0].strip(b" ") or b"0", 8))
+        except ValueError:
+            return None
+        heads.append(at)
+        raw = header[:100].split(b"\x00", 1)[0]
+        dot = raw.find(b".")
+        if length > max_member or dot <= 0 or not raw.isascii() or b"/" in raw or b"\\" in raw:
+            return None
+        name = raw.decode("ascii")
+        key, field = name[:dot], name[dot + 1:].lower()
+        if key == last:
+            if field in fields:
+                return None
+        else:
+            if key in seen:
+                return None
+            seen.add(key)
+            last, fields = key, set()
+            offsets.append(pos)
+            first.append(len(data))
+            key_text += raw[:dot]
+            key_ends.append(len(key_text))
+        fields.add(field)
+        ext.append(exts.setdefault(field, len(exts)))
+        data.append(pos + BLOCK)
+        size.append(length)
+        pos += BLOCK + length + (-length % BLOCK)
+        if len(exts) > 0xFFFF or pos > end:
+            return None
+    if not checksums_ok():
+        return None
     first.append(len(data))
     return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends)
 

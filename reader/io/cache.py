@@ -30,10 +30,10 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from shardify.reader.io.remote import RetryPolicy, download
@@ -57,6 +57,9 @@ class FetchOptions:
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
     temp_shards: int = 2
+    storage_options: Mapping[str, Any] | None = None
+    """Options of the fsspec backend (``s3://``: ``key``, ``secret``, ``endpoint_url``, ...);
+    default: the backend's usual places (environment, config files)."""
 
     def __post_init__(self) -> None:
         if self.cache_limit_bytes is not None and self.cache_limit_bytes < 0:
@@ -93,7 +96,8 @@ class ShardCache:
         base = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(urlsplit(url).path))[-80:] or "file"
         return self.directory / f"{digest}-{base}"
 
-    def open(self, url: str, *, retry: RetryPolicy, size: int | None = None, sha256: str = "") -> BinaryIO:
+    def open(self, url: str, *, retry: RetryPolicy, size: int | None = None, sha256: str = "",
+             storage_options: Mapping[str, Any] | None = None) -> BinaryIO:
         """The complete copy of ``url``, open for reading at byte 0; fetched first when needed."""
         final = self.path_for(url, sha256)
         f = _open_complete(final, size)
@@ -106,16 +110,17 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 final.unlink()  # a copy of the wrong size
             self._remove_leftovers(final)
-            f = self._fetch(url, final, retry=retry, size=size, sha256=sha256)
+            f = self._fetch(url, final, retry=retry, size=size, sha256=sha256, storage_options=storage_options)
         self._note_fetch(url)
         self._evict(keep=final)
         return f
 
-    def _fetch(self, url: str, final: Path, *, retry: RetryPolicy, size: int | None, sha256: str) -> BinaryIO:
+    def _fetch(self, url: str, final: Path, *, retry: RetryPolicy, size: int | None, sha256: str,
+               storage_options: Mapping[str, Any] | None) -> BinaryIO:
         part = final.with_name(f"{final.name}.part-{os.getpid()}-{secrets.token_hex(4)}")
         f = open(part, "w+b")  # noqa: SIM115 - returned to the caller, who closes it
         try:
-            download(url, f, retry=retry, size=size, sha256=sha256)
+            download(url, f, retry=retry, size=size, sha256=sha256, storage_options=storage_options)
             f.flush()
             if self.durable:
                 os.fsync(f.fileno())
@@ -221,4 +226,5 @@ def shard_cache(options: FetchOptions) -> ShardCache:
 
 def open_remote(url: str, *, options: FetchOptions, size: int | None = None, sha256: str = "") -> BinaryIO:
     """A local, seekable copy of the remote file ``url``, open at byte 0 (see the module)."""
-    return shard_cache(options).open(url, retry=options.retry, size=size, sha256=sha256)
+    return shard_cache(options).open(url, retry=options.retry, size=size, sha256=sha256,
+                                     storage_options=options.storage_options)

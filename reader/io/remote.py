@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -156,14 +157,14 @@ def _http_error(e: urllib.error.HTTPError, start: int) -> Exception:
 class _FsspecBody:
     """Like :class:`_HttpBody`, for any fsspec URL (resumes by seeking)."""
 
-    def __init__(self, url: str, start: int) -> None:
+    def __init__(self, url: str, start: int, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import fsspec
         except ImportError as e:
             raise _Permanent(f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: "
                              "pip install 'shardify[remote]'") from e
         try:
-            fs, path = fsspec.core.url_to_fs(url)
+            fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except (ImportError, ValueError) as e:
             raise _Permanent(f"no fsspec backend for this URL: {e}") from e
         self._f: Any = fs.open(path, "rb")
@@ -182,10 +183,11 @@ class _FsspecBody:
         self._f.close()
 
 
-def _open_body(url: str, start: int, timeout: float) -> _HttpBody | _FsspecBody:
+def _open_body(url: str, start: int, timeout: float,
+               storage_options: Mapping[str, Any] | None) -> _HttpBody | _FsspecBody:
     if url.startswith(_HTTP):
         return _HttpBody(url, start, timeout)
-    return _FsspecBody(url, start)
+    return _FsspecBody(url, start, storage_options)
 
 
 def _classify(e: BaseException) -> Exception:
@@ -248,16 +250,18 @@ def download(
     size: int | None = None,
     sha256: str = "",
     max_bytes: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> int:
     """Write the bytes at ``url`` to ``dest`` (an empty file open for writing) and return
     their count. Retries and resumes as the module says; ``size`` and ``sha256`` (from the
-    manifest) are checked when given. Raises :class:`ShardFetchError` naming ``url``."""
+    manifest) are checked when given; ``storage_options`` go to the fsspec backend (credentials,
+    endpoint). Raises :class:`ShardFetchError` naming ``url``."""
     done = _Progress(url, dest, sha256=sha256, max_bytes=max_bytes)
     failures = 0
     while True:
         try:
             try:
-                _attempt(done, retry=retry, size=size)
+                _attempt(done, retry=retry, size=size, storage_options=storage_options)
             except _Complete:
                 pass
             done.check_sha()
@@ -275,11 +279,12 @@ def download(
             time.sleep(wait)
 
 
-def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None) -> None:
+def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None,
+             storage_options: Mapping[str, Any] | None) -> None:
     """One request from byte ``done.pos`` to the end of the file."""
     url = done.url
     try:
-        body = _open_body(url, done.pos, retry.timeout_s)
+        body = _open_body(url, done.pos, retry.timeout_s, storage_options)
     except (_Transient, _Permanent, _Complete):
         raise
     except Exception as e:
@@ -309,8 +314,9 @@ def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None) -> None:
         raise _Permanent(f"received {done.pos} bytes, expected {want}")
 
 
-def fetch_bytes(url: str, *, retry: RetryPolicy, max_bytes: int = 256 << 20) -> bytes:
+def fetch_bytes(url: str, *, retry: RetryPolicy, max_bytes: int = 256 << 20,
+                storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The whole content of a small file at ``url`` (a manifest or split index)."""
     buf = io.BytesIO()
-    download(url, buf, retry=retry, max_bytes=max_bytes)
+    download(url, buf, retry=retry, max_bytes=max_bytes, storage_options=storage_options)
     return buf.getvalue()

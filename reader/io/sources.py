@@ -20,7 +20,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -234,6 +234,7 @@ def resolve_source(
     retry: RetryPolicy | None = None,
     temp_shards: int = 2,
     skip_unreadable: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Source:
     """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once.
 
@@ -243,10 +244,12 @@ def resolve_source(
     Remote shards are fetched into ``cache_dir`` (kept and shared by processes, the least
     recently used removed above ``cache_limit_bytes``), else into a per-process temporary
     folder holding the last ``temp_shards``; ``retry`` bounds the attempts, backoff and timeouts.
+    ``storage_options`` go to the fsspec backend of ``s3://`` and other URLs (credentials,
+    endpoint); by default it takes them from its usual places (``AWS_*`` variables, ``~/.aws``).
     """
     fetch = FetchOptions(retry=retry or RetryPolicy(), cache_limit_bytes=cache_limit_bytes,
                          cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-                         temp_shards=temp_shards)
+                         temp_shards=temp_shards, storage_options=storage_options)
     if not isinstance(spec, (str, os.PathLike)):
         return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads,
                             fetch=fetch, skip_unreadable=skip_unreadable)
@@ -296,7 +299,7 @@ def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> S
 
 def _fetch_json(url: str, fetch: FetchOptions, what: str) -> dict[str, Any]:
     try:
-        data = fetch_bytes(url, retry=fetch.retry)
+        data = fetch_bytes(url, retry=fetch.retry, storage_options=fetch.storage_options)
     except ShardFetchError as e:
         raise ManifestError(f"{url}: cannot read {what}: {e.reason}") from e
     return load_json(data, source=url)

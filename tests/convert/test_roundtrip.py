@@ -80,7 +80,8 @@ def test_listing_round_trip(tmp_path: Path, options, read_split, make_image, fmt
         listing.write_text("\n".join(lines) + "\n")
     convert_listing(listing, tmp_path / "out", options=options())
     train = read_split(tmp_path / "out", "train")
-    by_path = {json.loads(s["json"])["path"]: s for s in train.values()}
+    by_path = {json.loads(s["json"])["path"] if "json" in s else key: s for key, s in train.items()}
+    assert "json" not in train["only-text"], "an ID kept as the key needs no metadata member"
     assert by_path["img/a.jpg"]["jpg"] == (src / "img" / "a.jpg").read_bytes()
     assert by_path["img/a.jpg"]["txt"] == b"a cat"
     assert by_path["only-text"]["txt"] == b"no file at all"

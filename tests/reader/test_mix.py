@@ -7,7 +7,7 @@ import itertools
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from shardify.reader.plan.assign import batches_per_rank

@@ -5,8 +5,8 @@ fsspec URLs, and a local cache folder shared by several processes."""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
+import hashlib
 import multiprocessing
 import pickle
 import re
@@ -416,3 +416,31 @@ def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, 
     assert len(batches) == len(ds) == 5
     report = ds.last_epoch_report
     assert report.lost == 4 and any(SHARD in shard and "503" in why for shard, _, why in report.entries)
+
+
+@pytest.mark.parametrize("spec", [
+    "{path}", "{path}/manifest.json", "{path}/train.json", "file://{path}", "file://{path}/train.json",
+    "{url}", "{url}/", "{url}/manifest.json", "{url}/train.json",
+])
+def test_info_and_verify_accept_what_the_reader_accepts(dataset, server, spec, capsys):
+    from shardify.convert.cli import main
+
+    url, faults = server
+    where = spec.format(path=dataset, url=url)
+    assert main(["verify", where, "--json"]) == 0, capsys.readouterr()
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"ok": True, "checked": {"train": {"shards": 5, "samples": 18}}, "problems": []}
+    assert main(["info", where, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["splits"]["train"]["samples"] == 18 and info["splits"]["train"]["shards"] == 5
+    if where.startswith("http"):
+        assert len(faults.gets(SHARD)) == 1, "verify reads each shard once"
+
+
+def test_verify_of_a_missing_remote_dataset_names_the_url(server, capsys):
+    from shardify.convert.cli import main
+
+    url, _ = server
+    missing = url.replace("/ds", "/nothing")
+    assert main(["verify", missing]) == 1
+    assert re.search(rf"{re.escape(missing)}/manifest.json: .*HTTP 404", capsys.readouterr().err)

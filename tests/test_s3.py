@@ -1,0 +1,296 @@
+"""S3 for real: moto's standalone server on 127.0.0.1 in a subprocess, spoken to through s3fs.
+
+Nothing is mocked inside the test process: the converter, ``info``/``verify`` and the
+reader reach the server over HTTP with credentials and the endpoint taken from the
+environment (``AWS_*``), as a user's job would, or from ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from shardify.convert.cli import main  # noqa: E402
+from shardify.convert.options import ConvertOptions  # noqa: E402
+from shardify.convert.run import convert_imagefolder  # noqa: E402
+from shardify.convert.synth import make_imagefolder  # noqa: E402
+from shardify.convert.verify import dataset_info, verify_dataset  # noqa: E402
+from shardify.errors import ManifestError, OutputError  # noqa: E402
+
+OPTS = ["--samples-per-shard", "4", "--workers", "2", "--quiet", "--no-fsync"]
+TIME_LIMIT_S = 180
+
+
+def _tree_bytes(out: Path) -> dict[str, bytes]:
+    """Every file under ``out`` by relative path (to compare outputs byte for byte)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _key_and_label(sample: dict) -> tuple[str, int]:
+    return str(sample["__key__"]), int(sample["cls"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on a free port of 127.0.0.1, stopped after the module."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start (exit {proc.poll()})") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _clear_s3fs_cache() -> None:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Credentials and endpoint in the environment (inherited by CLI subprocesses), with no
+    config file or instance metadata to fall back on."""
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": s3_endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    _clear_s3fs_cache()
+    yield env
+    _clear_s3fs_cache()
+
+
+@pytest.fixture
+def bucket(s3_env: dict[str, str]) -> str:
+    """A new empty bucket."""
+    import s3fs
+
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
+    return name
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    return make_imagefolder(tmp_path / "src", classes=3, per_class=6, sizes=((48, 40),))
+
+
+def _s3_tree(prefix: str) -> dict[str, bytes]:
+    """{name: bytes} of every object under ``prefix`` (bucket/ds), read back with s3fs."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    return {p[len(prefix) + 1:]: fs.cat_file(p) for p in fs.find(prefix)}
+
+
+def test_cli_convert_to_s3_is_byte_identical_to_local(bucket: str, source: Path, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    assert main(["convert", "imagefolder", str(source), str(local), *OPTS]) == 0
+    assert main(["convert", "imagefolder", str(source), f"s3://{bucket}/ds", *OPTS]) == 0
+    assert _s3_tree(f"{bucket}/ds") == _tree_bytes(local)
+
+
+def test_killed_conversion_to_s3_resumes_byte_identical(bucket: str, source: Path, tmp_path: Path,
+                                                        ) -> None:
+    local = tmp_path / "local"
+    assert main(["convert", "imagefolder", str(source), str(local), *OPTS]) == 0
+    url = f"s3://{bucket}/ds"
+    slow = [sys.executable, "-c",
+            "import sys, time\n"
+            "import shardify.convert.writer as w\n"
+            "check = w.check_image\n"
+            "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
+            "from shardify.convert.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n"]
+    proc = subprocess.Popen([*slow, "convert", "imagefolder", str(source), url, *OPTS], start_new_session=True)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        fs.invalidate_cache()
+        if len(fs.glob(f"{bucket}/ds/.shardify-work/train/0*.json")) >= 2:  # two shards recorded as finished
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fs.invalidate_cache()
+    before = fs.glob(f"{bucket}/ds/train-*.tar")
+    assert 2 <= len(before) < 5, "the kill should land mid-run"
+    assert not fs.exists(f"{bucket}/ds/manifest.json"), "a killed run must not look finished"
+
+    rerun = subprocess.run([sys.executable, "-m", "shardify.convert", "convert", "imagefolder", str(source), url,
+                            *OPTS], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert re.search(r"\b[234] reused\b", rerun.stderr), rerun.stderr
+    assert _s3_tree(f"{bucket}/ds") == _tree_bytes(local)
+
+
+def test_info_and_verify_accept_s3_urls(bucket: str, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"s3://{bucket}/ds"
+    assert main(["convert", "imagefolder", str(source), url, *OPTS]) == 0
+    capsys.readouterr()
+    for spec in (url, url + "/", f"{url}/manifest.json", f"{url}/train.json"):
+        assert main(["verify", spec, "--json"]) == 0, spec
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] and report["checked"]["train"] == {"shards": 5, "samples": 18}, spec
+        assert main(["info", spec, "--json"]) == 0, spec
+        info = json.loads(capsys.readouterr().out)
+        assert info["splits"]["train"]["samples"] == 18 and info["splits"]["train"]["classes"] == 3, spec
+
+
+def test_verify_finds_a_damaged_shard_on_s3(bucket: str, source: Path) -> None:
+    import s3fs
+
+    url = f"s3://{bucket}/ds"
+    assert main(["convert", "imagefolder", str(source), url, *OPTS]) == 0
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    second = sorted(fs.glob(f"{bucket}/ds/train-*.tar"))[1].rsplit("/", 1)[1]  # train-{version}-000001.tar
+    stray = second.replace("-000001.tar", "-000009.tar")
+    data = bytearray(fs.cat_file(f"{bucket}/ds/{second}"))
+    data[1000] ^= 0xFF
+    fs.pipe_file(f"{bucket}/ds/{second}", bytes(data))
+    fs.pipe_file(f"{bucket}/ds/{stray}", b"")
+    report = verify_dataset(url)
+    assert [(p.shard, p.message.split(" (")[0]) for p in report.problems] == [
+        (second, "sha256 does not match the index"),
+        (stray, "shard file not listed in the index"),
+    ]
+
+
+def test_reader_epoch_from_s3_equals_local_with_two_workers_sharing_the_cache(
+        bucket: str, source: Path, tmp_path: Path) -> None:
+    import torch
+
+    from shardify.reader import ShardedDataset
+
+    local = tmp_path / "local"
+    url = f"s3://{bucket}/ds"
+    options = ConvertOptions(samples_per_shard=4, workers=1, progress=False, fsync=False)
+    convert_imagefolder(source, local, options=options)
+    convert_imagefolder(source, url, options=options)
+
+    def epoch(spec: str, **kw) -> list[list[tuple[str, int]]]:
+        ds = ShardedDataset(spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label, collate_fn=list, **kw)
+        return list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+
+    cache = tmp_path / "cache"
+    remote = epoch(url, cache_dir=cache)
+    assert remote == epoch(str(local))
+    assert sum(len(batch) for batch in remote) == 18
+    cached = sorted(p.name.rsplit("-", 1)[1] for p in cache.iterdir() if p.is_file())
+    assert cached == [f"{i:06d}.tar" for i in range(5)], "each shard fetched once into the shared cache"
+
+
+def test_storage_options_carry_credentials_and_endpoint(s3_endpoint: str, bucket: str, source: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from shardify.reader.io.sources import resolve_source
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k)
+    _clear_s3fs_cache()
+    storage = {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+    url = f"s3://{bucket}/ds"
+    options = ConvertOptions(samples_per_shard=4, workers=2, progress=False, fsync=False, storage_options=storage)
+    convert_imagefolder(source, url, options=options)
+    convert_imagefolder(source, tmp_path / "local", options=ConvertOptions(samples_per_shard=4, workers=1,
+                                                                          progress=False, fsync=False))
+    assert verify_dataset(url, storage_options=storage).ok
+    src = resolve_source(url, storage_options=storage, cache_dir=tmp_path / "cache")
+    assert src.num_samples == 18
+    with src.open_tar(src.shards[0].url)[0] as f:
+        assert f.read() == next((tmp_path / "local").glob("train-*-000000.tar")).read_bytes()
+
+
+@pytest.mark.parametrize("problem", ["no-credentials", "no-bucket"])
+def test_missing_credential_or_bucket_is_a_quick_clear_error(problem: str, bucket: str, source: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from shardify.reader import ShardedDataset
+
+    url = f"s3://{bucket}/ds"
+    assert main(["convert", "imagefolder", str(source), url, *OPTS]) == 0
+    if problem == "no-credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        want = "Unable to locate credentials"
+    else:
+        url = f"s3://no-such-{bucket}/ds"
+        want = "does not exist|not found|Not Found"
+    _clear_s3fs_cache()
+    capsys.readouterr()
+    started = time.monotonic()
+    with pytest.raises(OutputError, match=f"^{url}: .*({want})"):
+        convert_imagefolder(source, url, options=ConvertOptions(samples_per_shard=4, workers=1, progress=False))
+    with pytest.raises(ManifestError, match=f"^{url}/manifest.json: .*({want})"):
+        dataset_info(url)
+    assert main(["verify", url]) == 1
+    assert url in capsys.readouterr().err
+    with pytest.raises(ManifestError, match=f"{url}/manifest.json: .*({want})"):
+        ShardedDataset(url, batch_size=2)
+    assert time.monotonic() - started < 20, "errors come quickly, never after a hang"
+
+
+def test_readme_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    from shardify.reader import ShardedDataset
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- s3-example: run by tests/test_s3.py -->", 1)[1].split("<!-- /s3-example -->", 1)[0]
+    shell = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+
+    def local(text: str) -> str:
+        return (text.replace("my-bucket", bucket).replace("~/data/train", str(source))
+                .replace("/local/ssd/shardify-cache", str(tmp_path / "cache")))
+
+    for line in shell.splitlines():
+        words = shlex.split(local(line.split("#", 1)[0]))
+        if words[:1] == ["export"]:  # the endpoint: the fixture's server, already in the environment
+            assert words[1].startswith("AWS_ENDPOINT_URL=")
+        elif words:
+            assert words[0] == "shardify"
+            assert main([*words[1:], "--quiet"] if words[1] == "convert" else words[1:]) == 0, line
+    scope: dict[str, object] = {"ShardedDataset": ShardedDataset}
+    exec(local(code), scope)
+    ds = scope["ds"]
+    assert isinstance(ds, ShardedDataset) and ds.source.num_samples == 18

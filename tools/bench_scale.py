@@ -1,0 +1,150 @@
+"""Converter scale benchmark: peak memory and time per stage at ImageNet's count of inputs.
+
+Run by hand (not a test):
+    python tools/bench_scale.py [--rows 1300000] [--data DIR] [--tree] [--write]
+
+Makes (once, cached in --data) a JSONL listing of ``--rows`` rows, each an ID, an int label
+and a short text (the shape of ImageNet with captions), and with ``--tree`` an image folder
+of as many empty-ish files (1,000 classes). Each stage runs in a fresh child process, so
+the peak resident memory printed (``ru_maxrss``) is that stage's own: ``scan`` (read the
+listing), ``plan`` (keys, order, shards). ``--write`` then runs the whole ``shardify
+convert`` and prints the peak of its main process and of its biggest worker, the time,
+and the bytes on disk per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_WORDS = ("a photo of", "the", "small", "large", "red", "dog", "cat", "on a", "table", "in the", "garden", "bird")
+
+
+def make_listing(path: Path, rows: int) -> None:
+    """A JSONL listing: ``{"id": "img00000001", "label": 417, "text": "a photo of the ..."}``."""
+    if path.exists():
+        return
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for i in range(rows):
+            words = " ".join(_WORDS[(i * 7 + k * 3) % len(_WORDS)] for k in range(4 + i % 5))
+            f.write(json.dumps({"id": f"img{i:08d}", "label": (i * 7919) % 1000, "text": words}) + "\n")
+    os.replace(tmp, path)
+
+
+def make_tree(root: Path, files: int, classes: int = 1000) -> None:
+    """An image folder of ``files`` tiny files (1,000 classes); contents are not images."""
+    done = root / ".done"
+    if done.exists():
+        return
+    for c in range(classes):
+        folder = root / f"n{c:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(c, files, classes):
+            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(b"\xff\xd8")
+    done.touch()
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _stage(kind: str, src: str, out: "mp.Queue[dict[str, float]]") -> None:
+    """Scan then plan in this (fresh) process; report time and peak memory after each."""
+    from shardify.convert.imagefolder import scan_imagefolder
+    from shardify.convert.listing import scan_listing
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.plan import plan_split
+
+    base = _peak_mb()
+    t0 = time.perf_counter()
+    scan = scan_listing(src)["train"] if kind == "listing" else scan_imagefolder(src)
+    t1 = time.perf_counter()
+    scan_peak = _peak_mb()
+    plan = plan_split(scan, ConvertOptions(progress=False))
+    t2 = time.perf_counter()
+    out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base,
+             "scan_s": t1 - t0, "scan_peak_mb": scan_peak, "plan_s": t2 - t1, "plan_peak_mb": _peak_mb()})
+
+
+def measure_stages(kind: str, src: Path) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    q: mp.Queue[dict[str, float]] = ctx.Queue()
+    p = ctx.Process(target=_stage, args=(kind, str(src), q))
+    p.start()
+    result = q.get()
+    p.join()
+    return result
+
+
+def measure_convert(kind: str, src: Path, workers: int) -> dict[str, float]:
+    """The whole CLI in a child; peak of its main process and of the biggest descendant."""
+    out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    probe = ("import resource, sys, runpy\n"
+             "sys.argv = ['shardify'] + sys.argv[1:]\n"
+             "from shardify.convert.cli import main\n"
+             "code = main(sys.argv[1:])\n"
+             "me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+             "print('PEAK', me, kids, file=sys.stderr)\n"
+             "sys.exit(code)\n")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", probe, "convert", kind, str(src), str(out / "ds"), "--quiet",
+                           "--workers", str(workers), "--no-fsync"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode not in (0, 3):
+        raise SystemExit(proc.stderr)
+    line = [x for x in proc.stderr.splitlines() if x.startswith("PEAK")][-1]
+    me, kids = (int(v) / 1024 for v in line.split()[1:])
+    index = json.loads((out / "ds" / "train.json").read_text())
+    samples = sum(s["nsamples"] for s in index["shardlist"])
+    nbytes = sum(s["filesize"] for s in index["shardlist"])
+    shutil.rmtree(out)
+    return {"convert_s": elapsed, "main_peak_mb": me, "worker_peak_mb": kids, "samples": samples,
+            "bytes_per_sample": nbytes / max(samples, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_300_000)
+    ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardify-bench-scale")
+    ap.add_argument("--tree", action="store_true", help="also scan an image folder of --rows empty-ish files")
+    ap.add_argument("--write", action="store_true", help="also run the whole conversion (slow)")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    args.data.mkdir(parents=True, exist_ok=True)
+    listing = args.data / f"listing-{args.rows}.jsonl"
+    t0 = time.perf_counter()
+    make_listing(listing, args.rows)
+    print(f"listing: {listing} ({listing.stat().st_size / 1e6:.0f} MB, made in {time.perf_counter() - t0:.1f} s)")
+    kinds = [("listing", listing)]
+    if args.tree:
+        tree = args.data / f"tree-{args.rows}"
+        t0 = time.perf_counter()
+        make_tree(tree, args.rows)
+        print(f"tree: {tree} (made in {time.perf_counter() - t0:.1f} s)")
+        kinds.append(("imagefolder", tree))
+    for kind, src in kinds:
+        r = measure_stages(kind, src)
+        print(f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
+              f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB), "
+              f"plan {r['plan_s']:.1f} s (peak {r['plan_peak_mb']:.0f} MB); "
+              f"scan+plan {r['scan_s'] + r['plan_s']:.1f} s; interpreter alone {r['base_mb']:.0f} MB")
+        if args.write and kind == "listing":
+            c = measure_convert(kind, src, args.workers)
+            print(f"{kind} convert (--workers {args.workers}): {c['convert_s']:.1f} s, main process peak "
+                  f"{c['main_peak_mb']:.0f} MB, biggest worker peak {c['worker_peak_mb']:.0f} MB, "
+                  f"{c['bytes_per_sample']:.0f} bytes per sample on disk")
+
+
+if __name__ == "__main__":
+    main()
