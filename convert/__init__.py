@@ -12,12 +12,12 @@ from typing import Any
 __all__ = ["ShardWriter", "WriteOptions", "ValueOptions", "convert_items", "ItemsOptions", "JsonlItems"]
 
 _LAZY = {
-    "ShardWriter": "shardify.convert.pywriter",
-    "WriteOptions": "shardify.convert.pywriter",
-    "ValueOptions": "shardify.convert.values",
-    "convert_items": "shardify.convert.items",
-    "ItemsOptions": "shardify.convert.items",
-    "JsonlItems": "shardify.convert.items",
+    "ShardWriter": "shardify.convert.pyapi.pywriter",
+    "WriteOptions": "shardify.convert.pyapi.pywriter",
+    "ValueOptions": "shardify.convert.pyapi.values",
+    "convert_items": "shardify.convert.pyapi.items",
+    "ItemsOptions": "shardify.convert.pyapi.items",
+    "JsonlItems": "shardify.convert.pyapi.items",
 }
 
 

@@ -162,10 +162,10 @@ def _python_args(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_python(args: argparse.Namespace) -> Any:
-    from shardify.convert.items import ItemsOptions, JsonlItems, convert_items, load_function
+    from shardify.convert.pyapi.items import ItemsOptions, JsonlItems, convert_items, load_function
     from shardify.convert.options import parse_size
-    from shardify.convert.run import ConvertResult
-    from shardify.convert.values import ValueOptions
+    from shardify.convert.write.run import ConvertResult
+    from shardify.convert.pyapi.values import ValueOptions
     from shardify.errors import InputError
 
     classes: tuple[str, ...] = ()
@@ -289,7 +289,7 @@ def _human(n: float) -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from shardify.convert import run
+    from shardify.convert.write import run
 
     if args.kind == "ids" and args.split is not None:
         print("shardify: error: convert ids takes its splits from --partition; --split is not used there",
@@ -376,7 +376,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from shardify.convert.versions import collect_garbage
+    from shardify.convert.write.versions import collect_garbage
 
     result = collect_garbage(args.dataset, dry_run=args.dry_run)
     for name in result.removed:

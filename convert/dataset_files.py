@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardify.convert.outfs import backend_reason
+from shardify.convert.write.outfs import backend_reason
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 

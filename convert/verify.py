@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
-from shardify.convert.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
-from shardify.convert.versions import stray_files
+from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
+from shardify.convert.write.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import SplitIndex

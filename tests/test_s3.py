@@ -26,7 +26,7 @@ pytest.importorskip("moto.server")
 
 from shardify.convert.cli import main  # noqa: E402
 from shardify.convert.options import ConvertOptions  # noqa: E402
-from shardify.convert.run import convert_imagefolder  # noqa: E402
+from shardify.convert.write.run import convert_imagefolder  # noqa: E402
 from shardify.convert.synth import make_imagefolder  # noqa: E402
 from shardify.convert.verify import dataset_info, verify_dataset  # noqa: E402
 from shardify.errors import ManifestError, OutputError  # noqa: E402
@@ -135,7 +135,7 @@ def test_killed_conversion_to_s3_resumes_byte_identical(bucket: str, source: Pat
     url = f"s3://{bucket}/ds"
     slow = [sys.executable, "-c",
             "import sys, time\n"
-            "import shardify.convert.writer as w\n"
+            "import shardify.convert.write.writer as w\n"
             "check = w.check_image\n"
             "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
             "from shardify.convert.cli import main\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 
 ROOT = Path(__file__).resolve().parent.parent

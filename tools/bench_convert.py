@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import IMAGENET_SIZES, jpeg_bytes, natural_image
 
 

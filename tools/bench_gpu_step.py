@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _make(out: Path, images: int) -> Path:
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
 
     dataset = out / f"gpu-step-{images}"

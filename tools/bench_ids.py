@@ -97,7 +97,7 @@ def _check_same(src: Path, out: Path, ids: list[str], labels: dict[str, int], *,
 
 def run(work: Path, *, samples: int, workers: int, epochs: int, batch_size: int) -> dict[str, Any]:
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_ids
+    from shardify.convert.write.run import convert_ids
     from shardify.reader import ShardedDataset, make_loader
 
     src = make_source(work, samples=samples)

@@ -29,7 +29,7 @@ def build(out: Path, images: int, per_shard: int) -> Path:
     make_imagefolder(src, classes=classes, per_class=-(-images // classes), seed=0)
     print(f"made {images} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
 
     options = ConvertOptions(samples_per_shard=per_shard, shard_size=None, workers=2, progress=False, fsync=False)
     convert_imagefolder(src, dataset, options=options)

@@ -60,10 +60,10 @@ def _peak_mb() -> float:
 
 def _stage(kind: str, src: str, out: "mp.Queue[dict[str, float]]") -> None:
     """Scan then plan in this (fresh) process; report time and peak memory after each."""
-    from shardify.convert.imagefolder import scan_imagefolder
-    from shardify.convert.listing import scan_listing
+    from shardify.convert.inputs.imagefolder import scan_imagefolder
+    from shardify.convert.inputs.listing import scan_listing
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.plan import plan_split
+    from shardify.convert.write.plan import plan_split
 
     base = _peak_mb()
     t0 = time.perf_counter()

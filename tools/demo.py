@@ -32,7 +32,7 @@ def main() -> None:
 
 def run(work: Path, *, classes: int, per_class: int) -> None:
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
     from shardify.convert.verify import verify_dataset
 

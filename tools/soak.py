@@ -68,7 +68,7 @@ def _fd_counts(pid: int | str) -> tuple[int, int]:
 def make_data(root: Path, *, images: int) -> Path:
     """A converted dataset of ``images`` small JPEGs in 4 classes, ~8 shards."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
 
     src = make_imagefolder(root / "src", classes=4, per_class=max(1, images // 4), sizes=((200, 150), (150, 200)))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardify.convert.imagefolder import scan_imagefolder
-from shardify.convert.run import convert_ids, convert_imagefolder, convert_listing
+from shardify.convert.inputs.imagefolder import scan_imagefolder
+from shardify.convert.write.run import convert_ids, convert_imagefolder, convert_listing
 from shardify.errors import InputError
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.tario import iter_members, iter_samples
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.inputs import SampleSpec, SourceFile
-from shardify.convert.plan import metadata_needed
-from shardify.convert.run import convert_listing
+from shardify.convert.inputs.inputs import SampleSpec, SourceFile
+from shardify.convert.write.plan import metadata_needed
+from shardify.convert.write.run import convert_listing
 
 CLASSES = ("cat", "dog")
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from shardify.convert import ShardWriter, ValueOptions
-from shardify.convert.values import ORIGINAL_KEY_FIELD, encode_array, encode_value
+from shardify.convert.pyapi.values import ORIGINAL_KEY_FIELD, encode_array, encode_value
 from shardify.convert.verify import verify_dataset
 from shardify.errors import EncodeError, KeyRuleError, OutputError
 from shardify.manifest import Manifest
@@ -102,7 +102,7 @@ def test_wids_opens_the_split(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_is_an_output_error_and_nothing_looks_finished(tmp_path: Path, monkeypatch) -> None:
-    from shardify.convert.writer import HashingWriter
+    from shardify.convert.write.writer import HashingWriter
 
     real = HashingWriter.write
 

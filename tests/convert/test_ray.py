@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 
 ray = pytest.importorskip("ray")
@@ -56,7 +56,7 @@ def test_ray_to_fsspec_url_resumes_after_failure(local_ray, source: Path, tmp_pa
     convert_imagefolder(source, tmp_path / "ref", options=options(samples_per_shard=4))
     url = f"file://{tmp_path / 'url'}"
     with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert import run
+        from shardify.convert.write import run
 
         def crash(*a, **k):
             raise KeyboardInterrupt

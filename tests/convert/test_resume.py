@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.run import convert_imagefolder
-from shardify.convert.versions import collect_garbage
+from shardify.convert.write.run import convert_imagefolder
+from shardify.convert.write.versions import collect_garbage
 from shardify.convert.synth import make_imagefolder
 from shardify.errors import OutputExistsError
 
@@ -25,7 +25,7 @@ OPTS = ["--samples-per-shard", "2", "--workers", "2", "--quiet"]
 # workers inherit the patch).
 SLOW = [sys.executable, "-c",
         "import sys, time\n"
-        "import shardify.convert.writer as w\n"
+        "import shardify.convert.write.writer as w\n"
         "check = w.check_image\n"
         "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
         "from shardify.convert.cli import main\n"
@@ -64,7 +64,7 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
     out = tmp_path / "out"
     # simulate an interrupted run: shards and records written, manifest and index not yet
     with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert import run
+        from shardify.convert.write import run
 
         def crash(*a, **k):
             raise KeyboardInterrupt

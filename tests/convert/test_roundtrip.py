@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.run import convert_ids, convert_imagefolder, convert_listing
+from shardify.convert.write.run import convert_ids, convert_imagefolder, convert_listing
 from shardify.manifest import Manifest
 
 

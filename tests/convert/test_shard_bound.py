@@ -8,7 +8,7 @@ import pytest
 
 from shardify.convert import options as options_mod
 from shardify.convert.options import DEFAULT_SHARD_SIZE, MIN_SMALL_SHARD, ConvertOptions
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 
 MB = 1000**2

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from shardify.convert.cli import EXIT_OK, main
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
-from shardify.convert.versions import collect_garbage, folder_state
-from shardify.convert.outfs import open_output
+from shardify.convert.write.versions import collect_garbage, folder_state
+from shardify.convert.write.outfs import open_output
 from shardify.errors import DatasetVersionError, OutputExistsError
 from shardify.manifest import Manifest, SplitIndex
 
@@ -102,7 +102,7 @@ def test_a_killed_reconversion_keeps_the_old_version_listed_and_resumes(tmp_path
     out, ref = tmp_path / "out", tmp_path / "ref"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     old_manifest = (out / "manifest.json").read_bytes()
-    from shardify.convert import run
+    from shardify.convert.write import run
 
     def crash(*a: object, **k: object) -> None:
         raise KeyboardInterrupt
@@ -127,7 +127,7 @@ def test_an_abandoned_unlisted_version_is_removed_by_the_next_conversion(tmp_pat
     out = tmp_path / "out"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     listed = _version(out)
-    from shardify.convert import run
+    from shardify.convert.write import run
 
     def crash(*a: object, **k: object) -> None:
         raise KeyboardInterrupt
@@ -150,7 +150,7 @@ def test_gc_keeps_the_current_version_and_unfinished_work(tmp_path: Path, option
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     convert_imagefolder(src, out, options=options(samples_per_shard=4, overwrite=True))
     current = _version(out)
-    from shardify.convert import run
+    from shardify.convert.write import run
 
     def crash(*a: object, **k: object) -> None:
         raise KeyboardInterrupt

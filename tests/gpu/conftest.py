@@ -27,7 +27,7 @@ def device() -> str:
 def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A converted dataset of 96 natural-looking JPEGs (4 classes, 120 to 200 pixels wide), shards of 16."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
 
     root = tmp_path_factory.mktemp("gpu")

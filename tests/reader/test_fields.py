@@ -42,7 +42,7 @@ def test_output_fields_errors(requested, held, message) -> None:
 
 def _tensor_dataset(tmp_path: Path) -> Path:
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_ids
+    from shardify.convert.write.run import convert_ids
 
     data = tmp_path / "data"
     data.mkdir()

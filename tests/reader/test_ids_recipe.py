@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.run import convert_ids
+from shardify.convert.write.run import convert_ids
 from shardify.reader import ShardedDataset, make_loader
 
 TIME_LIMIT_S = 120

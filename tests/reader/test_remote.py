@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.run import convert_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.reader import ShardedDataset, make_loader

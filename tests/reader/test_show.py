@@ -66,7 +66,7 @@ def test_augmented_views_differ_and_match_the_loader(image_dataset: Path) -> Non
 
 def test_split_without_images_gets_a_text_summary(tmp_path: Path, capsys) -> None:
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.run import convert_ids
+    from shardify.convert.write.run import convert_ids
 
     data = tmp_path / "data"
     data.mkdir()

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from shardify.convert.inputs import Scan
+from shardify.convert.inputs.inputs import Scan
 from shardify.errors import InputError
 
 __all__ = ["LabelSpace", "label_space", "int_labels", "MAX_LABEL_COUNTS"]

@@ -1,11 +1,11 @@
 """Write encoded samples, in the order given, into the numbered shards of one split.
 
-The streaming twin of the planned path: where :func:`~shardify.convert.plan.plan_split` packs
+The streaming twin of the planned path: where :func:`~shardify.convert.write.plan.plan_split` packs
 known samples into shards before writing, a stream cuts a shard when the next sample would
 not fit (the same rule: ``shard_size`` bytes and/or ``samples_per_shard``), so the same
 samples in the same order give the same shards. Each shard is written through
-:class:`~shardify.convert.writer.HashingWriter` under its temporary name and renamed when
-whole, exactly as :func:`~shardify.convert.writer.write_shard` does.
+:class:`~shardify.convert.write.writer.HashingWriter` under its temporary name and renamed when
+whole, exactly as :func:`~shardify.convert.write.writer.write_shard` does.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import BinaryIO
 
-from shardify.convert.inputs import Ignored
-from shardify.convert.outfs import OutputFS
-from shardify.convert.writer import HashingWriter, ShardResult, temp_name, write_members
+from shardify.convert.inputs.inputs import Ignored
+from shardify.convert.write.outfs import OutputFS
+from shardify.convert.write.writer import HashingWriter, ShardResult, temp_name, write_members
 from shardify.errors import OutputError
 from shardify.tarfmt import END_OF_ARCHIVE, member_size, shard_name
 
@@ -40,7 +40,7 @@ class ShardStream:
         self.fs = fs
         self.split = split
         self.version = version
-        """The version token in the shards' names (:mod:`shardify.convert.versions`)."""
+        """The version token in the shards' names (:mod:`shardify.convert.write.versions`)."""
         self.shard_size = shard_size
         self.samples_per_shard = samples_per_shard
         self.fsync = fsync

@@ -18,9 +18,9 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from shardify.convert.ids import stored_ext
-from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, SampleTable, Scan, SourceFile
-from shardify.convert.labels import label_space
+from shardify.convert.inputs.ids import stored_ext
+from shardify.convert.inputs.inputs import IMAGE_EXTS, Ignored, SampleSpec, SampleTable, Scan, SourceFile
+from shardify.convert.inputs.labels import label_space
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
 from shardify.tarfmt import check_split_name

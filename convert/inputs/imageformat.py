@@ -9,7 +9,7 @@ images, and webdataset's ``to_tuple("jpg", "cls")`` raises (``"jpg;png"`` accept
 dropped, 16-bit reduced to 8-bit; JPEGs are kept byte for byte); ``"png"`` re-encodes every
 non-PNG image as PNG (lossless for the decoded pixels, but a JPEG grows several times).
 ``"keep"`` (the default) stores every image as it is. Pixels are kept as stored (EXIF
-orientation is not applied), as in :func:`shardify.convert.sniff.transcode_jpeg`.
+orientation is not applied), as in :func:`shardify.convert.inputs.sniff.transcode_jpeg`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Literal
 
 from PIL import Image
 
-from shardify.convert.sniff import ImageInfo
+from shardify.convert.inputs.sniff import ImageInfo
 
 __all__ = ["ImageFormat", "IMAGE_FORMATS", "reencode"]
 

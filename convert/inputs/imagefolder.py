@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import (IMAGE_EXTENSIONS, Ignored, SampleSpec, SampleTable, Scan, SourceFile,
+from shardify.convert.inputs.inputs import (IMAGE_EXTENSIONS, Ignored, SampleSpec, SampleTable, Scan, SourceFile,
                                      list_input_dir)
 from shardify.errors import InputError
 

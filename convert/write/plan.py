@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
+from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.options import ConvertOptions
 from shardify.keys import KeyList, assign_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size

@@ -2,7 +2,7 @@
 
 The samples are written in one place, in the order of the items (or a seeded shuffle of a
 sequence), through the same shard stream, lock, report, index and manifest as
-:class:`~shardify.convert.pywriter.ShardWriter`, so the bytes do not depend on ``workers``.
+:class:`~shardify.convert.pyapi.pywriter.ShardWriter`, so the bytes do not depend on ``workers``.
 
 Resuming: each finished shard leaves a record in the work folder with the positions of the
 items it covers, a digest of those items (their pickles) and its keys. Called again with the
@@ -28,17 +28,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.engine import ProgressBar
-from shardify.convert.inputs import Ignored
-from shardify.convert.itemmap import Chunk, ChunkRunner, item_repr, map_ordered
+from shardify.convert.write.engine import ProgressBar
+from shardify.convert.inputs.inputs import Ignored
+from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, item_repr, map_ordered
 from shardify.convert.options import worker_count
-from shardify.convert.outfs import OutputFS
-from shardify.convert.plan import shuffle_order
-from shardify.convert.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
-from shardify.convert.run import WORK_DIR, SplitSummary, finish_split, open_locked, publish_splits, record_name
-from shardify.convert.stream import ShardStream, sample_size
-from shardify.convert.versions import begin_version, listed_version
-from shardify.convert.writer import ShardResult
+from shardify.convert.write.outfs import OutputFS
+from shardify.convert.write.plan import shuffle_order
+from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
+from shardify.convert.write.run import WORK_DIR, SplitSummary, finish_split, open_locked, publish_splits, record_name
+from shardify.convert.write.stream import ShardStream, sample_size
+from shardify.convert.write.versions import begin_version, listed_version
+from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
 from shardify.manifest import load_json
 
@@ -142,7 +142,7 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
                   **overrides: Any) -> SplitSummary:
     """Write ``fn(item)`` for every item into split ``split`` of ``out``; return the summary.
 
-    ``fn`` returns a sample dict (see :mod:`shardify.convert.values`) or None to filter the
+    ``fn`` returns a sample dict (see :mod:`shardify.convert.pyapi.values`) or None to filter the
     item out. An item whose ``fn`` raises is skipped and listed in ``{split}.report.jsonl``
     (``strict=True``: raised). Options are :class:`ItemsOptions` fields, as keywords or
     ``options=``. Resumable (see the module docstring).

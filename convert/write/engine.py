@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardify.convert.writer import ShardResult, ShardTask, write_shard
+from shardify.convert.write.writer import ShardResult, ShardTask, write_shard
 
 __all__ = ["run_local", "ProgressBar"]
 

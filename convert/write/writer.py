@@ -15,14 +15,14 @@ from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
-from shardify.convert.capture import decoder_messages
-from shardify.convert.inputs import Ignored, SampleSpec
-from shardify.convert.outfs import OutputFS, open_output
-from shardify.convert.plan import ShardPlan
-from shardify.convert.imageformat import reencode
-from shardify.convert.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, check_head, check_image, describe_error,
+from shardify.convert.inputs.capture import decoder_messages
+from shardify.convert.inputs.inputs import Ignored, SampleSpec
+from shardify.convert.write.outfs import OutputFS, open_output
+from shardify.convert.write.plan import ShardPlan
+from shardify.convert.inputs.imageformat import reencode
+from shardify.convert.inputs.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, check_head, check_image, describe_error,
                                     sniff_ext, transcode_jpeg)
-from shardify.convert.tensors import transcode_file
+from shardify.convert.inputs.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, shard_name, ustar_header

@@ -39,7 +39,7 @@ class SourceFile(NamedTuple):
     is_image: bool
     transcode: str | None = None
     """How the writer turns the file's bytes into the member's (a tag of
-    :func:`shardify.convert.tensors.transcode_file`); None: stored unchanged."""
+    :func:`shardify.convert.inputs.tensors.transcode_file`); None: stored unchanged."""
 
 
 class SampleSpec(NamedTuple):

@@ -1,10 +1,10 @@
 """``ShardWriter``: write one split from Python, one sample at a time, in this process.
 
 It ends in the converter's own machinery: the output folder is locked as for the CLI
-(:func:`~shardify.convert.run.open_locked`), shards are written whole and renamed
-(:class:`~shardify.convert.stream.ShardStream`), and only when the ``with`` block ends
+(:func:`~shardify.convert.write.run.open_locked`), shards are written whole and renamed
+(:class:`~shardify.convert.write.stream.ShardStream`), and only when the ``with`` block ends
 without an exception are the report, the split index and ``manifest.json`` written
-(:func:`~shardify.convert.run.finish_split`, :func:`~shardify.convert.run.publish_splits`).
+(:func:`~shardify.convert.write.run.finish_split`, :func:`~shardify.convert.write.run.publish_splits`).
 An exception inside the block leaves no finished split.
 """
 
@@ -20,14 +20,14 @@ from types import TracebackType
 from typing import Any
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.inputs import Ignored
+from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, parse_size
-from shardify.convert.outfs import OutputFS
-from shardify.convert.run import SplitSummary, finish_split, open_locked, publish_splits
-from shardify.convert.versions import begin_version, listed_version
-from shardify.convert.stream import ShardStream, sample_size
-from shardify.convert.values import ValueOptions, encode_sample, sample_key
-from shardify.convert.writer import ShardResult
+from shardify.convert.write.outfs import OutputFS
+from shardify.convert.write.run import SplitSummary, finish_split, open_locked, publish_splits
+from shardify.convert.write.versions import begin_version, listed_version
+from shardify.convert.write.stream import ShardStream, sample_size
+from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
+from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, KeyRuleError, OutputError
 from shardify.manifest import SplitIndex
 
@@ -218,7 +218,7 @@ def converter_info(source: str, shaping: dict[str, Any]) -> dict[str, Any]:
 
 
 def split_summary(index: SplitIndex, skipped: Sequence[Ignored], *, reused: int, seconds: float) -> SplitSummary:
-    """A :class:`~shardify.convert.run.SplitSummary` of a split written from Python."""
+    """A :class:`~shardify.convert.write.run.SplitSummary` of a split written from Python."""
     return SplitSummary(split=index.split, samples=index.num_samples, shards=len(index.shards), bytes=index.num_bytes,
                         skipped=list(skipped), ignored=dict(index.ignored), notes=[], reused_shards=reused,
                         seconds=seconds)
@@ -227,7 +227,7 @@ def split_summary(index: SplitIndex, skipped: Sequence[Ignored], *, reused: int,
 def _fingerprint(o: WriteOptions) -> str:
     """What makes a ShardWriter's output: the format, the converter and the shaping options.
     The samples come later, so a rewrite with other samples gets a new version by chaining
-    (:func:`~shardify.convert.versions.begin_version`)."""
+    (:func:`~shardify.convert.write.versions.begin_version`)."""
     return hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__, "writer": "python",
                                       "options": o.shaping(), "classes": list(o.classes)},
                                      sort_keys=True).encode()).hexdigest()

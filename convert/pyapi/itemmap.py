@@ -1,6 +1,6 @@
 """Run a user function over chunks of items, in parallel, and yield the outcomes in input order.
 
-The engine of :func:`~shardify.convert.items.convert_items`: the function (and the encoding
+The engine of :func:`~shardify.convert.pyapi.items.convert_items`: the function (and the encoding
 of its samples, which is CPU work too) runs in worker processes (``local``) or Ray tasks
 (``ray``); the caller writes the shards in one place, in order, so the bytes do not depend
 on the number of workers. At most ``2 * workers`` chunks are in flight, so memory stays
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from shardify.convert.pywriter import check_label
-from shardify.convert.values import ValueOptions, encode_sample, sample_key
+from shardify.convert.pyapi.pywriter import check_label
+from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
 from shardify.errors import EncodeError, WorkerError
 
 __all__ = ["Chunk", "Outcome", "ChunkRunner", "map_ordered", "item_repr"]
@@ -173,7 +173,7 @@ def _check_picklable(runner: ChunkRunner) -> None:
 
 def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
              address: str | None) -> Iterator[tuple[Chunk, list[Outcome]]]:
-    from shardify.convert.engine_ray import _ray
+    from shardify.convert.write.engine_ray import _ray
 
     ray = _ray()
     started_here = False

@@ -8,7 +8,7 @@ Every file of a conversion but the manifest, the report and the wids copy of the
 carries the plan's version token in its name (:attr:`SplitPlan.version`), so converting
 again (``overwrite``) never changes bytes a reader of the previous version may be reading:
 the manifest switches to the new version at once, and earlier versions stay until
-``shardify gc`` (:mod:`shardify.convert.versions`). The same conversion gets the same names,
+``shardify gc`` (:mod:`shardify.convert.write.versions`). The same conversion gets the same names,
 so a rerun after a kill resumes and ends byte-identical, also when the kill came after the
 manifest was written.
 """
@@ -24,17 +24,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.engine import ProgressBar, run_local
-from shardify.convert.ids import scan_ids
-from shardify.convert.imagefolder import scan_imagefolder
-from shardify.convert.inputs import Ignored, Scan
-from shardify.convert.labels import int_labels
-from shardify.convert.listing import scan_listing
+from shardify.convert.write.engine import ProgressBar, run_local
+from shardify.convert.inputs.ids import scan_ids
+from shardify.convert.inputs.imagefolder import scan_imagefolder
+from shardify.convert.inputs.inputs import Ignored, Scan
+from shardify.convert.inputs.labels import int_labels
+from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
-from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, open_output
-from shardify.convert.plan import ShardPlan, SplitPlan, plan_split
-from shardify.convert.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
-from shardify.convert.writer import ShardResult, ShardTask
+from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output
+from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
+from shardify.convert.write.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
+from shardify.convert.write.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
 from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name,
                                is_temp_name, json_bytes, load_json, report_name)
@@ -269,7 +269,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
 
     try:
         if options.engine == "ray":
-            from shardify.convert.engine_ray import run_ray
+            from shardify.convert.write.engine_ray import run_ray
 
             run_ray(todo, address=options.ray_address, bar=bar, on_result=finished)
         else:
@@ -301,7 +301,7 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
                  version: str | None, notes: Sequence[Ignored] = (),
                  ignored_counts: dict[str, int] | None = None) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
-    in its shards' names, see :mod:`shardify.convert.versions`; None: format-1 names).
+    in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
 
     ``notes`` (inputs packed with decoder warnings) go to the report only.
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the

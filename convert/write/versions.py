@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from shardify.convert.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
+from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
 from shardify.errors import OutputError, ShardifyError
 from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, json_bytes, load_json,
                                report_name)

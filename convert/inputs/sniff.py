@@ -205,7 +205,7 @@ def check_image(data: bytes, *, full: bool = False) -> ImageInfo:
         if why and not why.startswith("no scan"):  # junk Pillow would crawl through, or no marker
             raise ImageCheckError(f"cannot decode jpg: {why}")
     try:
-        with warnings.catch_warnings():  # Pillow's other warnings reach the report (convert/capture.py)
+        with warnings.catch_warnings():  # Pillow's other warnings reach the report (convert/inputs/capture.py)
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
             info = ImageInfo(FORMAT_EXT.get(img.format or "", ext), img.width, img.height, img.mode)

@@ -14,8 +14,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardify.convert.engine import ProgressBar
-from shardify.convert.writer import ShardResult, ShardTask, write_shard
+from shardify.convert.write.engine import ProgressBar
+from shardify.convert.write.writer import ShardResult, ShardTask, write_shard
 
 __all__ = ["run_ray", "MAX_RETRIES", "MAX_IN_FLIGHT"]
 

@@ -4,7 +4,7 @@ All files of one ID make one sample, each stored under its own extension (lower-
 a file whose extension is ``json`` is stored as ``src.json``, since ``{key}.json`` holds
 shardify's metadata). IDs without a file or without a label are skipped and reported;
 files of IDs that are in no split are counted as ignored. With ``pt_to_npy``, ``.pt``/``.pth``
-files are stored as ``npy`` (see :mod:`shardify.convert.tensors`).
+files are stored as ``npy`` (see :mod:`shardify.convert.inputs.tensors`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import json
 import os
 from pathlib import Path
 
-from shardify.convert.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
-from shardify.convert.labels import label_space
-from shardify.convert.tensors import PT_TO_NPY, TENSOR_EXTS
+from shardify.convert.inputs.inputs import IMAGE_EXTS, Ignored, SampleSpec, Scan, SourceFile, list_input_dir
+from shardify.convert.inputs.labels import label_space
+from shardify.convert.inputs.tensors import PT_TO_NPY, TENSOR_EXTS
 from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
 

@@ -1,0 +1,2 @@
+"""Write: plan which samples go in which shard, write shards (local processes or Ray) into a
+local folder or an fsspec URL, version them, and finish a split (report, index, manifest)."""
