@@ -173,15 +173,9 @@ def _check_picklable(runner: ChunkRunner) -> None:
 
 def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
              address: str | None) -> Iterator[tuple[Chunk, list[Outcome]]]:
-    from shardify.convert.write.engine_ray import _ray
+    from shardify.convert.write.engine_ray import ray_session
 
-    ray = _ray()
-    started_here = False
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True, configure_logging=False)
-        started_here = True
-    try:
+    with ray_session(address) as ray:
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)
         window = 2 * max(workers, int(ray.cluster_resources().get("CPU", 1)))
@@ -205,9 +199,6 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
         finally:
             for _, ref in pending:
                 ray.cancel(ref, force=True)
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def _call_runner(runner: ChunkRunner, chunk: Chunk) -> list[Outcome]:

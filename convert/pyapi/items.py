@@ -35,11 +35,12 @@ from shardify.convert.options import worker_count
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
-from shardify.convert.write.run import WORK_DIR, SplitSummary, finish_split, open_locked, publish_splits, record_name
+from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, open_locked, publish_splits,
+                                        record_name)
 from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
-from shardify.errors import EncodeError, InputError, OutputError, ShardifyError
+from shardify.errors import EncodeError, InputError, ShardifyError
 from shardify.manifest import load_json
 
 __all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
@@ -152,14 +153,8 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
         raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
                          "pass a list or keep the input order")
     fs, lock = open_locked(out, [o.split], overwrite=o.overwrite)
-    try:
+    with holding(fs, lock):
         return _Run(items, fn, fs, o).run()
-    except OSError as e:
-        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
-    except OutputError as e:
-        raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
-    finally:
-        lock.release()
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:

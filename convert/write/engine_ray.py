@@ -10,14 +10,15 @@ the task's own message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardify.convert.write.engine import ProgressBar
 from shardify.convert.write.writer import ShardResult, ShardTask, write_shard
 
-__all__ = ["run_ray", "MAX_RETRIES", "MAX_IN_FLIGHT"]
+__all__ = ["run_ray", "ray_session", "MAX_RETRIES", "MAX_IN_FLIGHT"]
 
 MAX_RETRIES = 3
 """Ray retries a task that died (node lost, worker killed) this many times."""
@@ -44,6 +45,14 @@ def run_ray(
     """Write every task on Ray, calling ``on_result`` in the driver as each shard finishes."""
     if not tasks:
         return
+    with ray_session(address) as ray:
+        _run(ray, tasks, bar, on_result)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, joined to ``address`` (None: a local Ray started for this run and
+    shut down after it); a Ray the caller had already initialised is used and left running."""
     ray = _ray()
     started_here = False
     if not ray.is_initialized():
@@ -51,7 +60,7 @@ def run_ray(
                  ignore_reinit_error=True, configure_logging=False)
         started_here = True
     try:
-        _run(ray, tasks, bar, on_result)
+        yield ray
     finally:
         if started_here:
             ray.shutdown()

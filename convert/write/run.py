@@ -15,11 +15,12 @@ manifest was written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,7 +42,7 @@ from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, 
 from shardify.tarfmt import check_split_name
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
-           "open_locked", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
+           "open_locked", "holding", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
 
 @dataclass
 class SplitSummary:
@@ -131,6 +132,20 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     return fs, lock
 
 
+@contextlib.contextmanager
+def holding(fs: OutputFS, lock: OutputLock) -> Iterator[None]:
+    """Write splits under ``lock`` (from :func:`open_locked`), released at the end; an
+    OSError or OutputError is raised as an OutputError saying nothing was marked finished."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
+    except OutputError as e:
+        raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
+    finally:
+        lock.release()
+
+
 def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
     """Switch ``manifest.json`` (written last) to the finished splits' versions, then write the
     unversioned copy of each index that wids opens and drop the splits' work folders."""
@@ -150,7 +165,7 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
     plans = {split: plan_split(scan, replace(options, split=split)) for split, scan in scans.items()}
     fs, lock = open_locked(out, scans, overwrite=options.overwrite, storage_options=options.storage_options,
                            finishing=lambda fs, manifest, split: _finishing(fs, manifest, plans[split]))
-    try:
+    with holding(fs, lock):
         result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
         for split, scan in scans.items():
@@ -160,12 +175,6 @@ def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, option
         publish_splits(fs, indexes)
         _note_old_versions(fs, result)
         return result
-    except OSError as e:
-        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
-    except OutputError as e:
-        raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
-    finally:
-        lock.release()
 
 
 def _finishing(fs: OutputFS, manifest: Manifest, plan: SplitPlan) -> bool:
