@@ -39,6 +39,19 @@ def _version(out: Path) -> str:
     return Manifest.load(out).splits["train"].version
 
 
+def _killed_before_the_report(src: Path, out: Path, options: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conversion interrupted after writing every shard, before its report, index and manifest."""
+    from shardify.convert.write import run
+
+    def crash(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(run, "_write_report", crash)
+        with pytest.raises(KeyboardInterrupt):
+            convert_imagefolder(src, out, options=options)
+
+
 def test_reconversion_between_epochs_never_mixes_versions(tmp_path: Path, options) -> None:
     from shardify.reader import ShardedDataset, make_loader
 
@@ -102,15 +115,7 @@ def test_a_killed_reconversion_keeps_the_old_version_listed_and_resumes(tmp_path
     out, ref = tmp_path / "out", tmp_path / "ref"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     old_manifest = (out / "manifest.json").read_bytes()
-    from shardify.convert.write import run
-
-    def crash(*a: object, **k: object) -> None:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as mp:
-        mp.setattr(run, "_write_report", crash)
-        with pytest.raises(KeyboardInterrupt):
-            convert_imagefolder(src, out, options=options(samples_per_shard=2, overwrite=True))
+    _killed_before_the_report(src, out, options(samples_per_shard=2, overwrite=True), monkeypatch)
     assert (out / "manifest.json").read_bytes() == old_manifest  # readers still get the old version, whole
     with pytest.raises(OutputExistsError):  # the new one is not finished: replacing still needs the flag
         convert_imagefolder(src, out, options=options(samples_per_shard=2))
@@ -127,15 +132,7 @@ def test_an_abandoned_unlisted_version_is_removed_by_the_next_conversion(tmp_pat
     out = tmp_path / "out"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     listed = _version(out)
-    from shardify.convert.write import run
-
-    def crash(*a: object, **k: object) -> None:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as mp:
-        mp.setattr(run, "_write_report", crash)
-        with pytest.raises(KeyboardInterrupt):
-            convert_imagefolder(src, out, options=options(samples_per_shard=2, overwrite=True))
+    _killed_before_the_report(src, out, options(samples_per_shard=2, overwrite=True), monkeypatch)
     abandoned = {p.name for p in out.glob("train-*.tar")} - {p.name for p in out.glob(f"train-{listed}-*.tar")}
     assert len(abandoned) == 4
     convert_imagefolder(src, out, options=options(samples_per_shard=1, overwrite=True))
@@ -150,15 +147,7 @@ def test_gc_keeps_the_current_version_and_unfinished_work(tmp_path: Path, option
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
     convert_imagefolder(src, out, options=options(samples_per_shard=4, overwrite=True))
     current = _version(out)
-    from shardify.convert.write import run
-
-    def crash(*a: object, **k: object) -> None:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as mp:
-        mp.setattr(run, "_write_report", crash)
-        with pytest.raises(KeyboardInterrupt):
-            convert_imagefolder(src, out, options=options(samples_per_shard=2, overwrite=True))
+    _killed_before_the_report(src, out, options(samples_per_shard=2, overwrite=True), monkeypatch)
     (out / "notes.txt").write_text("the user's own file")
     state = folder_state(open_output(out))
     unfinished = state.in_progress["train"]
