@@ -325,11 +325,13 @@ class ShardedDataset(IterableDataset):
         if stream.map is not None or (stream.fields is None and self.options.map is not None):
             return ()
         requested = stream.fields if stream.fields is not None else self.options.fields
-        special = tuple(f for f in requested or () if f in SPECIAL_FIELDS)
         src = stream.source
-        checked = output_fields(None if requested is None else tuple(f for f in requested if f not in SPECIAL_FIELDS),
-                                src.fields, where=f"{src.name} split {src.split!r}")  # type: ignore[union-attr]
-        return checked if not special else tuple(requested)  # type: ignore[arg-type]
+        where = f"{src.name} split {src.split!r}"  # type: ignore[union-attr]
+        if requested is None:
+            return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
+        output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
+                      where=where)  # raises for a field the split does not hold
+        return tuple(requested)
 
     def _selected_fields(self) -> frozenset[str] | None:
         """The extensions the shard reader loads (None: all, when a ``map`` sees every field)."""
@@ -344,7 +346,6 @@ class ShardedDataset(IterableDataset):
                                 allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
                                 unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
                 for s, fields in zip(self.streams, self._stream_fields)]
-
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None

@@ -515,7 +515,6 @@ def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
     except (OSError, AttributeError):
         return None
     if end == 0:  # not an archive: the full parser says so
-        f.seek(0)
         return None
     try:
         layout = _plain_layout(f, end, max_member)
