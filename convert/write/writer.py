@@ -27,7 +27,7 @@ from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "temp_name", "Progress", "HashingWriter"]
+__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "temp_name", "Progress", "HashingWriter"]
 
 
 class Progress(Protocol):
@@ -87,17 +87,14 @@ class HashingWriter:
         self.hash = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.f.write(data)
         self.hash.update(data)
         self.size += len(data)
 
 
-def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
-    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``; return the bytes.
-
-    Small samples go out in one write (one copy, fewer calls); large members are not copied.
-    """
+def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes], int]:
+    """The tar bytes of one sample (sorted ``(ext, data)`` pairs), as parts, and their total length."""
     check_key(key)
     parts: list[bytes] = []
     total = 0
@@ -106,6 +103,15 @@ def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]
         pad = -n % BLOCK
         parts += (ustar_header(f"{key}.{check_ext(ext)}", n), data, bytes(pad))
         total += BLOCK + n + pad
+    return parts, total
+
+
+def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
+    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``; return the bytes.
+
+    Small samples go out in one write (one copy, fewer calls); large members are not copied.
+    """
+    parts, total = member_parts(key, members)
     if total <= _JOIN_LIMIT:
         out.write(b"".join(parts))
     else:
