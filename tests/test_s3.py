@@ -302,17 +302,26 @@ def _py_sample(i: int) -> dict[str, object]:
     return {"npy": np.arange(i + 1, dtype=np.int16), "cls": i % 3, "txt": f"row {i}"}
 
 
-def test_python_writers_to_s3_are_byte_identical_to_local(bucket: str, tmp_path: Path) -> None:
+def test_python_writers_to_s3_are_byte_identical_to_local(s3_endpoint: str, bucket: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """ShardWriter and convert_items to an s3:// URL, credentials and endpoint in storage_options only."""
     from shardify.convert import ShardWriter, convert_items
     from shardify.convert.verify import verify_dataset
 
-    for out in (tmp_path / "local", f"s3://{bucket}/py"):
-        with ShardWriter(out, split="train", samples_per_shard=4, fsync=False) as w:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k)
+    _clear_s3fs_cache()
+    storage = {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+    for out, options in ((tmp_path / "local", None), (f"s3://{bucket}/py", storage)):
+        with ShardWriter(out, split="train", samples_per_shard=4, fsync=False, storage_options=options) as w:
             for i in range(10):
                 w.write(_py_sample(i))
         convert_items(range(10), _py_sample, out, split="val", samples_per_shard=4, workers=2,
-                      fsync=False, progress=False)
-    remote = _s3_tree(f"{bucket}/py")
+                      fsync=False, progress=False, storage_options=options)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **storage)
+    remote = {p[len(bucket) + 4:]: fs.cat_file(p) for p in fs.find(f"{bucket}/py")}
     assert remote == _tree_bytes(tmp_path / "local")
     assert sum(name.endswith(".tar") for name in remote) == 6
-    assert verify_dataset(f"s3://{bucket}/py").ok
+    assert verify_dataset(f"s3://{bucket}/py", storage_options=storage).ok

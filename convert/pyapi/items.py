@@ -152,7 +152,7 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
     if o.shuffle and not isinstance(items, Sequence):
         raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
                          "pass a list or keep the input order")
-    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite)
+    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options)
     with holding(fs, lock):
         return _Run(items, fn, fs, o).run()
 

@@ -47,6 +47,8 @@ class WriteOptions:
     values: ValueOptions = field(default_factory=ValueOptions)
     overwrite: bool = False
     fsync: bool = True
+    storage_options: Mapping[str, Any] | None = None
+    """The fsspec backend's options for an ``out`` URL (credentials, ``endpoint_url``, ...)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.shard_size, str):
@@ -137,7 +139,8 @@ class ShardWriter:
         if self._fs is not None:
             raise RuntimeError("this ShardWriter is already open")
         o = self.options
-        self._fs, self._lock = open_locked(self.out, [o.split], overwrite=o.overwrite)
+        self._fs, self._lock = open_locked(self.out, [o.split], overwrite=o.overwrite,
+                                           storage_options=o.storage_options)
         try:
             version = begin_version(self._fs, o.split, _fingerprint(o), listed=listed_version(self._fs, o.split),
                                     kind="writer")
