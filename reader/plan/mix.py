@@ -132,16 +132,18 @@ def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) ->
     stops = np.minimum(starts + block, n)
     j = np.searchsorted(cum, starts, side="right") - 1
     lo = firsts[j] + starts - cum[j]
-    inside = (stops <= cum[j + 1]).tolist()
+    rows = list(zip(shards[j].tolist(), lo.tolist(), (lo + stops - starts).tolist()))  # blocks inside one take
     out: list[Range] = []
-    for k, (shard, a, b, whole) in enumerate(zip(shards[j].tolist(), lo.tolist(), (lo + stops - starts).tolist(),
-                                                  inside)):
-        if whole:
-            out.append((shard, a, b))
-            continue
+    at = 0
+    for k in np.flatnonzero(stops > cum[j + 1]).tolist():  # a block across the end of a take: one range per take
+        out += rows[at:k]
         v, end, r = int(starts[k]), int(stops[k]), int(j[k])
-        while v < end:  # a block across the end of a take: one range per take it touches
+        while v < end:
             take = min(end, int(cum[r + 1])) - v
             out.append((int(shards[r]), int(firsts[r]) + v - int(cum[r]), int(firsts[r]) + v - int(cum[r]) + take))
             v, r = v + take, r + 1
+        at = k + 1
+    if not at:
+        return tuple(rows)
+    out += rows[at:]
     return tuple(out)

@@ -139,3 +139,32 @@ def test_starts_of_another_sequence_are_refused():
     with pytest.raises(ValueError, match="starts has 2 entries, should be 3"):
         plan_worker(seq, rank=0, world=1, worker=0, workers=1, batch_size=1, drop_last=False,
                     starts=np.array([0, 2]))
+
+
+def reference_interleave(takes, *, block, seed, epoch):
+    """Blocks of ``block`` positions of ``takes`` laid end to end, in the seeded order, one by one."""
+    flat = [(s, i) for s, a, b in takes for i in range(a, b)]
+    n = len(flat)
+    if not n:
+        return ()
+    perm = np.random.RandomState(derive_seed("blocks", seed, epoch) % 2**32).permutation(-(-n // block))
+    out = []
+    for p in perm.tolist():
+        first = p * block
+        for s, i in flat[first:first + block]:
+            if out and out[-1][0] == s and out[-1][2] == i and len(out[-1]) == 4 and out[-1][3] == p:
+                out[-1] = (s, out[-1][1], i + 1, p)
+            else:
+                out.append((s, i, i + 1, p))
+    return tuple((s, a, b) for s, a, b, _ in out)
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+@pytest.mark.parametrize("block", [1, 2, 3, 8])
+def test_interleaved_sequence_equals_the_reference(sizes, block):
+    for streams, counts in (([sizes], None), ([sizes, [3, 0, 2]], [2 * sum(sizes) + 1, 4])):
+        for seed, epoch in ((0, 0), (5, 3)):
+            kw = dict(counts=counts, seed=seed, epoch=epoch, shuffle=True)
+            takes = epoch_sequence(streams, block=block, interleave=False, **kw)
+            got = epoch_sequence(streams, block=block, **kw)
+            assert got == reference_interleave(takes, block=block, seed=seed, epoch=epoch), (streams, kw)
