@@ -119,7 +119,7 @@ def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) ->
 
     The permutation comes from NumPy's ``RandomState``, whose stream is frozen (NEP 19), so
     the order is the same on every version and machine; vectorised, as an epoch of ImageNet
-    has 320,000 blocks of 4.
+    has 320,000 blocks of 4 (and one of 1 B samples in blocks of 1,024 cuts 1.4 M ranges).
     """
     if not takes:
         return ()
@@ -130,20 +130,11 @@ def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) ->
     perm = np.random.RandomState(derive_seed("blocks", seed, epoch) % 2**32).permutation(-(-n // block))
     starts = perm.astype(np.int64) * block
     stops = np.minimum(starts + block, n)
-    j = np.searchsorted(cum, starts, side="right") - 1
-    lo = firsts[j] + starts - cum[j]
-    rows = list(zip(shards[j].tolist(), lo.tolist(), (lo + stops - starts).tolist()))  # blocks inside one take
-    out: list[Range] = []
-    at = 0
-    for k in np.flatnonzero(stops > cum[j + 1]).tolist():  # a block across the end of a take: one range per take
-        out += rows[at:k]
-        v, end, r = int(starts[k]), int(stops[k]), int(j[k])
-        while v < end:
-            take = min(end, int(cum[r + 1])) - v
-            out.append((int(shards[r]), int(firsts[r]) + v - int(cum[r]), int(firsts[r]) + v - int(cum[r]) + take))
-            v, r = v + take, r + 1
-        at = k + 1
-    if not at:
-        return tuple(rows)
-    out += rows[at:]
-    return tuple(out)
+    first = np.searchsorted(cum, starts, side="right") - 1  # the take where each block starts
+    last = np.searchsorted(cum, stops - 1, side="right") - 1  # and the take where it ends
+    pieces = last - first + 1  # one range per take a block touches, in order
+    block_of = np.repeat(np.arange(len(perm)), pieces)
+    take = first[block_of] + np.arange(len(block_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    lo = np.maximum(starts[block_of], cum[take]) - cum[take] + firsts[take]
+    hi = np.minimum(stops[block_of], cum[take + 1]) - cum[take] + firsts[take]
+    return tuple(zip(shards[take].tolist(), lo.tolist(), hi.tolist()))
