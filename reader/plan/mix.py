@@ -114,6 +114,11 @@ def epoch_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | 
     return _interleave(takes, block=block, seed=seed, epoch=epoch)
 
 
+_FEW_ACROSS = 8
+"""Blocks are expanded one by one where fewer than one in this many crosses a take's end (the
+default small blocks: no numpy pass over every block), else all at once with numpy."""
+
+
 def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) -> tuple[Range, ...]:
     """``takes`` cut into blocks of ``block`` samples, the blocks in a seeded random order.
 
@@ -132,9 +137,25 @@ def _interleave(takes: Sequence[Range], *, block: int, seed: int, epoch: int) ->
     stops = np.minimum(starts + block, n)
     first = np.searchsorted(cum, starts, side="right") - 1  # the take where each block starts
     last = np.searchsorted(cum, stops - 1, side="right") - 1  # and the take where it ends
-    pieces = last - first + 1  # one range per take a block touches, in order
-    block_of = np.repeat(np.arange(len(perm)), pieces)
-    take = first[block_of] + np.arange(len(block_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    lo = np.maximum(starts[block_of], cum[take]) - cum[take] + firsts[take]
-    hi = np.minimum(stops[block_of], cum[take + 1]) - cum[take] + firsts[take]
-    return tuple(zip(shards[take].tolist(), lo.tolist(), hi.tolist()))
+    across = np.flatnonzero(last > first).tolist()  # blocks across the end of a take: one range per take
+    if len(across) * _FEW_ACROSS > len(perm):  # large blocks: expand every block with numpy
+        pieces = last - first + 1
+        block_of = np.repeat(np.arange(len(perm)), pieces)
+        first = first[block_of] + np.arange(len(block_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        starts, stops = np.maximum(starts[block_of], cum[first]), np.minimum(stops[block_of], cum[first + 1])
+    lo = starts - cum[first] + firsts[first]
+    rows = list(zip(shards[first].tolist(), lo.tolist(), (lo + stops - starts).tolist()))
+    if len(across) * _FEW_ACROSS > len(perm) or not across:
+        return tuple(rows)
+    out: list[Range] = []  # small blocks: a few cross, expanded one by one between the others
+    at = 0
+    for k in across:
+        out += rows[at:k]
+        v, end, r = int(starts[k]), int(stops[k]), int(first[k])
+        while v < end:
+            take = min(end, int(cum[r + 1])) - v
+            out.append((int(shards[r]), int(firsts[r]) + v - int(cum[r]), int(firsts[r]) + v - int(cum[r]) + take))
+            v, r = v + take, r + 1
+        at = k + 1
+    out += rows[at:]
+    return tuple(out)

@@ -168,3 +168,14 @@ def test_interleaved_sequence_equals_the_reference(sizes, block):
             takes = epoch_sequence(streams, block=block, interleave=False, **kw)
             got = epoch_sequence(streams, block=block, **kw)
             assert got == reference_interleave(takes, block=block, seed=seed, epoch=epoch), (streams, kw)
+
+
+@pytest.mark.parametrize("few_across", [0, 10**9], ids=["one-by-one", "expand-all"])
+def test_both_ways_of_cutting_blocks_equal_the_reference(monkeypatch, few_across):
+    import shardify.reader.plan.mix as mix
+
+    monkeypatch.setattr(mix, "_FEW_ACROSS", few_across)
+    for sizes, block in itertools.product(([7, 2, 13], [4] * 9, [100, 1, 1, 37], [5]), (1, 2, 3, 8)):
+        takes = epoch_sequence([sizes], counts=None, seed=3, epoch=1, shuffle=True, block=block, interleave=False)
+        got = epoch_sequence([sizes], counts=None, seed=3, epoch=1, shuffle=True, block=block)
+        assert got == reference_interleave(takes, block=block, seed=3, epoch=1), (sizes, block)
