@@ -25,10 +25,11 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank
+from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
 from shardify.reader.plan.mix import epoch_sequence, stream_counts
 from shardify.reader.plan.resume import PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
@@ -184,6 +185,7 @@ class ShardedDataset(IterableDataset):
         self._reader: tuple[int, ShardReader] | None = None
         self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
         self._pool: tuple[int, SlotPool] | None = None
+        self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
 
     # -- what the main process controls ------------------------------------------------------
 
@@ -279,10 +281,21 @@ class ShardedDataset(IterableDataset):
 
     def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple:
         """The epoch's samples in order as ``(shard, start, stop)`` ranges, after ``history``'s."""
+        return self._sequence(epoch, tuple(history), layout)[0]
+
+    def _sequence(self, epoch: int, history: tuple[Segment, ...], layout: int) -> tuple[tuple, np.ndarray]:
+        """``(sequence, sequence_starts)`` of an epoch, planned once per process and epoch: a
+        process's workers, its next iteration and a resume check reuse them (pure functions)."""
         o = self.options
-        seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
-                             block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
-        return resumed_sequence(seq, history, self.plan_options, epoch=epoch) if history else seq
+        key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last,
+               o.shuffle_buffer)
+        if self._planned is None or self._planned[0] != key:
+            seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
+                                 shuffle=o.shuffle, block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
+            if history:
+                seq = resumed_sequence(seq, history, self.plan_options, epoch=epoch)
+            self._planned = (key, seq, sequence_starts(seq))
+        return self._planned[1], self._planned[2]
 
     @property
     def last_epoch_report(self) -> EpochReport:
@@ -296,6 +309,7 @@ class ShardedDataset(IterableDataset):
         state["_rank_world"] = detect_rank_world()
         state["_reader"] = None
         state["_pool"] = None
+        state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
         return state
 
     # -- what runs in each worker --------------------------------------------------------------
@@ -367,9 +381,9 @@ class ShardedDataset(IterableDataset):
     def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
              pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT) -> Iterator[Any]:
         o = self.options
-        seq = self.epoch_sequence(epoch, history=history, layout=layout)
+        seq, starts = self._sequence(epoch, history, layout)
         plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
-                           workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last)
+                           workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last, starts=starts)
         sizes = plan.batch_sizes()[skip:]
         if not sizes:
             return

@@ -5,8 +5,8 @@ Run by hand (not a test):
 
 Converts (once, cached in --data) the listing of tools/bench_scale.py, then times for rank
 ``--rank`` of ``--world`` (through RANK/WORLD_SIZE, as torchrun sets them), in a fresh
-process each: resolving the source (manifest and index), planning one worker's epoch for
-``--world`` and for world 4096, scanning one shard's headers, and the first batch through
+process each: resolving the source (manifest and index), the epoch's sequence (once per
+process), planning one worker's share of it for ``--world`` and for world 4096, scanning one shard's headers, and the first batch through
 a DataLoader with ``--workers`` workers.
 """
 
@@ -27,17 +27,19 @@ t0 = time.perf_counter()
 import torch
 from shardify.reader import ShardedDataset
 from shardify.reader.io.sources import resolve_source
-from shardify.reader.plan.assign import plan_worker
+from shardify.reader.plan.assign import plan_worker, sequence_starts
+from shardify.reader.plan.mix import epoch_sequence
 from shardify.tario import scan_layout
 t_import = time.perf_counter()
 ds_path, rank, world, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 src = resolve_source(ds_path)
 t_resolve = time.perf_counter()
-plan_worker(src.sizes, seed=0, epoch=0, shuffle=True, rank=rank, world=world, worker=0, workers=workers,
-            batch_size=256, drop_last=True)
+seq = epoch_sequence([src.sizes], counts=None, seed=0, epoch=0, shuffle=True, block=4)
+starts = sequence_starts(seq)
+t_sequence = time.perf_counter()
+plan_worker(seq, rank=rank, world=world, worker=0, workers=workers, batch_size=256, drop_last=True, starts=starts)
 t_plan = time.perf_counter()
-plan_worker(src.sizes, seed=0, epoch=0, shuffle=True, rank=rank, world=4096, worker=0, workers=workers,
-            batch_size=256, drop_last=True)
+plan_worker(seq, rank=rank, world=4096, worker=0, workers=workers, batch_size=256, drop_last=True, starts=starts)
 t_plan4096 = time.perf_counter()
 with open(src.shards[0].url, "rb") as f:
     layout = scan_layout(f, shard=src.shards[0].url)
@@ -49,7 +51,7 @@ loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 it = iter(loader)
 next(it)
 t_first = time.perf_counter()
-print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import, "plan_s": t_plan - t_resolve,
+print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import, "sequence_s": t_sequence - t_resolve, "plan_s": t_plan - t_sequence,
                   "plan_world4096_s": t_plan4096 - t_plan, "scan_one_shard_s": t_scan - t_plan4096,
                   "shard_samples": len(layout), "shards": len(src.shards), "samples": src.num_samples,
                   "first_batch_s": t_first - t_start}))
@@ -90,7 +92,8 @@ def main() -> None:
     print(f"{r['samples']} samples in {r['shards']} shards ({r['shard_samples']} in shard 0); "
           f"rank {args.rank} of {args.world}, {args.workers} workers")
     print(f"  first batch {r['first_batch_s']:.2f} s after ShardedDataset(...); separately: resolve source "
-          f"{r['resolve_s'] * 1000:.0f} ms, plan one worker {r['plan_s'] * 1000:.1f} ms (world 4096: "
+          f"{r['resolve_s'] * 1000:.0f} ms, the epoch's sequence {r['sequence_s'] * 1000:.0f} ms (once per process), "
+          f"then plan one worker {r['plan_s'] * 1000:.1f} ms (world 4096: "
           f"{r['plan_world4096_s'] * 1000:.1f} ms), scan one shard's headers {r['scan_one_shard_s'] * 1000:.0f} ms; "
           f"imports {r['import_s']:.1f} s")
 

@@ -5,8 +5,10 @@ Run by hand (not a test):
                               [--workers 8] [--batch-size 256] [--images-per-s 2500]
 
 Computes from the format (tar member sizes, split-index entries) and times the reader's
-real plan function (``shardify.reader.plan.assign.plan_worker``, a pure function of the
-shard sizes) for one rank of the world; nothing is read or written.
+real plan functions for the workers of one rank of the world, as a worker runs them: the
+epoch's sequence (``shardify.reader.plan.mix.epoch_sequence``) and its starts
+(``assign.sequence_starts``) once per epoch per process, then ``assign.plan_worker`` per
+worker; nothing is read or written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 
 from shardify.manifest import json_bytes
@@ -32,6 +35,44 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
+    """Seconds the reader's real plan functions take for rank ``world // 2`` (as a worker runs them)."""
+    from shardify.reader.plan.assign import plan_worker, sequence_starts
+    from shardify.reader.plan.mix import epoch_sequence
+
+    rank = args.world // 2
+    kw = dict(rank=rank, world=args.world, workers=args.workers, batch_size=args.batch_size, drop_last=True)
+    t0 = time.perf_counter()
+    seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block, interleave=False)
+    t1 = time.perf_counter()
+    starts = sequence_starts(seq)
+    t2 = time.perf_counter()
+    per_worker, ranges = [], 0
+    for worker in range(args.workers):
+        t = time.perf_counter()
+        plan = plan_worker(seq, worker=worker, starts=starts, **kw)
+        per_worker.append(time.perf_counter() - t)
+        ranges = max(ranges, len(plan.ranges))
+    t3 = time.perf_counter()
+    plan_worker(seq, worker=0, **kw)
+    alone = time.perf_counter() - t3
+    out = {"rank": rank, "sequence_ranges": len(seq), "epoch_sequence_s": t1 - t0, "sequence_starts_s": t2 - t1,
+           "plan_one_worker_s": statistics.median(per_worker), "plan_one_worker_max_s": max(per_worker),
+           "plan_ranges": ranges, "plan_one_worker_alone_s": alone,
+           "interleaved_blocks": -(-sum(sizes) // args.block), "interleaved_s": None, "interleaved_starts_s": None,
+           "interleaved_plan_s": None}
+    del seq, starts
+    if out["interleaved_blocks"] <= args.max_blocks:
+        t0 = time.perf_counter()
+        seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block)
+        t1 = time.perf_counter()
+        starts = sequence_starts(seq)
+        t2 = time.perf_counter()
+        plan_worker(seq, worker=0, starts=starts, **kw)
+        out.update(interleaved_s=t1 - t0, interleaved_starts_s=t2 - t1, interleaved_plan_s=time.perf_counter() - t2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=float, default=1e9)
@@ -42,6 +83,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers per rank")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--images-per-s", type=float, default=2500.0, help="training speed per GPU")
+    ap.add_argument("--block", type=int, default=4, help="shuffle_block: samples per block across shards")
+    ap.add_argument("--max-blocks", type=float, default=3e6,
+                    help="build the block-interleaved sequence only up to this many blocks (memory: ~100 B each)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -57,14 +101,7 @@ def main() -> None:
     dataset_bytes = n * per_sample
     nodes = math.ceil(args.world / args.gpus_per_node)
 
-    from shardify.reader.plan.assign import plan_worker
-
-    t0 = time.perf_counter()
-    plan = plan_worker(sizes, seed=0, epoch=1, shuffle=True, rank=args.world // 2, world=args.world, worker=0,
-                       workers=args.workers, batch_size=args.batch_size, drop_last=True)
-    plan_s = time.perf_counter() - t0
-    ranges = getattr(plan, "ranges", None)
-
+    plan = _time_plan(sizes, args)
     per_rank = n // args.world
     epoch_s = per_rank / args.images_per_s
     shard_reads = shards + args.world * args.workers  # each shard once, plus a split at every worker boundary
@@ -76,7 +113,7 @@ def main() -> None:
         "get_requests_per_s": shard_reads / epoch_s, "read_bytes_per_s": dataset_bytes / epoch_s,
         "node_bytes_per_epoch": dataset_bytes * args.gpus_per_node / args.world,
         "driver_plan_memory_bytes": n * SAMPLE_RECORD_BYTES,
-        "plan_one_worker_s": plan_s, "plan_ranges": len(ranges) if ranges is not None else None,
+        **plan,
     }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -92,7 +129,19 @@ def main() -> None:
           f"over the whole run; {_human(out['node_bytes_per_epoch'])} per node per epoch")
     print(f"  converter driver: ~{_human(out['driver_plan_memory_bytes'])} to plan in one process "
           f"({SAMPLE_RECORD_BYTES} B per input)")
-    print(f"  plan of one worker (world {args.world:,}): {plan_s * 1000:.0f} ms (this machine)")
+    print(f"  planning (this machine): the epoch's sequence of {plan['sequence_ranges']:,} shards "
+          f"{plan['epoch_sequence_s']:.2f} s and its starts {plan['sequence_starts_s'] * 1000:.0f} ms, once per epoch "
+          f"per process; then the plan of one worker (world {args.world:,}) {plan['plan_one_worker_s'] * 1000:.2f} ms "
+          f"(median of rank {plan['rank']}'s {args.workers}, slowest {plan['plan_one_worker_max_s'] * 1000:.2f} ms; "
+          f"at most {plan['plan_ranges']} ranges), "
+          f"{plan['plan_one_worker_alone_s'] * 1000:.0f} ms without the shared starts")
+    if plan["interleaved_s"] is None:
+        print(f"  blocks of {args.block} across shards (the default layout): {plan['interleaved_blocks']:,} blocks, "
+              f"not built here (over --max-blocks; grows linearly, see docs/scale.md)")
+    else:
+        print(f"  blocks of {args.block} across shards (the default layout): {plan['interleaved_blocks']:,} blocks, "
+              f"sequence {plan['interleaved_s']:.2f} s, its starts {plan['interleaved_starts_s'] * 1000:.0f} ms, "
+              f"then the plan of one worker {plan['interleaved_plan_s'] * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

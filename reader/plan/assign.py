@@ -18,10 +18,11 @@ samples before it.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 __all__ = [
     "Range",
@@ -141,9 +142,23 @@ def shard_sequence(sizes: Sequence[int], order: Sequence[int]) -> tuple[Range, .
     return tuple((i, 0, sizes[i]) for i in order if sizes[i] > 0)
 
 
-def sequence_starts(sequence: Sequence[Range]) -> list[int]:
-    """Where each range of ``sequence`` starts in it, plus its length at the end."""
-    return list(itertools.accumulate((b - a for _, a, b in sequence), initial=0))
+def sequence_starts(sequence: Sequence[Range]) -> np.ndarray:
+    """Where each range of ``sequence`` starts in it, plus its length at the end (int64).
+
+    Checks every range once (``0 <= start <= stop``), vectorised: computed once per epoch's
+    sequence and passed to :func:`plan_worker` for each worker, it is the only part of
+    planning that grows with the number of ranges.
+    """
+    flat = np.fromiter(itertools.chain.from_iterable(sequence), dtype=np.int64, count=3 * len(sequence))
+    first, stop = flat[1::3], flat[2::3]
+    lengths = stop - first
+    bad = np.flatnonzero((first < 0) | (lengths < 0))
+    if bad.size:
+        raise ValueError(f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, "
+                         f"found {tuple(sequence[int(bad[0])])} at index {int(bad[0])}")
+    out = np.zeros(len(sequence) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 def sequence_length(sequence: Sequence[Range]) -> int:
@@ -170,34 +185,37 @@ def plan_worker(
     workers: int,
     batch_size: int,
     drop_last: bool,
-    starts: Sequence[int] | None = None,
+    starts: np.ndarray | Sequence[int] | None = None,
 ) -> WorkerPlan:
     """The share of worker ``worker`` of rank ``rank`` of the epoch ``sequence`` (see the module docstring).
 
-    ``starts``: :func:`sequence_starts` of ``sequence``, when the caller plans it several times.
+    ``starts``: :func:`sequence_starts` of ``sequence`` (which also checks its ranges), computed
+    once when the caller plans the same sequence for several workers; given, the plan costs
+    a binary search per piece of the worker's share, whatever the length of the sequence.
     """
     if not 0 <= rank < world:
         raise ValueError(f"{rank=} should be in [0, {world=})")
     if not 0 <= worker < workers:
         raise ValueError(f"{worker=} should be in [0, {workers=})")
-    bad = next((r for r in sequence if not 0 <= r[1] <= r[2]), None)
-    if bad is not None:
-        raise ValueError(f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, found {bad}")
-    cum = sequence_starts(sequence) if starts is None else starts
-    total = cum[-1]
+    cum = sequence_starts(sequence) if starts is None else np.asarray(starts, dtype=np.int64)
+    if len(cum) != len(sequence) + 1:
+        raise ValueError(f"starts has {len(cum)} entries, should be {len(sequence) + 1}: one per range plus the end")
+    total = int(cum[-1])
     per = samples_per_rank(total, world=world, drop_last=drop_last)
     nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)
+    base = rank * per
+    lows = [base + b * batch_size for b in range(worker, nb, workers)]
+    runs = [(lo, base + min(lo - base + batch_size, per)) for lo in lows]
     out: list[Range] = []
-    runs: list[tuple[int, int]] = []
-    for b in range(worker, nb, workers):
-        lo = rank * per + b * batch_size
-        hi = rank * per + min((b + 1) * batch_size, per)
-        runs.append((lo, hi))
+    for lo, hi in runs:
         while lo < hi:  # split at wrap-arounds of the sequence, then at its range ends
             v = lo % total
-            j = bisect.bisect_right(cum, v) - 1
-            take = min(hi - lo, cum[j + 1] - v)
-            shard, start, _ = sequence[j]
-            append_range(out, shard, start + v - cum[j], start + v - cum[j] + take)
-            lo += take
+            end = v + min(hi - lo, total - v)
+            j = int(cum.searchsorted(v, side="right")) - 1
+            last = int(cum.searchsorted(end, side="left"))  # ranges j..last-1 hold [v, end)
+            at = cum[j:last + 1].tolist()
+            for i, (shard, start, _) in enumerate(sequence[j:last]):
+                first = start - at[i]
+                append_range(out, shard, first + max(v, at[i]), first + min(end, at[i + 1]))
+            lo += end - v
     return WorkerPlan(ranges=tuple(out), batch_size=batch_size, runs=tuple(runs), total=total)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardify.reader.plan.assign import Range, plan_worker, resumed_role
+from shardify.reader.plan.assign import Range, plan_worker, resumed_role, sequence_starts
 from shardify.reader.plan.resume import PlanOptions, share_order
 
 __all__ = ["Entry", "rank_batches"]
@@ -23,10 +23,11 @@ def rank_batches(sequence: Sequence[Range], opts: PlanOptions, *, epoch: int, ra
     and DataLoader takes one batch of each worker in turn, passing over those that are done.
     """
     queues: list[list[list[Entry]]] = []
+    starts = sequence_starts(sequence)
     for w in range(workers):
         role, skip = resumed_role(w, workers=workers, consumed=consumed)
         plan = plan_worker(sequence, rank=rank, world=world, worker=role, workers=workers,
-                           batch_size=opts.batch_size, drop_last=opts.drop_last)
+                           batch_size=opts.batch_size, drop_last=opts.drop_last, starts=starts)
         samples, repeats = plan.samples(), plan.repeats()
         _, out = share_order(plan, opts, epoch=epoch, rank=rank, worker=role, segment=segment)
         batches, at = [], 0

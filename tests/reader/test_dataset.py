@@ -170,3 +170,21 @@ def test_spawned_workers_see_epoch_rank_and_report(counting_dataset, monkeypatch
         orders.append(flat([[int(x) for x in b] for b in loader]))
         assert ds.last_epoch_report.lost == 5 and len(orders[-1]) == 10
     assert set(orders[0]) == set(orders[1]) == set(range(5)) and orders[0] != orders[1]
+
+
+def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
+    """The plan is a pure function: a process plans an epoch's sequence once and reuses it;
+    a new epoch is planned anew, a new order of the same samples."""
+    import shardify.reader.dataset as dataset_module
+
+    calls: list[int] = []
+    real = dataset_module.epoch_sequence
+    monkeypatch.setattr(dataset_module, "epoch_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
+    ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffle_buffer=4, shuffle_block=2)
+    first = run(ds)
+    assert run(ds) == first
+    assert calls == [0]
+    ds.set_epoch(1)
+    second = run(ds)
+    assert calls == [0, 1]
+    assert second != first and sorted(flat(second)) == sorted(flat(first)) == list(range(22))
