@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardify.convert.write.gather import GatherFile
 from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
@@ -34,7 +35,9 @@ class OutputFS:
     location: str
     local: bool
 
-    def open_write(self, name: str) -> BinaryIO:
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
+        """A new file ``name`` to write; ``durable``: it will be fsynced when finished (a local
+        file then starts writing its bytes to disk as they come, so the fsync waits little)."""
         raise NotImplementedError
 
     def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
@@ -93,8 +96,8 @@ class LocalFS(OutputFS):
     def _p(self, name: str) -> Path:
         return self.root / name
 
-    def open_write(self, name: str) -> BinaryIO:
-        return open(self._p(name), "wb", buffering=1 << 20)
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
+        return GatherFile(self._p(name), write_behind=durable)  # type: ignore[return-value]
 
     def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
         f.flush()
@@ -187,7 +190,7 @@ class FsspecFS(OutputFS):
     def _p(self, name: str) -> str:
         return f"{self.path}/{name}" if name else self.path
 
-    def open_write(self, name: str) -> BinaryIO:
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
         return self.fs.open(self._p(name), "wb")
 
     def replace(self, src: str, dst: str) -> None:
