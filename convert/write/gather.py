@@ -22,7 +22,7 @@ GATHER_BYTES = 1 << 20
 """Bytes gathered before one ``writev``."""
 _GATHER_PARTS = 512
 """Pieces gathered at most before one ``writev`` (Linux takes up to 1,024)."""
-WRITE_BEHIND_BYTES = 8 << 20
+WRITE_BEHIND_BYTES = 2 << 20
 """Bytes written between two requests to start writing them to disk."""
 _SYNC_FILE_RANGE_WRITE = 2
 """``SYNC_FILE_RANGE_WRITE``: start writing the range's dirty pages, do not wait."""
@@ -85,7 +85,7 @@ class GatherFile:
         return len(data)
 
     def flush(self) -> None:
-        """Write what was gathered; start writing it to disk when ``write_behind`` and 8 MiB
+        """Write what was gathered; start writing it to disk when ``write_behind`` and 2 MiB
         have come since the last start."""
         parts, total = self._parts, self._pending
         if not parts:
