@@ -77,7 +77,9 @@ class OutputFS:
     def makedirs(self, name: str = "") -> None:
         raise NotImplementedError
 
-    def write_atomic(self, name: str, data: bytes) -> None:
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Write the file ``name`` whole or not at all; ``durable=False`` skips the fsync (for
+        files checked when read, such as the records of finished shards)."""
         raise NotImplementedError
 
     def sync_root(self) -> None:
@@ -140,8 +142,8 @@ class LocalFS(OutputFS):
     def makedirs(self, name: str = "") -> None:
         self._p(name).mkdir(parents=True, exist_ok=True)
 
-    def write_atomic(self, name: str, data: bytes) -> None:
-        write_bytes_atomic(self._p(name), data)
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        write_bytes_atomic(self._p(name), data, fsync=durable)
 
     def sync_root(self) -> None:
         fd = os.open(self.root, os.O_RDONLY)
@@ -247,7 +249,7 @@ class FsspecFS(OutputFS):
         except Exception as e:  # the backend's own errors (botocore's have no common base with OSError)
             raise OutputError(f"{self.location}: cannot reach the store: {backend_reason(e)}") from e
 
-    def write_atomic(self, name: str, data: bytes) -> None:
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
         tmp = f"{name}.tmp-upload"
         self.fs.pipe_file(self._p(tmp), data)
         self.fs.mv(self._p(tmp), self._p(name))
