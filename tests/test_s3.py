@@ -294,3 +294,25 @@ def test_readme_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monke
     exec(local(code), scope)
     ds = scope["ds"]
     assert isinstance(ds, ShardedDataset) and ds.source.num_samples == 18
+
+
+def _py_sample(i: int) -> dict[str, object]:
+    import numpy as np
+
+    return {"npy": np.arange(i + 1, dtype=np.int16), "cls": i % 3, "txt": f"row {i}"}
+
+
+def test_python_writers_to_s3_are_byte_identical_to_local(bucket: str, tmp_path: Path) -> None:
+    from shardify.convert import ShardWriter, convert_items
+    from shardify.convert.verify import verify_dataset
+
+    for out in (tmp_path / "local", f"s3://{bucket}/py"):
+        with ShardWriter(out, split="train", samples_per_shard=4, fsync=False) as w:
+            for i in range(10):
+                w.write(_py_sample(i))
+        convert_items(range(10), _py_sample, out, split="val", samples_per_shard=4, workers=2,
+                      fsync=False, progress=False)
+    remote = _s3_tree(f"{bucket}/py")
+    assert remote == _tree_bytes(tmp_path / "local")
+    assert sum(name.endswith(".tar") for name in remote) == 6
+    assert verify_dataset(f"s3://{bucket}/py").ok

@@ -5,7 +5,7 @@ Run by hand (not a test):
 
 Makes (once, cached in --data) a JSONL listing of ``--rows`` rows, each an ID, an int label
 and a short text (the shape of ImageNet with captions), and with ``--tree`` an image folder
-of as many empty-ish files (1,000 classes). Each stage runs in a fresh child process, so
+of as many tiny JPEG files (1,000 classes). Each stage runs in a fresh child process, so
 the peak resident memory printed (``ru_maxrss``) is that stage's own: ``scan`` (read the
 listing), ``plan`` (keys, order, shards). ``--write`` then runs the whole ``shardify
 convert`` and prints the peak of its main process and of its biggest worker, the time,
@@ -42,15 +42,22 @@ def make_listing(path: Path, rows: int) -> None:
 
 
 def make_tree(root: Path, files: int, classes: int = 1000) -> None:
-    """An image folder of ``files`` tiny files (1,000 classes); contents are not images."""
-    done = root / ".done"
+    """An image folder of ``files`` tiny files (1,000 classes), each the same valid 8x8 JPEG."""
+    import io
+
+    from PIL import Image
+
+    done = root / ".done-jpeg"
     if done.exists():
         return
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (120, 60, 30)).save(buf, format="JPEG")
+    jpeg = buf.getvalue()
     for c in range(classes):
         folder = root / f"n{c:08d}"
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(c, files, classes):
-            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(b"\xff\xd8")
+            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(jpeg)
     done.touch()
 
 
@@ -117,16 +124,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_300_000)
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardify-bench-scale")
-    ap.add_argument("--tree", action="store_true", help="also scan an image folder of --rows empty-ish files")
+    ap.add_argument("--tree", action="store_true", help="also an image folder of --rows tiny JPEGs")
     ap.add_argument("--write", action="store_true", help="also run the whole conversion (slow)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-listing", action="store_true", help="with --tree: measure the image folder only")
     args = ap.parse_args()
     args.data.mkdir(parents=True, exist_ok=True)
     listing = args.data / f"listing-{args.rows}.jsonl"
     t0 = time.perf_counter()
     make_listing(listing, args.rows)
     print(f"listing: {listing} ({listing.stat().st_size / 1e6:.0f} MB, made in {time.perf_counter() - t0:.1f} s)")
-    kinds = [("listing", listing)]
+    kinds = [] if args.no_listing and args.tree else [("listing", listing)]
     if args.tree:
         tree = args.data / f"tree-{args.rows}"
         t0 = time.perf_counter()
@@ -139,7 +147,7 @@ def main() -> None:
               f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB), "
               f"plan {r['plan_s']:.1f} s (peak {r['plan_peak_mb']:.0f} MB); "
               f"scan+plan {r['scan_s'] + r['plan_s']:.1f} s; interpreter alone {r['base_mb']:.0f} MB")
-        if args.write and kind == "listing":
+        if args.write:
             c = measure_convert(kind, src, args.workers)
             print(f"{kind} convert (--workers {args.workers}): {c['convert_s']:.1f} s, main process peak "
                   f"{c['main_peak_mb']:.0f} MB, biggest worker peak {c['worker_peak_mb']:.0f} MB, "

@@ -56,6 +56,23 @@ print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import, 
 """
 
 
+def converted_listing(data: Path, rows: int) -> Path:
+    """The listing of tools/bench_scale.py with ``rows`` rows, converted (both cached in ``data``)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_scale import make_listing
+
+    data.mkdir(parents=True, exist_ok=True)
+    listing = data / f"listing-{rows}.jsonl"
+    make_listing(listing, rows)
+    ds = data / f"ds-{rows}"
+    if not (ds / "manifest.json").exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "shardify.convert", "convert", "listing", str(listing), str(ds),
+                        "--quiet", "--no-fsync"], check=True)
+        print(f"converted {listing} into {ds} in {time.perf_counter() - t0:.0f} s")
+    return ds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_300_000)
@@ -64,18 +81,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_scale import make_listing
-
-    args.data.mkdir(parents=True, exist_ok=True)
-    listing = args.data / f"listing-{args.rows}.jsonl"
-    make_listing(listing, args.rows)
-    ds = args.data / f"ds-{args.rows}"
-    if not (ds / "manifest.json").exists():
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "shardify.convert", "convert", "listing", str(listing), str(ds),
-                        "--quiet", "--no-fsync"], check=True)
-        print(f"converted {listing} into {ds} in {time.perf_counter() - t0:.0f} s")
+    ds = converted_listing(args.data, args.rows)
     out = subprocess.run([sys.executable, "-c", _CHILD, str(ds), str(args.rank), str(args.world),
                           str(args.workers)], capture_output=True, text=True, env={**os.environ})
     if out.returncode:

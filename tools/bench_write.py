@@ -5,7 +5,10 @@ Run by hand (not a test):  python tools/bench_write.py [--samples 100000] [--ite
 (a) One process writes ``--samples`` samples of a ``3x32x32`` uint8 array (``npy``) and a label
 (``cls``), already in memory, with ``shardify.convert.ShardWriter`` and with
 ``webdataset.ShardWriter`` (256 MB shards both). (b) ``convert_items`` runs a CPU-bound ``fn``
-(JPEG-encode a ``--side`` x ``--side`` RGB array) over ``--items`` items with 1 and 2 workers.
+(JPEG-encode a ``--side`` x ``--side`` RGB array) over ``--items`` items with 1 and 2 workers,
+and, for the ceiling this machine allows, the same ``fn`` alone (no shardify) in 1 process and
+in 2 forked processes of half the items each: two processes on a shared machine do not run
+at twice the rate of one (caches, memory bandwidth, a VM's neighbours).
 The runs of each pair alternate and the best of ``--repeat`` is kept, so that a loaded machine
 slows both sides alike; the ratios are the figures to compare.
 """
@@ -72,6 +75,23 @@ def jpeg_sample(i: int) -> dict[str, object]:
 SIDE = 256
 
 
+def _fn_alone(items: int, processes: int) -> None:
+    """``jpeg_sample`` over ``range(items)``, split among ``processes`` forked processes."""
+    import multiprocessing as mp
+
+    if processes == 1:
+        for i in range(items):
+            jpeg_sample(i)
+        return
+    with mp.get_context("fork").Pool(processes) as pool:
+        pool.map(_fn_range, [range(k, items, processes) for k in range(processes)])
+
+
+def _fn_range(r: range) -> None:
+    for i in r:
+        jpeg_sample(i)
+
+
 def _timed(fn: Callable[[], object], out: Path, cpu: dict[str, float] | None = None) -> float:
     """Wall seconds of ``fn()``; ``cpu`` gets the CPU seconds of this process and of its children."""
     shutil.rmtree(out, ignore_errors=True)
@@ -119,6 +139,8 @@ def main() -> None:
             elapsed = _timed(run, root / "b", used)
             if elapsed < best.get(name, float("inf")):
                 best[name], cpu[name] = elapsed, used
+            name = f"fn alone processes={w}"
+            best[name] = min(best.get(name, float("inf")), _timed(lambda w=w: _fn_alone(args.items, w), root / "b"))
     arrays, labels = _samples(args.samples if "writer" in parts else 0)
     for _ in range(args.repeat if "writer" in parts else 0):
         for name, fn in (("shardify ShardWriter", lambda: write_shardify(root / "a", arrays, labels, fsync=fsync)),
@@ -135,6 +157,7 @@ def main() -> None:
         "samples_per_s": {k: round(v) for k, v in rates.items()},
         "shardify_vs_webdataset": _ratio(rates, "shardify ShardWriter", "webdataset ShardWriter"),
         "items_2_vs_1_workers": _ratio(rates, "convert_items workers=2", "convert_items workers=1"),
+        "fn_alone_2_vs_1_processes": _ratio(rates, "fn alone processes=2", "fn alone processes=1"),
         "convert_items_cpu_ms_per_item": {k: {part: round(1000 * v / args.items, 3) for part, v in c.items()}
                                           for k, c in cpu.items()},
     }

@@ -30,14 +30,14 @@ from typing import Any, Literal
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.write.engine import ProgressBar
 from shardify.convert.inputs.inputs import Ignored
-from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, item_repr, map_ordered
+from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
 from shardify.convert.options import worker_count
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
 from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, open_locked, publish_splits,
                                         record_name)
-from shardify.convert.write.stream import ShardStream, sample_size
+from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, InputError, ShardifyError
@@ -226,13 +226,15 @@ class _Run:
         runner = ChunkRunner(self.fn, o.values, o.classes)
         chunks = self._chunks(source)
         try:
-            for chunk, outcomes in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
-                                               ray_address=o.ray_address):
-                written = 0
-                for j, got in enumerate(outcomes):
+            for chunk, out in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
+                                          ray_address=o.ray_address):
+                offset = 0
+                for j, got in enumerate(out.outcomes):
                     self.pos = chunk.start + j
-                    written += self._take(stream, chunk, j, got)
-                bar.set(chunk.start + len(outcomes), bar.nbytes + written)
+                    self._take(stream, chunk, j, got, out.data, offset)
+                    offset += got.size
+                stream.flush()
+                bar.set(chunk.start + len(out.outcomes), bar.nbytes + offset)
             self.pos = self._end
             stream.close_shard()
         except BaseException:
@@ -267,16 +269,14 @@ class _Run:
             yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
-    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Any) -> int:
-        """Write, skip or count one outcome; return the bytes written."""
+    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes, offset: int) -> None:
+        """Write, skip or count one outcome; a sample's bytes are ``data[offset:offset + got.size]``."""
         index, item = chunk.indexes[j], chunk.items[j]
-        size = 0
         if got.encode_error is not None:
             raise EncodeError(f"item {index} ({item_repr(item)}): {got.encode_error}")
-        if got.members is not None:
+        if got.key is not None:
             self.keys.add(got.key, index)
-            size = sample_size(got.members)
-            stream.add(got.key, got.members, size)  # may finish the shard before pos
+            stream.add_encoded(got.fields, data, offset, offset + got.size)  # may finish the shard before pos
             self.open.keys.append(got.key)
             self.open.indexes.append(index)
         elif got.error is not None:
@@ -286,7 +286,6 @@ class _Run:
         else:
             self.open.filtered += 1
         _hash_item(self.open.hash, item)
-        return size
 
     # -- records: resuming -----------------------------------------------------------------
     def _finished(self, result: ShardResult) -> None:

@@ -59,13 +59,13 @@ def _load_sync_file_range() -> Callable[[int, int, int], object] | None:
 
 class GatherFile:
     """A new local file (created or truncated, mode 0666 less the umask) taking ``write``
-    calls of bytes; other buffers are copied when given, since a reference to them could
-    see them change before they are written."""
+    calls of bytes, kept by reference until written; any other buffer (which could change
+    once the call returns) is written before ``write`` returns."""
 
     def __init__(self, path: str | os.PathLike[str], *, write_behind: bool = False) -> None:
         self.name = os.fspath(path)
         self._fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._pending = 0
         self._written = 0
         self._behind = 0
@@ -73,16 +73,15 @@ class GatherFile:
         self._write_behind = write_behind
         self.closed = False
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         if self.closed:
             raise ValueError(f"{self.name}: write to a closed file")
-        if type(data) is not bytes:
-            data = bytes(data)
-        self._parts.append(data)
-        self._pending += len(data)
-        if self._pending >= GATHER_BYTES or len(self._parts) >= _GATHER_PARTS:
-            self.flush()
-        return len(data)
+        n = len(data) if type(data) is bytes else memoryview(data).nbytes
+        self._parts.append(data)  # type: ignore[arg-type]
+        self._pending += n
+        if self._pending >= GATHER_BYTES or len(self._parts) >= _GATHER_PARTS or type(data) is not bytes:
+            self.flush()  # a buffer that may change (a memoryview of a reused slot) is written now
+        return n
 
     def flush(self) -> None:
         """Write what was gathered; start writing it to disk when ``write_behind`` and 2 MiB
@@ -93,7 +92,7 @@ class GatherFile:
         self._parts, self._pending = [], 0
         done = os.writev(self._fd, parts)
         if done < total:  # a short write (a signal, or the disk filling up): write the rest
-            rest = memoryview(b"".join(parts))[done:]
+            rest = memoryview(b"".join(parts))[done:]  # bytes.join takes any buffer
             while rest:
                 rest = rest[os.write(self._fd, rest):]
         self._written += total

@@ -54,6 +54,8 @@ class ShardStream:
         self.skipped: list[Ignored] = []
         self._file: BinaryIO | None = None
         self._out: HashingWriter | None = None
+        self._held: tuple[bytes, int, int] | None = None
+        """``(data, start, end)``: encoded samples added but not yet written (see :meth:`add_encoded`)."""
 
     def fits(self, size: int) -> bool:
         """Whether a sample of ``size`` bytes goes into the open shard (an empty shard takes any)."""
@@ -67,6 +69,7 @@ class ShardStream:
         """Append one sample; ``size`` is :func:`sample_size` of ``members``. Cuts a shard first if full."""
         if not self.fits(size):
             self.close_shard()
+        self.flush()
         out = self._out or self._open()
         try:
             write_members(out, key, members)
@@ -77,6 +80,40 @@ class ShardStream:
         self.samples += 1
         self.nbytes += size
         self.fields.update(ext for ext, _ in members)
+
+    def add_encoded(self, fields: tuple[str, ...], data: bytes, start: int, end: int) -> None:
+        """Append one sample already encoded as tar members (``data[start:end]``, see ``member_parts``).
+
+        Cuts a shard first if full. Consecutive slices of one ``data`` go out in one write
+        (no copy); :meth:`flush` writes what is held, and closing a shard flushes first.
+        """
+        size = end - start
+        if not self.fits(size):
+            self.close_shard()
+        if self._out is None:
+            self._open()
+        held = self._held
+        if held is not None and held[0] is data and held[2] == start:
+            self._held = (data, held[1], end)
+        else:
+            self.flush()
+            self._held = (data, start, end)
+        self.samples += 1
+        self.nbytes += size
+        self.fields.update(fields)
+
+    def flush(self) -> None:
+        """Write the encoded samples :meth:`add_encoded` holds, if any."""
+        held, self._held = self._held, None
+        if held is None or self._out is None:
+            return
+        data, start, end = held
+        try:
+            self._out.write(memoryview(data)[start:end])
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
+                              f"{e.strerror or e}") from e
 
     def skip(self, problem: Ignored) -> None:
         """Note an input that was not packed; it is reported with the shard being written."""
@@ -99,6 +136,7 @@ class ShardStream:
 
         Problems noted since the last sample stay in :attr:`skipped` when no shard is open.
         """
+        self.flush()
         out, f = self._out, self._file
         if out is None or f is None:
             return None
@@ -124,7 +162,7 @@ class ShardStream:
 
     def abort(self) -> None:
         """Close and delete the open shard's temporary file; finished shards stay."""
-        f, self._file, self._out = self._file, None, None
+        f, self._file, self._out, self._held = self._file, None, None, None
         if f is not None:
             try:
                 f.close()

@@ -27,7 +27,7 @@ from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "temp_name", "Progress", "HashingWriter"]
+__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "temp_name", "Progress", "HashingWriter"]
 
 
 class Progress(Protocol):
@@ -78,7 +78,6 @@ def temp_name(final: str) -> str:
 _BY_REFERENCE = 64 << 10
 """Member data of at least this many bytes is handed to the file as is (never copied here);
 smaller pieces of a sample (headers, labels, padding) are joined into one write."""
-_ZEROS = bytes(BLOCK)
 
 
 class HashingWriter:
@@ -89,10 +88,23 @@ class HashingWriter:
         self.hash = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.f.write(data)
         self.hash.update(data)
         self.size += len(data)
+
+
+def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes], int]:
+    """The tar bytes of one sample (sorted ``(ext, data)`` pairs), as parts, and their total length."""
+    check_key(key)
+    parts: list[bytes] = []
+    total = 0
+    for ext, data in members:
+        n = len(data)
+        pad = -n % BLOCK
+        parts += (ustar_header(f"{key}.{check_ext(ext)}", n), data, bytes(pad))
+        total += BLOCK + n + pad
+    return parts, total
 
 
 def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
@@ -101,22 +113,16 @@ def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]
     Large member data goes to ``out`` as is (the local shard file gathers it into one
     ``writev``, so an image is copied once, into the page cache); the small pieces around it
     are joined, so a sample costs a few calls."""
-    check_key(key)
+    parts, total = member_parts(key, members)
     small: list[bytes] = []
-    total = 0
-    for ext, data in members:
-        n = len(data)
-        pad = -n % BLOCK
-        small.append(ustar_header(f"{key}.{check_ext(ext)}", n))
-        if n >= _BY_REFERENCE:
+    for part in parts:
+        if len(part) < _BY_REFERENCE:
+            small.append(part)
+            continue
+        if small:
             out.write(b"".join(small))
-            out.write(data)
             small = []
-        else:
-            small.append(data)
-        if pad:
-            small.append(_ZEROS[:pad])
-        total += BLOCK + n + pad
+        out.write(part)
     if small:
         out.write(b"".join(small))
     return total

@@ -51,6 +51,25 @@ def test_bytes_are_identical_for_one_and_two_workers_and_match_shardwriter(tmp_p
     assert len(shards[0]) == 11 and shards[0] == shards[1]
 
 
+def test_chunks_come_back_through_shared_memory_or_the_pipe_with_the_same_bytes(monkeypatch) -> None:
+    import mmap
+
+    from shardify.convert.pyapi import itemmap
+    from shardify.convert.pyapi.values import ValueOptions
+
+    monkeypatch.setattr(itemmap._Slots, "SLOT_LIMIT", mmap.PAGESIZE)  # 1 sample fits a slot, 4 do not
+    runner = itemmap.ChunkRunner(make_sample, ValueOptions(), ())
+    chunks, start = [], 0
+    for n in [1, 4] * 6:
+        chunks.append(itemmap.Chunk(start=start, indexes=tuple(range(start, start + n)),
+                                    items=tuple(range(start, start + n))))
+        start += n
+    got = [(type(out.data), bytes(out.data), out.outcomes)  # read before the slot is reused
+           for _, out in itemmap.map_ordered(runner, chunks, workers=2, engine="local")]
+    assert [(data, outcomes) for _, data, outcomes in got] == [(runner(c).data, runner(c).outcomes) for c in chunks]
+    assert {kind for kind, _, _ in got} == {memoryview, bytes}
+
+
 def test_a_failing_fn_is_reported_with_index_repr_and_error(tmp_path: Path) -> None:
     out = tmp_path / "out"
     items = [{"id": i, "payload": "p" * 500} for i in range(30)]
