@@ -234,6 +234,10 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
     return data, ext
 
 
+_REPORT_EVERY = 16
+"""Samples between two progress reports (each takes a lock shared by the workers)."""
+
+
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{version}-{index:06d}.tar`` in ``task.out_dir``; return its entry.
 
@@ -260,8 +264,8 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     try:
         with fs.open_write(tmp, durable=task.fsync) as f:
             out = HashingWriter(f)
-            for sample in plan.samples:
-                before = out.size
+            reported = (0, 0)  # samples and bytes told to ``progress``, every _REPORT_EVERY samples
+            for n, sample in enumerate(plan.samples, 1):
                 try:
                     members = _members(sample.spec, sample.key, sample.meta, task, notes)
                 except InputError as e:
@@ -273,8 +277,11 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                 fields.update(ext for ext, _ in members)
                 if members:
                     written += 1
-                if progress is not None:
-                    progress(1, out.size - before)
+                if progress is not None and n % _REPORT_EVERY == 0:
+                    progress(n - reported[0], out.size - reported[1])
+                    reported = (n, out.size)
+            if progress is not None and len(plan) > reported[0]:
+                progress(len(plan) - reported[0], out.size - reported[1])
             out.write(END_OF_ARCHIVE)
             fs.finish_write(f, fsync=task.fsync)
         fs.replace(tmp, final)

@@ -107,3 +107,17 @@ def test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last(tmp
     manifest_write = max(i for i, (kind, name) in enumerate(events) if kind == "fsync" and name.startswith(".manifest.json"))
     assert all(events.index(("rename", f".{name}.tmp")) < manifest_write for name in shards)
 
+
+
+def test_decoder_messages_keep_input_warnings_and_drop_deprecations() -> None:
+    import warnings
+
+    from shardify.convert.inputs.capture import decoder_messages
+
+    with decoder_messages(native=False) as messages:
+        warnings.warn("Palette images with Transparency expressed in bytes", UserWarning)
+        warnings.warn("old API", DeprecationWarning)
+        warnings.warn("older API", PendingDeprecationWarning)
+        warnings.warn("Image appears to be a malformed MPO file", UserWarning)
+    assert messages == ["UserWarning: Palette images with Transparency expressed in bytes",
+                        "UserWarning: Image appears to be a malformed MPO file"]
