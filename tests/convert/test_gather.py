@@ -121,3 +121,23 @@ def test_decoder_messages_keep_input_warnings_and_drop_deprecations() -> None:
         warnings.warn("Image appears to be a malformed MPO file", UserWarning)
     assert messages == ["UserWarning: Palette images with Transparency expressed in bytes",
                         "UserWarning: Image appears to be a malformed MPO file"]
+
+
+def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from shardify.convert.inputs.imagefolder import scan_imagefolder
+    from shardify.convert.write.plan import ShardPlan, plan_split
+    from shardify.tarfmt import END_OF_ARCHIVE
+
+    src = make_imagefolder(tmp_path / "src", classes=1, per_class=37, sizes=((32, 24),))
+    scan = scan_imagefolder(src)
+    plan = plan_split(scan, ConvertOptions(samples_per_shard=100))
+    task = writer.ShardTask(out_dir=str(tmp_path / "out"), root=scan.root, split="train", plan=ShardPlan(-1, (), (), 0),
+                            check_full=False, max_side=None, quality=90, strict=False, fsync=False, version=plan.version)
+    (tmp_path / "out").mkdir()
+    told: list[tuple[int, int]] = []
+    result = writer.write_shard(replace(task, plan=plan.shard(0)), lambda n, b: told.append((n, b)))
+    assert sum(n for n, _ in told) == result.nsamples == 37
+    assert sum(b for _, b in told) == result.filesize - len(END_OF_ARCHIVE)
+    assert len(told) < 37  # batched: the lock shared by the workers is not taken per sample
