@@ -4,9 +4,9 @@ The shard writer hands over each image's bytes as read, between small joined hea
 :class:`GatherFile` keeps references to them and writes ~1 MiB at a time with one
 ``writev``, so the bytes are copied once, into the page cache (a buffered file would copy
 them into its buffer first). When the file will be fsynced (``write_behind``), it asks the
-kernel to start writing each 8 MiB to disk as soon as it is written (Linux
+kernel to start writing each 2 MiB to disk as soon as it is written (Linux
 ``sync_file_range``, a hint), so the disk works while the next samples are read and the
-fsync at the end waits only for the last few MiB instead of the whole shard.
+fsync at the end waits only for the last 2 MiB instead of the whole shard.
 """
 
 from __future__ import annotations

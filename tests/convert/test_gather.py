@@ -104,7 +104,8 @@ def test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last(tmp
     for name in shards:
         tmp = f".{name}.tmp"
         assert events.index(("fsync", tmp)) < events.index(("rename", tmp)), name
-    manifest_write = max(i for i, (kind, name) in enumerate(events) if kind == "fsync" and name.startswith(".manifest.json"))
+    manifest_write = max(i for i, (kind, name) in enumerate(events)
+                         if kind == "fsync" and name.startswith(".manifest.json"))
     assert all(events.index(("rename", f".{name}.tmp")) < manifest_write for name in shards)
 
 
@@ -133,8 +134,9 @@ def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> Non
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=37, sizes=((32, 24),))
     scan = scan_imagefolder(src)
     plan = plan_split(scan, ConvertOptions(samples_per_shard=100))
-    task = writer.ShardTask(out_dir=str(tmp_path / "out"), root=scan.root, split="train", plan=ShardPlan(-1, (), (), 0),
-                            check_full=False, max_side=None, quality=90, strict=False, fsync=False, version=plan.version)
+    task = writer.ShardTask(out_dir=str(tmp_path / "out"), root=scan.root, split="train",
+                            plan=ShardPlan(-1, (), (), 0), check_full=False, max_side=None, quality=90,
+                            strict=False, fsync=False, version=plan.version)
     (tmp_path / "out").mkdir()
     told: list[tuple[int, int]] = []
     result = writer.write_shard(replace(task, plan=plan.shard(0)), lambda n, b: told.append((n, b)))
