@@ -86,8 +86,11 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n").encode("ascii")
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename.
+
+    ``fsync=False`` only for files that are checked when read (after a crash such a file may
+    be empty): they are then cheaper to write and, while still in the page cache, to delete."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -95,7 +98,8 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

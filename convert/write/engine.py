@@ -26,16 +26,21 @@ class ProgressBar:
     """A tqdm bar of samples (with MB/s) that can be fed from many processes."""
 
     def __init__(self, *, total: int | None, desc: str, enabled: bool, done: int = 0, done_bytes: int = 0) -> None:
-        from tqdm import tqdm
-
         self.start = time.monotonic()
         self.base_bytes = done_bytes
-        self.bar = tqdm(total=total, initial=done, desc=desc, unit=" samples", unit_scale=True,
-                        disable=not enabled, file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+        self.bar: Any = None
+        if enabled:  # tqdm takes ~50 ms to import: not for a quiet conversion
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=desc, unit=" samples", unit_scale=True,
+                            file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
         self.samples = done
         self.nbytes = done_bytes
 
     def set(self, samples: int, nbytes: int) -> None:
+        if self.bar is None:
+            self.samples, self.nbytes = samples, nbytes
+            return
         if samples != self.samples:
             self.bar.update(samples - self.samples)
             self.samples = samples
@@ -44,7 +49,8 @@ class ProgressBar:
         self.bar.set_postfix_str(f"{(nbytes - self.base_bytes) / elapsed / 1e6:.1f} MB/s", refresh=False)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _init_worker(counters: Any) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardify.convert.write.gather import GatherFile
 from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
@@ -34,7 +35,9 @@ class OutputFS:
     location: str
     local: bool
 
-    def open_write(self, name: str) -> BinaryIO:
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
+        """A new file ``name`` to write; ``durable``: it will be fsynced when finished (a local
+        file then starts writing its bytes to disk as they come, so the fsync waits little)."""
         raise NotImplementedError
 
     def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
@@ -74,7 +77,9 @@ class OutputFS:
     def makedirs(self, name: str = "") -> None:
         raise NotImplementedError
 
-    def write_atomic(self, name: str, data: bytes) -> None:
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Write the file ``name`` whole or not at all; ``durable=False`` skips the fsync (for
+        files checked when read, such as the records of finished shards)."""
         raise NotImplementedError
 
     def sync_root(self) -> None:
@@ -93,8 +98,8 @@ class LocalFS(OutputFS):
     def _p(self, name: str) -> Path:
         return self.root / name
 
-    def open_write(self, name: str) -> BinaryIO:
-        return open(self._p(name), "wb", buffering=1 << 20)
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
+        return GatherFile(self._p(name), write_behind=durable)  # type: ignore[return-value]
 
     def finish_write(self, f: BinaryIO, *, fsync: bool) -> None:
         f.flush()
@@ -137,8 +142,8 @@ class LocalFS(OutputFS):
     def makedirs(self, name: str = "") -> None:
         self._p(name).mkdir(parents=True, exist_ok=True)
 
-    def write_atomic(self, name: str, data: bytes) -> None:
-        write_bytes_atomic(self._p(name), data)
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        write_bytes_atomic(self._p(name), data, fsync=durable)
 
     def sync_root(self) -> None:
         fd = os.open(self.root, os.O_RDONLY)
@@ -187,7 +192,7 @@ class FsspecFS(OutputFS):
     def _p(self, name: str) -> str:
         return f"{self.path}/{name}" if name else self.path
 
-    def open_write(self, name: str) -> BinaryIO:
+    def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
         return self.fs.open(self._p(name), "wb")
 
     def replace(self, src: str, dst: str) -> None:
@@ -244,7 +249,7 @@ class FsspecFS(OutputFS):
         except Exception as e:  # the backend's own errors (botocore's have no common base with OSError)
             raise OutputError(f"{self.location}: cannot reach the store: {backend_reason(e)}") from e
 
-    def write_atomic(self, name: str, data: bytes) -> None:
+    def write_atomic(self, name: str, data: bytes, *, durable: bool = True) -> None:
         tmp = f"{name}.tmp-upload"
         self.fs.pipe_file(self._p(tmp), data)
         self.fs.mv(self._p(tmp), self._p(name))

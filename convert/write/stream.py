@@ -124,7 +124,7 @@ class ShardStream:
 
     def _open(self) -> HashingWriter:
         try:
-            self._file = self.fs.open_write(temp_name(self._name()))
+            self._file = self.fs.open_write(temp_name(self._name()), durable=self.fsync)
         except OSError as e:
             raise OutputError(f"{self.fs.location}/{temp_name(self._name())}: cannot create shard: "
                               f"{e.strerror or e}") from e

@@ -75,8 +75,9 @@ def temp_name(final: str) -> str:
     return f".{final}.tmp"
 
 
-_JOIN_LIMIT = 1 << 20
-"""Samples up to this many bytes are joined into one write."""
+_BY_REFERENCE = 64 << 10
+"""Member data of at least this many bytes is handed to the file as is (never copied here);
+smaller pieces of a sample (headers, labels, padding) are joined into one write."""
 
 
 class HashingWriter:
@@ -109,14 +110,21 @@ def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes
 def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
     """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``; return the bytes.
 
-    Small samples go out in one write (one copy, fewer calls); large members are not copied.
-    """
+    Large member data goes to ``out`` as is (the local shard file gathers it into one
+    ``writev``, so an image is copied once, into the page cache); the small pieces around it
+    are joined, so a sample costs a few calls."""
     parts, total = member_parts(key, members)
-    if total <= _JOIN_LIMIT:
-        out.write(b"".join(parts))
-    else:
-        for part in parts:
-            out.write(part)
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) < _BY_REFERENCE:
+            small.append(part)
+            continue
+        if small:
+            out.write(b"".join(small))
+            small = []
+        out.write(part)
+    if small:
+        out.write(b"".join(small))
     return total
 
 
@@ -130,8 +138,7 @@ def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask,
     for source in spec.files:
         path = os.path.join(task.root, source.path)
         try:
-            with open(path, "rb") as f:
-                data = _read_image(f, task.max_image_bytes) if source.is_image else f.read()
+            data = _read_input(path, image=source.is_image, limit=task.max_image_bytes)
         except ImageCheckError as e:
             raise InputError(str(e), path=source.path, key=key) from e
         except OSError as e:
@@ -159,19 +166,46 @@ def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask,
     return members
 
 
-def _read_image(f: BinaryIO, limit: int | None) -> bytes:
-    """The bytes of an image file, read whole only once its size is within ``limit`` and its
-    first bytes (:data:`SNIFF_BYTES`) may be an image, so junk costs bounded memory and time."""
-    size = os.fstat(f.fileno()).st_size
-    if limit is not None and size > limit:
-        raise ImageCheckError(f"too large: {size} bytes, over the limit of {limit} (--max-image-bytes)")
-    head = f.read(SNIFF_BYTES)
-    whole = len(head) < SNIFF_BYTES
-    check_head(head, whole=whole)
-    if whole:
-        return head
-    f.seek(0)
-    return f.read()
+_FIRST_READ = 1 << 30
+"""The most bytes asked of one ``read`` (Linux returns at most ~2 GiB per call anyway)."""
+
+
+def _read_input(path: str, *, image: bool, limit: int | None) -> bytes:
+    """The bytes of an input file. An image file is read whole only once its size is within
+    ``limit`` and its first bytes (:data:`SNIFF_BYTES`) may be an image, so junk costs bounded
+    memory and time. One ``read`` of the size ``fstat`` gives, then one more to see the end
+    (a file that grew meanwhile is read to its end)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if not image:
+            return _read_rest(fd, os.read(fd, min(size + 1, _FIRST_READ)))
+        if limit is not None and size > limit:
+            raise ImageCheckError(f"too large: {size} bytes, over the limit of {limit} (--max-image-bytes)")
+        head = _read_rest(fd, os.read(fd, min(size + 1, SNIFF_BYTES)), limit=SNIFF_BYTES)
+        whole = len(head) < SNIFF_BYTES
+        check_head(head, whole=whole)
+        return head if whole else _read_rest(fd, head)
+    finally:
+        os.close(fd)
+
+
+_CHUNK = 16 << 20
+"""Bytes per ``read`` past the first (files that were larger than ``fstat`` said, or huge)."""
+
+
+def _read_rest(fd: int, first: bytes, *, limit: int | None = None) -> bytes:
+    """``first`` (what was read of ``fd`` so far) and the rest of the file, or up to ``limit``
+    bytes in all; the usual case, ``first`` already whole, costs one empty read."""
+    parts = [first]
+    got = len(first)
+    while limit is None or got < limit:
+        more = os.read(fd, _CHUNK if limit is None else min(_CHUNK, limit - got))
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return first if len(parts) == 1 else b"".join(parts)
 
 
 def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[bytes, str]:
@@ -200,6 +234,10 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
     return data, ext
 
 
+_REPORT_EVERY = 16
+"""Samples between two progress reports (each takes a lock shared by the workers)."""
+
+
 def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
     """Write ``task.plan`` to ``{split}-{version}-{index:06d}.tar`` in ``task.out_dir``; return its entry.
 
@@ -224,10 +262,10 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     fields: set[str] = set()
     written = 0
     try:
-        with fs.open_write(tmp) as f:
+        with fs.open_write(tmp, durable=task.fsync) as f:
             out = HashingWriter(f)
-            for sample in plan.samples:
-                before = out.size
+            reported = (0, 0)  # samples and bytes told to ``progress``, every _REPORT_EVERY samples
+            for n, sample in enumerate(plan.samples, 1):
                 try:
                     members = _members(sample.spec, sample.key, sample.meta, task, notes)
                 except InputError as e:
@@ -239,8 +277,11 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                 fields.update(ext for ext, _ in members)
                 if members:
                     written += 1
-                if progress is not None:
-                    progress(1, out.size - before)
+                if progress is not None and n % _REPORT_EVERY == 0:
+                    progress(n - reported[0], out.size - reported[1])
+                    reported = (n, out.size)
+            if progress is not None and len(plan) > reported[0]:
+                progress(len(plan) - reported[0], out.size - reported[1])
             out.write(END_OF_ARCHIVE)
             fs.finish_write(f, fsync=task.fsync)
         fs.replace(tmp, final)

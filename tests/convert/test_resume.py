@@ -82,6 +82,34 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
     assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
 
 
+
+@pytest.mark.parametrize("damage", ["empty", "gone", "torn"])
+def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options, tree_bytes, damage: str) -> None:
+    """Records of finished shards are not fsynced: after a crash one may be empty, missing or
+    cut; the rerun then rewrites that shard and ends byte-identical."""
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
+    convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
+    out = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        from shardify.convert.write import run
+
+        def crash(*a, **k):
+            raise KeyboardInterrupt
+
+        mp.setattr(run, "_write_report", crash)
+        with pytest.raises(KeyboardInterrupt):
+            convert_imagefolder(src, out, options=options(samples_per_shard=2))
+    record = out / ".shardify-work" / "train" / "000001.json"
+    if damage == "empty":
+        record.write_bytes(b"")
+    elif damage == "gone":
+        record.unlink()
+    else:
+        record.write_bytes(record.read_bytes()[:20])
+    result = convert_imagefolder(src, out, options=options(samples_per_shard=2))
+    assert result.splits["train"].reused_shards == 3
+    assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
+
 def test_finished_output_is_not_overwritten_without_flag(tmp_path: Path, options, make_image) -> None:
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
