@@ -150,11 +150,12 @@ def _repeated(values: array) -> list[int]:
     """The indices, in increasing order, of the values that occur more than once in
     ``values`` (int64s)."""
     flat = np.frombuffer(values, dtype=np.int64)
+    ordered = np.sort(flat)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return []  # the usual case, in the memory of one copy
     by_value = np.argsort(flat, kind="stable")
     ordered = flat[by_value]
     same = ordered[1:] == ordered[:-1]
-    if not same.any():
-        return []
     repeated = np.zeros(len(flat), dtype=bool)
     repeated[1:] = same
     repeated[:-1] |= same
@@ -165,11 +166,12 @@ def _check_all(keys: KeyList) -> None:
     """:func:`check_key` on every key, at numpy speed: the first bad key raises its error."""
     data = np.frombuffer(keys._data, dtype=np.uint8)
     ends = np.frombuffer(keys._ends, dtype=np.int64)
-    starts = np.concatenate(([0], ends[:-1]))
-    lengths = ends - starts
+    lengths = np.diff(ends, prepend=0)
     bad = (lengths < 1) | (lengths > MAX_KEY_LENGTH)
-    bad[~bad] = ~_FIRST_BYTE[data[starts[~bad]]]
-    bad[np.searchsorted(ends, np.flatnonzero(~_KEY_BYTE[data]), side="right")] = True
+    bad[~bad] = ~_FIRST_BYTE[data[(ends - lengths)[~bad]]]
+    outside = _KEY_BYTE[data]
+    np.logical_not(outside, out=outside)
+    bad[np.searchsorted(ends, np.flatnonzero(outside), side="right")] = True
     for j in np.flatnonzero(bad).tolist():
         check_key(keys[j])
 

@@ -14,6 +14,7 @@ import random
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
@@ -222,6 +223,4 @@ class _Column(Sequence[str]):
         return getattr(self.specs[i], self.attr)
 
     def __iter__(self) -> Iterator[str]:
-        attr = self.attr
-        for spec in self.specs:
-            yield getattr(spec, attr)
+        return map(attrgetter(self.attr), self.specs)
