@@ -124,6 +124,19 @@ class SampleTable(Sequence[SampleSpec]):
             yield spec
             start = end
 
+    def names(self) -> Iterator[str]:
+        """Every sample's ``name``, in order, without making the samples (half the time)."""
+        data, start = self._data, 0
+        for end in self._ends:
+            yield marshal.loads(data[start:end])[0]
+            start = end
+
+    def take(self, indices: Iterable[int]) -> Iterator[SampleSpec]:
+        """The samples at ``indices``, in that order (faster than indexing one at a time)."""
+        data, ends = self._data, self._ends
+        for i in indices:
+            yield _unpack(data[ends[i - 1] if i else 0:ends[i]])
+
     @property
     def nbytes(self) -> int:
         """Memory held by the records and offsets."""

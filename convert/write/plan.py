@@ -179,9 +179,8 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     count = 0
     current_bytes = len(END_OF_ARCHIVE)
     hashed: list[bytes] = []  # the fingerprint's input, fed to the hasher in batches (same digest)
-    for i in order:
-        spec = specs[i]
-        key = keys[i]
+    picked = specs.take(order) if isinstance(specs, SampleTable) else (specs[i] for i in order)
+    for spec, key in zip(picked, keys.take(order)):
         meta = _meta(spec, key, mode, classes)
         size = _sample_bytes(spec, meta)
         full = (per_shard is not None and count >= per_shard) or (
@@ -223,4 +222,6 @@ class _Column(Sequence[str]):
         return getattr(self.specs[i], self.attr)
 
     def __iter__(self) -> Iterator[str]:
+        if self.attr == "name" and isinstance(self.specs, SampleTable):
+            return self.specs.names()
         return map(attrgetter(self.attr), self.specs)
