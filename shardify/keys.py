@@ -168,18 +168,21 @@ def _repeated(values: array) -> list[int]:
     return np.sort(by_value[repeated]).tolist()
 
 
-def _check_all(keys: KeyList) -> None:
-    """:func:`check_key` on every key, at numpy speed: the first bad key raises its error."""
+def _check_all(keys: KeyList, *, chunk: int = 1 << 16) -> None:
+    """:func:`check_key` on every key, at numpy speed (``chunk`` keys at a time, so the
+    temporaries stay a few MB): the first bad key raises its error."""
     data = np.frombuffer(keys._data, dtype=np.uint8)
-    ends = np.frombuffer(keys._ends, dtype=np.int64)
-    lengths = np.diff(ends, prepend=0)
-    bad = (lengths < 1) | (lengths > MAX_KEY_LENGTH)
-    bad[~bad] = ~_FIRST_BYTE[data[(ends - lengths)[~bad]]]
-    outside = _KEY_BYTE[data]
-    np.logical_not(outside, out=outside)
-    bad[np.searchsorted(ends, np.flatnonzero(outside), side="right")] = True
-    for j in np.flatnonzero(bad).tolist():
-        check_key(keys[j])
+    all_ends = np.frombuffer(keys._ends, dtype=np.int64)
+    for lo in range(0, len(all_ends), chunk):
+        first = int(all_ends[lo - 1]) if lo else 0
+        ends = all_ends[lo : lo + chunk] - first
+        text = data[first : first + int(ends[-1])]
+        lengths = np.diff(ends, prepend=0)
+        bad = (lengths < 1) | (lengths > MAX_KEY_LENGTH)
+        bad[~bad] = ~_FIRST_BYTE[text[(ends - lengths)[~bad]]]
+        bad[np.searchsorted(ends, np.flatnonzero(~_KEY_BYTE[text]), side="right")] = True
+        for j in np.flatnonzero(bad).tolist():
+            check_key(keys[lo + j])
 
 
 def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None) -> KeyList:

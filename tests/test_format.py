@@ -206,8 +206,9 @@ def test_every_key_is_checked_and_the_first_bad_one_named(bad: str, where: int) 
     keys = KeyList()
     for k in good[:where] + [bad] + good[where:] + ["_second-bad"]:
         keys.append(k)
-    with pytest.raises(KeyRuleError, match=repr(bad).replace("\\", "\\\\").replace("(", r"\(")[:40]):
-        _check_all(keys)
+    for chunk in (1, 2, 3, 1 << 16):  # the bad key at the start, middle or end of a chunk
+        with pytest.raises(KeyRuleError, match=repr(bad).replace("\\", "\\\\").replace("(", r"\(")[:40]):
+            _check_all(keys, chunk=chunk)
     ok = KeyList()
     for k in good:
         ok.append(k)
