@@ -146,7 +146,8 @@ class KeyList(Sequence[str]):
         return self._data[self._ends[i - 1] if i > 0 else 0 : end].decode("ascii")
 
     def take(self, indices: Iterable[int]) -> Iterator[str]:
-        """The keys at ``indices``, in that order (faster than indexing one at a time)."""
+        """The keys at ``indices`` (each in ``range(len(self))``), in that order: faster than
+        indexing one at a time."""
         data, ends = self._data, self._ends
         for i in indices:
             yield data[ends[i - 1] if i else 0 : ends[i]].decode("ascii")

@@ -132,7 +132,8 @@ class SampleTable(Sequence[SampleSpec]):
             start = end
 
     def take(self, indices: Iterable[int]) -> Iterator[SampleSpec]:
-        """The samples at ``indices``, in that order (faster than indexing one at a time)."""
+        """The samples at ``indices`` (each in ``range(len(self))``), in that order: faster than
+        indexing one at a time."""
         data, ends = self._data, self._ends
         for i in indices:
             yield _unpack(data[ends[i - 1] if i else 0:ends[i]])

@@ -106,6 +106,8 @@ def scan_listing(
     try:
         by_split = _samples(path, fmt, base=base, default_split=default_split, space=space, has_labels=None)
     except (_TwoPasses, InputError, KeyRuleError):
+        by_split = None  # (outside the handler, so that the traceback frees what the pass made)
+    if by_split is None:
         seen = {"labels": False}
 
         def labels() -> Iterator[object]:
