@@ -103,6 +103,7 @@ def scan_listing(
     # that turns out not to fit one pass, or holds an error, is read again in two passes,
     # so that what it gives (or which error) never depends on the path taken.
     space = LabelSpace(classes=(), by_int=True, num_classes=num_classes)
+    by_split: dict[str, tuple[SampleTable, list[Ignored]]] | None
     try:
         by_split = _samples(path, fmt, base=base, default_split=default_split, space=space, has_labels=None)
     except (_TwoPasses, InputError, KeyRuleError):
