@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,6 +42,10 @@ MAX_KEY_LENGTH = MAX_MEMBER_NAME - 1 - MAX_EXT_LENGTH
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 EXT_RE = re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*\Z")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_FIRST_BYTE = np.array([chr(b).isascii() and chr(b).isalnum() for b in range(256)])
+"""The bytes a key may start with (as :data:`KEY_RE`): a table for :func:`_check_all`."""
+_KEY_BYTE = _FIRST_BYTE | np.isin(np.arange(256), [ord("_"), ord("-")])
+"""The bytes a key may hold."""
 _HASH_LEN = 10
 
 
@@ -96,6 +100,8 @@ def key_from_name(name: str, *, identity: str | None = None) -> tuple[str, bool]
     of ``identity`` (default: ``name``; pass the full original path) is appended so that
     different inputs stay different keys.
     """
+    if _is_key(name):
+        return name, False  # most IDs: the rules below would keep it as it is
     joined = name.replace("\\", "/").strip("/").replace("/", "__")
     safe = _UNSAFE.sub("_", joined)
     rewritten = safe != joined or not safe or not safe[0].isalnum()
@@ -106,6 +112,11 @@ def key_from_name(name: str, *, identity: str | None = None) -> tuple[str, bool]
     if rewritten:
         safe = _with_hash(safe, identity if identity is not None else name)
     return safe, rewritten
+
+
+def _is_key(name: str) -> bool:
+    """Whether ``name`` keeps the key rules (what :func:`check_key` checks), so is its own key."""
+    return len(name) <= MAX_KEY_LENGTH and KEY_RE.match(name) is not None
 
 
 def _with_hash(key: str, identity: str) -> str:
@@ -134,11 +145,45 @@ class KeyList(Sequence[str]):
         end = self._ends[i]
         return self._data[self._ends[i - 1] if i > 0 else 0 : end].decode("ascii")
 
+    def take(self, indices: Iterable[int]) -> Iterator[str]:
+        """The keys at ``indices`` (each in ``range(len(self))``), in that order: faster than
+        indexing one at a time."""
+        data, ends = self._data, self._ends
+        for i in indices:
+            yield data[ends[i - 1] if i else 0 : ends[i]].decode("ascii")
 
-def _repeated(values: array) -> set[int]:
-    """The values that occur more than once in ``values`` (int64s)."""
-    ordered = np.sort(np.frombuffer(values, dtype=np.int64))
-    return set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+
+def _repeated(values: array) -> list[int]:
+    """The indices, in increasing order, of the values that occur more than once in
+    ``values`` (int64s)."""
+    flat = np.frombuffer(values, dtype=np.int64)
+    ordered = np.sort(flat)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return []  # the usual case, in the memory of one copy
+    by_value = np.argsort(flat, kind="stable")
+    ordered = flat[by_value]
+    same = ordered[1:] == ordered[:-1]
+    repeated = np.zeros(len(flat), dtype=bool)
+    repeated[1:] = same
+    repeated[:-1] |= same
+    return np.sort(by_value[repeated]).tolist()
+
+
+def _check_all(keys: KeyList, *, chunk: int = 1 << 16) -> None:
+    """:func:`check_key` on every key, at numpy speed (``chunk`` keys at a time, so the
+    temporaries stay a few MB): the first bad key raises its error."""
+    data = np.frombuffer(keys._data, dtype=np.uint8)
+    all_ends = np.frombuffer(keys._ends, dtype=np.int64)
+    for lo in range(0, len(all_ends), chunk):
+        first = int(all_ends[lo - 1]) if lo else 0
+        ends = all_ends[lo : lo + chunk] - first
+        text = data[first : first + int(ends[-1])]
+        lengths = np.diff(ends, prepend=0)
+        bad = (lengths < 1) | (lengths > MAX_KEY_LENGTH)
+        bad[~bad] = ~_FIRST_BYTE[text[(ends - lengths)[~bad]]]
+        bad[np.searchsorted(ends, np.flatnonzero(~_KEY_BYTE[text]), side="right")] = True
+        for j in np.flatnonzero(bad).tolist():
+            check_key(keys[lo + j])
 
 
 def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None) -> KeyList:
@@ -155,37 +200,34 @@ def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None
         raise ValueError(f"{len(names)=} and {len(ids)=} should be equal")
     candidates = KeyList()
     hashes = array("q")
-    for n, i in zip(names, ids):
-        c = key_from_name(n, identity=i)[0]
+    for j, n in enumerate(names):  # the identity is read only for a name rewritten with a hash
+        c = n
+        if not _is_key(n):
+            c, rewritten = key_from_name(n)
+            if rewritten and ids is not names:
+                c = key_from_name(n, identity=ids[j])[0]
         candidates.append(c)
         hashes.append(hash(c))
-    suspects = _repeated(hashes)
     counts: dict[str, int] = {}
-    for j in range(len(candidates)):
-        if hashes[j] in suspects:
-            counts[candidates[j]] = counts.get(candidates[j], 0) + 1
-    if not any(n > 1 for n in counts.values()):
+    for j in _repeated(hashes):
+        counts[candidates[j]] = counts.get(candidates[j], 0) + 1
+    clashing = {c for c, n in counts.items() if n > 1}
+    if not clashing:
         keys = candidates
     else:
         keys = KeyList()
         for j in range(len(candidates)):
             c = candidates[j]
-            keys.append(_with_hash(c, ids[j]) if counts.get(c, 0) > 1 else c)
+            keys.append(_with_hash(c, ids[j]) if c in clashing else c)
         hashes = array("q", (hash(keys[j]) for j in range(len(keys))))
     _check_unique(ids, keys, hashes)
     return keys
 
 
-def _check_unique(names: Sequence[str], keys: Sequence[str], hashes: array) -> None:
-    for key in keys:
-        check_key(key)
-    suspects = _repeated(hashes)
-    if not suspects:
-        return
+def _check_unique(names: Sequence[str], keys: KeyList, hashes: array) -> None:
+    _check_all(keys)
     owner: dict[str, str] = {}
-    for j in range(len(keys)):
-        if hashes[j] not in suspects:
-            continue
+    for j in _repeated(hashes):
         key, name = keys[j], names[j]
         if key in owner:
             raise KeyRuleError(

@@ -195,3 +195,33 @@ def test_a_shard_with_too_many_field_names_is_damage_not_a_crash():
     raw = b"".join(ustar_header(member_name(k, e), 1) + b"x" + padding(1) for k, f in samples for e in sorted(f))
     with pytest.raises(ShardFormatError, match="different field names"):
         scan_layout(io.BytesIO(raw + END_OF_ARCHIVE), shard="many")
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "_x", "-x", "a b", "a/b", "x" * 81, "ab\x7f", "a\x00", "A" * 80 + "_"])
+@pytest.mark.parametrize("where", [0, 1, 5])
+def test_every_key_is_checked_and_the_first_bad_one_named(bad: str, where: int) -> None:
+    from shardify.keys import KeyList, _check_all
+
+    good = ["a", "Z9", "x" * MAX_KEY_LENGTH, "0-_", "k-" * 40]
+    keys = KeyList()
+    for k in good[:where] + [bad] + good[where:] + ["_second-bad"]:
+        keys.append(k)
+    for chunk in (1, 2, 3, 1 << 16):  # the bad key at the start, middle or end of a chunk
+        with pytest.raises(KeyRuleError, match=repr(bad).replace("\\", "\\\\").replace("(", r"\(")[:40]):
+            _check_all(keys, chunk=chunk)
+    ok = KeyList()
+    for k in good:
+        ok.append(k)
+    _check_all(ok)
+
+
+@given(st.lists(st.integers(min_value=-3, max_value=3) | st.integers(min_value=-2**63, max_value=2**63 - 1), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_repeated_finds_exactly_the_values_seen_twice(values: list[int]) -> None:
+    from array import array
+    from collections import Counter
+
+    from shardify.keys import _repeated
+
+    counts = Counter(values)
+    assert _repeated(array("q", values)) == [j for j, v in enumerate(values) if counts[v] > 1]

@@ -58,10 +58,11 @@ class SampleSpec(NamedTuple):
 def payload_bytes(spec: SampleSpec) -> int:
     """Tar bytes of a sample's files, inline fields and label (not its ``.json``): what sizes
     a dataset before planning."""
-    total = 2 * BLOCK if spec.label is not None else 0
-    for f in spec.files:
+    _, _, label, _, files, inline = spec
+    total = 2 * BLOCK if label is not None else 0
+    for f in files:
         total += member_size(f.size)
-    for _, data in spec.inline:
+    for _, data in inline:
         total += member_size(len(data))
     return total
 
@@ -92,7 +93,7 @@ class SampleTable(Sequence[SampleSpec]):
         name, identity, label, label_name, files, inline = spec
         self.payload_bytes += payload_bytes(spec)
         self._data += marshal.dumps((name, None if identity == name else identity, label, label_name,
-                                     tuple(map(tuple, files)), inline))
+                                     tuple(map(tuple, files)) if files else (), inline))
         self._ends.append(len(self._data))
 
     def __len__(self) -> int:
@@ -111,20 +112,43 @@ class SampleTable(Sequence[SampleSpec]):
         if self._last[0] == i:  # a sample is often read twice in a row (name, then identity)
             return self._last[1]  # type: ignore[return-value]
         end = self._ends[i]  # IndexError for i out of range
-        name, identity, label, label_name, files, inline = marshal.loads(self._data[self._ends[i - 1] if i else 0:end])
-        spec = SampleSpec(name, name if identity is None else identity, label, label_name,
-                          tuple(SourceFile(*f) for f in files) if files else (), inline)
+        spec = _unpack(self._data[self._ends[i - 1] if i else 0:end])
         self._last = (i, spec)
         return spec
 
     def __iter__(self) -> Iterator[SampleSpec]:
-        for i in range(len(self._ends)):
-            yield self[i]
+        data, start = self._data, 0
+        for i, end in enumerate(self._ends):
+            spec = _unpack(data[start:end])
+            self._last = (i, spec)
+            yield spec
+            start = end
+
+    def names(self) -> Iterator[str]:
+        """Every sample's ``name``, in order, without making the samples (half the time)."""
+        data, start = self._data, 0
+        for end in self._ends:
+            yield marshal.loads(data[start:end])[0]
+            start = end
+
+    def take(self, indices: Iterable[int]) -> Iterator[SampleSpec]:
+        """The samples at ``indices`` (each in ``range(len(self))``), in that order: faster than
+        indexing one at a time."""
+        data, ends = self._data, self._ends
+        for i in indices:
+            yield _unpack(data[ends[i - 1] if i else 0:ends[i]])
 
     @property
     def nbytes(self) -> int:
         """Memory held by the records and offsets."""
         return len(self._data) + self._ends.itemsize * len(self._ends)
+
+
+def _unpack(record: bytes | bytearray) -> SampleSpec:
+    """The sample of one :class:`SampleTable` record."""
+    name, identity, label, label_name, files, inline = marshal.loads(record)
+    return SampleSpec(name, name if identity is None else identity, label, label_name,
+                      tuple(SourceFile(*f) for f in files) if files else (), inline)
 
 
 @dataclass(frozen=True, slots=True)

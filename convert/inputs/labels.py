@@ -16,7 +16,7 @@ from typing import Any
 from shardify.convert.inputs.inputs import Scan
 from shardify.errors import InputError
 
-__all__ = ["LabelSpace", "label_space", "int_labels", "MAX_LABEL_COUNTS"]
+__all__ = ["LabelSpace", "label_space", "is_int_label", "int_labels", "MAX_LABEL_COUNTS"]
 
 MAX_LABEL_COUNTS = 1000
 """Distinct int labels up to which the split index records a count per label."""
@@ -52,7 +52,8 @@ class LabelSpace:
         return cached
 
 
-def _is_int(value: object) -> bool:
+def is_int_label(value: object) -> bool:
+    """Whether a raw label is an int: an int (not a bool) or a decimal string."""
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, str) and bool(_INT_RE.match(value.strip())))
@@ -65,7 +66,7 @@ def label_space(values: Iterable[object], *, source: str, num_classes: int | Non
     for v in values:
         if v is None or v == "":
             continue
-        if _is_int(v):
+        if is_int_label(v):
             kinds.add("int")
         elif isinstance(v, str):
             kinds.add("name")

@@ -14,6 +14,7 @@ import random
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
@@ -161,8 +162,7 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     each), the order (8 bytes each) and two numbers per shard.
     """
     specs: Sequence[SampleSpec] = scan.samples
-    names = _Column(specs, "name")
-    keys = assign_keys(names, identities=_Column(specs, "identity"))
+    keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"))
     order: Sequence[int] = (shuffle_order(len(specs), seed=options.seed, split=options.split)
                             if options.shuffle else range(len(specs)))
     hasher = hashlib.sha256()
@@ -172,14 +172,16 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     classes = tuple(scan.classes)
     limit = options.shard_bound(total_payload_bytes(specs))
     per_shard = options.samples_per_shard
+    mode = options.metadata
+    sha256 = hashlib.sha256
     sizes: list[int] = []
     shard_bytes: list[int] = []
     count = 0
     current_bytes = len(END_OF_ARCHIVE)
-    for i in order:
-        spec = specs[i]
-        key = keys[i]
-        meta = _meta(spec, key, options.metadata, classes)
+    hashed: list[bytes] = []  # the fingerprint's input, fed to the hasher in batches (same digest)
+    picked = specs.take(order) if isinstance(specs, SampleTable) else (specs[i] for i in order)
+    for spec, key in zip(picked, keys.take(order)):
+        meta = _meta(spec, key, mode, classes)
         size = _sample_bytes(spec, meta)
         full = (per_shard is not None and count >= per_shard) or (
             limit is not None and count and current_bytes + size > limit)
@@ -189,12 +191,16 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
             count, current_bytes = 0, len(END_OF_ARCHIVE)
         count += 1
         current_bytes += size
-        hasher.update(f"{len(sizes)}\0{key}\0{spec.label}\0".encode())
-        hasher.update(meta if meta is not None else b"\0")
+        hashed.append(f"{len(sizes)}\0{key}\0{spec.label}\0".encode())
+        hashed.append(meta if meta is not None else b"\0")
         for f in spec.files:
-            hasher.update(f"{f.ext}\0{f.path}\0{f.size}\0{f.mtime_ns}\0".encode("utf-8", "surrogateescape"))
+            hashed.append(f"{f.ext}\0{f.path}\0{f.size}\0{f.mtime_ns}\0".encode("utf-8", "surrogateescape"))
         for ext, data in spec.inline:
-            hasher.update(ext.encode() + b"\0" + hashlib.sha256(data).digest())
+            hashed.append(ext.encode() + b"\0" + sha256(data).digest())
+        if len(hashed) >= 4096:
+            hasher.update(b"".join(hashed))
+            hashed.clear()
+    hasher.update(b"".join(hashed))
     if count:
         sizes.append(count)
         shard_bytes.append(current_bytes)
@@ -214,3 +220,8 @@ class _Column(Sequence[str]):
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def]
         return getattr(self.specs[i], self.attr)
+
+    def __iter__(self) -> Iterator[str]:
+        if self.attr == "name" and isinstance(self.specs, SampleTable):
+            return self.specs.names()
+        return map(attrgetter(self.attr), self.specs)
