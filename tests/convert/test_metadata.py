@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.inputs.inputs import SampleSpec, SourceFile
-from shardify.convert.write.plan import metadata_needed
+from shardify.convert.write.plan import _metadata_reference, metadata_json, metadata_needed
 from shardify.convert.write.run import convert_listing
 
 CLASSES = ("cat", "dog")
@@ -71,3 +71,21 @@ def test_format_1_dataset_still_reads(tmp_path: Path, options) -> None:
     (batch,) = list(ds)
     assert sorted(t for _, t in batch) == sorted(f"t{i}" for i in range(7))
     assert ds.source.classes == CLASSES
+
+
+_NAMES = ["a", "n01440764/n01440764_10026.JPEG", 'quote"back\\slash', "tab\tnew\nline", "caf\u00e9/\u65e5\u672c",
+          "emoji\U0001f600", "bad\udcffbyte", "\x00\x1f\x7f", ""]
+
+
+@pytest.mark.parametrize("identity", _NAMES)
+@pytest.mark.parametrize("label_name", [None, 0, 7, -3, "dog", "ch\u00e2t \"x\"", 2**70, 1.5, True])
+@pytest.mark.parametrize("files", [(), ("same",), (("jpg", "x/a.jpg"),), (("txt", "t\u00e9.txt"), ("jpg", "j.jpg"), ("cls", "c"))]
+                         + [(("npy", "first.npy"), ("npy", "second.npy"))])
+def test_metadata_json_is_exactly_what_json_dumps_gives(identity: str, label_name: object, files: tuple) -> None:
+    if files == ("same",):
+        sources = (SourceFile(ext="jpg", path=identity, size=1, mtime_ns=0, is_image=True),)
+    else:
+        sources = tuple(SourceFile(ext=e, path=p, size=1, mtime_ns=0, is_image=False) for e, p in files)
+    spec = SampleSpec(name="k", identity=identity, label=None, label_name=label_name, files=sources)  # type: ignore[arg-type]
+    assert metadata_json(spec) == _metadata_reference(spec)
+    assert json.loads(metadata_json(spec))["path"] == identity
