@@ -58,11 +58,8 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, tree_bytes) -> Non
     assert tree_bytes(out) == tree_bytes(ref)
 
 
-def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, tree_bytes) -> None:
-    src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
-    convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
-    out = tmp_path / "out"
-    # simulate an interrupted run: shards and records written, manifest and index not yet
+def _interrupted_before_the_report(src: Path, out: Path, options) -> None:
+    """A conversion stopped after writing its shards and records, before its report, index and manifest."""
     with pytest.MonkeyPatch.context() as mp:
         from shardify.convert.write import run
 
@@ -71,7 +68,15 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
 
         mp.setattr(run, "_write_report", crash)
         with pytest.raises(KeyboardInterrupt):
-            convert_imagefolder(src, out, options=options(samples_per_shard=2))
+            convert_imagefolder(src, out, options=options)
+
+
+def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, tree_bytes) -> None:
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
+    convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
+    out = tmp_path / "out"
+    # simulate an interrupted run: shards and records written, manifest and index not yet
+    _interrupted_before_the_report(src, out, options(samples_per_shard=2))
     assert not (out / "manifest.json").exists()
     damaged = next(out.glob("train-*-000001.tar"))
     raw = bytearray(damaged.read_bytes())
@@ -90,15 +95,7 @@ def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
     convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
     out = tmp_path / "out"
-    with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert.write import run
-
-        def crash(*a, **k):
-            raise KeyboardInterrupt
-
-        mp.setattr(run, "_write_report", crash)
-        with pytest.raises(KeyboardInterrupt):
-            convert_imagefolder(src, out, options=options(samples_per_shard=2))
+    _interrupted_before_the_report(src, out, options(samples_per_shard=2))
     record = out / ".shardify-work" / "train" / "000001.json"
     if damage == "empty":
         record.write_bytes(b"")
