@@ -21,7 +21,7 @@ from shardify.convert.write.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import SplitIndex
-from shardify.tarfmt import shard_name, shard_of_split
+from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset", "dataset_info"]
@@ -102,8 +102,11 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
         with f:
             reader = _HashingReader(f)
             count = 0
+            offsets: list[int] = []  # of samples 0, OFFSET_STRIDE, ...: what the index should list
             try:
                 for sample in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
+                    if count % OFFSET_STRIDE == 0:
+                        offsets.append(int(sample["__offset__"]))  # type: ignore[call-overload]
                     count += 1
                     try:
                         _check_sample(split, entry.url, sample, index, keys, decode, problems)
@@ -121,6 +124,11 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(Problem(split, entry.url, None, "sha256 does not match the index (corrupt or replaced)"))
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
+        elif entry.offsets and list(entry.offsets) != offsets:
+            wrong = next(k for k, (a, b) in enumerate(zip(entry.offsets, offsets)) if a != b)
+            problems.append(Problem(split, entry.url, None,
+                                    f"the index's offset of sample {wrong * OFFSET_STRIDE} is {entry.offsets[wrong]}, "
+                                    f"the shard's is {offsets[wrong]}"))
     for name in files.names() or ():
         found = shard_of_split(name, split)
         if found is not None and found[0] == index.version and found[1] >= len(index.shards):

@@ -322,7 +322,9 @@ class ShardedDataset(IterableDataset):
                                              skip_damaged=self.options.on_error == "skip",
                                              checksums=self._checksums, opener=self._opener,
                                              fields=self._selected_fields(),
-                                             max_member=self.options.max_member_bytes))
+                                             max_member=self.options.max_member_bytes,
+                                             offsets=[s.offsets for s in shards],
+                                             filesizes=[s.filesize for s in shards]))
         return self._reader[1]
 
     def _slot_pool(self, worker: int) -> SlotPool | None:

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 from shardify import FORMAT_VERSION
 from shardify.errors import ManifestError
-from shardify.tarfmt import VERSION_CHARS
+from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
 __all__ = [
     "MANIFEST_NAME",
@@ -148,9 +148,16 @@ class ShardEntry:
     nsamples: int
     filesize: int
     sha256: str
+    offsets: tuple[int, ...] = ()
+    """Byte offset of the first header of samples 0, OFFSET_STRIDE, 2 * OFFSET_STRIDE, ...
+    (empty: not recorded, as in indexes written before it was; readers then scan)."""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out: dict[str, Any] = {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize,
+                               "sha256": self.sha256}
+        if self.offsets:
+            out["offsets"] = list(self.offsets)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any, *, source: str) -> ShardEntry:
@@ -165,7 +172,14 @@ class ShardEntry:
             raise ManifestError(f"{where}: field 'sha256' should be str, found {sha!r}")
         if nsamples < 0 or filesize < 0:
             raise ManifestError(f"{where}: negative nsamples={nsamples} or filesize={filesize}")
-        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha)
+        offsets = obj.get("offsets", [])
+        expected = -(-nsamples // OFFSET_STRIDE)
+        if (not isinstance(offsets, list) or not all(type(o) is int for o in offsets)
+                or (offsets and (len(offsets) != expected or offsets[0] != 0
+                                 or any(b <= a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= filesize))):
+            raise ManifestError(f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
+                                f"(one every {OFFSET_STRIDE} samples), found {str(offsets)[:80]}")
+        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ __all__ = [
     "END_OF_ARCHIVE",
     "MAX_MEMBER_SIZE",
     "MTIME",
+    "OFFSET_STRIDE",
     "VERSION_CHARS",
     "shard_name",
     "parse_shard_name",
@@ -30,6 +31,9 @@ __all__ = [
 
 BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)
+OFFSET_STRIDE = 32
+"""A split index lists, for each shard, the byte offset of samples 0, 32, 64, ... (its
+``offsets``), so a reader can seek to a sample and scan at most 32 samples' headers."""
 MTIME = 0
 """Fixed modification time of every member (seconds since the epoch)."""
 MAX_MEMBER_SIZE = 8**11 - 1

@@ -29,6 +29,7 @@ __all__ = [
     "iter_samples",
     "scan_sample_offsets",
     "scan_layout",
+    "scan_window",
     "ShardLayout",
     "skip_bytes",
     "DEFAULT_MAX_MEMBER",
@@ -517,14 +518,44 @@ def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
     if end == 0:  # not an archive: the full parser says so
         return None
     try:
-        layout = _plain_layout(f, end, max_member)
+        found = _plain_layout(f, end, max_member)
     except OSError:
-        layout = None
+        found = None
+    layout = None if found is None or not found[2] else found[0]
     f.seek(0 if layout is None else end)  # as the full parser leaves it: at the start, or read through
     return layout
 
 
-def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
+def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None,
+                max_member: int = DEFAULT_MAX_MEMBER) -> ShardLayout | None:
+    """The layout of the ``count`` samples whose headers begin at byte ``start`` of a plain
+    shardify shard (offsets as the split index lists them, see ``OFFSET_STRIDE``).
+
+    Checked against the index: the window must end exactly where the next one begins
+    (``next_start``), or, for the last window (None), at the end of the archive. Anything
+    else (a shard replaced or damaged since, a foreign shard, an unusual header) returns
+    None, and the caller scans the whole shard with :func:`scan_layout`, which says what
+    is wrong. Offsets in the result are the shard's own; indexes are the window's.
+    """
+    try:
+        end = f.seek(0, os.SEEK_END)
+        found = _plain_layout(f, end, max_member, start=start, count=count)
+    except (OSError, ValueError):
+        return None
+    if found is None:
+        return None
+    layout, pos, at_end = found
+    if len(layout) != count:
+        return None
+    if next_start is None:
+        return layout if at_end else None
+    return layout if not at_end and pos == next_start else None
+
+
+def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
+                  count: int | None = None) -> tuple[ShardLayout, int, bool] | None:
+    """``(layout, offset where the scan stopped, whether at the end of the archive)``, from
+    ``start``; stops before sample ``count`` when given. None: not a plain shard here."""
     import numpy as np
 
     offsets, first, ext, data, size = array("q"), array("q"), array("H"), array("q"), array("q")
@@ -534,7 +565,8 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
     seen: set[str] = set()
     fields: set[str] = set()
     last: str | None = None
-    pos, buf, buf_at, heads, sums = 0, b"", 0, array("q"), array("q")
+    pos, buf, buf_at, heads, sums = start, b"", start, array("q"), array("q")
+    at_end = False
 
     def checksums_ok() -> bool:
         if not heads:
@@ -549,6 +581,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
                 return None
             heads, sums = array("q"), array("q")
             if pos >= end:
+                at_end = True
                 break  # end of data on a block boundary
             f.seek(pos)
             buf, buf_at = f.read(_PLAIN_CHUNK), pos
@@ -557,6 +590,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
         at = pos - buf_at
         header = buf[at:at + BLOCK]
         if header == _ZERO_BLOCK:
+            at_end = True
             break
         if header[156:157] != b"0" or header[345] != 0 or header[124] & 0x80 or header[148] & 0x80:
             return None
@@ -576,6 +610,8 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
             if field in fields:
                 return None
         else:
+            if count is not None and len(offsets) == count:
+                break  # ``pos`` is where the next sample begins
             if key in seen:
                 return None
             seen.add(key)
@@ -594,7 +630,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int) -> ShardLayout | None:
     if not checksums_ok():
         return None
     first.append(len(data))
-    return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends)
+    return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends), pos, at_end
 
 
 def scan_sample_offsets(

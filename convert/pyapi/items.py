@@ -293,7 +293,7 @@ class _Run:
         o = self.open
         stop = self.pos
         record = {"url": result.url, "nsamples": result.nsamples, "filesize": result.filesize,
-                  "sha256": result.sha256, "fields": list(result.fields),
+                  "sha256": result.sha256, "offsets": list(result.offsets), "fields": list(result.fields),
                   "skipped": [[s.path, s.reason] for s in result.skipped],
                   "start": o.start, "stop": stop, "digest": o.hash.hexdigest(), "keys": o.keys,
                   "indexes": o.indexes, "filtered": o.filtered}
@@ -318,7 +318,8 @@ class _Run:
                     break
                 result = ShardResult(index=len(records), url=r["url"], nsamples=r["nsamples"],
                                      filesize=r["filesize"], sha256=r["sha256"], fields=tuple(r["fields"]),
-                                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]))
+                                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
+                                     offsets=tuple(r["offsets"]))
                 for key, index in zip(r["keys"], r["indexes"], strict=True):
                     self.keys.add(key, index)
             except (ShardifyError, OSError, KeyError, TypeError, ValueError):

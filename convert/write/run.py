@@ -238,7 +238,8 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
                     index=shard, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
                     sha256=r["sha256"], fields=tuple(r["fields"]),
                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
-                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])))
+                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
+                    offsets=tuple(r["offsets"]))  # a record without them (older code): rewritten
         except (ShardifyError, OSError, KeyError, TypeError, ValueError):
             continue
     return reusable
@@ -250,7 +251,7 @@ def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
     crash costs only a rewrite of its shard, and the ~3 ms an fsynced file takes to delete
     here is not paid per shard when the work folder is removed."""
     fs.write_atomic(record_name(split, r.index), durable=False, data=json_bytes({
-        "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256,
+        "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256, "offsets": list(r.offsets),
         "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped],
         "notes": [[s.path, s.reason] for s in r.notes]}))
 
@@ -326,7 +327,8 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
     counts.update(ignored_counts or {})
     index = SplitIndex(
         split=split,
-        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256) for r in ordered),
+        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256,
+                                offsets=r.offsets) for r in ordered),
         classes=tuple(classes),
         fields=tuple(sorted({f for r in ordered for f in r.fields})),
         converter=converter,

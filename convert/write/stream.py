@@ -17,7 +17,7 @@ from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.writer import HashingWriter, ShardResult, temp_name, write_members
 from shardify.errors import OutputError
-from shardify.tarfmt import END_OF_ARCHIVE, member_size, shard_name
+from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
 
 __all__ = ["ShardStream", "sample_size"]
 
@@ -52,6 +52,8 @@ class ShardStream:
         """Bytes the open shard will have once closed."""
         self.fields: set[str] = set()
         self.skipped: list[Ignored] = []
+        self.offsets: list[int] = []
+        """Offsets of the open shard's samples 0, OFFSET_STRIDE, ..."""
         self._file: BinaryIO | None = None
         self._out: HashingWriter | None = None
         self._held: tuple[bytes, int, int] | None = None
@@ -71,6 +73,7 @@ class ShardStream:
             self.close_shard()
         self.flush()
         out = self._out or self._open()
+        self._note_offset()
         try:
             write_members(out, key, members)
         except OSError as e:
@@ -92,6 +95,7 @@ class ShardStream:
             self.close_shard()
         if self._out is None:
             self._open()
+        self._note_offset()
         held = self._held
         if held is not None and held[0] is data and held[2] == start:
             self._held = (data, held[1], end)
@@ -114,6 +118,11 @@ class ShardStream:
             self.abort()
             raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
                               f"{e.strerror or e}") from e
+
+    def _note_offset(self) -> None:
+        """Before a sample is added: keep its offset if it is one the index lists."""
+        if self.samples % OFFSET_STRIDE == 0:
+            self.offsets.append(self.nbytes - len(END_OF_ARCHIVE))
 
     def skip(self, problem: Ignored) -> None:
         """Note an input that was not packed; it is reported with the shard being written."""
@@ -152,10 +161,11 @@ class ShardStream:
             raise OutputError(f"{self.fs.location}/{final}: cannot write shard: {e.strerror or e}") from e
         result = ShardResult(index=self.index, url=final, nsamples=self.samples, filesize=out.size,
                              sha256=out.hash.hexdigest(), fields=tuple(sorted(self.fields)),
-                             skipped=tuple(self.skipped))
+                             skipped=tuple(self.skipped), offsets=tuple(self.offsets))
         self._file = self._out = None
         self.index += 1
         self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []
+        self.offsets = []
         if self.on_shard is not None:
             self.on_shard(result)
         return result

@@ -25,7 +25,7 @@ from shardify.convert.inputs.sniff import (SNIFF_BYTES, ImageCheckError, ImageIn
 from shardify.convert.inputs.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
-from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, shard_name, ustar_header
+from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
 __all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "temp_name", "Progress", "HashingWriter"]
 
@@ -68,6 +68,8 @@ class ShardResult:
     skipped: tuple[Ignored, ...]
     notes: tuple[Ignored, ...] = ()
     """Inputs packed with decoder warnings (kind ``note``), for the report."""
+    offsets: tuple[int, ...] = ()
+    """Byte offset of samples 0, OFFSET_STRIDE, ... (see :data:`shardify.tarfmt.OFFSET_STRIDE`)."""
 
 
 def temp_name(final: str) -> str:
@@ -260,6 +262,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     skipped: list[Ignored] = []
     notes: list[Ignored] = []
     fields: set[str] = set()
+    offsets: list[int] = []
     written = 0
     try:
         with fs.open_write(tmp, durable=task.fsync) as f:
@@ -273,6 +276,8 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                         raise
                     skipped.append(Ignored(e.path or sample.spec.identity, e.reason))
                     members = []
+                if members and written % OFFSET_STRIDE == 0:
+                    offsets.append(out.size)
                 write_members(out, sample.key, members)
                 fields.update(ext for ext, _ in members)
                 if members:
@@ -293,7 +298,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
                        sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped),
-                       notes=tuple(notes))
+                       notes=tuple(notes), offsets=tuple(offsets))
 
 
 def _discard(fs: OutputFS, name: str) -> None:

@@ -67,6 +67,8 @@ class ShardInfo:
     nsamples: int
     filesize: int | None = None
     sha256: str = ""
+    offsets: tuple[int, ...] = ()
+    """Byte offsets of samples 0, OFFSET_STRIDE, ... from the split index (empty: not known)."""
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ def _shard_location(index_at: str, relative: str) -> str:
 def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions,
                 dataset: str | None = None) -> Source:
     shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
-                             filesize=e.filesize, sha256=e.sha256) for e in index.shards)
+                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets) for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
                   fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)
 

@@ -37,11 +37,14 @@ from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
-from shardify.tario import DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout
+from shardify.tarfmt import OFFSET_STRIDE
+from shardify.tario import (DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout,
+                            scan_window)
 
 __all__ = ["Lost", "Item", "ShardReader"]
 
 _MAX_CACHED_SHARDS = 1024
+_MAX_CACHED_WINDOWS = 16384
 _ReadErrors = (OSError, EOFError, zlib.error)
 
 
@@ -130,7 +133,15 @@ class ShardReader:
     ``opener`` opens a shard (``Source.open_tar`` carries the fetch options of remote shards);
     ``checksums``: each shard's expected hex SHA-256, checked before it is read (None: no check);
     ``fields``: the fields (extensions) a sample dict gets, the others are never read into
-    memory (None: all); ``max_member``: largest member a shard may hold, in bytes."""
+    memory (None: all); ``max_member``: largest member a shard may hold, in bytes;
+    ``offsets``: per shard, the byte offsets of samples 0, OFFSET_STRIDE, ... from the split
+    index (empty: not known), and ``filesizes``, the index's size of each shard. With them, a
+    short range is read after scanning only the headers of the windows of ``OFFSET_STRIDE``
+    samples it falls in, used only when the file has the index's size and each window ends
+    where the next begins; otherwise, and for a long range, the whole shard is scanned. The
+    offsets are trusted as the index's sample counts are: ``verify`` (the reader's checksums)
+    proves the shard's bytes are those the index was written for, ``shardify verify`` checks
+    the offsets themselves."""
 
     def __init__(
         self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
@@ -138,6 +149,8 @@ class ShardReader:
         checksums: Sequence[str] | None = None,
         fields: Collection[str] | None = None,
         max_member: int = DEFAULT_MAX_MEMBER,
+        offsets: Sequence[Sequence[int]] | None = None,
+        filesizes: Sequence[int | None] | None = None,
     ) -> None:
         self._opener = opener
         self._urls = list(urls)
@@ -151,6 +164,11 @@ class ShardReader:
         self._max_member = max_member
         self._verified: dict[int, ShardFormatError | None] = {}
         self._layouts: OrderedDict[int, ShardLayout | None] = OrderedDict()
+        if offsets is not None and len(offsets) != len(self._urls):
+            raise ValueError(f"{len(offsets)=} should be {len(self._urls)}, one per shard")
+        self._offsets = [tuple(o) for o in offsets] if offsets is not None else None
+        self._filesizes = list(filesizes) if filesizes is not None else [None] * len(self._urls)
+        self._windows: OrderedDict[tuple[int, int], ShardLayout | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
         self._cursor: _Cursor | None = None
 
@@ -164,11 +182,63 @@ class ShardReader:
             for i in range(start, stop):
                 yield Lost(url, i, str(mismatch))
             return
+        if not is_gzip(url) and self._windowed(shard, start, stop):
+            yield from self._read_windows(shard, start, stop)
+            return
         layout = None if is_gzip(url) else self._scan(shard)
         if layout is None:
             yield from self._read_forward(shard, start, stop)
         else:
             yield from self._read_seek(shard, start, stop, layout)
+
+    def _windowed(self, shard: int, start: int, stop: int) -> bool:
+        """Whether to read ``start..stop-1`` through windows: the index gave offsets, the range
+        is short (a block, not a shard), and the whole shard is not scanned already."""
+        if self._offsets is None or not self._offsets[shard] or shard in self._layouts:
+            return False
+        return stop - start <= max(2 * OFFSET_STRIDE, self._sizes[shard] // 4)
+
+    def _read_windows(self, shard: int, start: int, stop: int) -> Iterator[Item]:
+        index = start
+        while index < stop:
+            w = index // OFFSET_STRIDE
+            layout = self._window(shard, w)
+            if layout is None:  # not as the index says: scan the whole shard, which says why
+                full = self._scan(shard)
+                if full is None:
+                    yield from self._read_forward(shard, index, stop)
+                else:
+                    yield from self._read_seek(shard, index, stop, full)
+                return
+            base = w * OFFSET_STRIDE
+            end = min(stop, base + len(layout))
+            yield from self._read_seek(shard, index, end, layout, base=base)
+            index = end
+
+    def _window(self, shard: int, w: int) -> ShardLayout | None:
+        """The layout of window ``w`` of ``shard`` (samples ``w * OFFSET_STRIDE`` on), cached;
+        None when the shard does not match its index there."""
+        key = (shard, w)
+        if key in self._windows:
+            self._windows.move_to_end(key)
+            return self._windows[key]
+        offsets = self._offsets[shard]  # type: ignore[index]
+        count = min(OFFSET_STRIDE, self._sizes[shard] - w * OFFSET_STRIDE)
+        found: ShardLayout | None = None
+        if w < len(offsets) and count > 0:
+            try:
+                f = self._open(shard)
+            except (ShardFormatError, *_ReadErrors):
+                f = None  # the full scan reports it
+            size = self._filesizes[shard]
+            if f is not None and (size is None or f.seek(0, 2) == size):
+                found = scan_window(f, start=offsets[w], count=count,
+                                    next_start=offsets[w + 1] if w + 1 < len(offsets) else None,
+                                    max_member=self._max_member)
+        self._windows[key] = found
+        if len(self._windows) > _MAX_CACHED_WINDOWS:
+            self._windows.popitem(last=False)
+        return found
 
     def close(self) -> None:
         if self._file is not None:
@@ -234,14 +304,16 @@ class ShardReader:
             self._layouts.popitem(last=False)
         return found
 
-    def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout) -> Iterator[Item]:
+    def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout, *,
+                   base: int = 0) -> Iterator[Item]:
+        """Positions ``start..stop-1``; ``layout`` begins at position ``base`` (a window's)."""
         url = self._urls[shard]
         index = start
         error: ShardFormatError | None = None
         try:
             f = self._open(shard)  # scanned in an earlier epoch, maybe deleted since
             while index < stop:
-                sample = _read_sample(f, layout, index, url, self._fields)
+                sample = _read_sample(f, layout, index - base, url, self._fields)
                 yield sample
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
