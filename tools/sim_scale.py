@@ -19,8 +19,8 @@ import math
 import statistics
 import time
 
-from shardify.manifest import json_bytes
-from shardify.tarfmt import member_size
+from shardify.manifest import ShardEntry, json_bytes
+from shardify.tarfmt import OFFSET_STRIDE, member_size
 
 SAMPLE_RECORD_BYTES = 110
 """Converter driver memory per input while planning (measured by tools/bench_scale.py at
@@ -95,9 +95,10 @@ def main() -> None:
     per_shard = max(1, int(args.shard_mb * 1e6) // per_sample)
     shards = math.ceil(n / per_shard)
     sizes = [per_shard] * (shards - 1) + [n - per_shard * (shards - 1)]
-    entry = {"url": "train-000000.tar", "nsamples": per_shard, "filesize": per_shard * per_sample + 1024,
-             "sha256": "0" * 64}
-    index_bytes = shards * (len(json_bytes(entry)) + 2)
+    entry = ShardEntry(url="train-000000000000-000000.tar", nsamples=per_shard,
+                       filesize=per_shard * per_sample + 1024, sha256="0" * 64,
+                       offsets=tuple(k * OFFSET_STRIDE * per_sample for k in range(-(-per_shard // OFFSET_STRIDE))))
+    index_bytes = shards * (len(json_bytes(entry.to_json())) + 2)
     dataset_bytes = n * per_sample
     nodes = math.ceil(args.world / args.gpus_per_node)
 
