@@ -36,7 +36,7 @@ from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
 from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, open_locked, publish_splits,
-                                        record_name)
+                                        record_name, shard_matches)
 from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
@@ -292,11 +292,8 @@ class _Run:
         """A shard was renamed into place: record what it covers (positions start..pos-1)."""
         o = self.open
         stop = self.pos
-        record = {"url": result.url, "nsamples": result.nsamples, "filesize": result.filesize,
-                  "sha256": result.sha256, "offsets": list(result.offsets), "fields": list(result.fields),
-                  "skipped": [[s.path, s.reason] for s in result.skipped],
-                  "start": o.start, "stop": stop, "digest": o.hash.hexdigest(), "keys": o.keys,
-                  "indexes": o.indexes, "filtered": o.filtered}
+        record = {**result.to_record(), "start": o.start, "stop": stop, "digest": o.hash.hexdigest(),
+                  "keys": o.keys, "indexes": o.indexes, "filtered": o.filtered}
         # compact (C encoder): a record lists every key of its shard
         self.fs.write_atomic(record_name(self.o.split, result.index),
                              json.dumps(record, separators=(",", ":")).encode("ascii"))
@@ -314,12 +311,9 @@ class _Run:
             try:
                 r = load_json(self.fs.read_bytes(name), source=name)
                 expected_start = records[-1]["stop"] if records else 0
-                if r["start"] != expected_start or not self._shard_intact(r):
+                result = ShardResult.from_record(len(records), r)
+                if r["start"] != expected_start or not shard_matches(self.fs, result):
                     break
-                result = ShardResult(index=len(records), url=r["url"], nsamples=r["nsamples"],
-                                     filesize=r["filesize"], sha256=r["sha256"], fields=tuple(r["fields"]),
-                                     skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
-                                     offsets=tuple(r["offsets"]))
                 for key, index in zip(r["keys"], r["indexes"], strict=True):
                     self.keys.add(key, index)
             except (ShardifyError, OSError, KeyError, TypeError, ValueError):
@@ -328,14 +322,6 @@ class _Run:
             self.results.append(result)
             self._filtered_counts.append(int(r["filtered"]))
         return records
-
-    def _shard_intact(self, r: dict[str, Any]) -> bool:
-        from shardify.manifest import file_sha256
-
-        if self.fs.size(r["url"]) != r["filesize"]:
-            return False
-        with self.fs.open_read(r["url"]) as f:
-            return file_sha256(f) == r["sha256"]
 
     def _check_prefix(self, source: Iterator[tuple[int, int, Any]], records: list[dict[str, Any]]) -> None:
         """Hash the items the reused shards cover; a difference means the input changed."""

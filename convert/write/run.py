@@ -42,7 +42,7 @@ from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, 
 from shardify.tarfmt import check_split_name
 
 __all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
-           "open_locked", "holding", "publish_splits", "finish_split", "record_name", "WORK_DIR"]
+           "open_locked", "holding", "publish_splits", "finish_split", "record_name", "shard_matches", "WORK_DIR"]
 
 @dataclass
 class SplitSummary:
@@ -209,9 +209,12 @@ def _note_old_versions(fs: OutputFS, result: ConvertResult) -> None:
                 f"that opened them; when none is left, `shardify gc {fs.location}` removes them")
 
 
-def _file_sha256(fs: OutputFS, name: str) -> str:
-    with fs.open_read(name) as f:
-        return file_sha256(f)
+def shard_matches(fs: OutputFS, result: ShardResult) -> bool:
+    """Whether the finished shard a resume record describes is there, with its size and SHA-256."""
+    if fs.size(result.url) != result.filesize:
+        return False
+    with fs.open_read(result.url) as f:
+        return file_sha256(f) == result.sha256
 
 
 def record_name(split: str, index: int) -> str:
@@ -232,14 +235,9 @@ def _load_reusable(fs: OutputFS, plan: SplitPlan, current: str | None) -> dict[i
         if record.rsplit("/", 1)[1] not in have:
             continue
         try:
-            r = load_json(fs.read_bytes(record), source=record)
-            if fs.size(r["url"]) == r["filesize"] and _file_sha256(fs, r["url"]) == r["sha256"]:
-                reusable[shard] = ShardResult(
-                    index=shard, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"],
-                    sha256=r["sha256"], fields=tuple(r["fields"]),
-                    skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
-                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
-                    offsets=tuple(r["offsets"]))  # a record without them (older code): rewritten
+            result = ShardResult.from_record(shard, load_json(fs.read_bytes(record), source=record))
+            if shard_matches(fs, result):
+                reusable[shard] = result
         except (ShardifyError, OSError, KeyError, TypeError, ValueError):
             continue
     return reusable
@@ -250,10 +248,7 @@ def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
     only when the shard's size and SHA-256 match it, so a record lost (or left empty) by a
     crash costs only a rewrite of its shard, and the ~3 ms an fsynced file takes to delete
     here is not paid per shard when the work folder is removed."""
-    fs.write_atomic(record_name(split, r.index), durable=False, data=json_bytes({
-        "url": r.url, "nsamples": r.nsamples, "filesize": r.filesize, "sha256": r.sha256, "offsets": list(r.offsets),
-        "fields": list(r.fields), "skipped": [[s.path, s.reason] for s in r.skipped],
-        "notes": [[s.path, s.reason] for s in r.notes]}))
+    fs.write_atomic(record_name(split, r.index), durable=False, data=json_bytes(r.to_record()))
 
 
 def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,

@@ -71,6 +71,22 @@ class ShardResult:
     offsets: tuple[int, ...] = ()
     """Byte offset of samples 0, OFFSET_STRIDE, ... (see :data:`shardify.tarfmt.OFFSET_STRIDE`)."""
 
+    def to_record(self) -> dict[str, Any]:
+        """What a resume record keeps of this result (JSON-ready; :meth:`from_record` reads it)."""
+        return {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize, "sha256": self.sha256,
+                "offsets": list(self.offsets), "fields": list(self.fields),
+                "skipped": [[s.path, s.reason] for s in self.skipped],
+                "notes": [[s.path, s.reason] for s in self.notes]}
+
+    @classmethod
+    def from_record(cls, index: int, r: Mapping[str, Any]) -> ShardResult:
+        """The result of shard ``index`` as a record kept it; KeyError, TypeError or ValueError
+        for a record that is not whole (one written before offsets were: its shard is rewritten)."""
+        return cls(index=index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"], sha256=r["sha256"],
+                   fields=tuple(r["fields"]), skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
+                   notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
+                   offsets=tuple(r["offsets"]))
+
 
 def temp_name(final: str) -> str:
     """The hidden name the shard ``final`` is written under until it is whole."""
