@@ -18,7 +18,7 @@ import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from shardify.convert.pyapi.pywriter import check_label
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
@@ -196,6 +196,40 @@ def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, e
         yield from _map_pool(runner, chunks, workers=workers)
 
 
+H = TypeVar("H")
+
+
+class _Ahead(Generic[H]):
+    """Chunks handed to ``submit`` up to ``window`` ahead of the one being taken back, which
+    iteration yields in order with its handle (a future, a Ray reference)."""
+
+    def __init__(self, chunks: Iterable[Chunk], window: int, submit: Callable[[Chunk], H]) -> None:
+        self._source = iter(chunks)
+        self._window = window
+        self._submit = submit
+        self.pending: collections.deque[tuple[Chunk, H]] = collections.deque()
+        """Submitted and not yet taken back; the first is the one being taken back."""
+        self._drawn: Chunk | None = None
+
+    def __iter__(self) -> Iterator[tuple[Chunk, H]]:
+        while True:
+            while len(self.pending) < self._window:
+                self._drawn = next(self._source, None)
+                if self._drawn is None:
+                    break
+                self.pending.append((self._drawn, self._submit(self._drawn)))
+            if not self.pending:
+                return
+            yield self.pending[0]
+            self.pending.popleft()
+
+    def in_flight(self) -> list[Chunk]:
+        """The chunks a worker may have held: those pending, else the one being submitted."""
+        if self.pending:
+            return [c for c, _ in self.pending]
+        return [self._drawn] if self._drawn is not None else []
+
+
 def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> Iterator[tuple[Chunk, ChunkOut]]:
     # fork (Linux): fn reaches the workers without pickling, so lambdas and closures work,
     # and the shared memory mapped here is the workers' too.
@@ -204,24 +238,18 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
         _check_picklable(runner)
     ctx = mp.get_context("fork" if fork else "spawn")
     window = 2 * workers
-    slots = _Slots(window) if fork else None
-    pending: collections.deque[tuple[Chunk, int | None, cf.Future[Any]]] = collections.deque()
-    source = iter(chunks)
-    chunk: Chunk | None = None
+    slots = _Slots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                 initargs=(runner, slots)) as pool:
+
+        def submit(chunk: Chunk) -> tuple[int | None, cf.Future[Any]]:
+            slot = slots.free.pop() if slots is not None else None
+            return slot, pool.submit(_run_in_worker, chunk, slot)
+
+        ahead = _Ahead(chunks, window, submit)
         try:
-            while True:
-                while len(pending) < window:
-                    chunk = next(source, None)
-                    if chunk is None:
-                        break
-                    slot = slots.free.pop() if slots is not None else None
-                    pending.append((chunk, slot, pool.submit(_run_in_worker, chunk, slot)))
-                if not pending:
-                    return
-                got = pending[0][2].result()
-                chunk, slot, _ = pending.popleft()
+            for chunk, (slot, future) in ahead:
+                got = future.result()
                 if isinstance(got, ChunkOut):
                     yield chunk, got
                 else:  # the bytes are in the slot: it is free again once the caller is done with them
@@ -230,11 +258,10 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
                 if slot is not None:
                     slots.free.append(slot)  # type: ignore[union-attr]
         except cf.process.BrokenProcessPool as e:
-            in_flight = [c for c, _, _ in pending] + ([chunk] if chunk is not None and not pending else [])
-            raise _died(in_flight, e) from e
+            raise _died(ahead.in_flight(), e) from e
         finally:
-            for _, _, fut in pending:
-                fut.cancel()
+            for _, (_, future) in ahead.pending:
+                future.cancel()
 
 
 def _check_picklable(runner: ChunkRunner) -> None:
@@ -253,25 +280,16 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)
         window = 2 * max(workers, int(ray.cluster_resources().get("CPU", 1)))
-        pending: collections.deque[tuple[Chunk, Any]] = collections.deque()
-        source = iter(chunks)
+        ahead = _Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk))
         try:
-            while True:
-                while len(pending) < window:
-                    chunk = next(source, None)
-                    if chunk is None:
-                        break
-                    pending.append((chunk, remote.remote(runner_ref, chunk)))
-                if not pending:
-                    return
-                chunk, ref = pending.popleft()
+            for chunk, ref in ahead:
                 try:
-                    outcomes = ray.get(ref)
+                    out = ray.get(ref)
                 except ray.exceptions.RayError as e:
                     raise _died([chunk], e) from e
-                yield chunk, outcomes
+                yield chunk, out
         finally:
-            for _, ref in pending:
+            for _, ref in ahead.pending:
                 ray.cancel(ref, force=True)
 
 
