@@ -521,24 +521,27 @@ def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
         found = _plain_layout(f, end, max_member)
     except OSError:
         found = None
-    layout = None if found is None or not found[2] else found[0]
+    layout = None if found is None else found[0]  # without a count, a scan ends only at the archive's end
     f.seek(0 if layout is None else end)  # as the full parser leaves it: at the start, or read through
     return layout
 
 
-def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None,
+def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None, filesize: int | None = None,
                 max_member: int = DEFAULT_MAX_MEMBER) -> ShardLayout | None:
     """The layout of the ``count`` samples whose headers begin at byte ``start`` of a plain
     shardify shard (offsets as the split index lists them, see ``OFFSET_STRIDE``).
 
-    Checked against the index: the window must end exactly where the next one begins
-    (``next_start``), or, for the last window (None), at the end of the archive. Anything
+    Checked against the index: the file must have its ``filesize`` (when given), and the
+    window must end exactly where the next one begins (``next_start``), or, for the last
+    window (None), at the end of the archive. Anything
     else (a shard replaced or damaged since, a foreign shard, an unusual header) returns
     None, and the caller scans the whole shard with :func:`scan_layout`, which says what
     is wrong. Offsets in the result are the shard's own; indexes are the window's.
     """
     try:
         end = f.seek(0, os.SEEK_END)
+        if filesize is not None and end != filesize:
+            return None
         found = _plain_layout(f, end, max_member, start=start, count=count)
     except (OSError, ValueError):
         return None

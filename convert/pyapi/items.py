@@ -269,7 +269,8 @@ class _Run:
             yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
-    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes, offset: int) -> None:
+    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes | memoryview,
+              offset: int) -> None:
         """Write, skip or count one outcome; a sample's bytes are ``data[offset:offset + got.size]``."""
         index, item = chunk.indexes[j], chunk.items[j]
         if got.encode_error is not None:

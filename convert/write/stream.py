@@ -56,7 +56,7 @@ class ShardStream:
         """Offsets of the open shard's samples 0, OFFSET_STRIDE, ..."""
         self._file: BinaryIO | None = None
         self._out: HashingWriter | None = None
-        self._held: tuple[bytes, int, int] | None = None
+        self._held: tuple[bytes | memoryview, int, int] | None = None
         """``(data, start, end)``: encoded samples added but not yet written (see :meth:`add_encoded`)."""
 
     def fits(self, size: int) -> bool:
@@ -84,7 +84,7 @@ class ShardStream:
         self.nbytes += size
         self.fields.update(ext for ext, _ in members)
 
-    def add_encoded(self, fields: tuple[str, ...], data: bytes, start: int, end: int) -> None:
+    def add_encoded(self, fields: tuple[str, ...], data: bytes | memoryview, start: int, end: int) -> None:
         """Append one sample already encoded as tar members (``data[start:end]``, see ``member_parts``).
 
         Cuts a shard first if full. Consecutive slices of one ``data`` go out in one write

@@ -230,11 +230,10 @@ class ShardReader:
                 f = self._open(shard)
             except (ShardFormatError, *_ReadErrors):
                 f = None  # the full scan reports it
-            size = self._filesizes[shard]
-            if f is not None and (size is None or f.seek(0, 2) == size):
+            if f is not None:
                 found = scan_window(f, start=offsets[w], count=count,
                                     next_start=offsets[w + 1] if w + 1 < len(offsets) else None,
-                                    max_member=self._max_member)
+                                    filesize=self._filesizes[shard], max_member=self._max_member)
         self._windows[key] = found
         if len(self._windows) > _MAX_CACHED_WINDOWS:
             self._windows.popitem(last=False)
