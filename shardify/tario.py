@@ -542,7 +542,9 @@ def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None, 
         end = f.seek(0, os.SEEK_END)
         if filesize is not None and end != filesize:
             return None
-        found = _plain_layout(f, end, max_member, start=start, count=count)
+        # the window's headers and the next sample's first one, nothing past them
+        limit = end if next_start is None else min(end, next_start + BLOCK)
+        found = _plain_layout(f, limit, max_member, start=start, count=count)
     except (OSError, ValueError):
         return None
     if found is None:
@@ -558,7 +560,8 @@ def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None, 
 def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
                   count: int | None = None) -> tuple[ShardLayout, int, bool] | None:
     """``(layout, offset where the scan stopped, whether at the end of the archive)``, from
-    ``start``; stops before sample ``count`` when given. None: not a plain shard here."""
+    ``start``, reading no byte at or past ``end``; stops before sample ``count`` when given.
+    None: not a plain shard here."""
     import numpy as np
 
     offsets, first, ext, data, size = array("q"), array("q"), array("H"), array("q"), array("q")
@@ -587,7 +590,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
                 at_end = True
                 break  # end of data on a block boundary
             f.seek(pos)
-            buf, buf_at = f.read(_PLAIN_CHUNK), pos
+            buf, buf_at = f.read(min(_PLAIN_CHUNK, end - pos)), pos
             if len(buf) < BLOCK:
                 return None
         at = pos - buf_at
