@@ -88,10 +88,11 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
 
 
 
-@pytest.mark.parametrize("damage", ["empty", "gone", "torn"])
+@pytest.mark.parametrize("damage", ["empty", "gone", "torn", "no offsets"])
 def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options, tree_bytes, damage: str) -> None:
     """Records of finished shards are not fsynced: after a crash one may be empty, missing or
-    cut; the rerun then rewrites that shard and ends byte-identical."""
+    cut; a record written before sample offsets were has none. The rerun then rewrites that
+    shard and ends byte-identical (index included)."""
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((64, 48),))
     convert_imagefolder(src, tmp_path / "ref", options=options(samples_per_shard=2))
     out = tmp_path / "out"
@@ -101,6 +102,10 @@ def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options
         record.write_bytes(b"")
     elif damage == "gone":
         record.unlink()
+    elif damage == "no offsets":
+        kept = json.loads(record.read_bytes())
+        del kept["offsets"]
+        record.write_text(json.dumps(kept))
     else:
         record.write_bytes(record.read_bytes()[:20])
     result = convert_imagefolder(src, out, options=options(samples_per_shard=2))
