@@ -14,10 +14,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
+import numpy as np
+
 from shardify.errors import InputError
 from shardify.tarfmt import BLOCK, member_size
 
-__all__ = ["SourceFile", "SampleSpec", "SampleTable", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
+__all__ = ["SourceFile", "SampleSpec", "SampleTable", "pack_record", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
            "list_input_dir"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -92,9 +94,17 @@ class SampleTable(Sequence[SampleSpec]):
     def append(self, spec: SampleSpec) -> None:
         name, identity, label, label_name, files, inline = spec
         self.payload_bytes += payload_bytes(spec)
-        self._data += marshal.dumps((name, None if identity == name else identity, label, label_name,
-                                     tuple(map(tuple, files)) if files else (), inline))
+        self._data += pack_record(name, identity, label, label_name, tuple(map(tuple, files)) if files else (), inline)
         self._ends.append(len(self._data))
+
+    def extend_records(self, data: bytes, ends: array, payload: int) -> None:
+        """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
+        ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the
+        sum of their samples' :func:`payload_bytes`."""
+        base = len(self._data)
+        self._data += data
+        self._ends.frombytes((np.frombuffer(ends, dtype=np.int64) + base).tobytes())
+        self.payload_bytes += payload
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -144,11 +154,23 @@ class SampleTable(Sequence[SampleSpec]):
         return len(self._data) + self._ends.itemsize * len(self._ends)
 
 
+def pack_record(name: str, identity: str, label: int | None, label_name: str | int | None,
+                files: tuple[tuple[str, str, int, int, bool, str | None], ...] = (),
+                inline: tuple[tuple[str, bytes], ...] = ()) -> bytes:
+    """The :class:`SampleTable` record of a sample, its files given as plain 6-tuples (every
+    field of :class:`SourceFile`): what a scanner that makes no :class:`SampleSpec` stores."""
+    return marshal.dumps((name, None if identity == name else identity, label, label_name, files, inline))
+
+
+_new_tuple = tuple.__new__  # SampleSpec(...) and SourceFile(...) run Python code; this does not
+
+
 def _unpack(record: bytes | bytearray) -> SampleSpec:
-    """The sample of one :class:`SampleTable` record."""
+    """The sample of one :class:`SampleTable` record (made millions of times by a plan)."""
     name, identity, label, label_name, files, inline = marshal.loads(record)
-    return SampleSpec(name, name if identity is None else identity, label, label_name,
-                      tuple(SourceFile(*f) for f in files) if files else (), inline)
+    if files:
+        files = tuple([_new_tuple(SourceFile, f) for f in files])
+    return _new_tuple(SampleSpec, (name, name if identity is None else identity, label, label_name, files, inline))
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,7 @@ class ConvertResult:
 def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
                         options: ConvertOptions) -> ConvertResult:
     """Convert an ImageFolder tree into split ``options.split`` of the dataset at ``out``."""
-    scan = scan_imagefolder(src, follow_symlinks=options.follow_symlinks)
+    scan = scan_imagefolder(src, follow_symlinks=options.follow_symlinks, workers=options.workers)
     return convert_scans({options.split: scan}, out, options=options)
 
 

@@ -171,3 +171,70 @@ def test_listing_rows_without_file_or_label(tmp_path: Path, options) -> None:
     result = convert_listing(listing, tmp_path / "out", options=options())
     reasons = sorted(p.reason for p in result.splits["train"].skipped)
     assert reasons == ["missing.txt: cannot stat: No such file or directory", "no label", "row has neither 'path' nor 'id'"]
+
+
+def _tricky_tree(root: Path, make_image) -> Path:
+    """Classes with nested folders, hidden and non-image files, links in and out of the
+    root, a link loop, a dangling link and an empty class."""
+    jpeg = make_image()
+    files = {f"c{c}/{d}{i}.{ext}": jpeg for c in range(5) for i in range(3)
+             for d, ext in (("", "jpg"), ("sub/", "PNG"), ("sub/deeper/", "JPEG"))}
+    files |= {"c1/.hidden.jpg": jpeg, "c2/notes.txt": b"x", "c3/.cache/x.jpg": jpeg, "top.jpg": jpeg,
+              "../outside/o.jpg": jpeg}
+    _write(root, files)
+    (root / "c0" / "in_link.jpg").symlink_to(root / "c1" / "0.jpg")
+    (root / "c0" / "out_link.jpg").symlink_to(root.parent / "outside" / "o.jpg")
+    (root / "c2" / "loop").symlink_to(root / "c2")
+    (root / "c4" / "dangling.jpg").symlink_to(root / "nothing.jpg")
+    (root / "c9_empty").mkdir()
+    return root
+
+
+def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_image, monkeypatch) -> None:
+    """The scan of a big tree runs its class folders in a pool; the result is the same
+    samples, payload, problems and notes, in the same order, as in one process."""
+    import multiprocessing
+
+    from shardify.convert.inputs import imagefolder
+    from shardify.convert.inputs.inputs import SampleTable
+
+    root = _tricky_tree(tmp_path / "src", make_image)
+    contexts: list[str] = []
+
+    class SpyMP:  # counts the pools the scan starts
+        def get_context(self, method: str):  # noqa: ANN201
+            contexts.append(method)
+            return multiprocessing.get_context(method)
+
+    monkeypatch.setattr(imagefolder, "mp", SpyMP())
+    one = scan_imagefolder(root, workers=1)
+    assert contexts == []
+    monkeypatch.setattr(imagefolder, "POOL_MIN_FILES", 0)
+    pooled = scan_imagefolder(root, workers=2)
+    assert len(contexts) == 1  # the pool ran
+    assert list(pooled.samples) == list(one.samples) and len(one.samples) == 5 * 9 + 1
+    assert (pooled.classes, pooled.problems, pooled.notes) == (one.classes, one.problems, one.notes)
+    assert pooled.samples.payload_bytes == one.samples.payload_bytes == SampleTable(one.samples).payload_bytes
+    assert {p.reason for p in one.problems} >= {"hidden", "not an image file (extension)",
+                                                "symbolic link points outside the source root",
+                                                "folder reached twice through symbolic links"}
+    assert one.notes == ["class 'c9_empty' (label 5) has no images"]
+    # the records are what SampleTable.append makes of the same samples
+    assert list(SampleTable(one.samples)) == list(one.samples)
+    assert [s.identity for s in one.samples][:4] == ["c0/0.jpg", "c0/1.jpg", "c0/2.jpg", "c0/in_link.jpg"]
+    spec = one.samples[0]
+    assert (spec.name, spec.label, spec.label_name, spec.files[0].ext, spec.files[0].is_image) == (
+        "c0/0", 0, "c0", "jpg", True)
+
+
+def test_small_trees_are_scanned_without_a_pool(tmp_path: Path, make_image, monkeypatch) -> None:
+    import multiprocessing
+
+    from shardify.convert.inputs import imagefolder
+
+    root = _tricky_tree(tmp_path / "src", make_image)
+    started: list[str] = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(imagefolder.mp, "get_context", lambda m: started.append(m) or real(m))
+    assert len(scan_imagefolder(root, workers=4).samples) == 46
+    assert started == []  # 9 images a class, 6 classes: far below POOL_MIN_FILES
