@@ -12,6 +12,7 @@ import hashlib
 import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -102,6 +103,9 @@ def key_from_name(name: str, *, identity: str | None = None) -> tuple[str, bool]
     """
     if _is_key(name):
         return name, False  # most IDs: the rules below would keep it as it is
+    joined = name.replace("/", "__")
+    if _is_key(joined) and name[-1] != "/":
+        return joined, False  # most relative paths (no "\\", no "/" at either end): as below, faster
     joined = name.replace("\\", "/").strip("/").replace("/", "__")
     safe = _UNSAFE.sub("_", joined)
     rewritten = safe != joined or not safe or not safe[0].isalnum()
@@ -133,6 +137,12 @@ class KeyList(Sequence[str]):
     def append(self, key: str) -> None:
         self._data += key.encode("ascii")
         self._ends.append(len(self._data))
+
+    def extend(self, keys: Sequence[str]) -> None:
+        """Append ``keys`` (ASCII strings): one buffer write for them all."""
+        base = len(self._data)
+        self._data += "".join(keys).encode("ascii")  # so each key's length in bytes is its len()
+        self._ends.frombytes((np.fromiter(map(len, keys), np.int64, len(keys)).cumsum() + base).tobytes())
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -200,14 +210,10 @@ def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None
         raise ValueError(f"{len(names)=} and {len(ids)=} should be equal")
     candidates = KeyList()
     hashes = array("q")
-    for j, n in enumerate(names):  # the identity is read only for a name rewritten with a hash
-        c = n
-        if not _is_key(n):
-            c, rewritten = key_from_name(n)
-            if rewritten and ids is not names:
-                c = key_from_name(n, identity=ids[j])[0]
-        candidates.append(c)
-        hashes.append(hash(c))
+    pending = _candidate_keys(names, ids)
+    while chunk := list(islice(pending, 1 << 16)):
+        candidates.extend(chunk)
+        hashes.extend(map(hash, chunk))
     counts: dict[str, int] = {}
     for j in _repeated(hashes):
         counts[candidates[j]] = counts.get(candidates[j], 0) + 1
@@ -222,6 +228,16 @@ def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None
         hashes = array("q", (hash(keys[j]) for j in range(len(keys))))
     _check_unique(ids, keys, hashes)
     return keys
+
+
+def _candidate_keys(names: Sequence[str], ids: Sequence[str]) -> Iterator[str]:
+    """:func:`key_from_name` of each name; its identity is read only for a name rewritten
+    with a hash."""
+    for j, n in enumerate(names):
+        c, rewritten = key_from_name(n)
+        if rewritten and ids is not names:
+            c = key_from_name(n, identity=ids[j])[0]
+        yield c
 
 
 def _check_unique(names: Sequence[str], keys: KeyList, hashes: array) -> None:

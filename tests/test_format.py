@@ -225,3 +225,50 @@ def test_repeated_finds_exactly_the_values_seen_twice(values: list[int]) -> None
 
     counts = Counter(values)
     assert _repeated(array("q", values)) == [j for j, v in enumerate(values) if counts[v] > 1]
+
+
+def _key_rule(name: str, identity: str | None = None) -> tuple[str, bool]:
+    """key_from_name's documented rule, step by step (the reference its fast paths must equal)."""
+    import hashlib
+    import re
+
+    joined = name.replace("\\", "/").strip("/").replace("/", "__")
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", joined)
+    rewritten = safe != joined or not safe or not safe[0].isalnum()
+    if not safe or not safe[0].isalnum():
+        safe = "k" + safe
+    rewritten = rewritten or len(safe) > MAX_KEY_LENGTH
+    if rewritten:
+        digest = hashlib.sha1((name if identity is None else identity).encode("utf-8", "surrogateescape")).hexdigest()
+        safe = safe[:MAX_KEY_LENGTH - 11] + "-" + digest[:10]
+    return safe, rewritten
+
+
+_PATHS = st.text(alphabet="ab0_-/\\. é", max_size=90) | st.lists(
+    st.text(alphabet="aZ9_-", min_size=1, max_size=30), min_size=1, max_size=4).map("/".join)
+
+
+@given(_PATHS)
+@settings(max_examples=500, deadline=None)
+def test_key_from_name_follows_its_rule(name: str) -> None:
+    assert key_from_name(name) == _key_rule(name)
+    assert key_from_name(name, identity="x/" + name) == _key_rule(name, "x/" + name)
+
+
+@pytest.mark.parametrize("name", ["a/b", "a/", "/a", "a//b", "a/b/", "a\\b", "_a/b", "a/_b", "a/b.c",
+                                  "x" * 39 + "/" + "y" * 39, "x" * 40 + "/" + "y" * 39, "0/-", "-/0"])
+def test_key_from_name_edges_of_the_path_fast_path(name: str) -> None:
+    assert key_from_name(name) == _key_rule(name)
+
+
+@given(st.lists(st.lists(st.text(alphabet="ab0_-", max_size=12), max_size=5), max_size=6))
+def test_keylist_extend_equals_appends(chunks: list[list[str]]) -> None:
+    from shardify.keys import KeyList
+
+    one, many = KeyList(), KeyList()
+    for chunk in chunks:
+        one.extend(chunk)
+        for key in chunk:
+            many.append(key)
+    assert list(one) == list(many) == [k for chunk in chunks for k in chunk]
+    assert (one._data, one._ends) == (many._data, many._ends)
