@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+import multiprocessing as mp
 import random
+import sys
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import attrgetter
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
-from shardify.convert.options import ConvertOptions
+from shardify.convert.options import ConvertOptions, worker_count
 from shardify.keys import KeyList, assign_keys
-from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
+from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, VERSION_CHARS
 
 __all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "metadata_needed",
            "shuffle_order"]
@@ -116,16 +120,16 @@ def metadata_json(spec: SampleSpec) -> bytes:
     written out by hand with json's own C string encoder: made once per sample, twice per
     conversion, it was the plan's largest cost at 1.3 M image files.
     """
-    parts = []
-    if spec.files and [f.path for f in spec.files] != [spec.identity]:
-        files = {f.ext: f.path for f in spec.files}
-        parts.append('"files":{' + ",".join(f"{_string(ext)}:{_string(files[ext])}" for ext in sorted(files)) + "}")
+    head = "{"
+    files, identity = spec.files, spec.identity
+    if files and (len(files) != 1 or files[0].path != identity):  # [f.path for f in files] != [identity]
+        by_ext = {f.ext: f.path for f in files}
+        head += '"files":{' + ",".join(f"{_string(ext)}:{_string(by_ext[ext])}" for ext in sorted(by_ext)) + "},"
     label = spec.label_name
     if label is not None:
-        parts.append('"label":' + (_string(label) if type(label) is str
-                                   else str(label) if type(label) is int else _compact(label)))
-    parts.append('"path":' + _string(spec.identity))
-    return ("{" + ",".join(parts) + "}").encode("ascii")
+        head += '"label":' + (_string(label) if type(label) is str
+                              else str(label) if type(label) is int else _compact(label)) + ","
+    return (head + '"path":' + _string(identity) + "}").encode("ascii")
 
 
 _string: Callable[[str], str] = encode_basestring_ascii
@@ -174,21 +178,27 @@ def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
 
 
 def _sample_bytes(spec: SampleSpec, meta: bytes | None) -> int:
-    total = member_size(len(meta)) if meta is not None else 0
+    """The tar bytes of a sample's members: :func:`member_size` of each, written out (per sample)."""
+    total = 0 if meta is None else BLOCK + (len(meta) + _PAD) // BLOCK * BLOCK
     if spec.label is not None:
-        total += member_size(len(str(spec.label)))
+        total += BLOCK + (len(str(spec.label)) + _PAD) // BLOCK * BLOCK
     for f in spec.files:
-        total += member_size(f.size)
+        total += BLOCK + (f.size + _PAD) // BLOCK * BLOCK
     for _, data in spec.inline:
-        total += member_size(len(data))
+        total += BLOCK + (len(data) + _PAD) // BLOCK * BLOCK
     return total
+
+
+_PAD = BLOCK - 1
 
 
 def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     """Order the samples (seeded shuffle unless disabled), key them, and pack them into shards.
 
     Memory: the scan's samples are read one at a time; the plan adds the keys (~20 bytes
-    each), the order (8 bytes each) and two numbers per shard.
+    each), the order (8 bytes each) and two numbers per shard. A big split (at least
+    :data:`POOL_MIN_SAMPLES`) is sized and hashed by ``options.workers`` forked processes,
+    a chunk of the order each; the plan is the same with any number.
     """
     specs: Sequence[SampleSpec] = scan.samples
     keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"))
@@ -201,41 +211,97 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     classes = tuple(scan.classes)
     limit = options.shard_bound(total_payload_bytes(specs))
     per_shard = options.samples_per_shard
-    mode = options.metadata
-    sha256 = hashlib.sha256
     sizes: list[int] = []
     shard_bytes: list[int] = []
     count = 0
     current_bytes = len(END_OF_ARCHIVE)
-    hashed: list[bytes] = []  # the fingerprint's input, fed to the hasher in batches (same digest)
-    picked = specs.take(order) if isinstance(specs, SampleTable) else (specs[i] for i in order)
-    for spec, key in zip(picked, keys.take(order)):
-        meta = _meta(spec, key, mode, classes)
-        size = _sample_bytes(spec, meta)
-        full = (per_shard is not None and count >= per_shard) or (
-            limit is not None and count and current_bytes + size > limit)
-        if full:
-            sizes.append(count)
-            shard_bytes.append(current_bytes)
-            count, current_bytes = 0, len(END_OF_ARCHIVE)
-        count += 1
-        current_bytes += size
-        hashed.append(f"{len(sizes)}\0{key}\0{spec.label}\0".encode())
-        hashed.append(meta if meta is not None else b"\0")
-        for f in spec.files:
-            hashed.append(f"{f.ext}\0{f.path}\0{f.size}\0{f.mtime_ns}\0".encode("utf-8", "surrogateescape"))
-        for ext, data in spec.inline:
-            hashed.append(ext.encode() + b"\0" + sha256(data).digest())
-        if len(hashed) >= 4096:
-            hasher.update(b"".join(hashed))
-            hashed.clear()
-    hasher.update(b"".join(hashed))
+    prefix = b"0\0"  # each sample's fingerprint input starts with its shard's index
+    job = (specs, keys, order, options.metadata, classes)
+    for chunk_sizes, fragments in _sized_chunks(job, options.workers):
+        run = 0  # where this chunk's samples of the current shard start
+        for j, size in enumerate(chunk_sizes):
+            if (per_shard is not None and count >= per_shard) or (
+                    limit is not None and count and current_bytes + size > limit):
+                if j > run:
+                    hasher.update(prefix + prefix.join(fragments[run:j]))
+                sizes.append(count)
+                shard_bytes.append(current_bytes)
+                count, current_bytes = 0, len(END_OF_ARCHIVE)
+                prefix, run = b"%d\0" % len(sizes), j
+            count += 1
+            current_bytes += size
+        if len(fragments) > run:
+            hasher.update(prefix + prefix.join(fragments[run:]))
     if count:
         sizes.append(count)
         shard_bytes.append(current_bytes)
     return SplitPlan(split=options.split, fingerprint=hasher.hexdigest(), shard_sizes=tuple(sizes),
                      shard_bytes=tuple(shard_bytes), specs=specs, keys=keys, order=order,
                      metadata=options.metadata, classes=classes)
+
+
+POOL_MIN_SAMPLES = 200_000
+"""Splits of fewer samples are planned in this process: forking would cost more than it saves."""
+_CHUNK = 1 << 13
+"""Positions of the order per job: about 1.5 MB of fingerprint input at most."""
+
+_Job = tuple[Sequence[SampleSpec], KeyList, Sequence[int], str, tuple[str, ...]]
+"""``(samples, keys, order, metadata mode, classes)``: what every chunk of a plan reads."""
+_worker_job: _Job | None = None
+"""A planning process's job, inherited through fork (never pickled)."""
+
+
+def _sized_chunks(job: _Job, workers: int) -> Iterator[tuple[list[int], list[bytes]]]:
+    """:func:`_plan_chunk` of every chunk of the order, in order; in a pool of forked
+    processes (Linux) for a big plan, at most two chunks a worker ahead of the caller."""
+    n = len(job[2])
+    bounds = [(lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK)]
+    workers = min(worker_count(workers), len(bounds))
+    if workers < 2 or n < POOL_MIN_SAMPLES or sys.platform != "linux":
+        for lo, hi in bounds:
+            yield _plan_chunk(job, lo, hi)
+        return
+    global _worker_job
+    _worker_job = job  # the workers fork with it; cleared below so the parent does not keep it
+    try:
+        pool = mp.get_context("fork").Pool(workers)
+    finally:
+        _worker_job = None
+    with pool:
+        todo = iter(bounds)
+        pending = deque(pool.apply_async(_plan_chunk_in_worker, b) for b in islice(todo, 2 * workers))
+        while pending:
+            done = pending.popleft().get()
+            pending.extend(pool.apply_async(_plan_chunk_in_worker, b) for b in islice(todo, 1))
+            yield done
+
+
+def _plan_chunk_in_worker(lo: int, hi: int) -> tuple[list[int], list[bytes]]:
+    assert _worker_job is not None, "set before the fork"
+    return _plan_chunk(_worker_job, lo, hi)
+
+
+def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
+    """The tar bytes of the samples at positions ``lo..hi`` of the order, and what each adds
+    to the plan's fingerprint after its shard's index: its key, label, ``.json`` member,
+    files and inline fields."""
+    specs, keys, order, mode, classes = job
+    positions = order[lo:hi]
+    picked = specs.take(positions) if isinstance(specs, SampleTable) else (specs[i] for i in positions)
+    sha256 = hashlib.sha256
+    sizes: list[int] = []
+    fragments: list[bytes] = []
+    always = mode == "always"
+    for spec, key in zip(picked, keys.take(positions)):
+        meta = metadata_json(spec) if always or metadata_needed(spec, key, classes) else None  # _meta
+        sizes.append(_sample_bytes(spec, meta))
+        parts = [f"{key}\0{spec.label}\0".encode(), meta if meta is not None else b"\0"]
+        for f in spec.files:
+            parts.append(f"{f.ext}\0{f.path}\0{f.size}\0{f.mtime_ns}\0".encode("utf-8", "surrogateescape"))
+        for ext, data in spec.inline:
+            parts.append(ext.encode() + b"\0" + sha256(data).digest())
+        fragments.append(b"".join(parts))
+    return sizes, fragments
 
 
 class _Column(Sequence[str]):
