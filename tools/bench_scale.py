@@ -65,8 +65,9 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _stage(kind: str, src: str, out: "mp.Queue[dict[str, float]]") -> None:
-    """Scan then plan in this (fresh) process; report time and peak memory after each."""
+def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]") -> None:
+    """Scan then plan in this (fresh) process; report time and peak memory after each (and
+    of the scan's worker processes, if it started any)."""
     from shardify.convert.inputs.imagefolder import scan_imagefolder
     from shardify.convert.inputs.listing import scan_listing
     from shardify.convert.options import ConvertOptions
@@ -74,19 +75,20 @@ def _stage(kind: str, src: str, out: "mp.Queue[dict[str, float]]") -> None:
 
     base = _peak_mb()
     t0 = time.perf_counter()
-    scan = scan_listing(src)["train"] if kind == "listing" else scan_imagefolder(src)
+    scan = scan_listing(src)["train"] if kind == "listing" else scan_imagefolder(src, workers=workers)
     t1 = time.perf_counter()
     scan_peak = _peak_mb()
     plan = plan_split(scan, ConvertOptions(progress=False))
     t2 = time.perf_counter()
-    out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base,
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base, "kids_mb": kids,
              "scan_s": t1 - t0, "scan_peak_mb": scan_peak, "plan_s": t2 - t1, "plan_peak_mb": _peak_mb()})
 
 
-def measure_stages(kind: str, src: Path) -> dict[str, float]:
+def measure_stages(kind: str, src: Path, workers: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     q: mp.Queue[dict[str, float]] = ctx.Queue()
-    p = ctx.Process(target=_stage, args=(kind, str(src), q))
+    p = ctx.Process(target=_stage, args=(kind, str(src), workers, q))
     p.start()
     result = q.get()
     p.join()
@@ -126,7 +128,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardify-bench-scale")
     ap.add_argument("--tree", action="store_true", help="also an image folder of --rows tiny JPEGs")
     ap.add_argument("--write", action="store_true", help="also run the whole conversion (slow)")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2, help="processes for the scan and the conversion")
     ap.add_argument("--no-listing", action="store_true", help="with --tree: measure the image folder only")
     args = ap.parse_args()
     args.data.mkdir(parents=True, exist_ok=True)
@@ -142,9 +144,9 @@ def main() -> None:
         print(f"tree: {tree} (made in {time.perf_counter() - t0:.1f} s)")
         kinds.append(("imagefolder", tree))
     for kind, src in kinds:
-        r = measure_stages(kind, src)
+        r = measure_stages(kind, src, args.workers)
         print(f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
-              f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB), "
+              f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB, its workers {r['kids_mb']:.0f} MB), "
               f"plan {r['plan_s']:.1f} s (peak {r['plan_peak_mb']:.0f} MB); "
               f"scan+plan {r['scan_s'] + r['plan_s']:.1f} s; interpreter alone {r['base_mb']:.0f} MB")
         if args.write:
