@@ -30,6 +30,7 @@ __all__ = [
     "split_member_name",
     "key_from_name",
     "assign_keys",
+    "candidate_keys",
     "KeyList",
 ]
 
@@ -196,38 +197,51 @@ def _check_all(keys: KeyList, *, chunk: int = 1 << 16) -> None:
             check_key(keys[lo + j])
 
 
-def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None) -> KeyList:
+def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None,
+                candidates: Iterable[Sequence[str]] | None = None) -> KeyList:
     """Keys for ``names`` (relative paths or IDs without extension): valid, unique, stable.
 
     ``identities`` (default: ``names``) are the full original names hashed into rewritten
     keys. Names that map to the same candidate key all get the hash suffix of their
     identity; the result depends only on the set of inputs, never on their order.
     Memory stays small at millions of names: candidates are compared by hash, and only
-    those whose hashes repeat are compared as strings.
+    those whose hashes repeat are compared as strings. ``candidates``: the names'
+    :func:`candidate_keys`, a chunk at a time in order, when the caller made them (in
+    worker processes, say).
     """
     ids = names if identities is None else identities
     if len(ids) != len(names):
         raise ValueError(f"{len(names)=} and {len(ids)=} should be equal")
-    candidates = KeyList()
+    if candidates is None:
+        pending = _candidate_keys(names, ids)
+        candidates = iter(lambda: list(islice(pending, 1 << 16)), [])
+    made = KeyList()
     hashes = array("q")
-    pending = _candidate_keys(names, ids)
-    while chunk := list(islice(pending, 1 << 16)):
-        candidates.extend(chunk)
+    for chunk in candidates:
+        made.extend(chunk)
         hashes.extend(map(hash, chunk))
+    if len(made) != len(names):
+        raise ValueError(f"{len(made)} candidates for {len(names)} names")
     counts: dict[str, int] = {}
     for j in _repeated(hashes):
-        counts[candidates[j]] = counts.get(candidates[j], 0) + 1
+        counts[made[j]] = counts.get(made[j], 0) + 1
     clashing = {c for c, n in counts.items() if n > 1}
     if not clashing:
-        keys = candidates
+        keys = made
     else:
         keys = KeyList()
-        for j in range(len(candidates)):
-            c = candidates[j]
+        for j in range(len(made)):
+            c = made[j]
             keys.append(_with_hash(c, ids[j]) if c in clashing else c)
         hashes = array("q", (hash(keys[j]) for j in range(len(keys))))
     _check_unique(ids, keys, hashes)
     return keys
+
+
+def candidate_keys(names: Sequence[str], identities: Sequence[str]) -> list[str]:
+    """:func:`key_from_name` of each name with its identity: the keys :func:`assign_keys`
+    gives unless two names make the same one."""
+    return list(_candidate_keys(names, identities))
 
 
 def _candidate_keys(names: Sequence[str], ids: Sequence[str]) -> Iterator[str]:

@@ -67,7 +67,7 @@ def _peak_mb() -> float:
 
 def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]") -> None:
     """Scan then plan in this (fresh) process; report time and peak memory after each (and
-    of the scan's worker processes, if it started any)."""
+    of the worker processes scan and plan started, if any)."""
     from shardify.convert.inputs.imagefolder import scan_imagefolder
     from shardify.convert.inputs.listing import scan_listing
     from shardify.convert.options import ConvertOptions
@@ -146,9 +146,10 @@ def main() -> None:
     for kind, src in kinds:
         r = measure_stages(kind, src, args.workers)
         print(f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
-              f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB, its workers {r['kids_mb']:.0f} MB), "
+              f"scan {r['scan_s']:.1f} s (peak {r['scan_peak_mb']:.0f} MB), "
               f"plan {r['plan_s']:.1f} s (peak {r['plan_peak_mb']:.0f} MB); "
-              f"scan+plan {r['scan_s'] + r['plan_s']:.1f} s; interpreter alone {r['base_mb']:.0f} MB")
+              f"scan+plan {r['scan_s'] + r['plan_s']:.1f} s; their worker processes' peak {r['kids_mb']:.0f} MB; "
+              f"interpreter alone {r['base_mb']:.0f} MB")
         if args.write:
             c = measure_convert(kind, src, args.workers)
             print(f"{kind} convert (--workers {args.workers}): {c['convert_s']:.1f} s, main process peak "

@@ -134,12 +134,14 @@ class SampleTable(Sequence[SampleSpec]):
             yield spec
             start = end
 
-    def names(self) -> Iterator[str]:
-        """Every sample's ``name``, in order, without making the samples (half the time)."""
-        data, start = self._data, 0
-        for end in self._ends:
-            yield marshal.loads(data[start:end])[0]
-            start = end
+    def names(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
+        """The ``name`` of samples ``start..stop`` (default: all), in order, without making
+        the samples (half the time)."""
+        data, ends = self._data, self._ends
+        begin = ends[start - 1] if start else 0
+        for end in ends[start:stop]:
+            yield marshal.loads(data[begin:end])[0]
+            begin = end
 
     def take(self, indices: Iterable[int]) -> Iterator[SampleSpec]:
         """The samples at ``indices`` (each in ``range(len(self))``), in that order: faster than

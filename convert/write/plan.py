@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import attrgetter
+from typing import Any, TypeVar
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.options import ConvertOptions, worker_count
-from shardify.keys import KeyList, assign_keys
+from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, VERSION_CHARS
 
 __all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "metadata_needed",
@@ -197,11 +198,12 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
 
     Memory: the scan's samples are read one at a time; the plan adds the keys (~20 bytes
     each), the order (8 bytes each) and two numbers per shard. A big split (at least
-    :data:`POOL_MIN_SAMPLES`) is sized and hashed by ``options.workers`` forked processes,
-    a chunk of the order each; the plan is the same with any number.
+    :data:`POOL_MIN_SAMPLES`) is keyed, sized and hashed by ``options.workers`` forked
+    processes, a chunk of the samples each; the plan is the same with any number.
     """
     specs: Sequence[SampleSpec] = scan.samples
-    keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"))
+    keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"),
+                       candidates=_in_order(_key_chunk, specs, len(specs), options.workers))
     order: Sequence[int] = (shuffle_order(len(specs), seed=options.seed, split=options.split)
                             if options.shuffle else range(len(specs)))
     hasher = hashlib.sha256()
@@ -217,7 +219,7 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     current_bytes = len(END_OF_ARCHIVE)
     prefix = b"0\0"  # each sample's fingerprint input starts with its shard's index
     job = (specs, keys, order, options.metadata, classes)
-    for chunk_sizes, fragments in _sized_chunks(job, options.workers):
+    for chunk_sizes, fragments in _in_order(_plan_chunk, job, len(order), options.workers):
         run = 0  # where this chunk's samples of the current shard start
         for j, size in enumerate(chunk_sizes):
             if (per_shard is not None and count >= per_shard) or (
@@ -243,42 +245,52 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
 POOL_MIN_SAMPLES = 200_000
 """Splits of fewer samples are planned in this process: forking would cost more than it saves."""
 _CHUNK = 1 << 13
-"""Positions of the order per job: about 1.5 MB of fingerprint input at most."""
+"""Samples per job: about 1.5 MB of fingerprint input at most."""
 
-_Job = tuple[Sequence[SampleSpec], KeyList, Sequence[int], str, tuple[str, ...]]
-"""``(samples, keys, order, metadata mode, classes)``: what every chunk of a plan reads."""
-_worker_job: _Job | None = None
-"""A planning process's job, inherited through fork (never pickled)."""
+_T = TypeVar("_T")
+_Work = Callable[[Any, int, int], Any]
+_worker_job: tuple[_Work, Any] | None = None
+"""A planning process's work and what it reads, inherited through fork (never pickled)."""
 
 
-def _sized_chunks(job: _Job, workers: int) -> Iterator[tuple[list[int], list[bytes]]]:
-    """:func:`_plan_chunk` of every chunk of the order, in order; in a pool of forked
-    processes (Linux) for a big plan, at most two chunks a worker ahead of the caller."""
-    n = len(job[2])
+def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: int) -> Iterator[_T]:
+    """``work(job, lo, hi)`` for each chunk ``lo..hi`` of ``range(n)``, in order: in a pool
+    of ``workers`` forked processes (Linux) when ``n`` is big, at most two chunks a worker
+    ahead of the caller (so the caller holds a few MB of results)."""
     bounds = [(lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK)]
     workers = min(worker_count(workers), len(bounds))
     if workers < 2 or n < POOL_MIN_SAMPLES or sys.platform != "linux":
         for lo, hi in bounds:
-            yield _plan_chunk(job, lo, hi)
+            yield work(job, lo, hi)
         return
     global _worker_job
-    _worker_job = job  # the workers fork with it; cleared below so the parent does not keep it
+    _worker_job = (work, job)  # the workers fork with it; cleared so the parent does not keep it
     try:
         pool = mp.get_context("fork").Pool(workers)
     finally:
         _worker_job = None
     with pool:
         todo = iter(bounds)
-        pending = deque(pool.apply_async(_plan_chunk_in_worker, b) for b in islice(todo, 2 * workers))
+        pending = deque(pool.apply_async(_work_in_worker, b) for b in islice(todo, 2 * workers))
         while pending:
             done = pending.popleft().get()
-            pending.extend(pool.apply_async(_plan_chunk_in_worker, b) for b in islice(todo, 1))
+            pending.extend(pool.apply_async(_work_in_worker, b) for b in islice(todo, 1))
             yield done
 
 
-def _plan_chunk_in_worker(lo: int, hi: int) -> tuple[list[int], list[bytes]]:
+def _work_in_worker(lo: int, hi: int) -> Any:
     assert _worker_job is not None, "set before the fork"
-    return _plan_chunk(_worker_job, lo, hi)
+    work, job = _worker_job
+    return work(job, lo, hi)
+
+
+def _key_chunk(specs: Sequence[SampleSpec], lo: int, hi: int) -> list[str]:
+    """The candidate keys of samples ``lo..hi`` (in scan order)."""
+    return candidate_keys(_Column(specs, "name", lo, hi), _Column(specs, "identity", lo, hi))
+
+
+_Job = tuple[Sequence[SampleSpec], KeyList, Sequence[int], str, tuple[str, ...]]
+"""``(samples, keys, order, metadata mode, classes)``: what every chunk of a plan reads."""
 
 
 def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
@@ -305,18 +317,21 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
 
 
 class _Column(Sequence[str]):
-    """One string attribute of every sample, read on demand."""
+    """One string attribute of samples ``start..stop`` (default: all), read on demand."""
 
-    def __init__(self, specs: Sequence[SampleSpec], attr: str) -> None:
-        self.specs, self.attr = specs, attr
+    def __init__(self, specs: Sequence[SampleSpec], attr: str, start: int = 0, stop: int | None = None) -> None:
+        self.specs, self.attr, self.start = specs, attr, start
+        self.stop = len(specs) if stop is None else stop
 
     def __len__(self) -> int:
-        return len(self.specs)
+        return self.stop - self.start
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def]
-        return getattr(self.specs[i], self.attr)
+        if not 0 <= i < self.stop - self.start:
+            raise IndexError(i)
+        return getattr(self.specs[self.start + i], self.attr)
 
     def __iter__(self) -> Iterator[str]:
         if self.attr == "name" and isinstance(self.specs, SampleTable):
-            return self.specs.names()
-        return map(attrgetter(self.attr), self.specs)
+            return self.specs.names(self.start, self.stop)
+        return map(attrgetter(self.attr), self.specs[self.start:self.stop])

@@ -31,6 +31,8 @@ def _listing(tmp_path: Path, make_image) -> Path:
         row: dict[str, object] = {"path": f"img/p{i}.jpg", "label": i % 4, "text": "w" * (i * 97)}
         if i % 3 == 0:
             row["id"] = f"odd name {i}.x"
+        if i in (4, 5):  # the same candidate key: both get a hash suffix
+            row["id"] = "dup/k" if i == 4 else "dup__k"
         if i % 5 == 0:
             row["extra"] = {"n": i}
         rows.append(row)
@@ -80,6 +82,21 @@ def _reference(scan: Scan, options: ConvertOptions) -> tuple[str, list[int], lis
     return hasher.hexdigest(), sizes, nbytes
 
 
+def test_the_listing_has_clashing_keys(tmp_path, make_image) -> None:
+    keys = plan_split(scan_listing(_listing(tmp_path, make_image))["train"], ConvertOptions(workers=1)).keys
+    assert sorted(k for k in keys if k.startswith("dup"))[0].startswith("dup__k-")
+
+
+def test_assign_keys_refuses_candidates_that_do_not_match_the_names() -> None:
+    from shardify.keys import assign_keys, candidate_keys
+
+    names = ["a/b", "a__b", "c d", "e"]
+    assert list(assign_keys(names, candidates=[candidate_keys(names[:1], names[:1]), candidate_keys(names[1:], names[1:])])) \
+        == list(assign_keys(names))
+    with pytest.raises(ValueError, match="3 candidates for 4 names"):
+        assign_keys(names, candidates=[candidate_keys(names[1:], names[1:])])
+
+
 def _same(a: SplitPlan, b: SplitPlan) -> None:
     assert (a.fingerprint, a.shard_sizes, a.shard_bytes) == (b.fingerprint, b.shard_sizes, b.shard_bytes)
     assert (list(a.order), list(a.keys)) == (list(b.order), list(b.keys))
@@ -112,7 +129,7 @@ def test_plan_made_by_worker_processes_equals_the_plan_made_in_one(tmp_path, mak
         assert started == []
         monkeypatch.setattr(plan_mod, "POOL_MIN_SAMPLES", 0)
         pooled = plan_split(scan, replace(options, workers=2))
-        assert started == ["fork"]
+        assert started == ["fork", "fork"]  # one pool for the keys, one for sizes and fingerprint
         _same(pooled, alone)
         _same(pooled, plan_split(scan, replace(options, workers=3)))
         started.clear()
