@@ -83,7 +83,7 @@ def _scan_classes(jobs: list[_ClassJob], workers: int) -> Iterator[_ClassScan]:
         return
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
     with ctx.Pool(workers) as pool:
-        yield from pool.imap(_scan_class, rest, chunksize=max(1, len(rest) // (workers * 16)))
+        yield from pool.imap(_scan_class, rest, chunksize=8)  # results of ~1 MB: the caller holds few
 
 
 def _inside(real: str, real_root: str) -> bool:
