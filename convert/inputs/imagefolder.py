@@ -9,7 +9,6 @@ only when they stay inside the root (and never twice into the same folder).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 from array import array
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 
+from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import IMAGE_EXTENSIONS, Ignored, SampleTable, Scan, list_input_dir, pack_record
 from shardify.convert.options import worker_count
 from shardify.errors import InputError
@@ -81,9 +81,8 @@ def _scan_classes(jobs: list[_ClassJob], workers: int) -> Iterator[_ClassScan]:
     if workers < 2 or len(first[1]) * len(jobs) < POOL_MIN_FILES:
         yield from map(_scan_class, rest)
         return
-    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-    with ctx.Pool(workers) as pool:
-        yield from pool.imap(_scan_class, rest, chunksize=8)  # results of ~1 MB: the caller holds few
+    yield from map_in_order(_scan_class, ((job,) for job in rest), workers=workers, ahead=4,
+                            method="fork" if sys.platform == "linux" else "spawn", what=f"scanning {jobs[0][0]}")
 
 
 def _inside(real: str, real_root: str) -> bool:

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import random
 import sys
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import attrgetter
 from typing import Any, TypeVar
 
 from shardify import FORMAT_VERSION, __version__
+from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.options import ConvertOptions, worker_count
 from shardify.keys import KeyList, assign_keys, candidate_keys
@@ -248,14 +246,13 @@ _CHUNK = 1 << 13
 """Samples per job: about 1.5 MB of fingerprint input at most."""
 
 _T = TypeVar("_T")
-_Work = Callable[[Any, int, int], Any]
-_worker_job: tuple[_Work, Any] | None = None
+_worker_job: tuple[Callable[[Any, int, int], Any], Any] | None = None
 """A planning process's work and what it reads, inherited through fork (never pickled)."""
 
 
 def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: int) -> Iterator[_T]:
-    """``work(job, lo, hi)`` for each chunk ``lo..hi`` of ``range(n)``, in order: in a pool
-    of ``workers`` forked processes (Linux) when ``n`` is big, at most two chunks a worker
+    """``work(job, lo, hi)`` for each chunk ``lo..hi`` of ``range(n)``, in order: in
+    ``workers`` forked processes (Linux) when ``n`` is big, at most two chunks a worker
     ahead of the caller (so the caller holds a few MB of results)."""
     bounds = [(lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK)]
     workers = min(worker_count(workers), len(bounds))
@@ -263,23 +260,17 @@ def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: in
         for lo, hi in bounds:
             yield work(job, lo, hi)
         return
+    yield from map_in_order(_work_in_worker, bounds, workers=workers, method="fork", what="planning the split",
+                            initializer=_start_worker, initargs=(work, job))
+
+
+def _start_worker(work: Callable[[Any, int, int], Any], job: Any) -> None:
     global _worker_job
-    _worker_job = (work, job)  # the workers fork with it; cleared so the parent does not keep it
-    try:
-        pool = mp.get_context("fork").Pool(workers)
-    finally:
-        _worker_job = None
-    with pool:
-        todo = iter(bounds)
-        pending = deque(pool.apply_async(_work_in_worker, b) for b in islice(todo, 2 * workers))
-        while pending:
-            done = pending.popleft().get()
-            pending.extend(pool.apply_async(_work_in_worker, b) for b in islice(todo, 1))
-            yield done
+    _worker_job = (work, job)
 
 
 def _work_in_worker(lo: int, hi: int) -> Any:
-    assert _worker_job is not None, "set before the fork"
+    assert _worker_job is not None, "set by _start_worker"
     work, job = _worker_job
     return work(job, lo, hi)
 

@@ -98,3 +98,22 @@ def read_split():
 @pytest.fixture
 def tree_bytes():
     return _tree_bytes
+
+
+@pytest.fixture
+def spy_pools(monkeypatch):
+    """``spy(module)``: a list of the start method of each pool of worker processes that
+    ``module`` starts through ``map_in_order`` from then on (the pools still run)."""
+    from shardify.convert import driverpool
+
+    def spy(module) -> list[str]:  # noqa: ANN001
+        started: list[str] = []
+
+        def counted(*args, **kwargs):  # noqa: ANN202
+            started.append(kwargs["method"])
+            return driverpool.map_in_order(*args, **kwargs)
+
+        monkeypatch.setattr(module, "map_in_order", counted)
+        return started
+
+    return spy

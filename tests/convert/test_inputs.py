@@ -190,23 +190,14 @@ def _tricky_tree(root: Path, make_image) -> Path:
     return root
 
 
-def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_image, monkeypatch) -> None:
+def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_image, monkeypatch, spy_pools) -> None:
     """The scan of a big tree runs its class folders in a pool; the result is the same
     samples, payload, problems and notes, in the same order, as in one process."""
-    import multiprocessing
-
     from shardify.convert.inputs import imagefolder
     from shardify.convert.inputs.inputs import SampleTable
 
     root = _tricky_tree(tmp_path / "src", make_image)
-    contexts: list[str] = []
-
-    class SpyMP:  # counts the pools the scan starts
-        def get_context(self, method: str):  # noqa: ANN201
-            contexts.append(method)
-            return multiprocessing.get_context(method)
-
-    monkeypatch.setattr(imagefolder, "mp", SpyMP())
+    contexts = spy_pools(imagefolder)
     one = scan_imagefolder(root, workers=1)
     assert contexts == []
     monkeypatch.setattr(imagefolder, "POOL_MIN_FILES", 0)
@@ -227,14 +218,10 @@ def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_
         "c0/0", 0, "c0", "jpg", True)
 
 
-def test_small_trees_are_scanned_without_a_pool(tmp_path: Path, make_image, monkeypatch) -> None:
-    import multiprocessing
-
+def test_small_trees_are_scanned_without_a_pool(tmp_path: Path, make_image, spy_pools) -> None:
     from shardify.convert.inputs import imagefolder
 
     root = _tricky_tree(tmp_path / "src", make_image)
-    started: list[str] = []
-    real = multiprocessing.get_context
-    monkeypatch.setattr(imagefolder.mp, "get_context", lambda m: started.append(m) or real(m))
+    started = spy_pools(imagefolder)
     assert len(scan_imagefolder(root, workers=4).samples) == 46
     assert started == []  # 9 images a class, 6 classes: far below POOL_MIN_FILES

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 from dataclasses import replace
 from pathlib import Path
 
@@ -117,11 +116,9 @@ def test_chunked_plan_equals_the_sample_by_sample_definition(tmp_path, make_imag
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_plan_made_by_worker_processes_equals_the_plan_made_in_one(tmp_path, make_image, imagefolder,
-                                                                   monkeypatch, shape) -> None:
+                                                                   monkeypatch, spy_pools, shape) -> None:
     scans = _scans(tmp_path, make_image, imagefolder)
-    started: list[str] = []
-    real = multiprocessing.get_context
-    monkeypatch.setattr(plan_mod.mp, "get_context", lambda m: started.append(m) or real(m))
+    started = spy_pools(plan_mod)
     monkeypatch.setattr(plan_mod, "_CHUNK", 2)
     for scan in scans.values():
         options = ConvertOptions(progress=False, **shape)
