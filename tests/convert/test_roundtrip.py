@@ -127,6 +127,23 @@ def test_same_output_whatever_the_workers(imagefolder: Path, tmp_path: Path, opt
     assert len([k for k in one if k.endswith(".tar")]) == 4
 
 
+def test_same_output_when_scan_and_plan_run_in_worker_processes(imagefolder: Path, tmp_path: Path, options,
+                                                                 tree_bytes, monkeypatch, spy_pools) -> None:
+    """The CLI's path with the scan's and the plan's pools (a big input's) writes the bytes
+    of the path without them."""
+    from shardify.convert.inputs import imagefolder as scan_mod
+    from shardify.convert.write import plan as plan_mod
+
+    convert_imagefolder(imagefolder, tmp_path / "w1", options=options(workers=1))
+    monkeypatch.setattr(scan_mod, "POOL_MIN_FILES", 0)
+    monkeypatch.setattr(plan_mod, "POOL_MIN_SAMPLES", 0)
+    monkeypatch.setattr(plan_mod, "_CHUNK", 3)
+    scans, plans = spy_pools(scan_mod), spy_pools(plan_mod)
+    convert_imagefolder(imagefolder, tmp_path / "w2", options=options(workers=2))
+    assert (len(scans), len(plans)) == (1, 2)  # the scan's pool, the plan's two
+    assert tree_bytes(tmp_path / "w1") == tree_bytes(tmp_path / "w2")
+
+
 def test_seed_changes_order_no_shuffle_keeps_it(imagefolder: Path, tmp_path: Path, options, read_split) -> None:
     def order(name: str, **kw) -> list[str]:
         convert_imagefolder(imagefolder, tmp_path / name, options=options(**kw))
