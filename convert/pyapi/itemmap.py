@@ -10,7 +10,6 @@ naming the items it held; an error in ``fn`` itself is an outcome, not an except
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import mmap
 import multiprocessing as mp
@@ -18,8 +17,9 @@ import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
+from shardify.convert.driverpool import Ahead
 from shardify.convert.pyapi.pywriter import check_label
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
 from shardify.convert.write.writer import member_parts
@@ -196,40 +196,6 @@ def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, e
         yield from _map_pool(runner, chunks, workers=workers)
 
 
-H = TypeVar("H")
-
-
-class _Ahead(Generic[H]):
-    """Chunks handed to ``submit`` up to ``window`` ahead of the one being taken back, which
-    iteration yields in order with its handle (a future, a Ray reference)."""
-
-    def __init__(self, chunks: Iterable[Chunk], window: int, submit: Callable[[Chunk], H]) -> None:
-        self._source = iter(chunks)
-        self._window = window
-        self._submit = submit
-        self.pending: collections.deque[tuple[Chunk, H]] = collections.deque()
-        """Submitted and not yet taken back; the first is the one being taken back."""
-        self._drawn: Chunk | None = None
-
-    def __iter__(self) -> Iterator[tuple[Chunk, H]]:
-        while True:
-            while len(self.pending) < self._window:
-                self._drawn = next(self._source, None)
-                if self._drawn is None:
-                    break
-                self.pending.append((self._drawn, self._submit(self._drawn)))
-            if not self.pending:
-                return
-            yield self.pending[0]
-            self.pending.popleft()
-
-    def in_flight(self) -> list[Chunk]:
-        """The chunks a worker may have held: those pending, else the one being submitted."""
-        if self.pending:
-            return [c for c, _ in self.pending]
-        return [self._drawn] if self._drawn is not None else []
-
-
 def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> Iterator[tuple[Chunk, ChunkOut]]:
     # fork (Linux): fn reaches the workers without pickling, so lambdas and closures work,
     # and the shared memory mapped here is the workers' too.
@@ -246,7 +212,7 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
             slot = slots.free.pop() if slots is not None else None
             return slot, pool.submit(_run_in_worker, chunk, slot)
 
-        ahead = _Ahead(chunks, window, submit)
+        ahead = Ahead(chunks, window, submit)
         try:
             for chunk, (slot, future) in ahead:
                 got = future.result()
@@ -280,7 +246,7 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)
         window = 2 * max(workers, int(ray.cluster_resources().get("CPU", 1)))
-        ahead = _Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk))
+        ahead = Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk))
         try:
             for chunk, ref in ahead:
                 try:
