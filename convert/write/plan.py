@@ -24,7 +24,7 @@ from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.options import ConvertOptions, worker_count
 from shardify.keys import KeyList, assign_keys, candidate_keys
-from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, VERSION_CHARS
+from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
 
 __all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "metadata_needed",
            "shuffle_order"]
@@ -177,18 +177,14 @@ def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
 
 
 def _sample_bytes(spec: SampleSpec, meta: bytes | None) -> int:
-    """The tar bytes of a sample's members: :func:`member_size` of each, written out (per sample)."""
-    total = 0 if meta is None else BLOCK + (len(meta) + _PAD) // BLOCK * BLOCK
+    total = member_size(len(meta)) if meta is not None else 0
     if spec.label is not None:
-        total += BLOCK + (len(str(spec.label)) + _PAD) // BLOCK * BLOCK
+        total += member_size(len(str(spec.label)))
     for f in spec.files:
-        total += BLOCK + (f.size + _PAD) // BLOCK * BLOCK
+        total += member_size(f.size)
     for _, data in spec.inline:
-        total += BLOCK + (len(data) + _PAD) // BLOCK * BLOCK
+        total += member_size(len(data))
     return total
-
-
-_PAD = BLOCK - 1
 
 
 def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
@@ -294,9 +290,8 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     sha256 = hashlib.sha256
     sizes: list[int] = []
     fragments: list[bytes] = []
-    always = mode == "always"
     for spec, key in zip(picked, keys.take(positions)):
-        meta = metadata_json(spec) if always or metadata_needed(spec, key, classes) else None  # _meta
+        meta = _meta(spec, key, mode, classes)
         sizes.append(_sample_bytes(spec, meta))
         parts = [f"{key}\0{spec.label}\0".encode(), meta if meta is not None else b"\0"]
         for f in spec.files:
