@@ -3,11 +3,15 @@
 Each stream ``i`` (its shards are numbered after those of the streams before it) takes
 ``c = counts[i]`` of its ``N`` samples per epoch: ``c // N`` whole passes (its shards laid
 end to end in a seeded order; natural without shuffle; stream 0's first pass is the shard
-order of a single source's epoch), then ``c % N`` samples: positions ``[e * r, (e + 1) * r)``
-of an endless sequence of further such passes. So a stream asked for fewer samples than it
-has gives a different subset each epoch and uses every sample once before any twice; asked
-for more, every sample appears (``c // N`` times) before any repeats more. ``stream_counts`` splits an epoch size by
-weight with largest-remainder rounding, so the counts add up.
+order of a single source's epoch), then ``r = c % N`` more: epoch ``e`` takes positions
+``[e * r, (e + 1) * r)`` of one pass read round and round (position ``p`` is sample
+``p mod N`` of the pass). So the extra part of an epoch never holds a sample twice, however
+it falls across the end of the pass, and consecutive epochs walk through the stream: every
+sample is used once before any twice, and an oversampled epoch holds each sample ``c // N``
+or ``c // N + 1`` times. The pass is reshuffled only where an epoch boundary meets a pass
+boundary, every ``lcm(N, r) / r`` epochs (cycle ``k`` uses order ``k``), since a new order
+begun mid-epoch could repeat a sample of the old one. ``stream_counts`` splits an epoch size
+by weight with largest-remainder rounding, so the counts add up.
 
 With shuffle, the streams' takes are then cut into blocks of ``block`` samples (read with
 one seek each) and the blocks put in a seeded random order: batches mix the streams, and
@@ -17,6 +21,7 @@ sorted by class. Everything here is a pure function of its arguments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,9 +73,10 @@ def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuf
     """Stream ``stream``'s ``count`` samples of ``epoch`` (shard indices shifted by ``offset``).
 
     ``count // N`` whole passes over the stream's ``N`` samples (pass 0 of stream 0 is the
-    shard order of a single source's epoch), then ``count % N`` samples taken in turn from an
-    endless sequence of further passes: so an epoch holds every sample ``count // N`` or
-    ``count // N + 1`` times, and the extra ones go through every sample before any twice.
+    shard order of a single source's epoch), then ``count % N`` samples: the epoch's window of
+    one pass read round and round (see the module's docstring). So an epoch holds every sample
+    ``count // N`` or ``count // N + 1`` times, and the extra ones go through every sample
+    before any twice, over consecutive epochs.
     """
     sizes_np = np.asarray(sizes, dtype=np.int64).reshape(-1)
     n = int(sizes_np.sum())
@@ -84,13 +90,13 @@ def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuf
         pass_seed = (seed if stream == 0 else derive_seed("cycle", seed, stream)) if j == 0 else derive_seed(
             "pass", seed, stream, j)
         _whole(sizes_np, shard_order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), offset, 0, n, out)
-    lo, hi = epoch * rest, (epoch + 1) * rest
-    while lo < hi:
-        q, at = divmod(lo, n)
-        order = shard_order(len(sizes), seed=derive_seed("rest", seed, stream), epoch=q, shuffle=shuffle)
-        take = min(hi - lo, n - at)
-        _whole(sizes_np, order, offset, at, at + take, out)
-        lo += take
+    if rest:
+        cycle, at = divmod(epoch * rest, n // math.gcd(n, rest) * rest)  # cycles end on a pass and an epoch
+        order = shard_order(len(sizes), seed=derive_seed("rest", seed, stream), epoch=cycle, shuffle=shuffle)
+        at %= n
+        head = min(rest, n - at)
+        _whole(sizes_np, order, offset, at, at + head, out)
+        _whole(sizes_np, order, offset, 0, rest - head, out)  # round to the pass's start: r <= N, no overlap
     return out
 
 

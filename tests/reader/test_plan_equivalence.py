@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -67,13 +68,14 @@ def reference_take(sizes, *, count, epoch, seed, shuffle, stream=0, offset=0):
             "pass", seed, stream, j)
         reference_whole(sizes, shard_order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), offset, 0, n,
                         out)
-    lo, hi = epoch * rest, (epoch + 1) * rest
-    while lo < hi:
-        q, at = divmod(lo, n)
-        order = shard_order(len(sizes), seed=derive_seed("rest", seed, stream), epoch=q, shuffle=shuffle)
-        take = min(hi - lo, n - at)
-        reference_whole(sizes, order, offset, at, at + take, out)
-        lo += take
+    if rest:  # positions [e r, (e + 1) r) of one pass read round and round; a new pass each lcm(n, r)
+        lo = epoch * rest
+        cycle = lo // math.lcm(n, rest)
+        order = shard_order(len(sizes), seed=derive_seed("rest", seed, stream), epoch=cycle, shuffle=shuffle)
+        laid = [(offset + j, i) for j in order for i in range(sizes[j])]
+        for p in range(lo, lo + rest):
+            shard, i = laid[p % n]
+            append_range(out, shard, i, i + 1)
     return out
 
 
