@@ -1,7 +1,9 @@
 """The training side: stream shards into a PyTorch training loop.
 
 ``ShardedDataset`` yields whole batches, the same number on every rank, exactly once per
-epoch, from one source or weighted ``Stream``s; ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
+epoch, from one source or weighted ``Stream``s, its rarer options in small groups
+(``ShuffleOptions``, ``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``ErrorOptions``,
+``CacheOptions``); ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
 ``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output).
 """
 
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 from shardify.reader.sample import transforms
 from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
-from shardify.reader.dataset import ReadOptions, ShardedDataset
+from shardify.reader.dataset import ShardedDataset
+from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
+                                     SamplingOptions, ShuffleOptions)
 from shardify.reader.streams import Stream
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
@@ -20,6 +24,12 @@ __all__ = [
     "ShardedDataset",
     "Stream",
     "ReadOptions",
+    "ShuffleOptions",
+    "BatchOptions",
+    "SamplingOptions",
+    "DecodeOptions",
+    "ErrorOptions",
+    "CacheOptions",
     "make_loader",
     "Loader",
     "DevicePrefetcher",

@@ -35,6 +35,7 @@ from shardify.reader.plan.mix import epoch_sequence
 from shardify.reader.plan.resume import PlanOptions
 from shardify.reader.plan.simulate import Entry, rank_batches
 from shardify.reader.dataset import ShardedDataset
+from shardify.reader.options import ShuffleOptions
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.errors import SplitRequiredError
@@ -263,7 +264,7 @@ def run_bench(
 
     base = process_memory()
     ds = ShardedDataset(source, batch_size=batch_size, shuffle=True, seed=0, transform=transform,
-                        shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+                        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block))
     _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base)
     del ds
 
@@ -315,7 +316,7 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
     base = process_memory()
     fields = output_fields(None, source.fields, where=f"{source.name} split {source.split!r}")
     ds = ShardedDataset(source, batch_size=result["batch_size"], shuffle=True, seed=0, fields=fields,
-                        shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
+                        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block))
     result["fields"] = list(fields)
     result["not_measured"] = (
         f"this split holds no images (its fields: {', '.join(source.fields) or 'unknown'}), so (a) image "

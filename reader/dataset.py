@@ -23,7 +23,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,13 +37,14 @@ from shardify.reader.sample.fields import output_fields
 from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.plan.shuffle import derive_seed, reorder
-from shardify.reader.io.checksums import ChecksumSpec, with_checksums
+from shardify.reader.io.checksums import with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
 from shardify.reader.io.stream import Item, ShardReader
-from shardify.reader.options import ReadOptions
+from shardify.reader.deprecated import apply_old_keywords
+from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
+                                     SamplingOptions, ShuffleOptions, with_defaults)
 from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
-from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "MAX_SEGMENTS"]
 
@@ -71,7 +72,7 @@ def _checksums(source: Source) -> tuple[str, ...]:
         raise ValueError(
             f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
             f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
-            "pass verify={shard: sha256} or verify='SHA256SUMS', a sha256sum file)")
+            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)")
     return tuple(s.sha256 for s in source.shards)
 
 
@@ -82,40 +83,35 @@ class ShardedDataset(IterableDataset):
     shards without a manifest (a list or a ``{000..099}`` pattern; ``.tar``, ``.tar.gz``,
     ``.tgz``), which are counted once here. ``split``: needed when the dataset has several.
     Any of these may be a URL (``http(s)://`` or an fsspec URL): remote shards are downloaded
-    (streamed, retried, resumed with HTTP Range) into ``cache_dir`` (shared safely by workers
-    and ranks, LRU-evicted under ``cache_limit_bytes``), or without it into a small
-    per-process temporary folder; for training on remote data, give a ``cache_dir``.
+    (streamed, retried, resumed with HTTP Range) into ``cache=CacheOptions(dir=...)`` (shared
+    safely by workers and ranks, LRU-evicted under its ``limit_bytes``), or without it into a
+    small per-process temporary folder; for training on remote data, give a cache directory.
 
     Output: ``fields`` (checked against the split index, if any, when the dataset is built;
     default ``("image", "cls")``, or the split's tensor field and ``cls`` when it has no
     images: :mod:`~shardify.reader.sample.fields`) gives one column per entry (an
     extension, ``"a;b"`` alternatives, or ``"image"`` for any image extension); image fields
-    go through ``transform`` (uint8 CHW), others are decoded by extension. Or ``map(sample_dict)`` builds the output (see
-    :class:`~shardify.reader.sample.pipeline.SampleProcessor`). ``collate_fn`` (default
-    ``default_collate``) makes the batch. ``on_error="skip"`` skips bad samples and samples of
-    damaged shards, repeating good samples of the same batch in their place; see
-    :attr:`last_epoch_report`. Pickle fields load only with ``allow_pickle=True``.
-    ``verify=True`` checks each shard's SHA-256 against the split index before its samples are
-    used (once per shard and process); a mismatch raises naming the shard, or under
-    ``on_error="skip"`` every sample of the shard is skipped and counted. Shards without a
-    split index (a list, a pattern) take their checksums from ``verify={shard: sha256}`` or
-    ``verify="SHA256SUMS"`` (a ``sha256sum`` file, path or URL; see
-    :mod:`shardify.reader.io.checksums`), checked the same way.
-    ``shuffle_buffer`` encoded samples per worker; ``shuffle_block`` samples read per seek.
-    Only the fields the output needs are read from a shard (all of them with ``map``); a shard
-    holding a member over ``max_member_bytes`` (default 2 GiB) is damaged, and an image over
-    ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample (see docs/reliability.md).
-    ``bucket_length(output) -> int`` groups samples of similar length into batches, within
-    ``bucket_buffer`` samples (default 16 batches); a resume then decodes the skipped part again
-    (and needs the same topology).
+    go through ``transform`` (uint8 CHW), others are decoded by extension. Or ``map(sample_dict)``
+    builds the output (see :class:`~shardify.reader.sample.pipeline.SampleProcessor`).
+    ``__stream__`` (the stream's index), ``__key__`` and, with ``mark_repeats``, ``__valid__``
+    are there too. ``shuffle``/``seed``: the seeded shuffle; ``seed`` also seeds augmentation.
+
+    The other options come in groups (:mod:`shardify.reader.options`; each defaults to its
+    class's defaults): ``shuffling`` (:class:`ShuffleOptions`: buffer and block sizes),
+    ``batching`` (:class:`BatchOptions`: ``collate_fn``, length bucketing), ``sampling``
+    (:class:`SamplingOptions`: ``samples_per_epoch``, ``mark_repeats``), ``decoding``
+    (:class:`DecodeOptions`: ``allow_pickle``, ``max_member_bytes``), ``errors``
+    (:class:`ErrorOptions`: ``on_error="skip"``, see :attr:`last_epoch_report`; ``verify``,
+    checksums from the split index or given, see :mod:`shardify.reader.io.checksums`) and
+    ``cache`` (:class:`CacheOptions`). Only the fields the output needs are read from a shard
+    (all of them with ``map``); an image over ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad
+    sample (see docs/reliability.md). The keywords these groups replaced
+    (``shuffle_buffer=``, ``on_error=``, ...) still work for one release, with a
+    ``DeprecationWarning`` (:mod:`shardify.reader.deprecated`).
 
     Several sources: ``source`` as a list of :class:`Stream` (each with its ``weight``,
-    ``split``, ``transform``, ``map``, ``fields``); batches mix them. ``samples_per_epoch``:
-    the epoch's size (default: every sample of every stream once), split between the streams
-    by weight; with one source it trains on a new subset per epoch, or oversamples.
-    ``mark_repeats=True``: ``__valid__`` (False for the few samples repeated so that every rank
-    yields as many batches, only without ``drop_last``) in ``map`` dicts and ``fields``, for
-    exact evaluation. ``__stream__`` (the stream's index) and ``__key__`` are there too.
+    ``split``, ``transform``, ``map``, ``fields``: the per-sample keywords above, per stream);
+    batches mix them, ``sampling.samples_per_epoch`` split between the streams by weight.
     """
 
     def __init__(
@@ -127,34 +123,28 @@ class ShardedDataset(IterableDataset):
         shuffle: bool = False,
         seed: int = 0,
         transform: Callable[..., Any] | None = None,
-        drop_last: bool = False,
         fields: Sequence[str] | None = None,
         map: Callable[[dict[str, Any]], Any] | None = None,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        shuffle_buffer: int = 1024,
-        shuffle_block: int = 4,
-        bucket_length: Callable[[Any], int] | None = None,
-        bucket_buffer: int | None = None,
-        on_error: Literal["raise", "skip"] = "raise",
-        allow_pickle: bool = False,
-        verify: bool | ChecksumSpec = False,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit_bytes: int | None = None,
-        max_member_bytes: int = DEFAULT_MAX_MEMBER,
-        samples_per_epoch: int | None = None,
-        mark_repeats: bool = False,
+        drop_last: bool = False,
+        shuffling: ShuffleOptions | None = None,
+        batching: BatchOptions | None = None,
+        sampling: SamplingOptions | None = None,
+        decoding: DecodeOptions | None = None,
+        errors: ErrorOptions | None = None,
+        cache: CacheOptions | None = None,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
-        self.options = ReadOptions(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            transform=transform, fields=(fields,) if isinstance(fields, str) else (
-                tuple(fields) if fields is not None else None), map=map,
-            collate_fn=collate_fn, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block,
-            bucket_length=bucket_length, bucket_buffer=bucket_buffer, on_error=on_error,
-            allow_pickle=allow_pickle, verify=verify is not False, samples_per_epoch=samples_per_epoch,
-            mark_repeats=mark_repeats, max_member_bytes=max_member_bytes)
-        self.streams = resolve_streams(source, split=split, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes,
-                                       skip_unreadable=on_error == "skip")
+        groups = with_defaults(apply_old_keywords(deprecated, dict(
+            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache)))
+        self.options = o = ReadOptions.from_groups(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
+            fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None), map=map,
+            **{k: v for k, v in groups.items() if k != "cache"})
+        verify = groups["errors"].verify
+        self.streams = resolve_streams(source, split=split, cache_dir=groups["cache"].dir,
+                                       cache_limit_bytes=groups["cache"].limit_bytes,
+                                       skip_unreadable=o.on_error == "skip")
         sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
@@ -164,8 +154,8 @@ class ShardedDataset(IterableDataset):
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
         weighted = len(sources) > 1 and any(s.weight is not None for s in self.streams)
         self._counts: tuple[int, ...] | None = None
-        if samples_per_epoch is not None or weighted:
-            total = self.source.num_samples if samples_per_epoch is None else samples_per_epoch
+        if o.samples_per_epoch is not None or weighted:
+            total = self.source.num_samples if o.samples_per_epoch is None else o.samples_per_epoch
             self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
         # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from its
         # start once per block, so datasets with such shards keep whole shards. (A property of
@@ -173,11 +163,11 @@ class ShardedDataset(IterableDataset):
         self._blocks = not any(is_gzip(sh.url) for sh in self.source.shards)
         self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
         wanted = {f for fields in self._stream_fields for f in fields}
-        if "__valid__" in wanted and not mark_repeats:
-            raise ValueError("fields=... names '__valid__': pass mark_repeats=True")
+        if "__valid__" in wanted and not o.mark_repeats:
+            raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
         self._tag_stream = len(sources) > 1 or "__stream__" in wanted or map is not None or any(
             s.map is not None for s in self.streams)
-        self._checksums = _checksums(self.source) if verify is not False else None
+        self._checksums = _checksums(self.source) if o.verify else None
         self._state = torch.zeros(_HEADER + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
         self._state[_RESUME_EPOCH] = -1
         self._report = SharedReport()

@@ -1,19 +1,141 @@
-"""``ReadOptions``: every option of a ``ShardedDataset`` in one frozen, picklable dataclass."""
+"""The options of a ``ShardedDataset``: a few small frozen groups, and ``ReadOptions``, their flat record.
+
+What a user passes most stays a keyword of :class:`~shardify.reader.ShardedDataset` itself
+(``split``, ``batch_size``, ``shuffle``, ``seed``, ``transform``, ``fields``, ``map``,
+``drop_last``); the rest comes in groups named by what they are for::
+
+    ShardedDataset(path, split="train", batch_size=256, shuffle=True,
+                   shuffling=ShuffleOptions(buffer=4096), errors=ErrorOptions(on_error="skip"),
+                   cache=CacheOptions(dir="/local/ssd/cache", limit_bytes=200 * 10**9))
+
+Each group checks its own values. :class:`ReadOptions` is what the dataset keeps and its
+workers read on the hot path: every option under one flat name, built once from the groups.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shardify.reader.io.checksums import ChecksumSpec
 from shardify.tario import DEFAULT_MAX_MEMBER
 
-__all__ = ["ReadOptions"]
+__all__ = ["ReadOptions", "ShuffleOptions", "BatchOptions", "SamplingOptions", "DecodeOptions", "ErrorOptions",
+           "CacheOptions", "GROUPS", "with_defaults"]
+
+
+@dataclass(frozen=True)
+class ShuffleOptions:
+    """How ``shuffle=True`` mixes: ``buffer`` encoded samples per worker, visited in random blocks
+    of ``block`` samples; the epoch's sequence is cut into blocks of ``block`` samples too, each
+    read with one seek (larger: longer runs per seek, less mixing)."""
+
+    buffer: int = 1024
+    block: int = 4
+
+    def __post_init__(self) -> None:
+        if self.buffer < 1 or self.block < 1:
+            raise ValueError(f"ShuffleOptions: {self.buffer=} and {self.block=} should be >= 1")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How samples become batches: ``collate_fn`` (default: ``default_collate``); with
+    ``bucket_length(output) -> int``, batches of samples of similar length, grouped within
+    ``bucket_buffer`` samples (default: 16 batches; a resume then needs the same topology)."""
+
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    bucket_length: Callable[[Any], int] | None = None
+    bucket_buffer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.bucket_buffer is not None and self.bucket_buffer < 1:
+            raise ValueError(f"BatchOptions: {self.bucket_buffer=} should be >= 1")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """What an epoch holds: ``samples_per_epoch`` over all ranks (default: every sample of every
+    stream once; fewer: a new subset each epoch, more: oversampling); ``mark_repeats``: the
+    ``__valid__`` field, False for the few samples repeated so every rank yields as many
+    batches (only without ``drop_last``), for exact evaluation."""
+
+    samples_per_epoch: int | None = None
+    mark_repeats: bool = False
+
+    def __post_init__(self) -> None:
+        if self.samples_per_epoch is not None and self.samples_per_epoch < 0:
+            raise ValueError(f"SamplingOptions: {self.samples_per_epoch=} should be >= 0")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How members are decoded: pickle fields only with ``allow_pickle``; a shard holding a
+    member over ``max_member_bytes`` (default 2 GiB) is damaged."""
+
+    allow_pickle: bool = False
+    max_member_bytes: int = DEFAULT_MAX_MEMBER
+    # Where images are decoded (a GPU decode option) joins here, beside the CPU's limits.
+
+    def __post_init__(self) -> None:
+        if self.max_member_bytes < 0:
+            raise ValueError(f"DecodeOptions: {self.max_member_bytes=} should be >= 0")
+
+
+@dataclass(frozen=True)
+class ErrorOptions:
+    """What is checked and what a failure does. ``on_error``: ``"raise"`` (naming the shard and
+    key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
+    good samples of the same batch). ``verify``: check each shard's SHA-256 before use; True
+    takes them from the split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file."""
+
+    on_error: Literal["raise", "skip"] = "raise"
+    verify: bool | ChecksumSpec = False
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"ErrorOptions: {self.on_error=} should be 'raise' or 'skip'")
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """Where remote shards are kept: ``dir`` (shared safely by the workers and ranks of a node;
+    default: two shards per process in a temporary folder), least recently used shards removed
+    above ``limit_bytes``."""
+
+    dir: str | os.PathLike[str] | None = None
+    limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit_bytes is not None and self.limit_bytes < 0:
+            raise ValueError(f"CacheOptions: {self.limit_bytes=} should be >= 0")
+        if self.limit_bytes is not None and self.dir is None:
+            raise ValueError(f"CacheOptions: {self.limit_bytes=} needs dir=... (without it, each process keeps two "
+                             "shards in a temporary folder)")
+
+
+GROUPS: dict[str, type] = {"shuffling": ShuffleOptions, "batching": BatchOptions, "sampling": SamplingOptions,
+                           "decoding": DecodeOptions, "errors": ErrorOptions, "cache": CacheOptions}
+"""Each group keyword of ``ShardedDataset`` and its class."""
+
+
+def with_defaults(groups: dict[str, Any], *, owner: str = "ShardedDataset") -> dict[str, Any]:
+    """``groups`` (group keyword -> object or None) with each None replaced by the group's
+    defaults; a value of another type is a ``TypeError`` naming the keyword."""
+    out = {}
+    for name, value in groups.items():
+        cls = GROUPS[name]
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"{owner}(): {name}= should be a {cls.__name__}, got {type(value).__name__}")
+        out[name] = cls() if value is None else value
+    return out
 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Every option of a :class:`ShardedDataset` (see its docstring); picklable to workers."""
+    """Every option of a :class:`ShardedDataset` under one flat name; picklable to workers."""
 
     batch_size: int
     shuffle: bool = False
@@ -47,3 +169,17 @@ class ReadOptions:
             raise ValueError("pass fields=... or map=..., not both")
         if self.max_member_bytes < 0:
             raise ValueError(f"{self.max_member_bytes=} should be >= 0")
+
+    @classmethod
+    def from_groups(cls, *, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                    transform: Callable[..., Any] | None, fields: tuple[str, ...] | None,
+                    map: Callable[[dict[str, Any]], Any] | None, shuffling: ShuffleOptions, batching: BatchOptions,
+                    sampling: SamplingOptions, decoding: DecodeOptions, errors: ErrorOptions) -> ReadOptions:
+        """The flat record of the dataset's keywords and groups (the cache is the source's, not here)."""
+        return cls(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
+                   fields=fields, map=map, collate_fn=batching.collate_fn, shuffle_buffer=shuffling.buffer,
+                   shuffle_block=shuffling.block, bucket_length=batching.bucket_length,
+                   bucket_buffer=batching.bucket_buffer, on_error=errors.on_error,
+                   allow_pickle=decoding.allow_pickle, verify=errors.verify is not False,
+                   samples_per_epoch=sampling.samples_per_epoch, mark_repeats=sampling.mark_repeats,
+                   max_member_bytes=decoding.max_member_bytes)

@@ -39,7 +39,7 @@ __all__ = [
 
 DEFAULT_MAX_MEMBER = 1 << 31
 """Largest member data the reader accepts by default (2 GiB); a member declaring more makes
-the shard unreadable, whether or not its field is read (``ShardedDataset(max_member_bytes=)``)."""
+the shard unreadable, whether or not its field is read (``DecodeOptions(max_member_bytes=)`` of the reader)."""
 _CHUNK = 1 << 24
 _MAX_EXT_HEADER = 1 << 20
 _REGULAR = (b"0", b"\x00", b"7")

@@ -25,7 +25,7 @@ _CHILD = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
 import torch
-from shardify.reader import ShardedDataset
+from shardify.reader import BatchOptions, ShardedDataset
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.plan.assign import plan_worker, sequence_starts
 from shardify.reader.plan.mix import epoch_sequence
@@ -46,7 +46,8 @@ with open(src.shards[0].url, "rb") as f:
 t_scan = time.perf_counter()
 os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
 t_start = time.perf_counter()
-ds = ShardedDataset(ds_path, batch_size=256, shuffle=True, fields=("cls", "txt"), collate_fn=list)
+ds = ShardedDataset(ds_path, batch_size=256, shuffle=True, fields=("cls", "txt"),
+                    batching=BatchOptions(collate_fn=list))
 loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 it = iter(loader)
 next(it)

@@ -1,4 +1,4 @@
-"""Shard checksums given by the user, for ``ShardedDataset(verify=...)`` on shards without a
+"""Shard checksums given by the user, for ``ShardedDataset(errors=ErrorOptions(verify=...))`` on shards without a
 split index (a list or a pattern, e.g. webdataset shards served over HTTP).
 
 ``verify=`` takes a mapping ``{shard: sha256 hex}`` or the path or URL of a sidecar file in

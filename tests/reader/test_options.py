@@ -1,0 +1,159 @@
+"""ShardedDataset's grouped options, and the old keywords they replaced (deprecated for one release).
+
+Each old keyword must give the same dataset as its group: the same flat ``ReadOptions`` the
+workers read, the same fetch options and checksums, and the same batches for an epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import pytest
+
+from shardify.reader import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, SamplingOptions,
+                             ShardedDataset, ShuffleOptions, Stream)
+from shardify.reader.deprecated import OLD_KEYWORDS
+from shardify.reader.options import GROUPS
+
+
+def _length(output: object) -> int:
+    return int(output) % 3  # type: ignore[call-overload]
+
+
+def _checksums(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.glob("*.tar"))}
+
+
+# A value other than the default for each old keyword; a callable takes the dataset folder.
+VALUES = {
+    "shuffle_buffer": 5,
+    "shuffle_block": 2,
+    "collate_fn": list,
+    "bucket_length": _length,
+    "bucket_buffer": 6,
+    "samples_per_epoch": 15,
+    "mark_repeats": True,
+    "allow_pickle": True,
+    "max_member_bytes": 4096,
+    "on_error": "skip",
+    "verify": _checksums,
+    "cache_dir": lambda root: str(root.parent / "cache"),
+    "cache_limit_bytes": 10**9,
+}
+
+
+def _value(name: str, root: Path) -> object:
+    v = VALUES[name]
+    return v(root) if name in ("verify", "cache_dir") else v
+
+
+def _others(name: str, root: Path) -> dict[str, object]:
+    """Keywords of the same group that ``name`` needs beside it (a cache limit needs a cache folder)."""
+    return {"cache_dir": _value("cache_dir", root)} if name == "cache_limit_bytes" else {}
+
+
+def _epoch(ds: ShardedDataset) -> list[list[int]]:
+    ds.set_epoch(1)
+    return [[int(x) for x in batch] for batch in ds]
+
+
+def test_every_old_keyword_is_covered():
+    assert set(VALUES) == set(OLD_KEYWORDS)
+    assert {g for g, _ in OLD_KEYWORDS.values()} == set(GROUPS)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_KEYWORDS))
+def test_an_old_keyword_warns_and_reads_as_its_group(counting_dataset, name):
+    root = counting_dataset([7, 2, 13])
+    old_kw = {name: _value(name, root), **_others(name, root)}
+    group, field = OLD_KEYWORDS[name]
+    common = dict(batch_size=3, shuffle=True, seed=4, fields=("cls",))
+    with pytest.warns(DeprecationWarning, match=rf"{name}= -> {group}={GROUPS[group].__name__}\({field}=\.\.\.\)"):
+        old = ShardedDataset(root, **common, **old_kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        new = ShardedDataset(root, **common, **{group: GROUPS[group](**{OLD_KEYWORDS[k][1]: v for k, v in old_kw.items()})})
+    assert old.options == new.options
+    if name.startswith("cache_"):  # the cache is the source's, not the workers' options
+        assert getattr(new.source.fetch, name) == old_kw[name]
+    else:  # the flat record keeps the old names
+        assert getattr(new.options, name) == (True if name == "verify" else old_kw[name])
+    assert old.source.fetch == new.source.fetch
+    assert old._checksums == new._checksums
+    assert _epoch(old) == _epoch(new)
+
+
+def test_cache_keywords_reach_the_fetch_options(counting_dataset):
+    root = counting_dataset([4])
+    ds = ShardedDataset(root, batch_size=2, cache=CacheOptions(dir=str(root.parent / "c"), limit_bytes=123))
+    assert (ds.source.fetch.cache_dir, ds.source.fetch.cache_limit_bytes) == (str(root.parent / "c"), 123)
+
+
+def test_several_old_keywords_of_one_group_make_one_group(counting_dataset):
+    root = counting_dataset([7, 2, 13])
+    with pytest.warns(DeprecationWarning):
+        old = ShardedDataset(root, batch_size=3, shuffle=True, fields=("cls",), shuffle_buffer=5, shuffle_block=2,
+                             on_error="skip")
+    new = ShardedDataset(root, batch_size=3, shuffle=True, fields=("cls",),
+                         shuffling=ShuffleOptions(buffer=5, block=2), errors=ErrorOptions(on_error="skip"))
+    assert old.options == new.options
+
+
+@pytest.mark.parametrize("name", sorted(OLD_KEYWORDS))
+def test_an_old_keyword_with_its_group_is_an_error(counting_dataset, name):
+    root = counting_dataset([4])
+    group, _ = OLD_KEYWORDS[name]
+    with pytest.raises(TypeError, match=rf"pass {name}=\.\.\. or {group}={GROUPS[group].__name__}\(\.\.\.\), not both"):
+        ShardedDataset(root, batch_size=2, **{name: _value(name, root), group: GROUPS[group]()})
+
+
+def test_an_unknown_keyword_is_a_type_error(counting_dataset):
+    root = counting_dataset([4])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'shuffle_size'"):
+        ShardedDataset(root, batch_size=2, shuffle_size=3)
+
+
+def test_a_group_of_the_wrong_type_is_named(counting_dataset):
+    root = counting_dataset([4])
+    with pytest.raises(TypeError, match=r"shuffling= should be a ShuffleOptions, got ErrorOptions"):
+        ShardedDataset(root, batch_size=2, shuffling=ErrorOptions())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make, message", [
+    pytest.param(lambda: ShuffleOptions(buffer=0), "buffer=0", id="shuffle-buffer"),
+    pytest.param(lambda: ShuffleOptions(block=0), "block=0", id="shuffle-block"),
+    pytest.param(lambda: BatchOptions(bucket_buffer=0), "bucket_buffer=0", id="bucket-buffer"),
+    pytest.param(lambda: SamplingOptions(samples_per_epoch=-1), "samples_per_epoch=-1", id="samples"),
+    pytest.param(lambda: DecodeOptions(max_member_bytes=-1), "max_member_bytes=-1", id="member-bytes"),
+    pytest.param(lambda: ErrorOptions(on_error="warn"), "on_error='warn'", id="on-error"),  # type: ignore[arg-type]
+    pytest.param(lambda: CacheOptions(dir="c", limit_bytes=-1), "limit_bytes=-1", id="cache-limit"),
+    pytest.param(lambda: CacheOptions(limit_bytes=10), "needs dir=", id="cache-limit-without-dir"),
+])
+def test_each_group_checks_its_values(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_groups_are_frozen():
+    with pytest.raises(AttributeError):
+        ShuffleOptions().buffer = 3  # type: ignore[misc]
+
+
+def test_the_common_case_is_one_line_and_warns_nothing(counting_dataset):
+    root = counting_dataset([7, 2, 13])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = ShardedDataset(root, split="train", batch_size=4, shuffle=True, fields=("cls",))
+    assert ds.options.shuffle_buffer == ShuffleOptions().buffer
+    assert sorted(x for b in _epoch(ds) for x in b) == list(range(22))
+
+
+def test_streams_take_the_per_sample_keywords_of_the_dataset(counting_dataset):
+    """``Stream``'s options are the dataset's per-sample keywords, under the same names."""
+    import inspect
+
+    stream = set(inspect.signature(Stream).parameters) - {"source", "weight"}
+    dataset = set(inspect.signature(ShardedDataset).parameters)
+    assert stream <= dataset and not stream & set(GROUPS)
