@@ -2,8 +2,8 @@
 
 The engine only executes; what to write was decided by the plan. At most two tasks per
 worker are in flight, so tasks made lazily keep memory bounded. Results arrive in any
-order (the caller sorts them), progress is counted in shared memory and shown by tqdm on
-stderr, and the first failure cancels the rest and is raised in the caller.
+order (the caller sorts them), progress is counted in shared memory and shown by
+:func:`shardify.progress.progress_bar` (stderr, when a terminal), and the first failure cancels the rest and is raised in the caller.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardify.convert.write.writer import ShardResult, ShardTask, write_shard
+from shardify.progress import progress_bar
 
 __all__ = ["run_local", "ProgressBar"]
 
@@ -29,11 +30,8 @@ class ProgressBar:
         self.start = time.monotonic()
         self.base_bytes = done_bytes
         self.bar: Any = None
-        if enabled:  # tqdm takes ~50 ms to import: not for a quiet conversion
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=done, desc=desc, unit=" samples", unit_scale=True,
-                            file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+        # shardify's one bar: shown only on a terminal's stderr
+        self.bar = progress_bar(total=total, initial=done, desc=desc, unit=" samples", enabled=enabled)
         self.samples = done
         self.nbytes = done_bytes
 
