@@ -1,4 +1,4 @@
-"""The writer side: plan, pack and verify shards; the ``shardify`` command line.
+"""The writer side: plan, pack and verify shards (the ``shardify`` command line is :mod:`shardify.cli`).
 
 From Python: :class:`ShardWriter` writes a split one sample at a time; :func:`convert_items`
 runs a function over items in parallel. Both are imported on first use, so that the command

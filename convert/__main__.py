@@ -1,5 +1,5 @@
-"""``python -m shardify.convert``: the same as the ``shardify`` command."""
+"""``python -m shardify.convert``: the same as the ``shardify`` command (:mod:`shardify.cli`)."""
 
-from shardify.convert.cli import entrypoint
+from shardify.cli.__main__ import entrypoint
 
 entrypoint()

@@ -13,14 +13,17 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
+from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.write.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardifyError
 from shardify.keys import check_key
-from shardify.manifest import SplitIndex
+from shardify.manifest import ShardEntry, SplitIndex
+from shardify.progress import progress_bar
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
@@ -68,29 +71,46 @@ class _HashingReader:
 
 
 def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = None,
-                   decode: bool = False, storage_options: dict[str, Any] | None = None) -> VerifyReport:
+                   decode: bool = False, storage_options: dict[str, Any] | None = None,
+                   progress: bool = False) -> VerifyReport:
     """Check every shard of ``splits`` (default: all) of the dataset at ``root``: a folder, its
-    ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``)."""
+    ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``).
+    ``progress``: a bar of shard bytes checked on stderr (only when it is a terminal)."""
     dataset = locate_dataset(root, storage_options=storage_options)
     report = VerifyReport()
+    indexes = []
     for split in splits or dataset.splits:
         try:
-            index = dataset.load_split(split)
+            indexes.append(dataset.load_split(split))
         except ManifestError as e:
             report.problems.append(Problem(split, None, None, str(e)))
-            continue
-        _verify_split(dataset.files, index, decode, report)
+    bar = progress_bar(total=sum(e.filesize for index in indexes for e in index.shards), desc="verify", unit="B",
+                       enabled=progress)
+    try:
+        for index in indexes:
+            _verify_split(dataset.files, index, decode, report, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     if not dataset.files.remote:
         for name, why in stray_files(dataset.files.folder):
             report.problems.append(Problem("(dataset)", name, None, why))
     return report
 
 
-def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: VerifyReport) -> None:
+def _counted(shards: Sequence[ShardEntry], bar: Any) -> Iterator[ShardEntry]:
+    """``shards``, advancing ``bar`` (if any) by each one's size once the caller is done with it."""
+    for entry in shards:
+        yield entry
+        if bar is not None:
+            bar.update(entry.filesize)
+
+
+def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: VerifyReport, bar: Any = None) -> None:
     split = index.split
     keys: set[str] = set()
     problems = report.problems
-    for i, entry in enumerate(index.shards):
+    for i, entry in enumerate(_counted(index.shards, bar)):
         if entry.url != shard_name(split, i, index.version):
             problems.append(Problem(split, entry.url, None,
                                     f"shard {i} should be named {shard_name(split, i, index.version)}"))
@@ -171,9 +191,12 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
                     problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
 
 
-def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                 sample_shards: int = 0) -> dict[str, Any]:
     """A JSON-able description of a dataset (a folder, ``manifest.json`` or split index, a path
-    or a URL): splits, samples, shards, bytes, classes."""
+    or a URL): splits, samples, shards, bytes, classes; with ``sample_shards``, each split's
+    bytes per sample by field, from the headers of that many of its shards
+    (:func:`~shardify.convert.fieldsizes.field_bytes`)."""
     dataset = locate_dataset(root, storage_options=storage_options)
     out: dict[str, Any] = {"path": os.fspath(root), "format_version": dataset.format_version, "splits": {}}
     for split in dataset.splits:
@@ -191,4 +214,6 @@ def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any
             "converter": index.converter,
             "version": index.version,
         }
+        if sample_shards > 0:
+            out["splits"][split]["field_bytes"] = field_bytes(dataset.files, index, shards=sample_shards).to_json()
     return out

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from shardify.convert.cli import main  # noqa: E402
+from shardify.cli import main  # noqa: E402
 from shardify.convert.options import ConvertOptions  # noqa: E402
 from shardify.convert.write.run import convert_imagefolder  # noqa: E402
 from shardify.convert.synth import make_imagefolder  # noqa: E402
@@ -138,7 +138,7 @@ def test_killed_conversion_to_s3_resumes_byte_identical(bucket: str, source: Pat
             "import shardify.convert.write.writer as w\n"
             "check = w.check_image\n"
             "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
-            "from shardify.convert.cli import main\n"
+            "from shardify.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n"]
     proc = subprocess.Popen([*slow, "convert", "imagefolder", str(source), url, *OPTS], start_new_session=True)
     import s3fs

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from shardify.convert.synth import make_imagefolder
-from shardify.reader.bench import format_bench, run_bench
+from shardify.cli.bench import format_bench, run_bench
 
 
 def build(out: Path, images: int, per_shard: int) -> Path:

@@ -100,7 +100,7 @@ def measure_convert(kind: str, src: Path, workers: int) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     probe = ("import resource, sys, runpy\n"
              "sys.argv = ['shardify'] + sys.argv[1:]\n"
-             "from shardify.convert.cli import main\n"
+             "from shardify.cli import main\n"
              "code = main(sys.argv[1:])\n"
              "me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
              "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"

@@ -36,7 +36,7 @@ def make_source(work: Path, *, samples: int, classes: int = 10) -> None:
 
 
 def run(work: Path, *, samples: int, workers: int) -> dict[str, Any]:
-    from shardify.convert.cli import main as shardify
+    from shardify.cli import main as shardify
     from shardify.reader import ShardedDataset, make_loader
 
     make_source(work, samples=samples)

@@ -82,7 +82,7 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
     """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch."""
     from shardify.reader import ShardedDataset, make_loader
     from shardify.reader import transforms as T
-    from shardify.reader.bench import child_pids
+    from shardify.cli.bench import child_pids
 
     ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size),
                         drop_last=True)

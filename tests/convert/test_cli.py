@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.cli import EXIT_ERROR, EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, main
+from shardify.cli import EXIT_ERROR, EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, main
 
 
 def test_help_and_convert_do_not_import_torch(tmp_path: Path, make_image) -> None:
@@ -17,7 +17,7 @@ def test_help_and_convert_do_not_import_torch(tmp_path: Path, make_image) -> Non
     (tmp_path / "src" / "c" / "a.jpg").write_bytes(make_image())
     code = (
         "import sys\n"
-        "from shardify.convert.cli import main\n"
+        "from shardify.cli import main\n"
         f"rc = main(['convert', 'imagefolder', {str(tmp_path / 'src')!r}, {str(tmp_path / 'out')!r}, '--quiet'])\n"
         "assert rc == 0, rc\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardify.convert.cli import EXIT_ERROR, EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, main
+from shardify.cli import EXIT_ERROR, EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, main
 
 
 def _folder(root: Path, make_image, files: dict[str, bytes] | None = None) -> Path:
@@ -51,7 +51,7 @@ def test_several_splits_name_the_cli_flag_and_bench_defaults_to_train(tmp_path: 
     err = capsys.readouterr().err
     assert "choose one with --split" in err and "test, validation" in err and "split=" not in err
 
-    from shardify.reader.bench import bench_source
+    from shardify.cli.common import split_source as bench_source
 
     assert _convert(src, out, "--split", "train") == EXIT_OK
     assert bench_source(out, None).split == "train"  # the only split, or train
@@ -146,7 +146,7 @@ def test_decoder_chatter_goes_to_the_report_not_the_terminal(tmp_path: Path, mak
     src = _folder(tmp_path / "src", make_image, {
         "c/ok.jpg": make_image(seed=1), "c/odd.png": _apng_with_bad_actl(), "c/bad.tiff": _tiff_with_65535_samples()})
     out = tmp_path / "out"
-    code = ("import sys\nfrom shardify.convert.cli import main\n"
+    code = ("import sys\nfrom shardify.cli import main\n"
             f"sys.exit(main(['convert', 'imagefolder', {str(src)!r}, {str(out)!r}, '--quiet', '--workers', '1']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_SKIPPED, proc.stderr

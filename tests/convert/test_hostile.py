@@ -125,11 +125,11 @@ def test_symlinks_followed_inside_the_root_only_and_loops_end(tmp_path: Path, op
 AS_NOBODY = (
     "import os, sys\n"
     "from PIL import Image; Image.init()\n"
-    "import shardify.convert.write.run, shardify.convert.cli, tqdm, json, hashlib, fcntl, shutil, codecs\n"
+    "import shardify.convert.write.run, shardify.cli, tqdm, json, hashlib, fcntl, shutil, codecs\n"
     "for name in (\"ascii\", \"utf-8\", \"latin-1\"): codecs.lookup(name)\n"
     "if os.geteuid() == 0:\n"
     "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
-    "sys.exit(shardify.convert.cli.main(sys.argv[1:]))\n"
+    "sys.exit(shardify.cli.main(sys.argv[1:]))\n"
 )
 
 
@@ -253,7 +253,7 @@ def test_verify_reports_any_error_of_a_sample_check(tmp_path: Path, options, mak
 # it does not carry the forking parent's peak across exec) and the seconds taken.
 _MEASURED = (
     "import re, sys, time\n"
-    "from shardify.convert.cli import main\n"
+    "from shardify.cli import main\n"
     "began = time.monotonic()\n"
     "rc = main(sys.argv[1:])\n"
     "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from shardify.convert import ShardWriter, convert_items
-from shardify.convert.cli import EXIT_SKIPPED, main
+from shardify.cli import EXIT_SKIPPED, main
 from shardify.errors import EncodeError, InputError, KeyRuleError, WorkerError
 from shardify.manifest import Manifest
 

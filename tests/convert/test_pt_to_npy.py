@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardify.convert.cli import EXIT_OK, EXIT_SKIPPED, main
+from shardify.cli import EXIT_OK, EXIT_SKIPPED, main
 from shardify.convert.write.run import convert_ids
 from shardify.errors import InputError
 from shardify.npy import array_to_tensor, decode_array

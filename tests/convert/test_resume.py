@@ -28,7 +28,7 @@ SLOW = [sys.executable, "-c",
         "import shardify.convert.write.writer as w\n"
         "check = w.check_image\n"
         "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
-        "from shardify.convert.cli import main\n"
+        "from shardify.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n",
         "convert", "imagefolder"]
 
@@ -159,7 +159,7 @@ KILL_AT = [sys.executable, "-c",
            "    real(src, dst, *a, **k)\n"
            "    if hit(dst) and when == 'after': os.kill(os.getpid(), signal.SIGKILL)\n"
            "os.replace = replace\n"
-           "from shardify.convert.cli import main\n"
+           "from shardify.cli import main\n"
            "sys.exit(main(sys.argv[1:]))\n"]
 
 
@@ -167,7 +167,7 @@ KILL_AT = [sys.executable, "-c",
                                           ("manifest.json", "after"), ("train.json", "before")])
 def test_rerun_after_a_kill_in_the_finalize_cleans_up_and_finishes(tmp_path: Path, tree_bytes, capsys,
                                                                   target: str, when: str) -> None:
-    from shardify.convert.cli import main
+    from shardify.cli import main
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=3, sizes=((48, 32),))
     args = ["convert", "imagefolder", str(src), "OUT", "--samples-per-shard", "2", "--workers", "1", "--quiet"]

@@ -42,9 +42,10 @@ def test_small_dataset_is_split_into_min_shards_whatever_the_workers(tmp_path: P
 @pytest.mark.parametrize("argv,want", [([], 10_000), (["--samples-per-shard", "0"], None),
                                        (["--samples-per-shard", "50"], 50)])
 def test_samples_per_shard_default_bounds_the_header_scan(argv, want) -> None:
-    from shardify.convert.cli import _options, build_parser
+    from shardify.cli import build_parser
+    from shardify.cli.convert import convert_options
     from shardify.convert.options import DEFAULT_SAMPLES_PER_SHARD
 
     args = build_parser().parse_args(["convert", "listing", "x.jsonl", "out", *argv])
-    assert _options(args).samples_per_shard == want
+    assert convert_options(args).samples_per_shard == want
     assert ConvertOptions().samples_per_shard == DEFAULT_SAMPLES_PER_SHARD == 10_000

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shardify.convert.cli import EXIT_OK, main
+from shardify.cli import EXIT_OK, main
 from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.versions import collect_garbage, folder_state

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardify.reader.bench import format_bench, process_memory, run_bench
+from shardify.cli.bench import format_bench, process_memory, run_bench
 
 
 def test_run_bench_smoke(image_dataset):

@@ -22,7 +22,7 @@ import pytest
 
 from shardify.errors import SampleError, WorkerError
 from shardify.reader import ShardedDataset, make_loader
-from shardify.reader.bench import child_pids
+from shardify.cli.bench import child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 

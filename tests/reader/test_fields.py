@@ -66,7 +66,7 @@ def test_dataset_without_images_reads_its_tensor_field_by_default(tmp_path: Path
 
 
 def test_bench_on_a_dataset_without_images_says_what_it_cannot_measure(tmp_path: Path) -> None:
-    from shardify.reader.bench import format_bench, run_bench
+    from shardify.cli.bench import format_bench, run_bench
 
     r = run_bench(_tensor_dataset(tmp_path), batch_size=2, num_workers=0, epochs=1)
     assert r["loader_ips"] > 0 and r["fields"] == ["pt", "cls"]

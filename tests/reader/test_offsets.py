@@ -46,7 +46,7 @@ def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, 
     elif writer == "convert_items":
         convert_items(range(N), _sample, out, samples_per_shard=100, workers=2, fsync=False, progress=False)
     else:
-        from shardify.convert.cli import main
+        from shardify.cli import main
 
         listing = tmp_path / "rows.jsonl"
         listing.write_text("".join(json.dumps({"id": f"r{i:04d}", "label": i % 3, "text": "t" * (i % 90)}) + "\n"

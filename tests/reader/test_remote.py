@@ -423,7 +423,7 @@ def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, 
     "{url}", "{url}/", "{url}/manifest.json", "{url}/train.json",
 ])
 def test_info_and_verify_accept_what_the_reader_accepts(dataset, server, spec, capsys):
-    from shardify.convert.cli import main
+    from shardify.cli import main
 
     url, faults = server
     where = spec.format(path=dataset, url=url)
@@ -438,7 +438,7 @@ def test_info_and_verify_accept_what_the_reader_accepts(dataset, server, spec, c
 
 
 def test_verify_of_a_missing_remote_dataset_names_the_url(server, capsys):
-    from shardify.convert.cli import main
+    from shardify.cli import main
 
     url, _ = server
     missing = url.replace("/ds", "/nothing")

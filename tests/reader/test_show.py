@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shardify.convert.cli import EXIT_OK, main
+from shardify.cli import EXIT_OK, main
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.sample import transforms as T
 from shardify.reader.show import contact_sheet, spread_positions

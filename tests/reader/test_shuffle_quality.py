@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardify.reader.bench import class_mixing, permutation_classes
+from shardify.cli.bench import class_mixing, permutation_classes
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])

@@ -204,7 +204,7 @@ def test_verify_needs_checksums(counting_dataset) -> None:
 
 
 def test_shardify_verify_finds_the_same_tampering(counting_dataset, capsys) -> None:
-    from shardify.convert.cli import main
+    from shardify.cli import main
 
     root = counting_dataset([5, 6, 4])
     _tamper(root / "train-000001.tar")

@@ -13,7 +13,7 @@ against a full random permutation's (~N/3), here and for an ImageNet-size datase
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
 on class-sorted shards relative to a full random permutation, at world 1, 2 and 8
 (:func:`class_mixing`, from the plan alone). The CLI's ``shardify bench`` and
-``tools/bench_read.py`` call it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
+``tools/bench_read.py`` call it; :func:`~shardify.cli.bench.table.format_bench` prints it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
 and upsampling) against the exact path, in alternating passes of one run, and reports how
 far its pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its default fields, and the
 result says which figures it cannot measure (``not_measured``).
@@ -38,14 +38,14 @@ from shardify.reader.dataset import ShardedDataset
 from shardify.reader.options import ShuffleOptions
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.plan.shuffle import sample_rng
-from shardify.errors import SplitRequiredError
-from shardify.reader.io.sources import ShardInfo, Source, resolve_source
+from shardify.reader.io.sources import ShardInfo, Source
 from shardify.reader.io.stream import Lost, ShardReader
-from shardify.reader.bench_decode import fast_decode_figures
+from shardify.cli.bench.decode import fast_decode_figures
+from shardify.cli.common import split_source
+from shardify.progress import progress_bar
 from shardify.reader.sample.fields import output_fields
 
-__all__ = ["run_bench", "format_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory",
-           "child_pids", "bench_source"]
+__all__ = ["run_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory", "child_pids"]
 
 
 def process_memory(pid: int | None = None) -> int:
@@ -112,16 +112,6 @@ def shuffle_quality(source: Source, *, seed: int, epoch: int, batch_size: int, w
     gap = sum(abs(a - b) for a, b in zip(seq, seq[1:])) / (n - 1)
     shards = sum(len({shard for shard, _, _ in batch}) for batch in batches) / len(batches)
     return {"gap": gap / (n / 3), "shards_per_batch": shards}
-
-
-def bench_source(dataset: str | os.PathLike[str], split: str | None) -> Source:
-    """The split to measure: ``split``, else the only split, else ``train`` when there is one."""
-    try:
-        return resolve_source(dataset, split=split)
-    except SplitRequiredError as e:
-        if split is not None or "train" not in e.splits:
-            raise
-        return resolve_source(dataset, split="train")
 
 
 def permutation_classes(*, classes: int, per_class: int, batch_size: int) -> float:
@@ -196,8 +186,24 @@ def _stack_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor,
     return images, torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
 
 
+class _Steps:
+    """The bench's progress: one step per stage or epoch on shardify's bar (stderr, when a terminal)."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.bar = progress_bar(total=total, desc="bench", unit=" steps", unit_scale=False, enabled=enabled)
+
+    def done(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _rate(loader: Any, epochs: int, set_epoch: Callable[[int], None] | None = None,
-          memory: list[int] | None = None) -> tuple[list[float], float]:
+          memory: list[int] | None = None, steps: _Steps | None = None, what: str = "") -> tuple[list[float], float]:
     """(images/s of each epoch, seconds to the first batch of the first epoch)."""
     rates, first = [], 0.0
     for epoch in range(epochs):
@@ -212,6 +218,8 @@ def _rate(loader: Any, epochs: int, set_epoch: Callable[[int], None] | None = No
         rates.append(n / (time.perf_counter() - t0))
         if memory is not None:
             memory.append(process_memory())
+        if steps is not None:
+            steps.done(f"{what} epoch {epoch}")
     return rates, first
 
 
@@ -228,20 +236,39 @@ def run_bench(
     shuffle_buffer: int = 1024,
     shuffle_block: int = 4,
     fast_decode: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict."""
+    """Benchmark reading ``dataset``; see the module docstring. Returns the figures as a dict.
+    ``progress``: a bar of the stages and epochs on stderr (only when it is a terminal)."""
+    source = split_source(dataset, split)
+    wds_epochs = min(epochs, 3) if compare_webdataset else 0
+    steps = _Steps(1 + 3 + (num_workers > 1) + epochs + wds_epochs + 1, enabled=progress)
+    try:
+        return _run(source, str(dataset), batch_size=batch_size, num_workers=num_workers, image_size=image_size,
+                    epochs=epochs, single_limit=single_limit, wds_epochs=wds_epochs, shuffle_buffer=shuffle_buffer,
+                    shuffle_block=shuffle_block, fast_decode=fast_decode, steps=steps)
+    finally:
+        steps.close()
+
+
+def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, image_size: int, epochs: int,
+         single_limit: int | None, wds_epochs: int, shuffle_buffer: int, shuffle_block: int, fast_decode: bool,
+         steps: _Steps) -> dict[str, Any]:
     from shardify.reader.sample import transforms as T
     from shardify.reader.sample.decode import decode_image
 
-    source = bench_source(dataset, split)
     transform = T.Compose([T.RandomResizedCrop(image_size, fast_decode=fast_decode), T.RandomHorizontalFlip()])
-    result: dict[str, Any] = {"dataset": str(dataset), "split": source.split, "samples": source.num_samples,
+    result: dict[str, Any] = {"dataset": dataset, "split": source.split, "samples": source.num_samples,
                               "shards": len(source.shards), "batch_size": batch_size,
                               "num_workers": num_workers, "image_size": image_size, "fast_decode": fast_decode}
     encoded = _encoded_images(source, single_limit)
     if not encoded:
+        if steps.bar is not None:
+            steps.bar.total = 1 + epochs + 1
+        steps.done("read")
         return _run_without_images(result, source, epochs=epochs, shuffle_buffer=shuffle_buffer,
-                                   shuffle_block=shuffle_block)
+                                   shuffle_block=shuffle_block, steps=steps)
+    steps.done("read")
 
     # (a) the same work as one loader worker does: per-key RNG, one torch thread.
     threads = torch.get_num_threads()
@@ -250,28 +277,33 @@ def run_bench(
         _decode_all(encoded[:8], transform)  # warm up
         # The better of two passes, as the loader's figure is its best epoch.
         result["single_process_ips"] = max(len(encoded) / _decode_all(encoded, transform)[1] for _ in range(2))
+        steps.done("(a) single process")
         plain = PlainCropFlip(image_size)
         t0 = time.perf_counter()
         for _, data in encoded:
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
+        steps.done("(a) plain PIL")
         result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see bench_decode
+        steps.done("(a) fast IDCT")
     finally:
         torch.set_num_threads(threads)
     if num_workers > 1:
         result["independent_processes_ips"] = _independent_rate(encoded, transform, num_workers)
+        steps.done("(a) bare processes")
     del encoded
 
     base = process_memory()
     ds = ShardedDataset(source, batch_size=batch_size, shuffle=True, seed=0, transform=transform,
                         shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block))
-    _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base)
+    _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base, steps=steps)
     del ds
 
-    if compare_webdataset:
+    if wds_epochs:
         result["webdataset_ips"] = _webdataset_rate(source, batch_size, num_workers, image_size,
-                                                    shuffle_buffer, min(epochs, 3))
+                                                    shuffle_buffer, wds_epochs, steps)
     _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
+    steps.done("(f), (g) shuffle")
     single = result["single_process_ips"]
     result["loader_vs_2x_single"] = result["loader_ips"] / (max(1, num_workers) * single)
     if result.get("independent_processes_ips"):
@@ -281,11 +313,12 @@ def run_bench(
     return result
 
 
-def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: int, epochs: int, base: int) -> None:
+def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: int, epochs: int, base: int,
+                    steps: _Steps) -> None:
     """(b), (d), (e): the loader's rate per epoch (best after the first), first batch, memory."""
     loader = make_loader(ds, num_workers=num_workers)
     memory: list[int] = []
-    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory)
+    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory, steps, "(b) loader")
     result["loader_ips_per_epoch"] = rates
     result["loader_ips"] = max(rates[1:] or rates)
     result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
@@ -311,7 +344,7 @@ def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int
 
 
 def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,
-                        shuffle_block: int) -> dict[str, Any]:
+                        shuffle_block: int, steps: _Steps) -> dict[str, Any]:
     """(b), (d), (e), (f) for a split without images, reading its default fields undecoded-by-us."""
     base = process_memory()
     fields = output_fields(None, source.fields, where=f"{source.name} split {source.split!r}")
@@ -322,9 +355,10 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
         f"this split holds no images (its fields: {', '.join(source.fields) or 'unknown'}), so (a) image "
         "decoding and augmentation and (c) the webdataset comparison are not measured; (b) counts samples/s "
         f"reading and decoding fields {', '.join(fields)}, with no transform")
-    _loader_figures(result, ds, num_workers=result["num_workers"], epochs=epochs, base=base)
+    _loader_figures(result, ds, num_workers=result["num_workers"], epochs=epochs, base=base, steps=steps)
     del ds
     _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
+    steps.done("(f) shuffle")
     return result
 
 
@@ -370,7 +404,7 @@ def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processe
 
 
 def _webdataset_rate(source: Source, batch_size: int, num_workers: int, image_size: int,
-                     shuffle_buffer: int, epochs: int) -> float:
+                     shuffle_buffer: int, epochs: int, steps: _Steps) -> float:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
@@ -383,64 +417,5 @@ def _webdataset_rate(source: Source, batch_size: int, num_workers: int, image_si
                 .map_tuple(crop, int)
                 .batched(batch_size, collation_fn=_stack_batch, partial=True))
     loader = DataLoader(pipeline, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0)
-    rates, _ = _rate(loader, epochs)
+    rates, _ = _rate(loader, epochs, steps=steps, what="(c) webdataset")
     return max(rates[1:] or rates)
-
-
-def format_bench(r: dict[str, Any]) -> str:
-    """The figures of :func:`run_bench` as a table."""
-    w = r["num_workers"]
-    q, b, i = r["shuffle_quality"], r["shuffle_quality_buffer_only"], r["shuffle_quality_imagenet"]
-    if "not_measured" in r:
-        return _format_without_images(r)
-    rows = [
-        ("dataset", f"{r['samples']} samples in {r['shards']} shards, batches of {r['batch_size']}, "
-                    f"{w} workers, RandomResizedCrop {r['image_size']} + flip, uint8"),
-        ("(a) single process, fast path", f"{r['single_process_ips']:.0f} images/s"),
-        ("    single process, plain PIL", f"{r['single_process_plain_ips']:.0f} images/s"),
-    ]
-    fd = r.get("fast_decode_vs_exact")
-    if fd:
-        rows.append(("    fast IDCT (fast_decode=True)", f"{fd['ratio']:.2f} x the exact path ({fd['fast_ips']:.0f} vs "
-                     f"{fd['exact_ips']:.0f} images per CPU second); pixels off by {fd['mean_abs_diff']:.2f} on average, "
-                     f"{fd['max_abs_diff']:.0f} at most (0..255), {100 * fd['share_differing']:.0f}% differ"))
-    if r.get("independent_processes_ips"):
-        rows.append((f"    {w} bare processes at once", f"{r['independent_processes_ips']:.0f} images/s = "
-                     f"{r['independent_vs_2x_single']:.2f} x {w} x (a)  (this machine's ceiling for (b))"))
-    rows.append((f"(b) shardify loader, {w} workers", f"{r['loader_ips']:.0f} images/s = "
-                 f"{r['loader_vs_2x_single']:.2f} x {w} x (a)  (target >= 0.90)"))
-    if "webdataset_ips" in r:
-        rows.append((f"(c) webdataset, {w} workers", f"{r['webdataset_ips']:.0f} images/s; shardify = "
-                     f"{r['loader_vs_webdataset']:.2f} x  (target >= 1.30)"))
-    rows += [
-        ("(d) time to first batch", f"{r['first_batch_s']:.2f} s  (target < 1 s)"),
-        ("(e) memory by epoch (PSS, MB)", " ".join(f"{m:.0f}" for m in r["memory_mb_per_epoch"])),
-        ("    loader images/s by epoch", " ".join(f"{x:.0f}" for x in r["loader_ips_per_epoch"])),
-        ("(f) shuffle: mean gap / (N/3)", f"{q['gap']:.2f}, {q['shards_per_batch']:.1f} shards per batch "
-         f"(buffer alone: {b['gap']:.2f}, {b['shards_per_batch']:.1f}; full permutation: 1.00)"),
-        ("    at ImageNet scale", f"{i['gap']:.2f}, {i['shards_per_batch']:.1f} shards per batch of 256 "
-         "(1.28 M samples in 1024 shards, 8 workers; full permutation: 1.00, ~226)"),
-    ]
-    mix, old = r["class_mixing"], r["class_mixing_whole_shards"]
-    rows.append(("(g) classes per batch / permutation", ", ".join(f"world {w}: {mix[w]:.2f}" for w in mix) +
-                 "  (target >= 0.90; class-sorted shards, 100 classes x 1000, batches of 256, 4 workers; "
-                 "whole shards per rank as before: " + ", ".join(f"{old[w]:.2f}" for w in old) + ")"))
-    return _table(rows)
-
-
-def _table(rows: list[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _format_without_images(r: dict[str, Any]) -> str:
-    q = r["shuffle_quality"]
-    return _table([
-        ("dataset", f"{r['samples']} samples in {r['shards']} shards, batches of {r['batch_size']}, "
-                    f"{r['num_workers']} workers, fields {', '.join(r['fields'])}"),
-        ("not measured", r["not_measured"]),
-        (f"(b) shardify loader, {r['num_workers']} workers", f"{r['loader_ips']:.0f} samples/s"),
-        ("(d) time to first batch", f"{r['first_batch_s']:.2f} s"),
-        ("(e) memory by epoch (PSS, MB)", " ".join(f"{m:.0f}" for m in r["memory_mb_per_epoch"])),
-        ("(f) shuffle: mean gap / (N/3)", f"{q['gap']:.2f}, {q['shards_per_batch']:.1f} shards per batch"),
-    ])

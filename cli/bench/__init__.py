@@ -1,0 +1,14 @@
+"""What ``shardify bench`` measures: the reader on a dataset, next to bare decoding and webdataset.
+
+Not imported by a training job: it holds the measurements (:mod:`~shardify.cli.bench.run`),
+the fast-IDCT comparison (:mod:`~shardify.cli.bench.decode`) and the table
+(:mod:`~shardify.cli.bench.table`). ``tools/bench_read.py`` runs it on a synthetic dataset.
+"""
+
+from __future__ import annotations
+
+from shardify.cli.bench.run import child_pids, class_mixing, permutation_classes, process_memory, run_bench, shuffle_quality
+from shardify.cli.bench.table import format_bench
+
+__all__ = ["run_bench", "format_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory",
+           "child_pids"]
