@@ -96,8 +96,8 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
                  _bytes(sum(f["padding"] for f in fields.values())), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{indent}bytes per sample by field, from the {fb['source']}:"]
-    lines += [indent + "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-              for r in rows]
+    lines += [(indent + "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                         for i, (c, w) in enumerate(zip(r, widths)))).rstrip() for r in rows]
     total = data + framing
     if total:
         lines.append(f"{indent}  tar headers and padding: {100 * framing / total:.1f}% of the shard bytes "
