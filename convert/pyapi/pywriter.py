@@ -22,13 +22,13 @@ from typing import Any
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, parse_size
-from shardify.convert.write.outfs import OutputFS
+from shardify.convert.write.outfs import OutputFS, undone_on_failure
 from shardify.convert.write.run import SplitSummary, finish_split, open_locked, publish_splits
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
 from shardify.convert.write.writer import ShardResult
-from shardify.errors import EncodeError, KeyRuleError, OutputError
+from shardify.errors import EncodeError, KeyRuleError
 from shardify.manifest import SplitIndex
 
 __all__ = ["WriteOptions", "ShardWriter", "KeyRegistry", "check_label", "converter_info", "split_summary", "who"]
@@ -176,19 +176,14 @@ class ShardWriter:
                 return self.summary
             raise RuntimeError("close() of a ShardWriter that was never opened")
         try:
-            stream.close_shard()
-            o = self.options
-            index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped, ignored=[],
-                                 converter=converter_info("python", o.shaping()), version=stream.version)
-            publish_splits(fs, {o.split: index})
-            self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
-            return self.summary
-        except OSError as e:
-            self.abort()
-            raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
-        except BaseException:
-            self.abort()
-            raise
+            with undone_on_failure(fs, self.abort):
+                stream.close_shard()
+                o = self.options
+                index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped,
+                                     ignored=[], converter=converter_info("python", o.shaping()), version=stream.version)
+                publish_splits(fs, {o.split: index})
+                self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
+                return self.summary
         finally:
             self._release()
 

@@ -7,9 +7,10 @@ becomes visible only when it completes, which is the atomicity a rename gives lo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -18,7 +19,7 @@ from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
 __all__ = ["OutputFS", "LocalFS", "FsspecFS", "OutputLock", "is_locked", "open_output", "is_url", "backend_reason",
-           "WORK_DIR"]
+           "WORK_DIR", "output_failed", "undone_on_failure"]
 
 WORK_DIR = ".shardify-work"
 """The folder of an unfinished conversion's progress (records of finished shards, the lock)."""
@@ -253,6 +254,26 @@ class FsspecFS(OutputFS):
         tmp = f"{name}.tmp-upload"
         self.fs.pipe_file(self._p(tmp), data)
         self.fs.mv(self._p(tmp), self._p(name))
+
+
+def output_failed(fs: OutputFS, error: OSError) -> OutputError:
+    """The error for ``error`` met while writing ``fs``: it names the output and says nothing
+    was marked finished (a rerun resumes)."""
+    return OutputError(f"{fs.location}: writing the output failed: {error}; nothing was marked finished")
+
+
+@contextlib.contextmanager
+def undone_on_failure(fs: OutputFS, undo: Callable[[], None]) -> Iterator[None]:
+    """Run the block; if it raises, call ``undo`` (release the lock, drop the open shard) and
+    re-raise, an OSError as :func:`output_failed`'s error."""
+    try:
+        yield
+    except OSError as e:
+        undo()
+        raise output_failed(fs, e) from e
+    except BaseException:
+        undo()
+        raise
 
 
 def open_output(location: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> OutputFS:

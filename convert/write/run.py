@@ -32,7 +32,7 @@ from shardify.convert.inputs.inputs import Ignored, Scan
 from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
-from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output
+from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output, output_failed, undone_on_failure
 from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.write.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
 from shardify.convert.write.writer import ShardResult, ShardTask
@@ -116,19 +116,13 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
     lock = OutputLock(fs)
-    try:
+    with undone_on_failure(fs, lock.release):
         _remove_temp_files(fs)
         manifest = load_manifest(fs)
         finished = [s for s in splits if s in manifest.splits and not finishing(fs, manifest, s)]
         if finished and not overwrite:
             raise OutputExistsError(
                 f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
-    except OSError as e:
-        lock.release()
-        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
-    except BaseException:
-        lock.release()
-        raise
     return fs, lock
 
 
@@ -139,7 +133,7 @@ def holding(fs: OutputFS, lock: OutputLock) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise OutputError(f"{fs.location}: writing the output failed: {e}; nothing was marked finished") from e
+        raise output_failed(fs, e) from e
     except OutputError as e:
         raise OutputError(f"{e}; nothing was marked finished, rerun to resume") from e
     finally:
