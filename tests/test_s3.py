@@ -290,7 +290,9 @@ def test_readme_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monke
         elif words:
             assert words[0] == "shardify"
             assert main([*words[1:], "--quiet"] if words[1] == "convert" else words[1:]) == 0, line
-    scope: dict[str, object] = {"ShardedDataset": ShardedDataset}
+    from shardify.reader import CacheOptions
+
+    scope: dict[str, object] = {"ShardedDataset": ShardedDataset, "CacheOptions": CacheOptions}
     exec(local(code), scope)
     ds = scope["ds"]
     assert isinstance(ds, ShardedDataset) and ds.source.num_samples == 18
