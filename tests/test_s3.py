@@ -30,6 +30,7 @@ from shardify.convert.write.run import convert_imagefolder  # noqa: E402
 from shardify.convert.synth import make_imagefolder  # noqa: E402
 from shardify.convert.verify import dataset_info, verify_dataset  # noqa: E402
 from shardify.errors import ManifestError, OutputError  # noqa: E402
+from shardify.reader import BatchOptions, CacheOptions  # noqa: E402
 
 OPTS = ["--samples-per-shard", "4", "--workers", "2", "--quiet", "--no-fsync"]
 TIME_LIMIT_S = 180
@@ -209,11 +210,12 @@ def test_reader_epoch_from_s3_equals_local_with_two_workers_sharing_the_cache(
     convert_imagefolder(source, url, options=options)
 
     def epoch(spec: str, **kw) -> list[list[tuple[str, int]]]:
-        ds = ShardedDataset(spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label, collate_fn=list, **kw)
+        ds = ShardedDataset(spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label,
+                            batching=BatchOptions(collate_fn=list), **kw)
         return list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
 
     cache = tmp_path / "cache"
-    remote = epoch(url, cache_dir=cache)
+    remote = epoch(url, cache=CacheOptions(dir=cache))
     assert remote == epoch(str(local))
     assert sum(len(batch) for batch in remote) == 18
     cached = sorted(p.name.rsplit("-", 1)[1] for p in cache.iterdir() if p.is_file())

@@ -11,6 +11,7 @@ import pytest
 from shardify.convert.inputs.inputs import SampleSpec, SourceFile
 from shardify.convert.write.plan import _metadata_reference, metadata_json, metadata_needed
 from shardify.convert.write.run import convert_listing
+from shardify.reader import BatchOptions
 
 CLASSES = ("cat", "dog")
 
@@ -67,7 +68,7 @@ def test_format_1_dataset_still_reads(tmp_path: Path, options) -> None:
         assert '"format_version": 2' in text
         (out / name).write_text(text.replace('"format_version": 2', '"format_version": 1'))
     assert verify_dataset(out).ok
-    ds = ShardedDataset(out, batch_size=7, fields=("cls", "txt"), collate_fn=list)
+    ds = ShardedDataset(out, batch_size=7, fields=("cls", "txt"), batching=BatchOptions(collate_fn=list))
     (batch,) = list(ds)
     assert sorted(t for _, t in batch) == sorted(f"t{i}" for i in range(7))
     assert ds.source.classes == CLASSES

@@ -20,6 +20,7 @@ from shardify.convert.write.versions import collect_garbage, folder_state
 from shardify.convert.write.outfs import open_output
 from shardify.errors import DatasetVersionError, OutputExistsError
 from shardify.manifest import Manifest, SplitIndex
+from shardify.reader import BatchOptions
 
 TIME_LIMIT_S = 120
 """A hang fails the test instead of stalling the run (see tests/conftest.py)."""
@@ -59,7 +60,7 @@ def test_reconversion_between_epochs_never_mixes_versions(tmp_path: Path, option
     out = tmp_path / "out"
     convert_imagefolder(src, out, options=options(samples_per_shard=4))
     first_version = _version(out)
-    ds = ShardedDataset(out, batch_size=4, shuffle=True, map=_path, collate_fn=list)
+    ds = ShardedDataset(out, batch_size=4, shuffle=True, map=_path, batching=BatchOptions(collate_fn=list))
     assert ds.source.version == first_version
     loader = make_loader(ds, num_workers=2)  # persistent workers, the default
     try:
@@ -88,7 +89,7 @@ def test_reconversion_between_epochs_never_mixes_versions(tmp_path: Path, option
         assert str(out) in message and first_version in message and second_version in message, message
     finally:
         loader.close()
-    fresh = ShardedDataset(out, batch_size=4, map=_path, collate_fn=list)
+    fresh = ShardedDataset(out, batch_size=4, map=_path, batching=BatchOptions(collate_fn=list))
     got = [p for batch in fresh for p in batch]
     assert fresh.source.version == second_version and len(got) == 28 and len(set(got)) == 28
     assert not set(got) & {str(p.relative_to(src)) for p in removed[:5]}

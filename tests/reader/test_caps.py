@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, make_loader
 from shardify.tarfmt import END_OF_ARCHIVE, padding, ustar_header
 
 TIME_LIMIT_S = 120
@@ -97,8 +97,9 @@ def test_an_unselected_huge_member_of_a_tgz_is_never_read_into_memory(tmp_path):
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_a_member_over_max_member_bytes_is_refused_before_it_is_read(tmp_path, policy):
     url = str(write_zero_member_tgz(tmp_path / "zeros.tgz"))
-    ds = ShardedDataset([url], batch_size=1, fields=("cls", "bin;cls"), on_error=policy, max_member_bytes=64 << 20,
-                        collate_fn=list)
+    ds = ShardedDataset([url], batch_size=1, fields=("cls", "bin;cls"), errors=ErrorOptions(on_error=policy),
+                        decoding=DecodeOptions(max_member_bytes=64 << 20),
+                        batching=BatchOptions(collate_fn=list))
     over = f"shard {url}, key 'k1': member declares {ZEROS} bytes, over the limit of {64 << 20}"
     if policy == "raise":
         with pytest.raises(ShardFormatError, match=over):
@@ -108,7 +109,7 @@ def test_a_member_over_max_member_bytes_is_refused_before_it_is_read(tmp_path, p
     assert [int(b[0][0]) for b in batches] == [0, 0, 0]  # k1 and k2 lost (after the damage), padded by k0
     assert ds.last_epoch_report.lost == 2 and "over the limit" in ds.last_epoch_report.entries[0][2]
     with pytest.raises(ValueError, match="max_member_bytes"):
-        ShardedDataset([url], batch_size=1, max_member_bytes=-1)
+        ShardedDataset([url], batch_size=1, decoding=DecodeOptions(max_member_bytes=-1))
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardify.errors import FieldError, SampleError
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader import transforms as T
 
 
@@ -29,7 +29,7 @@ def counting(root, **kw) -> ShardedDataset:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_zero_and_two_workers_give_the_same_samples(counting_dataset, shuffle):
     root = counting_dataset([7, 2, 13])
-    ds = counting(root, shuffle=shuffle, seed=5, shuffle_buffer=4, shuffle_block=2)
+    ds = counting(root, shuffle=shuffle, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
     zero, two = run(ds, 0), run(ds, 2)
     assert len(zero) == len(two) == len(ds) == 8
     assert sorted(flat(zero)) == sorted(flat(two)) == list(range(22))
@@ -93,7 +93,7 @@ def test_one_and_two_workers_augment_a_key_identically(image_dataset):
     for workers in (1, 2):
         ds = ShardedDataset(image_dataset, batch_size=4, shuffle=True, seed=3, map=key_and_pixels,
                             transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]),
-                            collate_fn=list)
+                            batching=BatchOptions(collate_fn=list))
         ds.set_epoch(2)
         got = {k: p for batch in make_loader(ds, num_workers=workers) for k, p in batch}
         assert len(got) == 22
@@ -115,7 +115,7 @@ def test_default_output_is_images_and_labels(image_dataset):
 
 def test_fields_alternatives_and_map(counting_dataset):
     root = counting_dataset([4])
-    ds = ShardedDataset(root, batch_size=2, fields=("png;txt", "cls"), collate_fn=list)
+    ds = ShardedDataset(root, batch_size=2, fields=("png;txt", "cls"), batching=BatchOptions(collate_fn=list))
     assert [s for b in ds for s in b] == [(str(g), g) for g in range(4)]
     ds = ShardedDataset(root, batch_size=4, map=lambda s: s["cls"] * 10 + len(s["__key__"]))
     assert next(iter(ds)).tolist() == [10 * g + len("s000_00000") for g in range(4)]
@@ -130,10 +130,12 @@ def test_pickle_only_by_name(tmp_path, shards):
 
     root = shards.write_dataset(tmp_path / "p", [[("a", {"pkl": pickle.dumps({"x": 1}), "cls": b"0"})]])
     with pytest.raises(SampleError, match="pickle"):
-        list(ShardedDataset(root, batch_size=1, fields=("pkl",), collate_fn=list))
+        list(ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list)))
     with pytest.raises(SampleError, match="pickle"):  # the skip policy does not hide it
-        list(ShardedDataset(root, batch_size=1, fields=("pkl",), collate_fn=list, on_error="skip"))
-    ds = ShardedDataset(root, batch_size=1, fields=("pkl",), collate_fn=list, allow_pickle=True)
+        list(ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list),
+                            errors=ErrorOptions(on_error="skip")))
+    ds = ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list),
+                        decoding=DecodeOptions(allow_pickle=True))
     assert list(ds) == [[{"x": 1}]]
 
 
@@ -149,8 +151,8 @@ def test_lengths(counting_dataset, monkeypatch):
 def test_bucketing_groups_by_length_and_keeps_counts(tmp_path, shards):
     samples = [(f"k{i:03d}", {"txt": ("x" * (1 + (i * 7) % 13)).encode()}) for i in range(40)]
     root = shards.write_dataset(tmp_path / "b", [samples[:25], samples[25:]])
-    ds = ShardedDataset(root, batch_size=4, fields=("txt",), collate_fn=list, shuffle=True,
-                        bucket_length=len, bucket_buffer=20)
+    ds = ShardedDataset(root, batch_size=4, fields=("txt",), shuffle=True,
+                        batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=20))
     batches = list(make_loader(ds, num_workers=2))
     assert len(batches) == len(ds) == 10
     assert sorted(s for b in batches for s in b) == sorted(s["txt"].decode() for _, s in samples)
@@ -162,7 +164,7 @@ def test_spawned_workers_see_epoch_rank_and_report(counting_dataset, monkeypatch
     root = counting_dataset([5, 5])
     (root / "train-000001.tar").write_bytes(b"garbage" * 100)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    ds = ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, on_error="skip")
+    ds = ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, errors=ErrorOptions(on_error="skip"))
     loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     orders = []
     for epoch in (0, 1):
@@ -180,7 +182,7 @@ def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
     calls: list[int] = []
     real = dataset_module.epoch_sequence
     monkeypatch.setattr(dataset_module, "epoch_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
-    ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffle_buffer=4, shuffle_block=2)
+    ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
     first = run(ds)
     assert run(ds) == first
     assert calls == [0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import ShardFormatError
-from shardify.reader import ShardedDataset
+from shardify.reader import BatchOptions, ShardedDataset
 
 
 def _files(folder: Path) -> list[str]:
@@ -31,7 +31,7 @@ def test_gnu_tar_sort_name_shard_reads(tmp_path: Path) -> None:
     _files(folder)
     shard = tmp_path / "shard.tar"
     subprocess.run(["tar", "--sort=name", "-cf", str(shard), "-C", str(folder), "."], check=True)
-    ds = ShardedDataset([str(shard)], batch_size=4, fields=("txt", "cls"), collate_fn=list)
+    ds = ShardedDataset([str(shard)], batch_size=4, fields=("txt", "cls"), batching=BatchOptions(collate_fn=list))
     got = sorted(s for b in ds for s in b)
     assert got == [(f"sample {i}", i % 2) for i in range(4)]
 

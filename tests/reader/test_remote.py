@@ -28,7 +28,7 @@ from shardify.convert.options import ConvertOptions
 from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
 from shardify.errors import ManifestError, ShardFormatError
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import CacheOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.io.cache import FetchOptions, ShardCache, shard_cache
 from shardify.reader.io.remote import RetryPolicy, ShardFetchError, join_url
@@ -159,7 +159,7 @@ def test_an_epoch_over_http_matches_the_local_one_batch_for_batch(dataset, serve
     url, faults = server
 
     def batches(where: str) -> list[tuple[Any, ...]]:
-        ds = ShardedDataset(where, split="train", batch_size=4, shuffle=True, seed=3, shuffle_block=2,
+        ds = ShardedDataset(where, split="train", batch_size=4, shuffle=True, seed=3, shuffling=ShuffleOptions(block=2),
                             transform=T.ResizeCenterCrop(resize=24, crop=16))
         ds.set_epoch(1)
         return [tuple(batch) for batch in make_loader(ds, num_workers=2)]
@@ -396,8 +396,8 @@ def test_options_are_checked():
 
 def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset, server, tmp_path):
     url, faults = server
-    ds = ShardedDataset(url, split="train", batch_size=4, shuffle=True, seed=0, shuffle_block=2,
-                        transform=T.ResizeCenterCrop(resize=24, crop=16), cache_dir=tmp_path / "cache")
+    ds = ShardedDataset(url, split="train", batch_size=4, shuffle=True, seed=0, shuffling=ShuffleOptions(block=2),
+                        transform=T.ResizeCenterCrop(resize=24, crop=16), cache=CacheOptions(dir=tmp_path / "cache"))
     loader = make_loader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -410,7 +410,7 @@ def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset
 def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, server):
     url, faults = server
     faults.fail[SHARD] = 503
-    ds = ShardedDataset(resolve_source(url, retry=FAST), batch_size=4, on_error="skip",
+    ds = ShardedDataset(resolve_source(url, retry=FAST), batch_size=4, errors=ErrorOptions(on_error="skip"),
                         transform=T.ResizeCenterCrop(resize=24, crop=16))
     batches = list(ds)
     assert len(batches) == len(ds) == 5

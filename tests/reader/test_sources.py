@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import ManifestError
-from shardify.reader import ShardedDataset
+from shardify.reader import BatchOptions, ShardedDataset, ShuffleOptions
 from shardify.reader.io.sources import expand_shards, resolve_source
 
 
@@ -74,7 +74,7 @@ def test_gzip_shards_read_like_plain_ones(counting_dataset, tmp_path, suffix):
         data = (root / f"train-{i:06d}.tar").read_bytes()
         (tmp_path / f"part-{i}{suffix}").write_bytes(gzip.compress(data, mtime=0))
     ds = ShardedDataset(str(tmp_path / ("part-{0..2}" + suffix)), batch_size=4, fields=("cls",),
-                        shuffle=True, shuffle_block=3, shuffle_buffer=5)
+                        shuffle=True, shuffling=ShuffleOptions(block=3, buffer=5))
     assert ds.source.sizes == [7, 2, 13]
     assert values(ds) == list(range(22))
 
@@ -88,7 +88,7 @@ def test_webdataset_tarwriter_shards(tmp_path):
                 g = s * 5 + i
                 sink.write({"__key__": f"dir.d/sample{i:04d}", "cls": g, "seg.txt": f"text {g}"})
     ds = ShardedDataset(str(tmp_path / "wds-{0..1}.tar"), batch_size=3, fields=("cls", "seg.txt"),
-                        collate_fn=list)
+                        batching=BatchOptions(collate_fn=list))
     samples = [s for batch in ds for s in batch]
     assert sorted(samples)[:10] == [(g, f"text {g}") for g in range(10)]
     ours = sorted(c for c, _ in samples[:10])
@@ -112,6 +112,6 @@ def test_gnu_tar_shards_with_long_names_and_directories(tmp_path):
             for f in files:
                 tf.add(src / f, arcname=f)
     for shuffle in (False, True):  # shuffled: ranges out of order, read forward (long names)
-        ds = ShardedDataset(str(out), batch_size=2, fields=("cls", "txt"), collate_fn=list,
-                            shuffle=shuffle, shuffle_block=1, shuffle_buffer=2)
+        ds = ShardedDataset(str(out), batch_size=2, fields=("cls", "txt"), batching=BatchOptions(collate_fn=list),
+                            shuffle=shuffle, shuffling=ShuffleOptions(block=1, buffer=2))
         assert sorted(s for batch in ds for s in batch) == [(i, f"t{i}") for i in range(4)]

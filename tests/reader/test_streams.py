@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from shardify.reader import ShardedDataset, Stream, make_loader
+from shardify.reader import SamplingOptions, ShardedDataset, Stream, make_loader
 
 
 def text_only(n, offset):
@@ -28,7 +28,8 @@ def two_sources(tmp_path, shards, counting_dataset):
 def mixed(web, books, **kw):
     return ShardedDataset([Stream(web, weight=2, fields=("cls", "__stream__", "__valid__")),
                            Stream(books, weight=1, map=from_books)],
-                          samples_per_epoch=30, batch_size=4, shuffle=True, seed=1, mark_repeats=True, **kw)
+                          batch_size=4, shuffle=True, seed=1,
+                          sampling=SamplingOptions(samples_per_epoch=30, mark_repeats=True), **kw)
 
 
 def values(batches):
@@ -72,7 +73,8 @@ def test_mixed_resume_on_other_workers_keeps_exact_counts(two_sources):
 
 def test_samples_per_epoch_with_one_source(counting_dataset):
     root = counting_dataset([7, 2, 13])
-    ds = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True, samples_per_epoch=10)
+    ds = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True,
+                        sampling=SamplingOptions(samples_per_epoch=10))
     seen = []
     for epoch in range(4):
         ds.set_epoch(epoch)
@@ -80,7 +82,8 @@ def test_samples_per_epoch_with_one_source(counting_dataset):
         assert len(got) == 10 and len(set(got)) == 10
         seen += got
     assert len(set(seen[:20])) == 20 and set(seen[:30]) == set(range(22))  # all once before any twice
-    big = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True, samples_per_epoch=50)
+    big = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True,
+                         sampling=SamplingOptions(samples_per_epoch=50))
     got = Counter(x for b in big for x in b.tolist())
     assert sum(got.values()) == 50 and set(got.values()) <= {2, 3}
 
@@ -92,8 +95,8 @@ def test_mark_repeats_counts_every_sample_once_over_ranks(counting_dataset, monk
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        ds = ShardedDataset(root, batch_size=batch_size, shuffle=True, seed=2, mark_repeats=True,
-                            map=lambda d: (int(d["cls"]), d["__valid__"]))
+        ds = ShardedDataset(root, batch_size=batch_size, shuffle=True, seed=2,
+                            sampling=SamplingOptions(mark_repeats=True), map=lambda d: (int(d["cls"]), d["__valid__"]))
         batches = list(make_loader(ds, num_workers=0))
         lengths.add(len(batches))
         for cls, ok in batches:
