@@ -137,13 +137,13 @@ class ShardedDataset(IterableDataset):
         super().__init__()
         groups = with_defaults(apply_old_keywords(deprecated, dict(
             shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache)))
+        where = groups.pop("cache")  # the source's, not the workers'
+        verify = groups["errors"].verify
         self.options = o = ReadOptions.from_groups(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
             fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None), map=map,
-            **{k: v for k, v in groups.items() if k != "cache"})
-        verify = groups["errors"].verify
-        self.streams = resolve_streams(source, split=split, cache_dir=groups["cache"].dir,
-                                       cache_limit_bytes=groups["cache"].limit_bytes,
+            **groups)
+        self.streams = resolve_streams(source, split=split, cache_dir=where.dir, cache_limit_bytes=where.limit_bytes,
                                        skip_unreadable=o.on_error == "skip")
         sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:

@@ -29,8 +29,10 @@ class Stream:
     """One source of a :class:`~shardify.reader.ShardedDataset` and its options.
 
     ``source``/``split``: as for the dataset. ``weight``: its share of each epoch's
-    ``samples_per_epoch`` (give every stream a weight, or none: then shares follow sizes).
-    ``transform``, ``map``, ``fields``: replace the dataset's for this stream's samples.
+    ``SamplingOptions.samples_per_epoch`` (give every stream a weight, or none: then shares
+    follow sizes). ``transform``, ``map``, ``fields``: the dataset's per-sample keywords under
+    the same names, replacing the dataset's for this stream's samples. The option groups
+    (:mod:`shardify.reader.options`) are the dataset's, shared by all streams.
     """
 
     source: SourceLike | Source
