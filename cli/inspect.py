@@ -56,6 +56,8 @@ def run_info(args: argparse.Namespace) -> int:
             print(f"    skipped at conversion: {s['skipped']}")
         if "field_bytes" in s:
             print(field_bytes_text(s["field_bytes"], indent="    "))
+        elif "field_bytes_error" in s:
+            print(f"    bytes per field: not measured: {s['field_bytes_error']} (shardify verify checks every shard)")
         elif args.sample_shards is None:
             print("    bytes per field: not measured for a remote dataset (--sample-shards N reads N shards' headers)")
     return EXIT_OK

@@ -101,6 +101,16 @@ def test_info_prints_bytes_per_field_and_where_they_come_from(tmp_path, capsys):
     assert "tar headers and padding:" in out and "% of the shard bytes" in out
 
 
+def test_info_describes_what_it_can_when_a_shard_is_unreadable(tmp_path, capsys):
+    root = _dataset(tmp_path / "ds")
+    last = sorted(root.glob("*.tar"))[-1]
+    last.write_bytes(b"not a tar" * 100)
+    assert main(["info", str(root)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "train: 12 samples, 3 shards" in out
+    assert f"bytes per field: not measured: shard {last.name}" in out
+
+
 def test_info_json_holds_the_figures_and_can_skip_them(tmp_path, capsys):
     root = _dataset(tmp_path / "ds")
     assert main(["info", str(root), "--json"]) == EXIT_OK
