@@ -1,0 +1,67 @@
+"""tools/upgrade_options.py rewrites deprecated ShardedDataset keywords into groups that read the same."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from shardify.convert import ShardWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OLD = '''"""A training script of before."""
+import os
+from shardify.reader import ShardedDataset
+
+
+def make(root):
+    return ShardedDataset(root, batch_size=2, shuffle=True, shuffle_buffer=8,
+                          on_error="skip", shuffle_block=2,
+                          fields=("cls",), collate_fn=list)
+
+
+def mine(root, **kw):
+    return ShardedDataset(root, batch_size=2, fields=("cls",), **kw)
+
+
+def via_mine(root):
+    return mine(root, verify=True, samples_per_epoch=3)
+'''
+
+
+def _load(src: str, name: str) -> dict[str, object]:
+    scope: dict[str, object] = {"__name__": name}
+    exec(compile(src, name, "exec"), scope)
+    return scope
+
+
+def test_the_rewritten_calls_read_as_the_old_ones(tmp_path):
+    root = tmp_path / "ds"
+    with ShardWriter(root, split="train", samples_per_shard=3) as w:
+        for i in range(6):
+            w.write({"cls": i})
+    script = tmp_path / "train.py"
+    script.write_text(OLD)
+    check = subprocess.run([sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--check", str(script)],
+                           capture_output=True, text=True)
+    assert check.returncode == 1 and script.read_text() == OLD and "1 call(s) to rewrite" in check.stdout  # mine() needs --also
+    subprocess.run([sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--also", "mine", str(script)],
+                   check=True, capture_output=True)
+    new = script.read_text()
+    assert "shuffling=ShuffleOptions(buffer=8, block=2)" in new
+    assert 'errors=ErrorOptions(on_error="skip")' in new and "batching=BatchOptions(collate_fn=list)" in new
+    assert "mine(root, errors=ErrorOptions(verify=True), sampling=SamplingOptions(samples_per_epoch=3))" in new
+    assert "from shardify.reader import BatchOptions, ErrorOptions, SamplingOptions, ShuffleOptions\n" in new
+    with pytest.warns(DeprecationWarning):
+        before = _load(OLD, "old")
+        old_ds, old_mine = before["make"](root), before["via_mine"](root)  # type: ignore[operator]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        after = _load(new, "new")
+        new_ds, new_mine = after["make"](root), after["via_mine"](root)  # type: ignore[operator]
+    assert old_ds.options == new_ds.options and old_mine.options == new_mine.options
+    assert [list(b) for b in old_ds] == [list(b) for b in new_ds]

@@ -1,0 +1,98 @@
+"""Rewrite calls of ``ShardedDataset`` that use the deprecated keywords into the option groups.
+
+``python tools/upgrade_options.py FILE.py ...`` rewrites each ``ShardedDataset(...)`` call in
+place: ``shuffle_buffer=4, on_error="skip"`` becomes ``shuffling=ShuffleOptions(buffer=4),
+errors=ErrorOptions(on_error="skip")``, and adds ``from shardify.reader import ...`` for the
+groups it used. ``--also NAME`` rewrites calls of your own helpers that pass their keywords on
+to ``ShardedDataset`` too; ``--check`` only lists what it would change (exit 1 if anything).
+Values are copied as written (the source text of each argument), so formatting may need a look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+from shardify.reader.deprecated import OLD_KEYWORDS
+from shardify.reader.options import GROUPS
+
+__all__ = ["upgrade_source"]
+
+
+def _offsets(src: str) -> list[int]:
+    starts = [0]
+    for line in src.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def upgrade_source(src: str, *, names: frozenset[str] = frozenset({"ShardedDataset"})) -> tuple[str, int]:
+    """``(new source, calls rewritten)`` for the Python source ``src``."""
+    lines = src.splitlines(keepends=True)
+    starts = _offsets(src)
+
+    def at(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
+        return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode())
+
+    edits: list[tuple[int, int, str]] = []
+    used: set[str] = set()
+    calls = 0
+    for node in ast.walk(ast.parse(src)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        old = [k for k in node.keywords if k.arg in OLD_KEYWORDS]
+        if name not in names or not old:
+            continue
+        calls += 1
+        args = sorted([*node.args, *node.keywords], key=lambda a: (a.lineno, a.col_offset))
+        groups: dict[str, list[ast.keyword]] = {}
+        for k in old:
+            groups.setdefault(OLD_KEYWORDS[k.arg][0], []).append(k)  # type: ignore[index]
+        for group, kws in groups.items():
+            cls = GROUPS[group].__name__
+            used.add(cls)
+            inner = ", ".join(f"{OLD_KEYWORDS[k.arg][1]}={ast.get_source_segment(src, k.value)}"  # type: ignore[index]
+                              for k in kws)
+            first = kws[0]
+            edits.append((at(first.lineno, first.col_offset), at(first.end_lineno, first.end_col_offset),  # type: ignore[arg-type]
+                          f"{group}={cls}({inner})"))
+            for k in kws[1:]:  # the others of the group go, with the separator before them
+                prev = args[args.index(k) - 1]
+                edits.append((at(prev.end_lineno, prev.end_col_offset), at(k.end_lineno, k.end_col_offset), ""))  # type: ignore[arg-type]
+    for a, b, text in sorted(edits, reverse=True):
+        src = src[:a] + text + src[b:]
+    if used:
+        out = src.splitlines(keepends=True)
+        tops = [i for i, line in enumerate(out) if line.startswith(("from shardify", "import shardify"))]
+        i = tops[-1] if tops else 0
+        while "(" in out[i] and ")" not in out[i]:  # the end of a parenthesised import
+            i += 1
+        out.insert(i + 1 if tops else 0, f"from shardify.reader import {', '.join(sorted(used))}\n")
+        src = "".join(out)
+    return src, calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--also", action="append", default=[], metavar="NAME",
+                    help="a function of yours that passes its keywords on to ShardedDataset (repeatable)")
+    ap.add_argument("--check", action="store_true", help="list the files that would change; write nothing")
+    args = ap.parse_args(argv)
+    changed = 0
+    for path in args.files:
+        new, calls = upgrade_source(path.read_text(encoding="utf-8"), names=frozenset({"ShardedDataset", *args.also}))
+        if calls:
+            changed += 1
+            print(f"{path}: {calls} call(s) {'to rewrite' if args.check else 'rewritten'}")
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
