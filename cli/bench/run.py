@@ -11,17 +11,17 @@ fresh loader; (e) memory (PSS) of the main process and its workers after each ep
 shuffle quality, the mean distance in the original order between consecutive samples,
 against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
-on class-sorted shards relative to a full random permutation, at world 1, 2 and 8
-(:func:`class_mixing`, from the plan alone). The CLI's ``shardify bench`` and
-``tools/bench_read.py`` call it; :func:`~shardify.cli.bench.table.format_bench` prints it. (a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT
-and upsampling) against the exact path, in alternating passes of one run, and reports how
-far its pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its default fields, and the
-result says which figures it cannot measure (``not_measured``).
+on class-sorted shards relative to a full random permutation, at world 1, 2 and 8 ((f) and
+(g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). The CLI's ``shardify bench``
+and ``tools/bench_read.py`` call it; :func:`~shardify.cli.bench.table.format_bench` prints it.
+(a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT and
+upsampling) against the exact path, in alternating passes of one run, and reports how far its
+pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its
+default fields, and the result says which figures it cannot measure (``not_measured``).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import time
@@ -31,21 +31,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardify.reader.plan.mix import epoch_sequence
-from shardify.reader.plan.resume import PlanOptions
-from shardify.reader.plan.simulate import Entry, rank_batches
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.options import ShuffleOptions
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.plan.shuffle import sample_rng
-from shardify.reader.io.sources import ShardInfo, Source
+from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
 from shardify.cli.bench.decode import fast_decode_figures
+from shardify.cli.bench.shuffle import shuffle_figures
 from shardify.cli.common import split_source
 from shardify.progress import progress_bar
 from shardify.reader.sample.fields import output_fields
 
-__all__ = ["run_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory", "child_pids"]
+__all__ = ["run_bench", "process_memory", "child_pids"]
 
 
 def process_memory(pid: int | None = None) -> int:
@@ -82,65 +80,6 @@ def _memory_of(pid: int) -> int:
         except OSError:
             continue
     return 0
-
-
-def _rank0_batches(sizes: list[int], *, seed: int, epoch: int, batch_size: int, workers: int, shuffle_buffer: int,
-                   shuffle_block: int, rank: int = 0, world: int = 1, interleave: bool = True) -> list[list[Entry]]:
-    opts = PlanOptions(seed=seed, shuffle=True, batch_size=batch_size, drop_last=False, block=shuffle_block,
-                       buffer=shuffle_buffer)
-    seq = epoch_sequence([sizes], counts=None, seed=seed, epoch=epoch, shuffle=True, block=shuffle_block,
-                         interleave=interleave)
-    return rank_batches(seq, opts, epoch=epoch, rank=rank, world=world, workers=max(1, workers))
-
-
-def shuffle_quality(source: Source, *, seed: int, epoch: int, batch_size: int, workers: int,
-                    shuffle_buffer: int, shuffle_block: int) -> dict[str, float]:
-    """How well rank 0's epoch is mixed, from the plan alone (no I/O).
-
-    ``gap``: mean |original index difference| of consecutive samples over N/3 (a full random
-    permutation gives ~1). ``shards_per_batch``: mean number of distinct shards in a batch.
-    """
-    start = [0]
-    for s in source.sizes:
-        start.append(start[-1] + s)
-    batches = _rank0_batches(source.sizes, seed=seed, epoch=epoch, batch_size=batch_size, workers=workers,
-                             shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-    seq = [start[shard] + i for batch in batches for shard, i, _ in batch]
-    n = len(seq)
-    if n < 2:
-        return {"gap": 0.0, "shards_per_batch": 1.0}
-    gap = sum(abs(a - b) for a, b in zip(seq, seq[1:])) / (n - 1)
-    shards = sum(len({shard for shard, _, _ in batch}) for batch in batches) / len(batches)
-    return {"gap": gap / (n / 3), "shards_per_batch": shards}
-
-
-def permutation_classes(*, classes: int, per_class: int, batch_size: int) -> float:
-    """Expected distinct classes in ``batch_size`` samples of a uniform random permutation."""
-    n = classes * per_class
-    absent = 1.0
-    for i in range(min(batch_size, n)):
-        absent *= max(0, n - per_class - i) / (n - i)
-    return classes * (1 - absent)
-
-
-def class_mixing(*, world: int, classes: int = 100, per_class: int = 1000, samples_per_shard: int = 1000,
-                 batch_size: int = 256, workers: int = 4, shuffle_buffer: int = 1024, shuffle_block: int = 4,
-                 seed: int = 0, epoch: int = 0, interleave: bool = True) -> float:
-    """Mean distinct classes per batch (every rank's batches) on class-sorted shards, over a
-    uniform random permutation's; ``interleave=False``: whole shards in order, as before
-    cross-rank shuffle. Computed from the plan alone."""
-    n = classes * per_class
-    sizes = [min(samples_per_shard, n - a) for a in range(0, n, samples_per_shard)]
-    start = list(itertools.accumulate(sizes, initial=0))
-    distinct, count = 0, 0
-    for rank in range(world):
-        for batch in _rank0_batches(sizes, seed=seed, epoch=epoch, batch_size=batch_size, workers=workers,
-                                    shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, rank=rank,
-                                    world=world, interleave=interleave):
-            if len(batch) == batch_size:
-                distinct += len({(start[s] + i) // per_class for s, i, _ in batch})
-                count += 1
-    return distinct / count / permutation_classes(classes=classes, per_class=per_class, batch_size=batch_size)
 
 
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
@@ -302,7 +241,7 @@ def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, ima
     if wds_epochs:
         result["webdataset_ips"] = _webdataset_rate(source, batch_size, num_workers, image_size,
                                                     shuffle_buffer, wds_epochs, steps)
-    _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
+    shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     steps.done("(f), (g) shuffle")
     single = result["single_process_ips"]
     result["loader_vs_2x_single"] = result["loader_ips"] / (max(1, num_workers) * single)
@@ -325,24 +264,6 @@ def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: 
     loader.close()
 
 
-def _shuffle_figures(result: dict[str, Any], source: Source, shuffle_buffer: int, shuffle_block: int) -> None:
-    """(f): shuffle quality here, with the buffer alone, and at ImageNet scale; (g) class mixing across ranks."""
-    batch_size, workers = result["batch_size"], result["num_workers"]
-    result["shuffle_quality"] = shuffle_quality(source, seed=0, epoch=1, batch_size=batch_size, workers=workers,
-                                                shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-    result["shuffle_quality_buffer_only"] = shuffle_quality(
-        source, seed=0, epoch=1, batch_size=batch_size, workers=workers, shuffle_buffer=shuffle_buffer,
-        shuffle_block=source.num_samples)
-    imagenet = Source(name="imagenet-like", split=None, shards=tuple(ShardInfo("", 1251) for _ in range(1024)))
-    result["shuffle_quality_imagenet"] = shuffle_quality(
-        imagenet, seed=0, epoch=1, batch_size=256, workers=8, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-    result["class_mixing"] = {w: class_mixing(world=w, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block)
-                              for w in (1, 2, 8)}
-    result["class_mixing_whole_shards"] = {
-        w: class_mixing(world=w, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, interleave=False)
-        for w in (1, 2, 8)}
-
-
 def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,
                         shuffle_block: int, steps: _Steps) -> dict[str, Any]:
     """(b), (d), (e), (f) for a split without images, reading its default fields undecoded-by-us."""
@@ -357,7 +278,7 @@ def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, 
         f"reading and decoding fields {', '.join(fields)}, with no transform")
     _loader_figures(result, ds, num_workers=result["num_workers"], epochs=epochs, base=base, steps=steps)
     del ds
-    _shuffle_figures(result, source, shuffle_buffer, shuffle_block)
+    shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     steps.done("(f) shuffle")
     return result
 
