@@ -223,7 +223,7 @@ def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, ima
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
         steps.done("(a) plain PIL")
-        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see bench_decode
+        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see cli/bench/decode.py
         steps.done("(a) fast IDCT")
     finally:
         torch.set_num_threads(threads)
