@@ -191,4 +191,6 @@ def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any
             "converter": index.converter,
             "version": index.version,
         }
+        if index.raw_pixels is not None:
+            out["splits"][split]["raw_pixels"] = index.raw_pixels.to_json()
     return out
