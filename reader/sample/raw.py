@@ -3,13 +3,14 @@
 A ``ppm`` member holding a binary 8-bit PPM is viewed as an ``H x W x 3`` array over its
 bytes (no decoding). The crop transforms draw their box from the stored size, as they draw
 it from a JPEG's header size, with the same draws from the sample's rng; the stored image is
-already at most ``S`` pixels on its chosen side, so the box is in stored pixels. A
-whole-pixel box (``RandomResizedCrop`` always; ``ResizeCenterCrop`` when the stored shorter
-side equals its ``resize``) is sliced out of the view, copied into one compact block (torch's
-antialiased uint8 kernel is fastest on it, and the bytes stay read-only) and resized with
-torch's antialiased bilinear, as the JPEG fast path does (Pillow's bilinear within 1). A
-fractional box (``ScaleJitter``, ``ResizeCenterCrop`` otherwise) goes to the transform's own
-Pillow resize on an image sharing the bytes: the plain path's pixels exactly.
+already at most ``S`` pixels on its chosen side, so the box is in stored pixels. For
+``RandomResizedCrop`` (crop, then resize the crop, as torchvision) the box is sliced out of
+the view, copied into one compact block (torch's antialiased uint8 kernel is fastest on it,
+~1.5x, and the member's bytes stay read-only) and resized with torch's antialiased bilinear,
+as the JPEG fast path does: Pillow's bilinear within 1. ``ResizeCenterCrop`` and
+``ScaleJitter`` (resize the image, then crop) copy a box that needs no resizing (an eval crop
+of a split stored at its ``resize``) and otherwise use the transform's own Pillow resize on an
+image sharing the bytes. Both give the plain path's pixels exactly.
 
 Any other PPM (comments, 16-bit, gray) and an image over ``PIL.Image.MAX_IMAGE_PIXELS`` take
 Pillow's path like every other format (which refuses the latter with its reason).
@@ -37,13 +38,17 @@ def raw_pixels(data: bytes | bytearray | memoryview) -> np.ndarray | None:
     return hwc
 
 
-def raw_crop(hwc: np.ndarray, box: Box, size: tuple[int, int]) -> torch.Tensor | None:
+def raw_crop(hwc: np.ndarray, box: Box, size: tuple[int, int], *, crop_first: bool = True) -> torch.Tensor | None:
     """``box`` (stored pixels) of ``hwc`` resized to ``size`` (w, h) as a uint8 ``[3, h, w]``
-    tensor; None when the box has fractional edges (use :func:`raw_image` and Pillow)."""
+    tensor; None when the box has fractional edges, or needs resizing and ``crop_first`` is
+    False (a transform that resizes the whole image, then crops: its filter reaches past the
+    box, so use :func:`raw_image` and its Pillow resize)."""
     left, top, right, bottom = _whole_pixels(box, hwc.shape[1], hwc.shape[0])
     if max(abs(a - b) for a, b in zip(box, (left, top, right, bottom))) > 1e-6:
         return None
-    crop = torch.from_numpy(np.ascontiguousarray(hwc[top:bottom, left:right])).permute(2, 0, 1)
+    if not crop_first and (right - left, bottom - top) != size:
+        return None
+    crop = torch.from_numpy(hwc[top:bottom, left:right].copy()).permute(2, 0, 1)
     if (right - left, bottom - top) != size:
         crop = F.interpolate(crop[None], size=(size[1], size[0]), mode="bilinear", antialias=True,
                              align_corners=False)[0]

@@ -116,7 +116,7 @@ class _Geometric(Transform):
         raw = raw_pixels(data)
         if raw is not None:  # pre-decoded (--raw-pixels): the box is drawn on the stored size
             box, size = self.plan(raw.shape[1], raw.shape[0], rng)
-            cropped = raw_crop(raw, box, size)
+            cropped = raw_crop(raw, box, size, crop_first=isinstance(self, RandomResizedCrop))
             return cropped if cropped is not None else self._resample(raw_image(raw), box, size)
         turbo = turbo_jpeg_size(data)
         if turbo is not None:  # the usual JPEG: no Pillow at all, unless the crop needs it
