@@ -4,7 +4,8 @@ the plain (Pillow) path's pixels within a stated tolerance, no decoding, resume 
 from __future__ import annotations
 
 import random
-import warnings
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -121,15 +122,21 @@ def test_the_whole_image_is_the_stored_pixels_exactly() -> None:
 
 
 def test_no_warning_and_the_members_bytes_are_left_alone() -> None:
-    data = ppm(1)
-    before = bytes(data)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torch warns once when it wraps a read-only array
-        for k in range(10):
-            for name in ("train", "eval-at-stored-size"):
-                x = T.run_image_transform(TRANSFORMS[name](), data, rng=random.Random(k))
-                x.fill_(0)  # the output owns its memory
-    assert data == before
+    """torch warns (once per process) when it wraps a read-only array: a fresh process, in
+    which every warning is an error, crops raw pixels of every shape without one."""
+    code = (
+        "import random\n"
+        "from shardify.convert.synth import natural_image\n"
+        "from shardify.pixels import encode_ppm\n"
+        "from shardify.reader import transforms as T\n"
+        "data = encode_ppm(natural_image(120, 90, seed=1)); before = bytes(data)\n"
+        "for t in (T.imagenet_train(64), T.ResizeCenterCrop(resize=90, crop=64), T.RandomResizedCrop(90, scale=(1, 1)), None):\n"
+        "    for k in range(20):\n"
+        "        T.run_image_transform(t, data, rng=random.Random(k)).fill_(0)\n"
+        "assert data == before\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
