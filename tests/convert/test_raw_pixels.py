@@ -193,3 +193,27 @@ def test_webdataset_reads_the_raw_images_as_images(imagefolder: Path, tmp_path: 
     ds = ShardedDataset(out, batch_size=1, fields=("image", "__key__"), transform=None)
     for x, key in ds:
         assert np.array_equal(got[key[0]]["ppm"], x[0].permute(1, 2, 0).numpy())
+
+
+def test_the_python_writer_stores_images_in_a_ppm_field_as_raw_pixels(tmp_path: Path) -> None:
+    from shardify.convert import ShardWriter
+    from shardify.reader.sample import transforms as transforms_module
+
+    rgb = np.asarray(natural_image(50, 40, seed=1))
+    rgba = np.concatenate([rgb, np.full((40, 50, 1), 7, np.uint8)], axis=2)
+    with ShardWriter(tmp_path / "out", split="train") as w:
+        w.write({"ppm": rgb, "cls": 0})
+        w.write({"ppm": Image.fromarray(rgba), "cls": 1})
+        w.write({"ppm": rgb[:, :, 0], "cls": 2})  # gray: stored as RGB
+    ds = ShardedDataset(tmp_path / "out", batch_size=3, transform=None)
+    (x, y), = list(ds)
+    assert torch.equal(x[0].permute(1, 2, 0), torch.from_numpy(rgb.copy()))
+    assert torch.equal(x[1].permute(1, 2, 0), torch.from_numpy(rgb.copy()))  # alpha dropped
+    assert torch.equal(x[2].permute(1, 2, 0), torch.from_numpy(np.repeat(rgb[:, :, :1], 3, axis=2)))
+    assert transforms_module.raw_pixels(encode_ppm_of(rgb)) is not None
+
+
+def encode_ppm_of(array: np.ndarray) -> bytes:
+    from shardify.convert.pyapi.values import ValueOptions, encode_value
+
+    return encode_value("ppm", array, ValueOptions())
