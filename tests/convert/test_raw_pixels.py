@@ -195,7 +195,7 @@ def test_webdataset_reads_the_raw_images_as_images(imagefolder: Path, tmp_path: 
         assert np.array_equal(got[key[0]]["ppm"], x[0].permute(1, 2, 0).numpy())
 
 
-def test_the_python_writer_stores_images_in_a_ppm_field_as_raw_pixels(tmp_path: Path) -> None:
+def test_the_python_writer_stores_images_in_a_ppm_field_as_raw_pixels(tmp_path: Path, read_split) -> None:
     from shardify.convert import ShardWriter
     from shardify.reader.sample import transforms as transforms_module
 
@@ -210,7 +210,10 @@ def test_the_python_writer_stores_images_in_a_ppm_field_as_raw_pixels(tmp_path: 
     assert torch.equal(x[0].permute(1, 2, 0), torch.from_numpy(rgb.copy()))
     assert torch.equal(x[1].permute(1, 2, 0), torch.from_numpy(rgb.copy()))  # alpha dropped
     assert torch.equal(x[2].permute(1, 2, 0), torch.from_numpy(np.repeat(rgb[:, :, :1], 3, axis=2)))
-    assert transforms_module.raw_pixels(encode_ppm_of(rgb)) is not None
+    stored = [s["ppm"] for s in read_split(tmp_path / "out", "train").values()]
+    assert len(stored) == 3 and all(b.startswith(b"P6\n50 40\n255\n") for b in stored)  # RGB, viewable
+    assert all(transforms_module.raw_pixels(b) is not None for b in stored)
+    assert encode_ppm_of(rgb) == stored[0]
 
 
 def encode_ppm_of(array: np.ndarray) -> bytes:
