@@ -8,8 +8,11 @@ bytes are a JPEG, that fast path draws the crop from the header's size with the 
 the plain path, decodes at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's ``draft``) while
 the crop keeps at least the output size, and resizes only the crop: a whole-pixel box with
 torch's antialiased bilinear (Pillow's within 1), a fractional one with Pillow's box resize;
-both shrink by whole blocks first past ``REDUCING_GAP``. Flip and colour jitter then run on
-the tensor. Other formats take the plain path. Normalisation is left to the device.
+both shrink by whole blocks first past ``REDUCING_GAP``. Pre-decoded images
+(``--raw-pixels``, :mod:`shardify.reader.sample.raw`) skip decoding: the box is drawn from the
+stored size with the same draws, sliced out of the bytes, and only the crop is resized. Flip
+and colour jitter then run on the tensor. Other formats take the plain path. Normalisation is
+left to the device.
 """
 
 from __future__ import annotations
