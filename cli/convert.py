@@ -90,6 +90,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(lossy, at --quality); png: re-encode the others as PNG (lossless, larger). "
                         "One image field for readers that take a single extension (Hugging Face datasets)")
     g.add_argument("--quality", type=int, default=90, help="JPEG quality with --max-side and --image-format jpg (default: 90)")
+    g.add_argument("--raw-pixels", type=int, default=None, metavar="S",
+                   help="store every image pre-decoded (RGB pixels as .ppm), resized so that its --raw-side "
+                        "is at most S pixels: the reader crops without decoding (FFCV's RAW mode; S 256-320 "
+                        "for ImageNet-style training)")
+    g.add_argument("--raw-side", choices=("shorter", "longer"), default="shorter",
+                   help="the side --raw-pixels bounds: shorter (as torchvision's Resize(S); default) or longer")
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -159,7 +165,8 @@ def convert_options(args: argparse.Namespace) -> Any:
         follow_symlinks=not args.no_follow_symlinks,
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
-        allow_empty=args.allow_empty, image_format=args.image_format, metadata=args.metadata)
+        allow_empty=args.allow_empty, image_format=args.image_format, metadata=args.metadata,
+        raw_pixels=args.raw_pixels, raw_side=args.raw_side)
 
 
 def run(args: argparse.Namespace) -> int:

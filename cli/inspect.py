@@ -52,6 +52,10 @@ def run_info(args: argparse.Namespace) -> int:
     for split, s in info["splits"].items():
         print(f"  {split}: {s['samples']} samples, {s['shards']} shards, {human(s['bytes'])}, "
               f"{labels_text(s)}; fields {', '.join(s['fields'])}")
+        if s.get("raw_pixels"):
+            raw = s["raw_pixels"]
+            print(f"    images pre-decoded: field {raw['field']} ({raw['format']} v{raw['version']}), "
+                  f"{raw['side']} side at most {raw['size']} pixels")
         if s["skipped"]:
             print(f"    skipped at conversion: {s['skipped']}")
         if "field_bytes" in s:

@@ -88,6 +88,12 @@ class ConvertOptions:
     image_format: Literal["keep", "jpg", "png"] = "keep"
     """``keep`` each image's own format, or store every image as ``jpg`` (non-JPEGs re-encoded
     at ``quality``) or ``png`` (lossless), so all samples have the same image field."""
+    raw_pixels: int | None = None
+    """Store every image pre-decoded (:mod:`shardify.pixels`): 8-bit RGB pixels as a ``ppm``
+    member, resized so that its ``raw_side`` side is at most this many pixels (never enlarged);
+    the reader then crops without decoding. None: images are stored encoded."""
+    raw_side: Literal["shorter", "longer"] = "shorter"
+    """Which side ``raw_pixels`` bounds: ``shorter`` (as torchvision's ``Resize(S)``) or ``longer``."""
     allow_empty: bool = False
     """Finish a split even when no sample was written (every input skipped); else an error."""
     metadata: Literal["auto", "always"] = "auto"
@@ -121,6 +127,14 @@ class ConvertOptions:
             raise ValueError(f"max_image_bytes={self.max_image_bytes} should be >= 1 (None: no limit)")
         if self.image_format not in ("keep", "jpg", "png"):
             raise ValueError(f"image_format={self.image_format!r} should be 'keep', 'jpg' or 'png'")
+        if self.raw_pixels is not None:
+            if type(self.raw_pixels) is not int or self.raw_pixels < 8:
+                raise ValueError(f"raw_pixels={self.raw_pixels!r} should be an int >= 8 (pixels)")
+            if self.max_side is not None or self.image_format != "keep":
+                raise ValueError(f"raw_pixels={self.raw_pixels} stores decoded pixels: it cannot be combined with "
+                                 f"max_side={self.max_side!r} or image_format={self.image_format!r}")
+        if self.raw_side not in ("shorter", "longer"):
+            raise ValueError(f"raw_side={self.raw_side!r} should be 'shorter' or 'longer'")
         if self.metadata not in ("auto", "always"):
             raise ValueError(f"metadata={self.metadata!r} should be 'auto' or 'always'")
         if self.num_classes is not None and self.num_classes < 1:
@@ -157,4 +171,5 @@ class ConvertOptions:
             "follow_symlinks": self.follow_symlinks,
             "num_classes": self.num_classes,
             "metadata": self.metadata,
+            **({"raw_pixels": self.raw_pixels, "raw_side": self.raw_side} if self.raw_pixels is not None else {}),
         }

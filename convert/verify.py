@@ -219,4 +219,6 @@ def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any
                 out["splits"][split]["field_bytes"] = field_bytes(dataset.files, index, shards=sample_shards).to_json()
             except ShardifyError as e:  # a description still describes what it can: verify says what is wrong
                 out["splits"][split]["field_bytes_error"] = str(e)
+        if index.raw_pixels is not None:
+            out["splits"][split]["raw_pixels"] = index.raw_pixels.to_json()
     return out

@@ -23,12 +23,14 @@ from typing import Any, BinaryIO
 
 from shardify import FORMAT_VERSION
 from shardify.errors import ManifestError
+from shardify.pixels import RAW_EXT, RAW_FORMAT, RAW_FORMAT_VERSION, RAW_SIDES
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
 __all__ = [
     "MANIFEST_NAME",
     "ShardEntry",
     "SplitIndex",
+    "RawPixels",
     "SplitRef",
     "Manifest",
     "index_name",
@@ -183,6 +185,43 @@ class ShardEntry:
 
 
 @dataclass(frozen=True)
+class RawPixels:
+    """The split-index record of a split whose images are stored pre-decoded (``--raw-pixels``).
+
+    ``field`` holds each image as :data:`shardify.pixels.RAW_FORMAT` (a binary 8-bit RGB PPM),
+    resized so that its ``side`` side is at most ``size`` pixels (never enlarged); crops are
+    drawn on that stored size. ``version`` is the stored form's (:data:`RAW_FORMAT_VERSION`):
+    a reader refuses a newer one. Serialized as ``raw_pixels`` in the ``shardify`` section."""
+
+    size: int
+    side: str = "shorter"
+    field: str = RAW_EXT
+    format: str = RAW_FORMAT
+    version: int = RAW_FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "version": self.version, "field": self.field, "size": self.size,
+                "side": self.side}
+
+    @classmethod
+    def from_json(cls, obj: Any, *, source: str) -> RawPixels:
+        where = f"{source} (raw_pixels)"
+        if not isinstance(obj, dict):
+            raise ManifestError(f"{where}: should be an object, found {obj!r}")
+        version = _field(obj, "version", int, where)
+        if not 1 <= version <= RAW_FORMAT_VERSION:
+            raise ManifestError(f"{where}: field 'version' is {version}, this shardify reads 1..{RAW_FORMAT_VERSION}")
+        fmt = _field(obj, "format", str, where)
+        if fmt != RAW_FORMAT:
+            raise ManifestError(f"{where}: field 'format' should be {RAW_FORMAT!r}, found {fmt!r}")
+        size = _field(obj, "size", int, where)
+        side = _field(obj, "side", str, where)
+        if size < 1 or side not in RAW_SIDES:
+            raise ManifestError(f"{where}: size={size!r} should be >= 1 and side={side!r} one of {RAW_SIDES}")
+        return cls(size=size, side=side, field=_field(obj, "field", str, where), format=fmt, version=version)
+
+
+@dataclass(frozen=True)
 class SplitIndex:
     """A split's index: the wids shard list plus shardify's own fields."""
 
@@ -196,6 +235,8 @@ class SplitIndex:
     format_version: int = FORMAT_VERSION
     version: str | None = None
     """The conversion's version token (format 2); None for format 1 indexes."""
+    raw_pixels: RawPixels | None = None
+    """Set when the images are stored pre-decoded (``--raw-pixels``); absent from the JSON otherwise."""
 
     @property
     def num_samples(self) -> int:
@@ -227,6 +268,7 @@ class SplitIndex:
                 "skipped": dict(sorted(self.skipped.items())),
                 "ignored": dict(sorted(self.ignored.items())),
                 "report": report_name(self.split),
+                **({"raw_pixels": self.raw_pixels.to_json()} if self.raw_pixels is not None else {}),
             },
         }
 
@@ -257,6 +299,7 @@ class SplitIndex:
             ignored={str(k): int(v) for k, v in dict(ours.get("ignored", {})).items()},
             format_version=version,
             version=token,
+            raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(

@@ -12,7 +12,9 @@ The field name is the member's extension and decides the encoding, so the reader
 - a torch tensor in a ``*.pt``/``*.pth`` field: ``torch.save`` (readable with
   ``weights_only=True``; the same tensor gives the same bytes); in a ``*.npy`` field: ``.npy``;
 - a PIL image, or a ``uint8`` array ``HxW``/``HxWx3``/``HxWx4``, in a ``jpg``/``jpeg``/``png``/
-  ``webp`` field: encoded in that format (``quality`` for JPEG and WebP).
+  ``webp`` field: encoded in that format (``quality`` for JPEG and WebP); in a ``ppm`` field:
+  stored pre-decoded as 8-bit RGB pixels (:mod:`shardify.pixels`, alpha dropped), which the
+  reader crops without decoding (resize the image first: it is stored at the size given).
 
 Anything else raises :class:`~shardify.errors.EncodeError` (a ``TypeError``) naming the field.
 """
@@ -37,7 +39,7 @@ __all__ = ["ValueOptions", "encode_array", "encode_value", "encode_sample", "sam
 ORIGINAL_KEY_FIELD = "key.txt"
 """Field that keeps a given ``__key__`` when it had to be rewritten to obey the key rules."""
 
-_IMAGE_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+_IMAGE_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "ppm": "PPM"}
 _JSON_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
 
 
@@ -99,6 +101,10 @@ def _encode_image(value: Any, kind: str, options: ValueOptions) -> bytes:
                               f"{tuple(value.shape)}")
         value = Image.fromarray(value)
     fmt = _IMAGE_FORMATS[kind]
+    if fmt == "PPM":  # pre-decoded pixels, as --raw-pixels stores them: the reader crops without decoding
+        from shardify.pixels import encode_ppm, to_rgb
+
+        return encode_ppm(to_rgb(value))
     params: dict[str, Any] = {"quality": options.quality} if fmt in ("JPEG", "WEBP") else {}
     if fmt == "WEBP":
         params["method"] = 4
@@ -152,7 +158,7 @@ def encode_value(field: str, value: object, options: ValueOptions) -> bytes:
 def _hint(kind: type) -> str:
     name = kind.__name__
     if issubclass(kind, np.ndarray):
-        return "arrays go in '*.npy' fields (or uint8 images in jpg/png/webp fields)"
+        return "arrays go in '*.npy' fields (or uint8 images in jpg/png/webp/ppm fields)"
     if name == "Tensor":
         return "tensors go in '*.pt'/'*.pth' fields (torch.save) or '*.npy' fields"
     if issubclass(kind, numbers.Integral):
@@ -160,7 +166,7 @@ def _hint(kind: type) -> str:
     if issubclass(kind, (numbers.Number, dict, list, tuple)) or kind is type(None):
         return "numbers, dicts and lists go in '*.json' fields"
     if kind.__module__.startswith("PIL."):
-        return "images go in jpg, jpeg, png or webp fields"
+        return "images go in jpg, jpeg, png, webp or ppm fields"
     return "supported values are bytes, str, int (cls), JSON values (*.json), numpy arrays (*.npy), " \
            "torch tensors (*.pt) and PIL images (jpg/png/webp)"
 

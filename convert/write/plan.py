@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
+from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
@@ -176,11 +177,16 @@ def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
     return order
 
 
-def _sample_bytes(spec: SampleSpec, meta: bytes | None) -> int:
+def _sample_bytes(spec: SampleSpec, meta: bytes | None, raw: tuple[int, str] | None = None) -> int:
+    """Tar bytes of a sample; with ``raw`` (``--raw-pixels`` size and side) its images are sized
+    by :func:`planned_raw_bytes`, the rest exactly."""
     total = member_size(len(meta)) if meta is not None else 0
     if spec.label is not None:
         total += member_size(len(str(spec.label)))
     for f in spec.files:
+        if raw is not None and f.is_image:
+            total += member_size(planned_raw_bytes(f.size, size=raw[0], side=raw[1]))  # type: ignore[arg-type]
+            continue
         total += member_size(f.size)
     for _, data in spec.inline:
         total += member_size(len(data))
@@ -205,14 +211,16 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
                               "source": scan.source, "classes": scan.classes,
                               "options": options.shaping()}, sort_keys=True).encode())
     classes = tuple(scan.classes)
-    limit = options.shard_bound(total_payload_bytes(specs))
+    raw = None if options.raw_pixels is None else (options.raw_pixels, options.raw_side)
+    payload = total_payload_bytes(specs) if raw is None else sum(_sample_bytes(s, None, raw) for s in specs)
+    limit = options.shard_bound(payload)
     per_shard = options.samples_per_shard
     sizes: list[int] = []
     shard_bytes: list[int] = []
     count = 0
     current_bytes = len(END_OF_ARCHIVE)
     prefix = b"0\0"  # each sample's fingerprint input starts with its shard's index
-    job = (specs, keys, order, options.metadata, classes)
+    job = (specs, keys, order, options.metadata, classes, raw)
     for chunk_sizes, fragments in _in_order(_plan_chunk, job, len(order), options.workers):
         run = 0  # where this chunk's samples of the current shard start
         for j, size in enumerate(chunk_sizes):
@@ -276,15 +284,16 @@ def _key_chunk(specs: Sequence[SampleSpec], lo: int, hi: int) -> list[str]:
     return candidate_keys(_Column(specs, "name", lo, hi), _Column(specs, "identity", lo, hi))
 
 
-_Job = tuple[Sequence[SampleSpec], KeyList, Sequence[int], str, tuple[str, ...]]
-"""``(samples, keys, order, metadata mode, classes)``: what every chunk of a plan reads."""
+_Job = tuple[Sequence[SampleSpec], KeyList, Sequence[int], str, tuple[str, ...], tuple[int, str] | None]
+"""``(samples, keys, order, metadata mode, classes, raw)``: what every chunk of a plan reads
+(``raw``: the ``--raw-pixels`` size and side, or None)."""
 
 
 def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     """The tar bytes of the samples at positions ``lo..hi`` of the order, and what each adds
     to the plan's fingerprint after its shard's index: its key, label, ``.json`` member,
     files and inline fields."""
-    specs, keys, order, mode, classes = job
+    specs, keys, order, mode, classes, raw = job
     positions = order[lo:hi]
     picked = specs.take(positions) if isinstance(specs, SampleTable) else (specs[i] for i in positions)
     sha256 = hashlib.sha256
@@ -292,7 +301,7 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     fragments: list[bytes] = []
     for spec, key in zip(picked, keys.take(positions)):
         meta = _meta(spec, key, mode, classes)
-        sizes.append(_sample_bytes(spec, meta))
+        sizes.append(_sample_bytes(spec, meta, raw))
         parts = [f"{key}\0{spec.label}\0".encode(), meta if meta is not None else b"\0"]
         for f in spec.files:
             parts.append(f"{f.ext}\0{f.path}\0{f.size}\0{f.mtime_ns}\0".encode("utf-8", "surrogateescape"))

@@ -37,7 +37,7 @@ from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.write.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
 from shardify.convert.write.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, ShardEntry, SplitIndex, file_sha256, index_name,
+from shardify.manifest import (MANIFEST_NAME, Manifest, RawPixels, ShardEntry, SplitIndex, file_sha256, index_name,
                                is_temp_name, json_bytes, load_json, report_name)
 from shardify.tarfmt import check_split_name
 
@@ -260,7 +260,8 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
         out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), (), 0), check_full=options.check == "full",
         max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
         max_pixels=options.max_pixels, version=plan.version, max_image_bytes=options.max_image_bytes,
-        image_format=options.image_format, storage_options=options.storage_options))
+        image_format=options.image_format, storage_options=options.storage_options,
+        raw_pixels=options.raw_pixels, raw_side=options.raw_side))
     done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
     bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
@@ -292,7 +293,9 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
                          converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
                                     "source": scan.source, "options": options.shaping(), **int_labels(scan)},
-                         version=plan.version)
+                         version=plan.version,
+                         raw_pixels=None if options.raw_pixels is None else RawPixels(size=options.raw_pixels,
+                                                                                      side=options.raw_side))
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started, noted=notes)
@@ -302,13 +305,14 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
 def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
                  converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
                  version: str | None, notes: Sequence[Ignored] = (),
-                 ignored_counts: dict[str, int] | None = None) -> SplitIndex:
+                 ignored_counts: dict[str, int] | None = None, raw_pixels: RawPixels | None = None) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
 
     ``notes`` (inputs packed with decoder warnings) go to the report only.
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
-    index's ``ignored`` counts without a report line each.
+    index's ``ignored`` counts without a report line each. ``raw_pixels``: the record of
+    images stored pre-decoded (``--raw-pixels``).
     """
     remove_stale_shards(fs, split, version, len(ordered))
     _write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
@@ -324,6 +328,7 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(counts),
         version=version,
+        raw_pixels=raw_pixels,
     )
     fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
     return index

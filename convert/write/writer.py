@@ -20,11 +20,13 @@ from shardify.convert.inputs.inputs import Ignored, SampleSpec
 from shardify.convert.write.outfs import OutputFS, open_output
 from shardify.convert.write.plan import ShardPlan
 from shardify.convert.inputs.imageformat import reencode
+from shardify.convert.inputs.rawpixels import encode_raw
 from shardify.convert.inputs.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, check_head, check_image, describe_error,
                                     sniff_ext, transcode_jpeg)
 from shardify.convert.inputs.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
+from shardify.pixels import RAW_EXT
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
 __all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "temp_name", "Progress", "HashingWriter"]
@@ -55,6 +57,9 @@ class ShardTask:
     """``keep``, or ``jpg``/``png``: every image stored in that format (see ``imageformat``)."""
     storage_options: Mapping[str, Any] | None = None
     """The fsspec backend's options for a URL ``out_dir``."""
+    raw_pixels: int | None = None
+    """Store images pre-decoded, ``raw_side`` side at most this (see ``rawpixels``); None: encoded."""
+    raw_side: str = "shorter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,11 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
         info = check_image(data, full=task.check_full)
     except ImageCheckError as e:
         raise InputError(str(e), path=path, key=key) from e
+    if task.raw_pixels is not None:
+        try:
+            return encode_raw(data, size=task.raw_pixels, side=task.raw_side), RAW_EXT  # type: ignore[arg-type]
+        except Exception as e:  # Pillow's decoder errors have many types; as --check full words them
+            raise InputError(f"cannot decode {info.ext}: {describe_error(e)}", path=path, key=key) from e
     ext = info.ext
     if task.max_side is not None:
         try:

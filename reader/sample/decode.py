@@ -33,6 +33,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from shardify.errors import ObjectArrayError
 from shardify.npy import array_to_tensor, decode_array, raw_view_name
+from shardify.pixels import to_rgb  # the colour rules, shared with the converter's --raw-pixels
 
 try:  # libjpeg-turbo without Pillow's overhead; a declared dependency, Pillow is the fallback
     import simplejpeg as _simplejpeg
@@ -71,33 +72,12 @@ REDUCING_GAP = 3.0
 Box = tuple[float, float, float, float]
 """(left, top, right, bottom) in pixels."""
 
-_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
-
-
 class DecodeError(ValueError):
     """A field's bytes could not be decoded; the message names the field and the cause."""
 
 
 class PickleRefusedError(DecodeError):
     """A pickle field was met without ``allow_pickle=True``: loading it could run code."""
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Convert a loaded image of any Pillow mode to 8-bit RGB (see the module's choices)."""
-    mode = img.mode
-    if mode == "RGB":
-        return img
-    if mode in _SIXTEEN_BIT_MODES or mode == "F":
-        arr = np.asarray(img)
-        if mode == "F":
-            arr8 = (np.clip(arr, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-        else:
-            arr8 = ((np.clip(arr.astype(np.int64), 0, 65535) + 128) // 257).astype(np.uint8)
-        return Image.fromarray(arr8, "L").convert("RGB")
-    if mode == "P" and "transparency" in img.info:
-        # Through RGBA: Pillow warns on P -> RGB when the transparency is given as bytes.
-        return img.convert("RGBA").convert("RGB")
-    return img.convert("RGB")
 
 
 def _over_pixel_limit(width: int, height: int) -> str | None:

@@ -8,8 +8,11 @@ bytes are a JPEG, that fast path draws the crop from the header's size with the 
 the plain path, decodes at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's ``draft``) while
 the crop keeps at least the output size, and resizes only the crop: a whole-pixel box with
 torch's antialiased bilinear (Pillow's within 1), a fractional one with Pillow's box resize;
-both shrink by whole blocks first past ``REDUCING_GAP``. Flip and colour jitter then run on
-the tensor. Other formats take the plain path. Normalisation is left to the device.
+both shrink by whole blocks first past ``REDUCING_GAP``. Pre-decoded images
+(``--raw-pixels``, :mod:`shardify.reader.sample.raw`) skip decoding: the box is drawn from the
+stored size with the same draws, sliced out of the bytes, and only the crop is resized. Flip
+and colour jitter then run on the tensor. Other formats take the plain path. Normalisation is
+left to the device.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .decode import (
     turbo_crop,
     turbo_jpeg_size,
 )
+from .raw import raw_crop, raw_image, raw_pixels, raw_to_tensor
 
 __all__ = [
     "Transform",
@@ -111,7 +115,12 @@ class _Geometric(Transform):
         return _as_output(self._decode_planned(data, rng))  # type: ignore[return-value]
 
     def _decode_planned(self, data: bytes, rng: random.Random) -> torch.Tensor | Image.Image:
-        """JPEG: the fast path's tensor. Other formats: the plain path's PIL image."""
+        """JPEG and raw pixels: the fast path's tensor. Other formats: the plain path's PIL image."""
+        raw = raw_pixels(data)
+        if raw is not None:  # pre-decoded (--raw-pixels): the box is drawn on the stored size
+            box, size = self.plan(raw.shape[1], raw.shape[0], rng)
+            cropped = raw_crop(raw, box, size, crop_first=isinstance(self, RandomResizedCrop))
+            return cropped if cropped is not None else self._resample(raw_image(raw), box, size)
         turbo = turbo_jpeg_size(data)
         if turbo is not None:  # the usual JPEG: no Pillow at all, unless the crop needs it
             box, size = self.plan(*turbo, rng)
@@ -376,7 +385,8 @@ def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.
     Python's, numpy's and torch's global RNGs seeded from ``rng``; a PIL result becomes a tensor.
     """
     if transform is None:
-        return pil_to_tensor(decode_image(data))
+        raw = raw_pixels(data)
+        return raw_to_tensor(raw) if raw is not None else pil_to_tensor(decode_image(data))
     fast = getattr(transform, "apply_encoded", None)
     if fast is not None:
         return fast(data, rng)
