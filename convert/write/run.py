@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardify import FORMAT_VERSION, __version__
+from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.write.engine import ProgressBar, run_local
 from shardify.convert.inputs.ids import scan_ids
 from shardify.convert.inputs.imagefolder import scan_imagefolder
@@ -266,7 +266,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
         out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), (), 0), check_full=options.check == "full",
         max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
         max_pixels=options.max_pixels, version=plan.version, max_image_bytes=options.max_image_bytes,
-        image_format=options.image_format, storage_options=options.storage_options))
+        image_format=options.image_format, storage_options=options.storage_options, chunk=options.chunk))
     done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
     bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
@@ -298,7 +298,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
                          converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
                                     "source": scan.source, "options": options.shaping(), **int_labels(scan)},
-                         version=plan.version)
+                         version=plan.version, chunk=options.chunk)
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
                            skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
                            reused_shards=reused, seconds=time.monotonic() - started, noted=notes)
@@ -308,13 +308,14 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
 def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
                  converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
                  version: str | None, notes: Sequence[Ignored] = (),
-                 ignored_counts: dict[str, int] | None = None) -> SplitIndex:
+                 ignored_counts: dict[str, int] | None = None, chunk: int | None = None) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
 
     ``notes`` (inputs packed with decoder warnings) go to the report only.
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
-    index's ``ignored`` counts without a report line each.
+    index's ``ignored`` counts without a report line each. ``chunk``: the shards are in the
+    chunked layout, that many samples a chunk (the index is then format 3).
     """
     remove_stale_shards(fs, split, version, len(ordered))
     _write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
@@ -330,6 +331,8 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
         skipped=dict(Counter(_reason_class(p.reason) for p in skipped)),
         ignored=dict(counts),
         version=version,
+        chunk=chunk,
+        format_version=FORMAT_VERSION if chunk is None else CHUNKED_FORMAT_VERSION,
     )
     fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
     return index
