@@ -29,7 +29,7 @@ import numpy as np
 
 from shardify import CHUNKED_FORMAT_VERSION
 from shardify.errors import ArrayFormatError, EncodeError, ShardFormatError
-from shardify.npy import npy_header, view_array
+from shardify.npy import npy_header, npy_layout, view_array
 
 __all__ = [
     "KEYS_EXT",
@@ -38,6 +38,10 @@ __all__ = [
     "encode_chunk",
     "encode_variable",
     "decode_chunk",
+    "chunk_keys",
+    "member_layout",
+    "head_bytes",
+    "MemberLayout",
     "Chunk",
     "Stacked",
     "Variable",
@@ -113,17 +117,20 @@ def encode_chunk(keys: Sequence[str], samples: Sequence[Sequence[tuple[str, byte
 
 @dataclass(frozen=True, slots=True)
 class Stacked:
-    """A stacked field: sample ``i`` is ``array[i]`` (a read-only view of the member)."""
+    """A stacked field over samples ``first..``: sample ``i`` is ``array[i - first]``, a
+    read-only view of the bytes read."""
 
     array: np.ndarray
+    first: int = 0
 
     def value(self, i: int) -> np.ndarray:
-        return self.array[i]
+        return self.array[i - self.first]
 
 
 @dataclass(frozen=True, slots=True)
 class Variable:
-    """A variable field: sample ``i`` is ``data[ends[i]:ends[i + 1]]`` of the member; None when absent."""
+    """A variable field: sample ``i`` is ``data[base + ends[i]:base + ends[i + 1]]`` (its own
+    bytes); None when the sample lacks the field."""
 
     data: bytes | memoryview
     base: int
@@ -136,9 +143,94 @@ class Variable:
         return bytes(self.data[self.base + self.ends[i]:self.base + self.ends[i + 1]])
 
 
+def head_bytes(n: int, head: bytes | None = None) -> int:
+    """Bytes of a member's start that hold its layout for a chunk of ``n`` samples: a variable
+    member's tables, or a stacked member's ``.npy`` header. Given the ``head`` read so far,
+    the bytes its ``.npy`` header needs (0 when it has them)."""
+    if head is None:
+        return max(128, _HEAD.size + 9 * n + 8)
+    if head[:6] != b"\x93NUMPY" or len(head) < 12:
+        return 0
+    end = 10 + (head[8] | head[9] << 8) if head[6] == 1 else 12 + int.from_bytes(head[8:12], "little")
+    return end if end > len(head) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLayout:
+    """Where the samples of one chunk member lie (byte offsets from the member's start)."""
+
+    start: int
+    """Where the samples' data begins."""
+    ends: list[int] | None
+    """Variable member: end of each sample's data, from ``start`` (``ends[0]`` is 0)."""
+    present: bytes | None = None
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+    """Stacked member: one sample's dtype and shape."""
+
+    @property
+    def row(self) -> int:
+        """Bytes per sample of a stacked member."""
+        count = 1
+        for d in self.shape:
+            count *= d
+        return count * self.dtype.itemsize if self.dtype is not None else 0
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The byte range of the member that holds samples ``lo..hi-1``."""
+        if self.ends is None:
+            return self.start + lo * self.row, self.start + hi * self.row
+        return self.start + self.ends[lo], self.start + self.ends[hi]
+
+    def column(self, data: bytes | memoryview, lo: int, hi: int) -> Stacked | Variable:
+        """The column of samples ``lo..hi-1`` from ``data``, the bytes of :meth:`span` (no copy)."""
+        if self.ends is None:
+            dtype: np.dtype = self.dtype  # type: ignore[assignment]  # set for stacked members
+            array = np.frombuffer(data, dtype=dtype, count=(hi - lo) * (self.row // dtype.itemsize)
+                                  if dtype.itemsize else 0)
+            return Stacked(array.reshape((hi - lo, *self.shape)), lo)
+        return Variable(data, -self.ends[lo], self.ends, self.present)
+
+
+def member_layout(head: bytes | memoryview, size: int, n: int, what: str) -> MemberLayout:
+    """The layout of a chunk member of ``size`` bytes for ``n`` samples from its first bytes
+    (:func:`head_bytes`, or all of it); ValueError naming ``what`` when it cannot be right."""
+    if bytes(head[:6]) == b"\x93NUMPY":
+        dtype, shape, fortran, nbytes, offset = npy_layout(head)
+        if dtype.hasobject or fortran or not shape or shape[0] != n or offset + nbytes != size:
+            raise ValueError(f"{what}: stacked array {dtype} {shape} of {nbytes} bytes at {offset} "
+                             f"in a member of {size}, the chunk has {n} samples")
+        return MemberLayout(start=offset, ends=None, dtype=dtype, shape=tuple(shape[1:]))
+    if len(head) < _HEAD.size:
+        raise ValueError(f"{what}: {size} bytes, too short for a chunk member")
+    magic, count, flags = _HEAD.unpack_from(head)
+    if magic != VAR_MAGIC:
+        raise ValueError(f"{what}: starts {bytes(magic)!r}, neither {VAR_MAGIC!r} nor a .npy")
+    if count != n or flags & ~_HAS_PRESENCE:
+        raise ValueError(f"{what}: holds {count} samples (flags {flags}), the chunk has {n}")
+    at = _HEAD.size + 8 * (count + 1)
+    base = at + (count if flags & _HAS_PRESENCE else 0)
+    if min(size, len(head)) < base:
+        raise ValueError(f"{what}: {size} bytes, its table of {count} samples needs {base}")
+    ends = np.frombuffer(head, dtype="<u8", count=count + 1, offset=_HEAD.size)
+    if ends[0] != 0 or np.any(ends[1:] < ends[:-1]) or int(ends[-1]) != size - base:
+        raise ValueError(f"{what}: offsets are not increasing from 0 to the {size - base} data bytes")
+    return MemberLayout(start=base, ends=ends.tolist(),
+                        present=bytes(head[at:base]) if flags & _HAS_PRESENCE else None)
+
+
+def chunk_keys(data: bytes | memoryview, n: int) -> list[str]:
+    """The sample keys of a chunk of ``n`` samples, from its whole keys member."""
+    layout = member_layout(data, len(data), n, f"field {KEYS_EXT!r}")
+    if layout.ends is None or layout.present is not None:
+        raise ValueError(f"field {KEYS_EXT!r}: not a list of {n} keys")
+    s = layout.start
+    return [bytes(data[s + a:s + b]).decode("ascii") for a, b in zip(layout.ends, layout.ends[1:])]
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A decoded chunk: its sample keys and one column per field."""
+    """A decoded chunk (or a block of its samples): its sample keys and one column per field."""
 
     keys: list[str]
     columns: dict[str, Stacked | Variable]
@@ -153,25 +245,6 @@ class Chunk:
         return out
 
 
-def _variable(data: bytes | memoryview, n: int | None, what: str) -> Variable:
-    if len(data) < _HEAD.size:
-        raise ValueError(f"{what}: {len(data)} bytes, too short for a chunk member")
-    magic, count, flags = _HEAD.unpack_from(data)
-    if magic != VAR_MAGIC:
-        raise ValueError(f"{what}: starts {bytes(magic)!r}, neither {VAR_MAGIC!r} nor a .npy")
-    if (n is not None and count != n) or flags & ~_HAS_PRESENCE:
-        raise ValueError(f"{what}: holds {count} samples (flags {flags}), the chunk has {n}")
-    at = _HEAD.size + 8 * (count + 1)
-    base = at + (count if flags & _HAS_PRESENCE else 0)
-    if len(data) < base:
-        raise ValueError(f"{what}: {len(data)} bytes, its table of {count} samples needs {base}")
-    ends = np.frombuffer(data, dtype="<u8", count=count + 1, offset=_HEAD.size)
-    if ends[0] != 0 or np.any(ends[1:] < ends[:-1]) or int(ends[-1]) != len(data) - base:
-        raise ValueError(f"{what}: offsets are not increasing from 0 to the {len(data) - base} data bytes")
-    present = bytes(data[at:base]) if flags & _HAS_PRESENCE else None
-    return Variable(data, base, ends.tolist(), present)
-
-
 def decode_chunk(members: Mapping[str, object], *, shard: str, key: str, count: int | None = None) -> Chunk:
     """Check and decode a chunk's members (ext -> bytes); ``count``: the samples it must hold.
 
@@ -181,23 +254,17 @@ def decode_chunk(members: Mapping[str, object], *, shard: str, key: str, count: 
     if not isinstance(raw, (bytes, memoryview)):
         raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=shard, key=key)
     try:
-        index = _variable(raw, count, f"field {KEYS_EXT!r}")
-        keys = [bytes(raw[index.base + a:index.base + b]).decode("ascii")
-                for a, b in zip(index.ends, index.ends[1:])]
+        if count is None:
+            count = _HEAD.unpack_from(raw)[1] if len(raw) >= _HEAD.size else 0
+        keys = chunk_keys(raw, count)  # type: ignore[arg-type]
         columns: dict[str, Stacked | Variable] = {}
         for ext, data in members.items():
             if ext.startswith("__") or ext == KEYS_EXT or not isinstance(data, (bytes, memoryview)):
                 continue
-            if bytes(data[:6]) == b"\x93NUMPY":
-                array = view_array(data)
-                if array.ndim == 0 or array.shape[0] != len(keys):
-                    raise ValueError(f"field {ext!r}: stacked array of shape {array.shape}, "
-                                     f"the chunk has {len(keys)} samples")
-                columns[ext] = Stacked(array)
-            else:
-                columns[ext] = _variable(data, len(keys), f"field {ext!r}")
+            layout = member_layout(data, len(data), len(keys), f"field {ext!r}")
+            columns[ext] = layout.column(memoryview(data)[layout.start:], 0, len(keys))
     except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
         raise ShardFormatError(f"damaged chunk: {e}", shard=shard, key=key) from e
-    if not keys or (index.present is not None):
-        raise ShardFormatError("damaged chunk: a key is missing from its key list", shard=shard, key=key)
+    if not keys:
+        raise ShardFormatError("damaged chunk: it holds no sample", shard=shard, key=key)
     return Chunk(keys, columns)

@@ -40,6 +40,7 @@ __all__ = [
     "decode_array",
     "view_array",
     "npy_header",
+    "npy_layout",
     "raw_view_name",
     "tensor_to_array",
     "array_to_tensor",
@@ -141,9 +142,9 @@ def _parse_header(text: bytes, major: int) -> tuple[np.dtype[Any], tuple[int, ..
     return dtype, shape, fortran, count * dtype.itemsize
 
 
-def _header(view: bytes | memoryview) -> tuple[np.dtype[Any], tuple[int, ...], bool, int, int]:
-    """(dtype, shape, fortran_order, data bytes, data offset) of ``.npy`` bytes; the header is
-    parsed once per distinct header (cached)."""
+def npy_layout(view: bytes | memoryview) -> tuple[np.dtype[Any], tuple[int, ...], bool, int, int]:
+    """(dtype, shape, fortran_order, data bytes, data offset) of ``.npy`` bytes, of which only
+    the header needs to be there; the header is parsed once per distinct header (cached)."""
     if view[:6] != MAGIC or len(view) < 10:
         raise ArrayFormatError(f"not .npy data: {bytes(view[:8])!r} is not the \\x93NUMPY magic")
     major = view[6]
@@ -175,7 +176,7 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
     :class:`ArrayFormatError` for anything else that is not a whole ``.npy``.
     """
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    dtype, shape, fortran, nbytes, offset = _header(view)
+    dtype, shape, fortran, nbytes, offset = npy_layout(view)
     if dtype.hasobject:
         if not allow_pickle:
             raise ObjectArrayError(
@@ -193,7 +194,7 @@ def view_array(data: bytes | memoryview) -> np.ndarray:
     Object arrays raise :class:`ObjectArrayError` (a view cannot hold them), anything else
     that is not a whole ``.npy`` :class:`ArrayFormatError`. Used to slice stacked chunk members."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    dtype, shape, fortran, nbytes, offset = _header(view)
+    dtype, shape, fortran, nbytes, offset = npy_layout(view)
     if dtype.hasobject:
         raise ObjectArrayError(f"object array (dtype {dtype}) cannot be viewed")
     return _view(view, dtype, shape, fortran, nbytes, offset)

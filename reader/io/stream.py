@@ -167,8 +167,7 @@ class ShardReader:
         if self._chunks is not None:
             if len(self._chunks) != len(self._urls):
                 raise ValueError(f"{len(self._chunks)=} should be {len(self._urls)}, one per shard")
-            self._slicer = ChunkSlicer(self._read_units, self._urls, list(sizes), self._chunks,
-                                       skip_damaged=skip_damaged)
+            self._slicer = ChunkSlicer(self, list(sizes), self._chunks)
             self._sizes = [n if c is None else chunk_count(n, c) for n, c in zip(sizes, self._chunks)]
             if fields is not None:
                 fields = {*fields, KEYS_EXT}
@@ -213,6 +212,23 @@ class ShardReader:
             yield from self._read_forward(shard, start, stop)
         else:
             yield from self._read_seek(shard, start, stop, layout)
+
+    def _unit_members(self, shard: int, i: int) -> tuple[str, int, list[tuple[str, int, int]]] | None:
+        """``(key, offset, [(field, at, size), ...])`` of tar sample ``i`` of a seekable shard, from
+        the index's window or a whole scan (for reading parts of members); None when the shard
+        is read forward (gzip, or damaged under ``skip_damaged``)."""
+        if is_gzip(self._urls[shard]):
+            return None
+        if self._offsets is not None and self._offsets[shard] and shard not in self._layouts:
+            w = i // OFFSET_STRIDE
+            window = self._window(shard, w)
+            if window is not None:
+                j = i - w * OFFSET_STRIDE
+                return window.key(j), int(window.offsets[j]), list(window.fields(j))
+        layout = self._scan(shard)
+        if layout is None:
+            return None
+        return layout.key(i), int(layout.offsets[i]), list(layout.fields(i))
 
     def _windowed(self, shard: int, start: int, stop: int) -> bool:
         """Whether to read ``start..stop-1`` through windows: the index gave offsets, the range

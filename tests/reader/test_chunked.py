@@ -4,8 +4,10 @@ as damage of its shard; ``shardify verify`` and ``verify=True`` on chunked shard
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import random
 import tarfile
 from pathlib import Path
 
@@ -84,9 +86,53 @@ def test_stacked_arrays_are_views_and_decode_to_writable_copies(tmp_path: Path) 
     assert first.flags.writeable and first.tolist() == np.full((3, 4, 4), 0, np.uint8).tolist()
 
 
-def test_a_chunk_is_decoded_once_per_block_of_samples(tmp_path: Path, monkeypatch) -> None:
+class _Counting(io.RawIOBase):
+    """A shard file that counts the bytes read from it."""
+
+    def __init__(self, path: str, counter: list[int]) -> None:
+        self.f, self.counter = open(path, "rb"), counter
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.counter[0] += len(data)
+        return data
+
+    def seek(self, *a) -> int:
+        return self.f.seek(*a)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def test_a_shuffled_block_reads_its_own_bytes_not_its_whole_chunk(tmp_path: Path) -> None:
+    root = _write(tmp_path / "c", 64, n=256, per_shard=256)
+    src = resolve_source(root)
+    (shard,) = src.shards
+    counter = [0]
+    reader = ShardReader([shard.url], [256], skip_damaged=False, chunks=[64], offsets=[shard.offsets],
+                         filesizes=[shard.filesize], opener=lambda url: (_Counting(url, counter), True))
+    blocks = list(range(0, 256, 4))
+    random.Random(0).shuffle(blocks)  # as a shuffled epoch visits them
+    got = {s["__key__"]: s for b in blocks for s in reader.read(0, b, b + 4)}
+    assert sorted(got) == [f"s{i:04d}" for i in range(256)]
+    assert all(int(got[f"s{i:04d}"]["npy"][0, 0, 0]) == i for i in range(256))
+    # the window scan reads the shard once (its index window), each chunk's layout is read once
+    # (keys, tables, headers: ~3 KB), then each block only its own bytes; whole chunks would be
+    # read 16 times each (16x the shard)
+    assert counter[0] < 2 * shard.filesize, (counter[0], shard.filesize)
+
+
+def test_a_gzip_chunk_is_decoded_once_per_block_of_samples(tmp_path: Path, monkeypatch) -> None:
     root = _write(tmp_path / "c", 16, n=48, per_shard=48)
     src = resolve_source(root)
+    gz = tmp_path / "shard.tar.gz"
+    gz.write_bytes(gzip.compress(Path(src.shards[0].url).read_bytes()))
     decoded: list[str] = []
     real = chunked_module.decode_chunk
 
@@ -95,8 +141,7 @@ def test_a_chunk_is_decoded_once_per_block_of_samples(tmp_path: Path, monkeypatc
         return real(members, **kw)
 
     monkeypatch.setattr(chunked_module, "decode_chunk", counting)
-    reader = ShardReader([src.shards[0].url], src.sizes, skip_damaged=False, chunks=[16],
-                         offsets=[src.shards[0].offsets], filesizes=[src.shards[0].filesize])
+    reader = ShardReader([str(gz)], [48], skip_damaged=False, chunks=[16])
     keys = [s["__key__"] for start in range(0, 48, 4) for s in reader.read(0, start, start + 4)]
     assert keys == [f"s{i:04d}" for i in range(48)]
     assert decoded == ["s0000", "s0016", "s0032"]
