@@ -207,5 +207,6 @@ def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any
             "ignored": dict(index.ignored),
             "converter": index.converter,
             "version": index.version,
+            **({} if index.chunk is None else {"chunk": index.chunk}),
         }
     return out
