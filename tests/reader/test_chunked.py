@@ -220,6 +220,25 @@ def test_a_damaged_chunk_is_damage_of_its_shard(tmp_path: Path) -> None:
     assert len(problems) == 1 and problems[0][0] == path.name and f"'{key}': damaged chunk" in problems[0][2]
 
 
+def test_a_chunk_whose_keys_are_not_its_own_is_damage(tmp_path: Path) -> None:
+    """The keys member must start with the key the chunk's members are named by."""
+    root = _write(tmp_path / "c", 5)
+    path = root / json.loads((root / "train.json").read_text())["shardlist"][0]["url"]
+    data = bytearray(path.read_bytes())
+    with tarfile.open(path) as tar:
+        member = tar.getmember("s0005.chunk-keys")
+    at = member.offset_data + 24 + 8 * 6  # the keys' data, after the header and 6 offsets
+    assert data[at:at + 5] == b"s0005"
+    data[at:at + 5] = b"x0005"
+    path.write_bytes(bytes(data))
+    src = resolve_source(root)
+    reader = ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=False,
+                         chunks=[s.chunk for s in src.shards])
+    with pytest.raises(ShardFormatError, match="key 's0005': damaged chunk: its first key is 'x0005'"):
+        list(reader.read(0, 5, 7))
+    assert any("its first key is 'x0005'" in p.message for p in verify_dataset(root).problems)
+
+
 def test_verify_checks_the_samples_of_each_chunk(tmp_path: Path) -> None:
     root = _write(tmp_path / "c", 6)
     report = verify_dataset(root)
