@@ -257,3 +257,13 @@ def test_convert_items_and_shard_writer_write_the_same_chunked_bytes(tmp_path: P
     w = json.loads((tmp_path / "w" / "train.json").read_text())["shardlist"]
     i = json.loads((tmp_path / "i" / "train.json").read_text())["shardlist"]
     assert [s["sha256"] for s in w] == [s["sha256"] for s in i] and len(w) == 4
+
+
+def test_a_chunked_and_a_per_sample_stream_mix_exactly_once(tmp_path: Path) -> None:
+    from shardify.reader import Stream
+
+    plain, packed = _write(tmp_path / "plain", None), _write(tmp_path / "chunked", 4)
+    ds = ShardedDataset([Stream(plain), Stream(packed)], batch_size=8, fields=("cls", "__stream__"), shuffle=True,
+                        seed=1)
+    got = sorted((int(s), int(c)) for cls, stream in ds for c, s in zip(cls, stream))
+    assert got == sorted([(0, i) for i in range(N)] + [(1, i) for i in range(N)])
