@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from shardify import FORMAT_VERSION, __version__
+from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, check_chunk, parse_size
 from shardify.convert.write.outfs import OutputFS
@@ -221,7 +221,8 @@ def who(sample: object, index: int, noun: str = "sample") -> str:
 
 def converter_info(source: str, shaping: dict[str, Any]) -> dict[str, Any]:
     """The split index's ``converter`` section for a split written from Python."""
-    return {"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+    version = FORMAT_VERSION if shaping.get("chunk") is None else CHUNKED_FORMAT_VERSION
+    return {"name": "shardify", "version": __version__, "format_version": version,
             "source": source, "options": shaping}
 
 

@@ -296,7 +296,8 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
             f"{fs.location}/{report_name(split)}); nothing was marked finished. Pass --allow-empty "
             "(allow_empty=True) to write an empty split", path=scan.root)
     index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
-                         converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+                         converter={"name": "shardify", "version": __version__,
+                                    "format_version": FORMAT_VERSION if options.chunk is None else CHUNKED_FORMAT_VERSION,
                                     "source": scan.source, "options": options.shaping(), **int_labels(scan)},
                          version=plan.version, chunk=options.chunk)
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,

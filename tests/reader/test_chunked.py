@@ -184,6 +184,8 @@ def test_other_readers_see_one_sample_per_chunk_with_stacked_members(tmp_path: P
     assert {n.split(".")[0] for n in names} == {"s0000", "s0010", "s0020"}  # 25 samples: chunks of 10, 10, 5
     assert stacked.shape == (10, 3, 4, 4) and stacked[7].max() == 7
     assert index["shardify"]["format_version"] == 3 and index["shardify"]["chunk"] == 10
+    assert index["shardify"]["converter"]["format_version"] == 3
+    assert index["shardify"]["converter"]["options"]["chunk"] == 10
     wds = pytest.importorskip("webdataset")
     seen = list(wds.WebDataset([str(first)], shardshuffle=False, empty_check=False))
     assert [s["__key__"] for s in seen] == ["s0000", "s0010", "s0020"]  # one sample per chunk
