@@ -345,6 +345,8 @@ def _info(args: argparse.Namespace) -> int:
     for split, s in info["splits"].items():
         print(f"  {split}: {s['samples']} samples, {s['shards']} shards, {_human(s['bytes'])}, "
               f"{_labels_text(s)}; fields {', '.join(s['fields'])}")
+        if s.get("chunk"):
+            print(f"    chunked: {s['chunk']} samples a chunk (format 3; other readers see one sample per chunk)")
         if s["skipped"]:
             print(f"    skipped at conversion: {s['skipped']}")
     return EXIT_OK
