@@ -269,3 +269,20 @@ def test_a_chunked_and_a_per_sample_stream_mix_exactly_once(tmp_path: Path) -> N
                         seed=1)
     got = sorted((int(s), int(c)) for cls, stream in ds for c, s in zip(cls, stream))
     assert got == sorted([(0, i) for i in range(N)] + [(1, i) for i in range(N)])
+
+
+def test_a_truncated_chunked_shard_keeps_the_chunks_before_the_cut(tmp_path: Path) -> None:
+    root = _write(tmp_path / "c", 5)
+    path = root / json.loads((root / "train.json").read_text())["shardlist"][0]["url"]
+    with tarfile.open(path) as tar:
+        cut = tar.getmember("s0015.npy").offset_data + 100  # inside the 4th chunk
+    path.write_bytes(path.read_bytes()[:cut])
+    src = resolve_source(root)
+    kw = dict(chunks=[s.chunk for s in src.shards], offsets=[s.offsets for s in src.shards],
+              filesizes=[s.filesize for s in src.shards])
+    with pytest.raises(ShardFormatError, match=str(path.name)):
+        list(ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=False, **kw).read(0, 0, 25))
+    items = list(ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=True, **kw).read(0, 0, 25))
+    assert len(items) == 25
+    assert [x["__key__"] for x in items[:15]] == [f"s{i:04d}" for i in range(15)]
+    assert all(isinstance(x, Lost) for x in items[15:])
