@@ -69,6 +69,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metadata", choices=("auto", "always"), default="auto",
                    help="per-sample {key}.json: auto, only when it holds what key, members and index do not "
                         "(default); always")
+    g.add_argument("--chunk", type=int, default=None, metavar="N",
+                   help="store N consecutive samples per tar member per field (compact for small samples; "
+                        "only shardify reads such shards sample by sample, see docs/format.md); default: one "
+                        "sample per tar sample")
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
     g.add_argument("--allow-empty", action="store_true",
                    help="finish a split even if every input was skipped (default: that is an error, exit 1)")
@@ -115,6 +119,10 @@ def _python_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
     g.add_argument("--classes", default=None, help="comma-separated names of the cls labels, or @FILE (one per line)")
     g.add_argument("--quality", type=int, default=95, help="JPEG/WebP quality of images given as arrays (default: 95)")
+    g.add_argument("--chunk", type=int, default=None, metavar="N",
+                   help="store N consecutive samples per tar member per field (compact for small samples; "
+                        "only shardify reads such shards sample by sample, see docs/format.md); default: one "
+                        "sample per tar sample")
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
     g.add_argument("--strict", action="store_true", help="stop at the first item whose function raises")
     g = p.add_argument_group("run")
@@ -148,7 +156,7 @@ def _convert_python(args: argparse.Namespace) -> Any:
         split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
         classes=classes, values=ValueOptions(quality=args.quality), overwrite=args.overwrite, fsync=not args.no_fsync,
         shuffle=args.shuffle, seed=args.seed, workers=args.workers, strict=args.strict, engine=args.engine,
-        ray_address=args.ray_address, chunk_size=args.chunk_size, progress=not args.quiet)
+        ray_address=args.ray_address, chunk_size=args.chunk_size, progress=not args.quiet, chunk=args.chunk)
     summary = convert_items(JsonlItems(args.src), load_function(args.function), args.out, options=options)
     return ConvertResult(out_dir=args.out, splits={summary.split: summary})
 
@@ -166,7 +174,7 @@ def convert_options(args: argparse.Namespace) -> Any:
         num_classes=args.num_classes, strict=args.strict, overwrite=args.overwrite, workers=args.workers,
         fsync=not args.no_fsync, progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
         allow_empty=args.allow_empty, image_format=args.image_format, metadata=args.metadata,
-        raw_pixels=args.raw_pixels, raw_side=args.raw_side)
+        raw_pixels=args.raw_pixels, raw_side=args.raw_side, chunk=args.chunk)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,6 +52,8 @@ def run_info(args: argparse.Namespace) -> int:
     for split, s in info["splits"].items():
         print(f"  {split}: {s['samples']} samples, {s['shards']} shards, {human(s['bytes'])}, "
               f"{labels_text(s)}; fields {', '.join(s['fields'])}")
+        if s.get("chunk"):
+            print(f"    chunked: {s['chunk']} samples a chunk (format 3; other readers see one sample per chunk)")
         if s.get("raw_pixels"):
             raw = s["raw_pixels"]
             print(f"    images pre-decoded: field {raw['field']} ({raw['format']} v{raw['version']}), "

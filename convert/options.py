@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "worker_count", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES",
+__all__ = ["ConvertOptions", "parse_size", "worker_count", "check_chunk", "MAX_CHUNK", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES",
            "DEFAULT_SAMPLES_PER_SHARD", "MIN_SMALL_SHARD"]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
@@ -46,6 +46,16 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"size {text!r} should be positive")
     return value
+
+
+MAX_CHUNK = 1 << 20
+"""Most samples a chunk may hold."""
+
+
+def check_chunk(chunk: int | None) -> None:
+    """Raise ValueError unless ``chunk`` is None or a sample count for the chunked layout."""
+    if chunk is not None and (type(chunk) is not int or not 1 <= chunk <= MAX_CHUNK):
+        raise ValueError(f"chunk={chunk!r} should be None or an int in 1..{MAX_CHUNK} (samples per chunk)")
 
 
 def worker_count(workers: int) -> int:
@@ -100,6 +110,9 @@ class ConvertOptions:
     """``{key}.json`` per sample: ``auto`` only when it holds something the key, the members
     and the split index do not (a rewritten name, a file path, a label name not in the
     classes); ``always`` for every sample."""
+    chunk: int | None = None
+    """Samples per chunk: the chunked layout (docs/format.md), for small samples; None: one
+    tar sample per sample (what webdataset and Hugging Face read)."""
     storage_options: Mapping[str, Any] | None = None
     """Options of the fsspec backend of a URL output (``s3://``: ``key``, ``secret``,
     ``endpoint_url``, ...); default: the backend's usual places (environment, config files)."""
@@ -137,6 +150,7 @@ class ConvertOptions:
             raise ValueError(f"raw_side={self.raw_side!r} should be 'shorter' or 'longer'")
         if self.metadata not in ("auto", "always"):
             raise ValueError(f"metadata={self.metadata!r} should be 'auto' or 'always'")
+        check_chunk(self.chunk)
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} should be >= 1")
 
@@ -172,4 +186,5 @@ class ConvertOptions:
             "num_classes": self.num_classes,
             "metadata": self.metadata,
             **({"raw_pixels": self.raw_pixels, "raw_side": self.raw_side} if self.raw_pixels is not None else {}),
+            **({} if self.chunk is None else {"chunk": self.chunk}),
         }

@@ -3,7 +3,8 @@
 The dataset is named as the reader names it (a folder, ``manifest.json`` or a split index;
 a path or a URL: see :mod:`shardify.convert.dataset_files`). Verify reads every shard once:
 its checksum and size against the index, its members against the format (names, adjacency, key rules, unique keys, counts), and with
-``decode`` every image decoded and every label parsed. It reports every problem it finds
+``decode`` every image decoded and every label parsed. A chunked split's chunks are checked
+as the reader decodes them (keys, counts, offsets tables), then each of their samples as above. It reports every problem it finds
 with the shard and key, rather than stopping at the first.
 """
 
@@ -16,11 +17,12 @@ from dataclasses import dataclass, field
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
+from shardify.chunk import chunk_samples, decode_chunk
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
 from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.write.versions import stray_files
-from shardify.errors import KeyRuleError, ManifestError, ShardifyError
+from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, ShardifyError
 from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
@@ -121,18 +123,20 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             continue
         with f:
             reader = _HashingReader(f)
-            count = 0
-            offsets: list[int] = []  # of samples 0, OFFSET_STRIDE, ...: what the index should list
+            count = units = 0
+            offsets: list[int] = []  # of samples (chunks) 0, OFFSET_STRIDE, ...: what the index should list
             try:
-                for sample in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
-                    if count % OFFSET_STRIDE == 0:
-                        offsets.append(int(sample["__offset__"]))  # type: ignore[call-overload]
-                    count += 1
-                    try:
-                        _check_sample(split, entry.url, sample, index, keys, decode, problems)
-                    except Exception as e:  # any sample, however hostile, is a reported problem
-                        problems.append(Problem(split, entry.url, str(sample.get("__key__")),
-                                                f"cannot check the sample: {describe_error(e)}"))
+                for unit in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
+                    if units % OFFSET_STRIDE == 0:
+                        offsets.append(int(unit["__offset__"]))  # type: ignore[call-overload]
+                    for sample in _unit_samples(unit, index, units, entry.nsamples, entry.url):
+                        count += 1
+                        try:
+                            _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                        except Exception as e:  # any sample, however hostile, is a reported problem
+                            problems.append(Problem(split, entry.url, str(sample.get("__key__")),
+                                                    f"cannot check the sample: {describe_error(e)}"))
+                    units += 1
                 while reader.read(1 << 20):
                     pass
             except ShardifyError as e:
@@ -147,13 +151,26 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
         elif entry.offsets and list(entry.offsets) != offsets:
             wrong = next(k for k, (a, b) in enumerate(zip(entry.offsets, offsets)) if a != b)
             problems.append(Problem(split, entry.url, None,
-                                    f"the index's offset of sample {wrong * OFFSET_STRIDE} is {entry.offsets[wrong]}, "
+                                    f"the index's offset of {'chunk' if index.chunk else 'sample'} "
+                                    f"{wrong * OFFSET_STRIDE} is {entry.offsets[wrong]}, "
                                     f"the shard's is {offsets[wrong]}"))
     for name in files.names() or ():
         found = shard_of_split(name, split)
         if found is not None and found[0] == index.version and found[1] >= len(index.shards):
             problems.append(Problem(split, name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
+
+
+def _unit_samples(unit: dict[str, Any], index: SplitIndex, n: int, nsamples: int, url: str) -> list[dict[str, Any]]:
+    """The samples of tar sample ``n`` of a shard: itself, or in a chunked split the samples of
+    the chunk (a damaged chunk raises ShardFormatError, a problem of its shard)."""
+    if index.chunk is None:
+        return [unit]
+    key = str(unit["__key__"])
+    chunk = decode_chunk(unit, shard=url, key=key, count=max(1, chunk_samples(nsamples, index.chunk, n)))
+    if chunk.keys[0] != key:
+        raise ShardFormatError(f"damaged chunk: its first key is {chunk.keys[0]!r}", shard=url, key=key)
+    return [chunk.sample(i) for i in range(len(chunk.keys))]
 
 
 def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIndex, keys: set[str],
@@ -213,6 +230,7 @@ def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any
             "ignored": dict(index.ignored),
             "converter": index.converter,
             "version": index.version,
+            **({} if index.chunk is None else {"chunk": index.chunk}),
         }
         if sample_shards > 0:
             try:

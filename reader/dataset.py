@@ -314,7 +314,8 @@ class ShardedDataset(IterableDataset):
                                              fields=self._selected_fields(),
                                              max_member=self.options.max_member_bytes,
                                              offsets=[s.offsets for s in shards],
-                                             filesizes=[s.filesize for s in shards]))
+                                             filesizes=[s.filesize for s in shards],
+                                             chunks=[s.chunk for s in shards]))
         return self._reader[1]
 
     def _slot_pool(self, worker: int) -> SlotPool | None:

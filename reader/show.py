@@ -58,7 +58,8 @@ def _read(source: Source, positions: list[int]) -> list[dict[str, object]]:
     starts = [0]
     for s in source.sizes:
         starts.append(starts[-1] + s)
-    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True, opener=source.open_tar)
+    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True, opener=source.open_tar,
+                         chunks=[s.chunk for s in source.shards])
     out = []
     try:
         shard = 0

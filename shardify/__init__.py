@@ -8,7 +8,7 @@ reads. Importing this package does not import torch.
 
 from __future__ import annotations
 
-__all__ = ["__version__", "FORMAT_VERSION"]
+__all__ = ["__version__", "FORMAT_VERSION", "CHUNKED_FORMAT_VERSION"]
 
 __version__ = "0.1.0"
 FORMAT_VERSION = 2
@@ -19,3 +19,7 @@ FORMAT_VERSION = 2
 (`{split}-{version}-{index:06d}.tar`, `{split}-{version}.json`) and the manifest names each
 split's version; ``{key}.json`` only where it holds something the key, the other members
 and the split index do not (see docs/format.md). A version-2 reader reads version 1 unchanged."""
+CHUNKED_FORMAT_VERSION = 3
+"""Format version of a split written in the chunked layout (``chunk=N``, see
+:mod:`shardify.chunk`): its index says ``format_version`` 3 and ``chunk``, so a reader that
+reads only 1..2 refuses it by name. Per-sample splits stay version 2, byte for byte."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardify import FORMAT_VERSION
+from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.errors import ManifestError
 from shardify.pixels import RAW_EXT, RAW_FORMAT, RAW_FORMAT_VERSION, RAW_SIDES
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
@@ -135,10 +135,14 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], source
     return value
 
 
+READ_VERSION = max(FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
+"""Newest format version this shardify reads (3: chunked splits)."""
+
+
 def _check_version(version: int, source: str) -> None:
-    if version < 1 or version > FORMAT_VERSION:
+    if version < 1 or version > READ_VERSION:
         raise ManifestError(
-            f"{source}: field 'format_version' is {version}, this shardify reads 1..{FORMAT_VERSION}"
+            f"{source}: field 'format_version' is {version}, this shardify reads 1..{READ_VERSION}"
         )
 
 
@@ -162,7 +166,9 @@ class ShardEntry:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, *, source: str) -> ShardEntry:
+    def from_json(cls, obj: Any, *, source: str, chunk: int | None = None) -> ShardEntry:
+        """``chunk``: the split's samples per chunk; its ``offsets`` are then those of chunks
+        0, OFFSET_STRIDE, ... (``ceil(nsamples / chunk)`` chunks)."""
         if not isinstance(obj, dict):
             raise ManifestError(f"{source}: shardlist entry should be an object, found {obj!r}")
         url = _field(obj, "url", str, source)
@@ -175,12 +181,14 @@ class ShardEntry:
         if nsamples < 0 or filesize < 0:
             raise ManifestError(f"{where}: negative nsamples={nsamples} or filesize={filesize}")
         offsets = obj.get("offsets", [])
-        expected = -(-nsamples // OFFSET_STRIDE)
+        units = nsamples if chunk is None else -(-nsamples // chunk)
+        expected = -(-units // OFFSET_STRIDE)
         if (not isinstance(offsets, list) or not all(type(o) is int for o in offsets)
                 or (offsets and (len(offsets) != expected or offsets[0] != 0
                                  or any(b <= a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= filesize))):
+            unit = "samples" if chunk is None else "chunks"
             raise ManifestError(f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
-                                f"(one every {OFFSET_STRIDE} samples), found {str(offsets)[:80]}")
+                                f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}")
         return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets))
 
 
@@ -237,6 +245,9 @@ class SplitIndex:
     """The conversion's version token (format 2); None for format 1 indexes."""
     raw_pixels: RawPixels | None = None
     """Set when the images are stored pre-decoded (``--raw-pixels``); absent from the JSON otherwise."""
+    chunk: int | None = None
+    """Samples per chunk of a chunked split (format 3, :mod:`shardify.chunk`); None: one tar
+    sample per sample."""
 
     @property
     def num_samples(self) -> int:
@@ -254,6 +265,8 @@ class SplitIndex:
         ours: dict[str, Any] = {"format_version": self.format_version, "split": self.split}
         if self.version is not None:
             ours["version"] = self.version
+        if self.chunk is not None:
+            ours["chunk"] = self.chunk
         return {
             "__kind__": WIDS_KIND,
             "wids_version": 1,
@@ -287,7 +300,8 @@ class SplitIndex:
             raise ManifestError(f"{where}: field 'classes' should be a list of str")
         fields = ours.get("fields", [])
         token = _version_token(ours, where)
-        shards = tuple(ShardEntry.from_json(s, source=source) for s in raw_shards)
+        chunk = _chunk(ours, version, where)
+        shards = tuple(ShardEntry.from_json(s, source=source, chunk=chunk) for s in raw_shards)
         declared = ours.get("num_samples")
         index = cls(
             split=split,
@@ -300,6 +314,7 @@ class SplitIndex:
             format_version=version,
             version=token,
             raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
+            chunk=chunk,
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(
@@ -315,6 +330,17 @@ class SplitIndex:
         except OSError as e:
             raise ManifestError(f"{path}: cannot read split index: {e}") from e
         return cls.from_json(load_json(text, source=str(path)), source=str(path))
+
+
+def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:
+    """The ``chunk`` field: samples per chunk, in a format-3 index only (where it is required)."""
+    chunk = obj.get("chunk")
+    if chunk is None and version < CHUNKED_FORMAT_VERSION:
+        return None
+    if version < CHUNKED_FORMAT_VERSION or type(chunk) is not int or chunk < 1:
+        raise ManifestError(f"{source}: field 'chunk' should be a positive int in a format-{CHUNKED_FORMAT_VERSION} "
+                            f"(chunked) index, found {chunk!r} with format_version {version}")
+    return chunk
 
 
 def _version_token(obj: dict[str, Any], source: str) -> str | None:

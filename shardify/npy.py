@@ -38,6 +38,9 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "encode_array",
     "decode_array",
+    "view_array",
+    "npy_header",
+    "npy_layout",
     "raw_view_name",
     "tensor_to_array",
     "array_to_tensor",
@@ -100,15 +103,21 @@ def encode_array(array: np.ndarray) -> bytes:
     if not isinstance(array, np.ndarray):
         raise ArrayFormatError(f"encode_array wants a numpy array, got {type(array).__name__}")
     dtype, descr = _stored_dtype(array.dtype)
-    shape = tuple(int(n) for n in array.shape)
+    header = npy_header(descr, tuple(int(n) for n in array.shape))
+    data = np.ascontiguousarray(array).astype(dtype, copy=False) if array.dtype.names is None else (
+        np.ascontiguousarray(array).view(dtype))
+    return header + data.tobytes()
+
+
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The format-1.0 ``.npy`` header (magic included) of a C-order array: ``descr`` is the
+    dtype's literal as the header writes it (``"'<u2'"``), padded to 64 bytes."""
     header = "{'descr': %s, 'fortran_order': False, 'shape': %r, }" % (descr, shape)
     pad = -(len(MAGIC) + 4 + len(header) + 1) % ALIGN
     text = (header + " " * pad + "\n").encode("latin1")
     if len(text) > 0xFFFF:
         raise ArrayFormatError(f"the .npy header of shape {shape} would exceed format 1.0's 65535 bytes")
-    data = np.ascontiguousarray(array).astype(dtype, copy=False) if array.dtype.names is None else (
-        np.ascontiguousarray(array).view(dtype))
-    return MAGIC + b"\x01\x00" + struct.pack("<H", len(text)) + text + data.tobytes()
+    return MAGIC + b"\x01\x00" + struct.pack("<H", len(text)) + text
 
 
 def _parse_header(text: bytes, major: int) -> tuple[np.dtype[Any], tuple[int, ...], bool, int]:
@@ -133,13 +142,9 @@ def _parse_header(text: bytes, major: int) -> tuple[np.dtype[Any], tuple[int, ..
     return dtype, shape, fortran, count * dtype.itemsize
 
 
-def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> np.ndarray:
-    """The array in ``.npy`` bytes (any format version), as a new writable, native-order array.
-
-    Raises :class:`ObjectArrayError` for an object array unless ``allow_pickle``, and
-    :class:`ArrayFormatError` for anything else that is not a whole ``.npy``.
-    """
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+def npy_layout(view: bytes | memoryview) -> tuple[np.dtype[Any], tuple[int, ...], bool, int, int]:
+    """(dtype, shape, fortran_order, data bytes, data offset) of ``.npy`` bytes, of which only
+    the header needs to be there; the header is parsed once per distinct header (cached)."""
     if view[:6] != MAGIC or len(view) < 10:
         raise ArrayFormatError(f"not .npy data: {bytes(view[:8])!r} is not the \\x93NUMPY magic")
     major = view[6]
@@ -161,22 +166,49 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
         if len(_headers) >= _MAX_CACHED_HEADERS:
             _headers.clear()
         _headers[text] = parsed
-    dtype, shape, fortran, nbytes = parsed
+    return (*parsed, offset)
+
+
+def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> np.ndarray:
+    """The array in ``.npy`` bytes (any format version), as a new writable, native-order array.
+
+    Raises :class:`ObjectArrayError` for an object array unless ``allow_pickle``, and
+    :class:`ArrayFormatError` for anything else that is not a whole ``.npy``.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    dtype, shape, fortran, nbytes, offset = npy_layout(view)
     if dtype.hasobject:
         if not allow_pickle:
             raise ObjectArrayError(
                 f"object array (dtype {dtype}): loading it would unpickle, refused with allow_pickle=False; "
                 "pass allow_pickle=True only for data you trust")
         return np.load(io.BytesIO(bytes(view)), allow_pickle=True)
+    arr = _view(view, dtype, shape, fortran, nbytes, offset)
+    native = dtype if dtype.isnative else dtype.newbyteorder("=")
+    return np.array(arr, dtype=native, order="C", copy=True)
+
+
+def view_array(data: bytes | memoryview) -> np.ndarray:
+    """The array in ``.npy`` bytes as a read-only view of ``data`` (no copy; stored byte order).
+
+    Object arrays raise :class:`ObjectArrayError` (a view cannot hold them), anything else
+    that is not a whole ``.npy`` :class:`ArrayFormatError`. Used to slice stacked chunk members."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    dtype, shape, fortran, nbytes, offset = npy_layout(view)
+    if dtype.hasobject:
+        raise ObjectArrayError(f"object array (dtype {dtype}) cannot be viewed")
+    return _view(view, dtype, shape, fortran, nbytes, offset)
+
+
+def _view(view: bytes | memoryview, dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, nbytes: int,
+          offset: int) -> np.ndarray:
     if len(view) - offset != nbytes:
         raise ArrayFormatError(f".npy data is {len(view) - offset} bytes, its header says {nbytes} "
                                f"({dtype} {shape})")
-    native = dtype if dtype.isnative else dtype.newbyteorder("=")
     if nbytes == 0:
-        return np.zeros(shape, dtype=native)
+        return np.zeros(shape, dtype=dtype)
     flat = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
-    arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    return np.array(arr, dtype=native, order="C", copy=True)
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
 def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:

@@ -84,7 +84,8 @@ def _memory_of(pid: int) -> int:
 
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
     """``(key, image bytes)`` of the first ``limit`` samples (all when None)."""
-    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True)
+    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True,
+                         chunks=[s.chunk for s in source.shards])
     out: list[tuple[str, bytes]] = []
     try:
         for i, s in enumerate(source.shards):

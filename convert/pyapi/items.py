@@ -220,7 +220,8 @@ class _Run:
         self.pos = resume_at
         self.open = _Open(start=resume_at)
         stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version)
+                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version,
+                             chunk=o.chunk)
         bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
                           done_bytes=sum(r.filesize for r in self.results))
         runner = ChunkRunner(self.fn, o.values, o.classes)
@@ -246,7 +247,8 @@ class _Run:
         filtered = sum(self._filtered_counts) + self.open.filtered
         index = finish_split(self.fs, o.split, self.results, classes=o.classes, skipped=skipped, ignored=[],
                              ignored_counts={FILTERED: filtered} if filtered else None,
-                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()), version=stream.version)
+                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()), version=stream.version,
+                             chunk=o.chunk)
         publish_splits(self.fs, {o.split: index})
         return split_summary(index, skipped, reused=len(reused), seconds=time.monotonic() - started)
 

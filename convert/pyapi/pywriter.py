@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from shardify import FORMAT_VERSION, __version__
+from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
-from shardify.convert.options import DEFAULT_SHARD_SIZE, parse_size
+from shardify.convert.options import DEFAULT_SHARD_SIZE, check_chunk, parse_size
 from shardify.convert.write.outfs import OutputFS, undone_on_failure
 from shardify.convert.write.run import SplitSummary, finish_split, open_locked, publish_splits
 from shardify.convert.write.versions import begin_version, listed_version
@@ -49,6 +49,9 @@ class WriteOptions:
     fsync: bool = True
     storage_options: Mapping[str, Any] | None = None
     """The fsspec backend's options for an ``out`` URL (credentials, ``endpoint_url``, ...)."""
+    chunk: int | None = None
+    """Samples per chunk: the chunked layout (docs/format.md), for small samples; None: one tar
+    sample per sample (what webdataset and Hugging Face read)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.shard_size, str):
@@ -61,6 +64,7 @@ class WriteOptions:
             raise ValueError(f"shard_size={self.shard_size} should be at least 4096 bytes")
         if self.samples_per_shard is not None and self.samples_per_shard < 1:
             raise ValueError(f"samples_per_shard={self.samples_per_shard} should be >= 1")
+        check_chunk(self.chunk)
         if not all(isinstance(c, str) for c in self.classes):
             raise ValueError(f"classes should be names (str), found {self.classes[:5]!r}")
 
@@ -71,7 +75,7 @@ class WriteOptions:
     def shaping(self) -> dict[str, Any]:
         """The options that decide the output bytes; recorded in the split index."""
         return {"split": self.split, "shard_size": self.size_bound, "samples_per_shard": self.samples_per_shard,
-                "quality": self.values.quality}
+                "quality": self.values.quality, **({} if self.chunk is None else {"chunk": self.chunk})}
 
 
 class KeyRegistry:
@@ -148,7 +152,7 @@ class ShardWriter:
             self._release()
             raise
         self._stream = ShardStream(self._fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                                   fsync=o.fsync, on_shard=self._results.append, version=version)
+                                   fsync=o.fsync, on_shard=self._results.append, version=version, chunk=o.chunk)
         self._started = time.monotonic()
 
     def write(self, sample: Mapping[str, object]) -> str:
@@ -180,7 +184,8 @@ class ShardWriter:
                 stream.close_shard()
                 o = self.options
                 index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped,
-                                     ignored=[], converter=converter_info("python", o.shaping()), version=stream.version)
+                                     ignored=[], converter=converter_info("python", o.shaping()), version=stream.version,
+                                     chunk=o.chunk)
                 publish_splits(fs, {o.split: index})
                 self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
                 return self.summary
@@ -211,7 +216,8 @@ def who(sample: object, index: int, noun: str = "sample") -> str:
 
 def converter_info(source: str, shaping: dict[str, Any]) -> dict[str, Any]:
     """The split index's ``converter`` section for a split written from Python."""
-    return {"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+    version = FORMAT_VERSION if shaping.get("chunk") is None else CHUNKED_FORMAT_VERSION
+    return {"name": "shardify", "version": __version__, "format_version": version,
             "source": source, "options": shaping}
 
 

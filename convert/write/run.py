@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardify import FORMAT_VERSION, __version__
+from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.write.engine import ProgressBar, run_local
 from shardify.convert.inputs.ids import scan_ids
 from shardify.convert.inputs.imagefolder import scan_imagefolder
@@ -261,7 +261,7 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
         max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
         max_pixels=options.max_pixels, version=plan.version, max_image_bytes=options.max_image_bytes,
         image_format=options.image_format, storage_options=options.storage_options,
-        raw_pixels=options.raw_pixels, raw_side=options.raw_side))
+        raw_pixels=options.raw_pixels, raw_side=options.raw_side, chunk=options.chunk))
     done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
     bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
@@ -291,9 +291,10 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
             f"{fs.location}/{report_name(split)}); nothing was marked finished. Pass --allow-empty "
             "(allow_empty=True) to write an empty split", path=scan.root)
     index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
-                         converter={"name": "shardify", "version": __version__, "format_version": FORMAT_VERSION,
+                         converter={"name": "shardify", "version": __version__,
+                                    "format_version": FORMAT_VERSION if options.chunk is None else CHUNKED_FORMAT_VERSION,
                                     "source": scan.source, "options": options.shaping(), **int_labels(scan)},
-                         version=plan.version,
+                         version=plan.version, chunk=options.chunk,
                          raw_pixels=None if options.raw_pixels is None else RawPixels(size=options.raw_pixels,
                                                                                       side=options.raw_side))
     summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
@@ -305,14 +306,16 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
 def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
                  converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
                  version: str | None, notes: Sequence[Ignored] = (),
-                 ignored_counts: dict[str, int] | None = None, raw_pixels: RawPixels | None = None) -> SplitIndex:
+                 ignored_counts: dict[str, int] | None = None, raw_pixels: RawPixels | None = None,
+                 chunk: int | None = None) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
 
     ``notes`` (inputs packed with decoder warnings) go to the report only.
     ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
     index's ``ignored`` counts without a report line each. ``raw_pixels``: the record of
-    images stored pre-decoded (``--raw-pixels``).
+    images stored pre-decoded (``--raw-pixels``). ``chunk``: the shards are in the
+    chunked layout, that many samples a chunk (the index is then format 3).
     """
     remove_stale_shards(fs, split, version, len(ordered))
     _write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
@@ -329,6 +332,8 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
         ignored=dict(counts),
         version=version,
         raw_pixels=raw_pixels,
+        chunk=chunk,
+        format_version=FORMAT_VERSION if chunk is None else CHUNKED_FORMAT_VERSION,
     )
     fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
     return index

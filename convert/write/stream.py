@@ -6,6 +6,12 @@ not fit (the same rule: ``shard_size`` bytes and/or ``samples_per_shard``), so t
 samples in the same order give the same shards. Each shard is written through
 :class:`~shardify.convert.write.writer.HashingWriter` under its temporary name and renamed when
 whole, exactly as :func:`~shardify.convert.write.writer.write_shard` does.
+
+With ``chunk=N`` (the chunked layout, :mod:`shardify.chunk`) samples are held until ``N`` of
+them make a chunk, which is written as one tar sample. Shards are cut where the per-sample
+layout would cut them (``shard_size`` counts each sample's per-sample bytes), so a chunked
+shard holds the same samples, in fewer bytes, and the shard ends a chunk early (its last
+chunk may be short); its ``offsets`` list the byte offset of chunks 0, OFFSET_STRIDE, ...
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from typing import BinaryIO
 
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import OutputFS
-from shardify.convert.write.writer import HashingWriter, ShardResult, temp_name, write_members
+from shardify.chunk import encode_chunk
+from shardify.convert.write.writer import HashingWriter, ShardResult, split_members, temp_name, write_members
 from shardify.errors import OutputError
 from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
 
@@ -36,8 +43,14 @@ class ShardStream:
 
     def __init__(self, fs: OutputFS, split: str, *, shard_size: int | None, samples_per_shard: int | None,
                  fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None,
-                 version: str | None = None) -> None:
+                 version: str | None = None, chunk: int | None = None) -> None:
         self.fs = fs
+        self.chunk = chunk
+        """Samples per chunk (None: the per-sample layout)."""
+        self._pending: list[tuple[str, list[tuple[str, bytes]]]] = []
+        """Samples of the chunk being gathered (chunked layout only)."""
+        self._chunks = 0
+        """Chunks in the open shard."""
         self.split = split
         self.version = version
         """The version token in the shards' names (:mod:`shardify.convert.write.versions`)."""
@@ -69,6 +82,9 @@ class ShardStream:
 
     def add(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
         """Append one sample; ``size`` is :func:`sample_size` of ``members``. Cuts a shard first if full."""
+        if self.chunk is not None:
+            self._gather(key, members, size)
+            return
         if not self.fits(size):
             self.close_shard()
         self.flush()
@@ -91,6 +107,10 @@ class ShardStream:
         (no copy); :meth:`flush` writes what is held, and closing a shard flushes first.
         """
         size = end - start
+        if self.chunk is not None:
+            key, members = split_members(data, start, end)
+            self._gather(key, members, size)
+            return
         if not self.fits(size):
             self.close_shard()
         if self._out is None:
@@ -105,6 +125,34 @@ class ShardStream:
         self.samples += 1
         self.nbytes += size
         self.fields.update(fields)
+
+    def _gather(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
+        """Hold one sample for the chunk being gathered (the shard was cut before it as the
+        per-sample layout would be); write the chunk once it holds ``chunk`` samples."""
+        if not self.fits(size):
+            self.close_shard()
+        self._pending.append((key, members))
+        self.samples += 1
+        self.nbytes += size
+        if len(self._pending) == self.chunk:
+            self._write_chunk()
+
+    def _write_chunk(self) -> None:
+        """Write the gathered samples as one chunk (one tar sample, keyed by its first sample)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        out = self._out or self._open()
+        if self._chunks % OFFSET_STRIDE == 0:
+            self.offsets.append(out.size)
+        try:
+            write_members(out, pending[0][0], encode_chunk([k for k, _ in pending], [m for _, m in pending]))
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
+                              f"{e.strerror or e}") from e
+        self._chunks += 1
+        self.fields.update(ext for _, m in pending for ext, _ in m)
 
     def flush(self) -> None:
         """Write the encoded samples :meth:`add_encoded` holds, if any."""
@@ -145,6 +193,7 @@ class ShardStream:
 
         Problems noted since the last sample stay in :attr:`skipped` when no shard is open.
         """
+        self._write_chunk()
         self.flush()
         out, f = self._out, self._file
         if out is None or f is None:
@@ -165,7 +214,7 @@ class ShardStream:
         self._file = self._out = None
         self.index += 1
         self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []
-        self.offsets = []
+        self.offsets, self._chunks = [], 0
         if self.on_shard is not None:
             self.on_shard(result)
         return result
@@ -173,6 +222,7 @@ class ShardStream:
     def abort(self) -> None:
         """Close and delete the open shard's temporary file; finished shards stay."""
         f, self._file, self._out, self._held = self._file, None, None, None
+        self._pending = []
         if f is not None:
             try:
                 f.close()

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
+from shardify.chunk import encode_chunk
 from shardify.convert.inputs.capture import decoder_messages
 from shardify.convert.inputs.inputs import Ignored, SampleSpec
 from shardify.convert.write.outfs import OutputFS, open_output
@@ -29,7 +30,8 @@ from shardify.keys import check_ext, check_key
 from shardify.pixels import RAW_EXT
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "temp_name", "Progress", "HashingWriter"]
+__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "split_members", "temp_name",
+           "Progress", "HashingWriter"]
 
 
 class Progress(Protocol):
@@ -60,6 +62,8 @@ class ShardTask:
     raw_pixels: int | None = None
     """Store images pre-decoded, ``raw_side`` side at most this (see ``rawpixels``); None: encoded."""
     raw_side: str = "shorter"
+    chunk: int | None = None
+    """Samples per chunk (the chunked layout, :mod:`shardify.chunk`); None: one tar sample per sample."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,23 @@ def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes
         parts += (ustar_header(f"{key}.{check_ext(ext)}", n), data, bytes(pad))
         total += BLOCK + n + pad
     return parts, total
+
+
+def split_members(data: bytes | memoryview, start: int, end: int) -> tuple[str, list[tuple[str, bytes]]]:
+    """The key and ``(ext, data)`` members of one sample that :func:`member_parts` encoded as
+    ``data[start:end]`` (the inverse, for a writer that chunks samples it got encoded)."""
+    view = memoryview(data)
+    members: list[tuple[str, bytes]] = []
+    key = ""
+    at = start
+    while at < end:
+        header = view[at:at + BLOCK]
+        name = bytes(header[:100]).rstrip(b"\0").decode("ascii")
+        size = int(bytes(header[124:135]), 8)
+        key, _, ext = name.partition(".")
+        members.append((ext, bytes(view[at + BLOCK:at + BLOCK + size])))
+        at += BLOCK + size + (-size % BLOCK)
+    return key, members
 
 
 def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
@@ -290,6 +311,15 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     fields: set[str] = set()
     offsets: list[int] = []
     written = 0
+    pending: list[tuple[str, list[tuple[str, bytes]]]] = []  # the chunk being gathered (chunked layout)
+
+    def write_chunk(out: HashingWriter) -> None:
+        if pending:
+            if (written - len(pending)) // task.chunk % OFFSET_STRIDE == 0:  # type: ignore[operator]
+                offsets.append(out.size)
+            write_members(out, pending[0][0], encode_chunk([k for k, _ in pending], [m for _, m in pending]))
+            pending.clear()
+
     try:
         with fs.open_write(tmp, durable=task.fsync) as f:
             out = HashingWriter(f)
@@ -302,17 +332,25 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                         raise
                     skipped.append(Ignored(e.path or sample.spec.identity, e.reason))
                     members = []
-                if members and written % OFFSET_STRIDE == 0:
-                    offsets.append(out.size)
-                write_members(out, sample.key, members)
                 fields.update(ext for ext, _ in members)
-                if members:
-                    written += 1
+                if task.chunk is not None:
+                    if members:
+                        pending.append((sample.key, members))
+                        written += 1
+                        if len(pending) == task.chunk:
+                            write_chunk(out)
+                else:
+                    if members and written % OFFSET_STRIDE == 0:
+                        offsets.append(out.size)
+                    write_members(out, sample.key, members)
+                    if members:
+                        written += 1
                 if progress is not None and n % _REPORT_EVERY == 0:
                     progress(n - reported[0], out.size - reported[1])
                     reported = (n, out.size)
             if progress is not None and len(plan) > reported[0]:
                 progress(len(plan) - reported[0], out.size - reported[1])
+            write_chunk(out)
             out.write(END_OF_ARCHIVE)
             fs.finish_write(f, fsync=task.fsync)
         fs.replace(tmp, final)

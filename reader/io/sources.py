@@ -68,7 +68,10 @@ class ShardInfo:
     filesize: int | None = None
     sha256: str = ""
     offsets: tuple[int, ...] = ()
-    """Byte offsets of samples 0, OFFSET_STRIDE, ... from the split index (empty: not known)."""
+    """Byte offsets of samples 0, OFFSET_STRIDE, ... from the split index (empty: not known);
+    of chunks 0, OFFSET_STRIDE, ... in a chunked shard."""
+    chunk: int | None = None
+    """Samples per chunk of a chunked shard (the split index's ``chunk``); None: per-sample."""
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,8 @@ def _shard_location(index_at: str, relative: str) -> str:
 def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions,
                 dataset: str | None = None) -> Source:
     shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
-                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets) for e in index.shards)
+                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk)
+                   for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
                   fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)
 

@@ -21,6 +21,9 @@ like any other: a :class:`ShardFormatError` naming it, or with ``skip_damaged`` 
 come back :class:`Lost`. Only the ``fields`` asked for are read into memory; the others are
 passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
 its last sample is read to its trailer too, so a CRC mismatch is damage of that shard.
+
+Chunked shards (``chunks``, :mod:`shardify.chunk`) are read by the same machinery in units of
+chunks, and :class:`~shardify.reader.io.chunked.ChunkSlicer` slices the samples out.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from shardify.chunk import KEYS_EXT, chunk_count
 from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
+from shardify.reader.io.chunked import ChunkSlicer
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
 from shardify.tarfmt import OFFSET_STRIDE
@@ -141,7 +146,8 @@ class ShardReader:
     where the next begins; otherwise, and for a long range, the whole shard is scanned. The
     offsets are trusted as the index's sample counts are: ``verify`` (the reader's checksums)
     proves the shard's bytes are those the index was written for, ``shardify verify`` checks
-    the offsets themselves."""
+    the offsets themselves. ``chunks``: per shard, its samples per chunk (None: a per-sample
+    shard); ``sizes`` stay sample counts, ``offsets`` are then those of chunks."""
 
     def __init__(
         self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
@@ -151,10 +157,20 @@ class ShardReader:
         max_member: int = DEFAULT_MAX_MEMBER,
         offsets: Sequence[Sequence[int]] | None = None,
         filesizes: Sequence[int | None] | None = None,
+        chunks: Sequence[int | None] | None = None,
     ) -> None:
         self._opener = opener
         self._urls = list(urls)
         self._sizes = list(sizes)
+        """Samples per shard, or for a chunked shard chunks: the units its tar samples are."""
+        self._chunks = list(chunks) if chunks is not None and any(chunks) else None
+        if self._chunks is not None:
+            if len(self._chunks) != len(self._urls):
+                raise ValueError(f"{len(self._chunks)=} should be {len(self._urls)}, one per shard")
+            self._slicer = ChunkSlicer(self, list(sizes), self._chunks)
+            self._sizes = [n if c is None else chunk_count(n, c) for n, c in zip(sizes, self._chunks)]
+            if fields is not None:
+                fields = {*fields, KEYS_EXT}
         self._skip = skip_damaged
         if checksums is not None and len(checksums) != len(self._urls):
             raise ValueError(f"{len(checksums)=} should be {len(self._urls)}, one per shard")
@@ -174,6 +190,12 @@ class ShardReader:
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Yield the ``stop - start`` items at positions ``start..stop-1`` of shard ``shard``."""
+        if self._chunks is not None and self._chunks[shard] is not None:
+            return self._slicer.read(shard, start, stop)
+        return self._read_units(shard, start, stop)
+
+    def _read_units(self, shard: int, start: int, stop: int) -> Iterator[Item]:
+        """Tar samples ``start..stop-1`` of ``shard`` (chunks, in a chunked shard)."""
         url = self._urls[shard]
         mismatch = self._verify(shard)
         if mismatch is not None:
@@ -190,6 +212,23 @@ class ShardReader:
             yield from self._read_forward(shard, start, stop)
         else:
             yield from self._read_seek(shard, start, stop, layout)
+
+    def _unit_members(self, shard: int, i: int) -> tuple[str, int, list[tuple[str, int, int]]] | None:
+        """``(key, offset, [(field, at, size), ...])`` of tar sample ``i`` of a seekable shard, from
+        the index's window or a whole scan (for reading parts of members); None when the shard
+        is read forward (gzip, or damaged under ``skip_damaged``)."""
+        if is_gzip(self._urls[shard]):
+            return None
+        if self._offsets is not None and self._offsets[shard] and shard not in self._layouts:
+            w = i // OFFSET_STRIDE
+            window = self._window(shard, w)
+            if window is not None:
+                j = i - w * OFFSET_STRIDE
+                return window.key(j), int(window.offsets[j]), list(window.fields(j))
+        layout = self._scan(shard)
+        if layout is None:
+            return None
+        return layout.key(i), int(layout.offsets[i]), list(layout.fields(i))
 
     def _windowed(self, shard: int, start: int, stop: int) -> bool:
         """Whether to read ``start..stop-1`` through windows: the index gave offsets, the range

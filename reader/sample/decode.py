@@ -248,8 +248,15 @@ def _decode_text(data: bytes) -> str:
     return data.decode("utf-8")
 
 
-def _decode_npy(data: bytes, allow_pickle: bool) -> np.ndarray | torch.Tensor:
-    """A new native-order array (a tensor for torch dtypes numpy lacks), via the cached-header fast path."""
+def _decode_npy(data: bytes | np.ndarray, allow_pickle: bool) -> np.ndarray | torch.Tensor:
+    """A new native-order array (a tensor for torch dtypes numpy lacks), via the cached-header fast path.
+
+    ``data`` may be an array already: a sample's view into a stacked chunk member
+    (:mod:`shardify.chunk`), copied here as the bytes of a per-sample ``.npy`` would be."""
+    if isinstance(data, np.ndarray):
+        native = data.dtype if data.dtype.isnative else data.dtype.newbyteorder("=")
+        arr = np.array(data, dtype=native, order="C", copy=True)
+        return arr if arr.dtype.names is None or raw_view_name(arr.dtype) is None else array_to_tensor(arr)
     try:
         arr = decode_array(data, allow_pickle=allow_pickle)
     except ObjectArrayError as e:
@@ -328,7 +335,9 @@ def decode_sample(
     """
     out: dict[str, object] = {}
     for name, value in sample.items():
-        if name.startswith("__") or name in skip or not isinstance(value, (bytes, bytearray, memoryview)):
+        if isinstance(value, np.ndarray) and not name.startswith("__") and name not in skip:
+            out[name] = decode_field(name, value, allow_pickle=allow_pickle)  # type: ignore[arg-type]  # a chunk's view
+        elif name.startswith("__") or name in skip or not isinstance(value, (bytes, bytearray, memoryview)):
             out[name] = value
         else:
             out[name] = decode_field(name, bytes(value), allow_pickle=allow_pickle)

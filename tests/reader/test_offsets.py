@@ -27,8 +27,13 @@ def _sample(i: int) -> dict[str, object]:
     return {"txt": "x" * (i * 37 % 1500), "cls": i % 5, **({"json": {"i": i}} if i % 3 == 0 else {})}
 
 
-def _dataset(root: Path) -> Path:
-    with ShardWriter(root, samples_per_shard=N, fsync=False) as w:
+CHUNK = 2
+"""Samples per chunk where a test runs over the chunked layout too: small, so a shard has
+several windows of OFFSET_STRIDE chunks."""
+
+
+def _dataset(root: Path, chunk: int | None = None) -> Path:
+    with ShardWriter(root, samples_per_shard=N, fsync=False, chunk=chunk) as w:
         for i in range(N):
             w.write(_sample(i))
     return root
@@ -38,13 +43,17 @@ def _index(root: Path) -> dict:
     return json.loads((root / "train.json").read_text())
 
 
+@pytest.mark.parametrize("chunk", [None, 3], ids=["per-sample", "chunked"])
 @pytest.mark.parametrize("writer", ["ShardWriter", "convert_items", "cli listing"])
-def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, writer: str) -> None:
+def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, writer: str,
+                                                                 chunk: int | None) -> None:
+    """Per sample, or in a chunked split per chunk (the tar samples of its shards)."""
     out = tmp_path / "out"
     if writer == "ShardWriter":
-        _dataset(out)
+        _dataset(out, chunk)
     elif writer == "convert_items":
-        convert_items(range(N), _sample, out, samples_per_shard=100, workers=2, fsync=False, progress=False)
+        convert_items(range(N), _sample, out, samples_per_shard=100, workers=2, fsync=False, progress=False,
+                      chunk=chunk)
     else:
         from shardify.cli import main
 
@@ -52,9 +61,10 @@ def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, 
         listing.write_text("".join(json.dumps({"id": f"r{i:04d}", "label": i % 3, "text": "t" * (i % 90)}) + "\n"
                                    for i in range(N)))
         assert main(["convert", "listing", str(listing), str(out), "--samples-per-shard", str(2 * OFFSET_STRIDE + 5), "--quiet",
-                     "--no-fsync", "--workers", "2"]) == 0
+                     "--no-fsync", "--workers", "2", *(["--chunk", str(chunk)] if chunk else [])]) == 0
     shards = _index(out)["shardlist"]
     assert len(shards) >= (1 if writer == "ShardWriter" else 2)
+    assert _index(out)["shardify"].get("chunk") == chunk
     for entry in shards:
         with open(out / entry["url"], "rb") as f:
             layout = scan_layout(f, shard=entry["url"])
@@ -66,7 +76,12 @@ def _reader(root: Path, offsets: bool = True) -> tuple[ShardReader, int]:
     src = resolve_source(root)
     (shard,) = src.shards
     return ShardReader([shard.url], [shard.nsamples], skip_damaged=False,
-                       offsets=[shard.offsets] if offsets else None), shard.nsamples
+                       offsets=[shard.offsets] if offsets else None, chunks=[shard.chunk]), shard.nsamples
+
+
+def _plain(items: list) -> list:
+    """Items without their byte offsets and shard paths (which differ between layouts)."""
+    return [{k: v for k, v in x.items() if k not in ("__offset__", "__shard__")} for x in items]
 
 
 S = OFFSET_STRIDE
@@ -74,10 +89,17 @@ RANGES = [(0, 4), (S - 4, S + 4), (S - 2, 2 * S + 2), (S, S + 1), (2 * S - 1, 2 
           (N - 3, N), (0, 1), (5, 2 * S - 8)]
 
 
-def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(tmp_path: Path, monkeypatch) -> None:
-    root = _dataset(tmp_path / "ds")
+@pytest.mark.parametrize("chunk", [None, CHUNK], ids=["per-sample", "chunked"])
+def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(tmp_path: Path, monkeypatch,
+                                                                   chunk: int | None) -> None:
+    """Chunked: the windows are of chunks, and the samples equal the per-sample layout's."""
+    root = _dataset(tmp_path / "ds", chunk)
     plain, n = _reader(root, offsets=False)
     expected = {r: list(plain.read(0, *r)) for r in RANGES}
+    if chunk is not None:
+        per_sample, _ = _reader(_dataset(tmp_path / "plain"), offsets=False)
+        for r in RANGES:
+            assert _plain(expected[r]) == _plain(list(per_sample.read(0, *r))), r
 
     def no_whole_scan(*a, **k):
         raise AssertionError("a short range must not scan the whole shard")
@@ -86,7 +108,7 @@ def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(tmp_path: Pa
     windowed, _ = _reader(root)
     for r in RANGES:
         assert list(windowed.read(0, *r)) == expected[r], r
-    assert len(windowed._windows) == 4
+    assert len(windowed._windows) == (4 if chunk is None else -(-N // CHUNK // OFFSET_STRIDE))
 
 
 @pytest.mark.parametrize("tamper", ["one shifted", "swapped", "last too early", "past the end", "file size"])
