@@ -32,8 +32,8 @@ from shardify.reader.plan.resume import Segment
 if TYPE_CHECKING:
     from shardify.reader.dataset import ShardedDataset
 
-__all__ = ["STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "make_iter_state",
-           "load_iter_state"]
+__all__ = ["STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
+           "make_iter_state", "load_iter_state"]
 
 STATE_VERSION = 2
 
@@ -67,6 +67,15 @@ def _int(state: dict[str, Any], name: str, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"loader state field {name!r} is {value!r}; want an int >= {low}")
     return value
+
+
+def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
+    """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one)."""
+    if history:  # plans the rest once here, so that a bad state fails now and not in a worker
+        left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
+    else:
+        left = ds.samples_per_epoch
+    return batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
 
 
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
@@ -118,11 +127,7 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
             raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times already; "
                              f"a state holds at most {MAX_SEGMENTS}")
         history, batches, saved_world = history + (segment,), 0, world
-    if history:  # plans the rest once here, so that a bad state fails now and not in a worker
-        left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
-    else:
-        left = ds.samples_per_epoch
-    have = batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
+    have = epoch_batches(ds, epoch, history=history, layout=layout, world=world)
     if batches > have:
         raise ValueError(f"loader state has {batches=} but each rank has {have} batches in epoch {epoch}")
     return epoch, batches, history, layout
