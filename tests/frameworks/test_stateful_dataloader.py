@@ -127,7 +127,7 @@ def test_a_dataset_state_checks_what_it_resumes(images):
         jobs.dataset(images, batch_size=4).load_state_dict(state)
     with pytest.raises(ValueError, match="'seed' is 7"):
         jobs.dataset(images, seed=8).load_state_dict(state)
-    with pytest.raises(ValueError, match="workers=1; this one has world=1, workers=1|world=1, workers=2"):
+    with pytest.raises(ValueError, match="world=1, workers=2; this one has world=1, workers=1"):
         jobs.dataset(images).load_state_dict({**state, "workers": 2})
     with pytest.raises(ValueError, match="'kind'"):
         jobs.dataset(images).load_state_dict({"epoch": 1})
