@@ -359,12 +359,15 @@ class ShardedDataset(IterableDataset):
                              "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
                              "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
                              "worker its own), or save and load make_loader's loader.state_dict()")
-        if pos.epoch == epoch:
-            return pos
         seq, starts = self._sequence(pos.epoch, pos.history, pos.layout)
         o = self.options
         total = plan_worker(seq, rank=world.rank, world=world.world, worker=pos.role, workers=world.workers,
                             batch_size=o.batch_size, drop_last=o.drop_last, starts=starts).num_batches
+        if pos.batches > total:
+            raise ValueError(f"the dataset state loaded has {pos.batches} batches of epoch {pos.epoch} taken by "
+                             f"worker {pos.role} of {pos.workers}, whose share has {total}")
+        if pos.epoch == epoch:
+            return pos
         if pos.batches < total:
             raise ValueError(f"the dataset state loaded is {pos.batches} of {total} batches into epoch {pos.epoch} "
                              f"(worker {pos.role} of {pos.workers}), but the dataset is set to epoch {epoch}: "

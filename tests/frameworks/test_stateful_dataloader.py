@@ -131,6 +131,11 @@ def test_a_dataset_state_checks_what_it_resumes(images):
         jobs.dataset(images).load_state_dict({**state, "workers": 2})
     with pytest.raises(ValueError, match="'kind'"):
         jobs.dataset(images).load_state_dict({"epoch": 1})
+    beyond = jobs.dataset(images)
+    beyond.load_state_dict({**state, "batches": 9})
+    beyond.set_epoch(1)
+    with pytest.raises(ValueError, match="9 batches of epoch 1 taken by worker 0 of 1, whose share has 8"):
+        next(iter(beyond))
 
 
 def test_a_state_loaded_in_the_main_process_is_refused_by_workers(images):
