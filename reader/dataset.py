@@ -12,6 +12,10 @@ together, before batching, with a buffer of encoded samples. So a batch holds sa
 worker's share only, each sample still appears exactly once, and DataLoader's round-robin
 fetch keeps the rank's batch count and order. A resume on another topology plans what is
 left of the epoch (:mod:`shardify.reader.plan.resume`).
+
+``state_dict``/``load_state_dict`` save and restore one process's place in its share (one
+worker's, or the main process's with no workers): the protocol of torchdata's
+``StatefulDataLoader``, which calls them in each worker (:mod:`shardify.reader.delivery.state`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
 from shardify.reader.sample.fields import output_fields
 from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
 from shardify.reader.delivery.report import EpochReport, SharedReport
+from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
 from shardify.reader.plan.shuffle import derive_seed, reorder
 from shardify.reader.io.checksums import with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
@@ -176,6 +181,8 @@ class ShardedDataset(IterableDataset):
         self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
         self._pool: tuple[int, SlotPool] | None = None
         self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
+        self._position: IterPosition | None = None  # this process's iteration under way (or last)
+        self._pending: tuple[int, IterPosition] | None = None  # (pid, place) from load_state_dict, for its next
 
     # -- what the main process controls ------------------------------------------------------
 
@@ -300,7 +307,62 @@ class ShardedDataset(IterableDataset):
         state["_reader"] = None
         state["_pool"] = None
         state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
+        state["_position"] = None
         return state
+
+    # -- one process's place: torchdata's StatefulDataLoader protocol ---------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's place in its epoch: the batches of its share it has yielded so far.
+
+        torchdata's ``StatefulDataLoader`` calls this in each worker after every batch (in this
+        process with ``num_workers=0``) and restores it with :meth:`load_state_dict` in the
+        same worker of a new loader: the loader's state then resumes exactly. For
+        :func:`~shardify.reader.make_loader`'s loader, save ``loader.state_dict()`` instead.
+        """
+        if self._position is not None:
+            return make_iter_state(self, self._position)
+        if self._pending is not None:
+            return make_iter_state(self, self._pending[1])
+        world = detect_world(self._rank_world if get_worker_info() is not None else None)
+        return make_iter_state(self, IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers,
+                                                  world=world.world, batches=0))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make this process's next iteration go on from ``state`` (from :meth:`state_dict`).
+
+        Checked now (seed, plan options, same world and workers); applied by the next
+        iteration if it is of the same epoch. If the epoch was set to another one, a state
+        that had not finished its share raises there (``set_epoch`` the saved epoch first),
+        and a finished one is dropped.
+        """
+        world = detect_world(self._rank_world if get_worker_info() is not None else None)
+        self._pending = (os.getpid(), load_iter_state(self, state, world=world.world, workers=world.workers))
+
+    def _take_pending(self, epoch: int, world: World) -> IterPosition | None:
+        """The place loaded for this iteration, if any (see :meth:`load_state_dict`)."""
+        if self._pending is None:
+            return None
+        (pid, pos), self._pending = self._pending, None
+        if pid != os.getpid():
+            raise ValueError("ShardedDataset.load_state_dict was called in the main process, and the dataset is "
+                             "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
+                             "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
+                             "worker its own), or save and load make_loader's loader.state_dict()")
+        seq, starts = self._sequence(pos.epoch, pos.history, pos.layout)
+        o = self.options
+        total = plan_worker(seq, rank=world.rank, world=world.world, worker=pos.role, workers=world.workers,
+                            batch_size=o.batch_size, drop_last=o.drop_last, starts=starts).num_batches
+        if pos.batches > total:
+            raise ValueError(f"the dataset state loaded has {pos.batches} batches of epoch {pos.epoch} taken by "
+                             f"worker {pos.role} of {pos.workers}, whose share has {total}")
+        if pos.epoch == epoch:
+            return pos
+        if pos.batches < total:
+            raise ValueError(f"the dataset state loaded is {pos.batches} of {total} batches into epoch {pos.epoch} "
+                             f"(worker {pos.role} of {pos.workers}), but the dataset is set to epoch {epoch}: "
+                             f"call set_epoch({pos.epoch}) before iterating, to resume")
+        return None  # a finished epoch: the next one starts afresh
 
     # -- what runs in each worker --------------------------------------------------------------
 
@@ -366,13 +428,19 @@ class ShardedDataset(IterableDataset):
         slot = SharedReport.slot(world.worker, world.workers, in_worker=in_worker)
         self._report.start(slot, epoch=epoch, workers=world.workers if in_worker else 0)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
+        loaded = self._take_pending(epoch, world)
+        if loaded is not None:
+            role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
         plan_world = World(world.rank, world.world, role, world.workers)
         pool = self._slot_pool(world.worker) if in_worker else None
+        self._position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
+                                      batches=skip, history=history, layout=layout)
         return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool, history=history,
-                         layout=layout)
+                         layout=layout, position=self._position)
 
     def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
-             pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT) -> Iterator[Any]:
+             pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT,
+             position: IterPosition | None = None) -> Iterator[Any]:
         o = self.options
         seq, starts = self._sequence(epoch, history, layout)
         plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
@@ -417,7 +485,10 @@ class ShardedDataset(IterableDataset):
                                   buffer_size=o.bucket_buffer or 16 * o.batch_size,
                                   rng=random.Random(derive_seed("bucket", o.seed, epoch, world.rank, world.worker)))
                 groups = itertools.islice(groups, skip, None)
-            yield from batches(groups, collate=collate, on_bad=on_bad)
+            for batch in batches(groups, collate=collate, on_bad=on_bad):
+                if position is not None:
+                    position.batches += 1  # before the yield: a state taken after next() counts this batch
+                yield batch
         finally:
             reader.close()
         if log_report:

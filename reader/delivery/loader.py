@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader
 from shardify.errors import ShardifyError, WorkerError
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
-from shardify.reader.dataset import LAYOUT, ShardedDataset
-from shardify.reader.delivery.state import STATE_VERSION, load_state, make_state
+from shardify.reader.dataset import _EPOCH, LAYOUT, ShardedDataset
+from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.plan.resume import Segment
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.plan.world import detect_rank_world
@@ -237,6 +237,12 @@ class Loader:
         epoch, batches, history, layout = load_state(ds, state, world=detect_rank_world()[1],
                                                      workers=max(1, self.dataloader.num_workers))
         ds.resume_at(epoch, batches, history=history, layout=layout)
+        if batches and batches == epoch_batches(ds, epoch, history=history, layout=layout,
+                                                world=detect_rank_world()[1]):
+            # Saved after the epoch's last batch (Lightning checkpoints there, before the loader
+            # ends): the next iteration is the next epoch's, unless set_epoch(epoch) asks for the
+            # (empty) rest of this one, which the resume point above still holds.
+            ds._state[_EPOCH] = epoch + 1
         self._epoch, self._batches, self._resume_started = -1, 0, False
 
 

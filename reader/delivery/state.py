@@ -12,10 +12,18 @@ Loaded under the same world and workers, the resumed epoch yields exactly the ba
 saved run had left; under others, the part read so far becomes one more history entry and
 what is left is planned for the new topology. Every rank saves the same state in a training
 loop that steps together, so any rank's state serves all.
+
+The dataset's own state (:func:`make_iter_state`, :func:`load_iter_state`) is one process's
+place in its share instead: DataLoader worker ``worker`` of ``workers`` has yielded
+``batches`` of its plan role's batches of ``epoch``. torchdata's ``StatefulDataLoader`` (and
+Lightning through it) asks each worker for it after every batch it makes, keeps the one that
+goes with the last batch the training loop took, and gives it back to the same worker of a
+new loader, which then yields exactly the batches after it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardify.reader.plan.assign import batches_per_rank, sequence_length
@@ -24,7 +32,8 @@ from shardify.reader.plan.resume import Segment
 if TYPE_CHECKING:
     from shardify.reader.dataset import ShardedDataset
 
-__all__ = ["STATE_VERSION", "make_state", "load_state"]
+__all__ = ["STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
+           "make_iter_state", "load_iter_state"]
 
 STATE_VERSION = 2
 
@@ -58,6 +67,15 @@ def _int(state: dict[str, Any], name: str, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"loader state field {name!r} is {value!r}; want an int >= {low}")
     return value
+
+
+def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
+    """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one)."""
+    if history:  # plans the rest once here, so that a bad state fails now and not in a worker
+        left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
+    else:
+        left = ds.samples_per_epoch
+    return batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
 
 
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
@@ -109,11 +127,83 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
             raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times already; "
                              f"a state holds at most {MAX_SEGMENTS}")
         history, batches, saved_world = history + (segment,), 0, world
-    if history:  # plans the rest once here, so that a bad state fails now and not in a worker
-        left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
-    else:
-        left = ds.samples_per_epoch
-    have = batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
+    have = epoch_batches(ds, epoch, history=history, layout=layout, world=world)
     if batches > have:
         raise ValueError(f"loader state has {batches=} but each rank has {have} batches in epoch {epoch}")
     return epoch, batches, history, layout
+
+
+ITER_STATE_KIND = "shardify.iter"
+"""The ``kind`` of a dataset (per-process) state, told apart from a loader's state."""
+
+
+@dataclass
+class IterPosition:
+    """Where one process's iteration of an epoch stands: its plan role's batches taken so far."""
+
+    epoch: int
+    role: int
+    workers: int
+    world: int
+    batches: int
+    history: tuple[Segment, ...] = ()
+    layout: int = 2
+
+
+def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
+    """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
+    return {
+        "kind": ITER_STATE_KIND,
+        "version": STATE_VERSION,
+        "epoch": pos.epoch,
+        "worker": pos.role,
+        "workers": pos.workers,
+        "world": pos.world,
+        "batches": pos.batches,
+        "seed": ds.options.seed,
+        "history": [[s.world, s.workers, s.batches] for s in pos.history],
+        "layout": pos.layout,
+        "plan": _plan_fields(ds),
+    }
+
+
+def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, workers: int) -> IterPosition:
+    """The position ``state`` (from :func:`make_iter_state`) holds, checked against ``ds`` here.
+
+    It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
+    place says nothing about the others', so another topology needs the loader's state.
+    """
+    from shardify.reader.dataset import LAYOUT
+
+    if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
+        kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"dataset state field 'kind' is {kind!r}; want {ITER_STATE_KIND!r} (a loader's state "
+                         "goes to loader.load_state_dict)")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}")
+    if state.get("seed") != ds.options.seed:
+        raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {ds.options.seed!r}")
+    saved = state.get("plan")
+    if not isinstance(saved, dict):
+        raise ValueError(f"dataset state field 'plan' is {saved!r}; want a dict")
+    for name, value in _plan_fields(ds).items():
+        if saved.get(name) != value:
+            raise ValueError(f"dataset state field 'plan.{name}' is {saved.get(name)!r}, this dataset has {value!r}")
+    saved_world, saved_workers = _int(state, "world", 1), _int(state, "workers", 1)
+    if (saved_world, saved_workers) != (world, workers):
+        raise ValueError(f"this dataset state was saved by a process of world={saved_world}, workers={saved_workers}; "
+                         f"this one has {world=}, {workers=}. A dataset state resumes only the same topology: "
+                         "to change it, save and load the state of make_loader's loader instead")
+    role = _int(state, "worker", 0)
+    if role >= workers:
+        raise ValueError(f"dataset state field 'worker' is {role}; want < {workers=}")
+    raw = state.get("history")
+    try:
+        history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"dataset state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
+    layout = state.get("layout")
+    if layout not in (1, LAYOUT):
+        raise ValueError(f"dataset state field 'layout' is {layout!r}; want 1 or {LAYOUT}")
+    return IterPosition(epoch=_int(state, "epoch", 0), role=role, workers=workers, world=world,
+                        batches=_int(state, "batches", 0), history=history, layout=layout)

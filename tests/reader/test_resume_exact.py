@@ -195,3 +195,27 @@ def test_a_version_1_state_still_loads_and_finishes_its_epoch(counting_dataset):
         assert sorted([x for b in index[:5] for x in b] + valid) == list(range(53))
     with pytest.raises(ValueError, match="version"):
         loader.load_state_dict({**state, "version": 7})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(image_dataset, tmp_path, workers):
+    """Lightning checkpoints after the epoch's last batch, before the loader ends, and makes the
+    resumed run's iterator without calling set_epoch: that iterator must be the next epoch's."""
+    ds = dataset(image_dataset, tmp_path / "a.log")
+    loader = make_loader(ds, num_workers=workers)
+    ds.set_epoch(2)
+    expected = list(loader)
+    ds.set_epoch(1)
+    for i, _ in enumerate(loader):
+        if i + 1 == len(ds):
+            state = loader.state_dict()  # inside the loop: the loader has not seen the end yet
+    assert state["epoch"] == 1 and state["batches"] == len(ds)
+
+    ds = dataset(image_dataset, tmp_path / "b.log")
+    loader = make_loader(ds, num_workers=workers)
+    loader.load_state_dict(state)
+    assert ds.epoch == 2
+    assert same(list(loader), expected)
+    loader.load_state_dict(state)
+    ds.set_epoch(1)  # asked for: the rest of epoch 1, which is empty
+    assert list(loader) == []
