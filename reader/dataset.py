@@ -116,6 +116,13 @@ class ShardedDataset(IterableDataset):
     ``mark_repeats=True``: ``__valid__`` (False for the few samples repeated so that every rank
     yields as many batches, only without ``drop_last``) in ``map`` dicts and ``fields``, for
     exact evaluation. ``__stream__`` (the stream's index) and ``__key__`` are there too.
+
+    ``decode_device="cuda"``: workers only read the bytes and draw each image's crop and flip
+    (the same draws as on the CPU); ``make_loader`` decodes the batch there with nvJPEG and
+    crops, resizes, flips and normalises it in batched calls (images the workers cannot send
+    as baseline JPEGs are decoded in the workers, counted in :attr:`last_epoch_report`). Needs
+    a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``;
+    see :mod:`shardify.reader.sample.device_plan`.
     """
 
     def __init__(
@@ -143,6 +150,7 @@ class ShardedDataset(IterableDataset):
         max_member_bytes: int = DEFAULT_MAX_MEMBER,
         samples_per_epoch: int | None = None,
         mark_repeats: bool = False,
+        decode_device: str | torch.device | None = None,
     ) -> None:
         super().__init__()
         self.options = ReadOptions(
@@ -159,6 +167,11 @@ class ShardedDataset(IterableDataset):
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
             self.streams = tuple(dataclasses.replace(st, source=s) for st, s in zip(self.streams, sources))
+        self.decode_device: torch.device | None = None
+        if decode_device is not None:  # workers only plan; batches are decoded there (make_loader)
+            from shardify.reader.sample.device_plan import plan_on_device
+
+            self.decode_device, self.options, self.streams = plan_on_device(decode_device, self.options, self.streams)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)

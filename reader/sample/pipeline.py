@@ -133,6 +133,14 @@ class SampleProcessor:
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
 
+    @staticmethod
+    def _located(value: Any, shard: str, key: str) -> Any:
+        """A value planned for device decode learns its sample's shard and key (for messages)."""
+        locate = getattr(value, "locate", None)
+        if locate is not None:
+            locate(shard, key)
+        return value
+
     def _rng(self, shard: str, key: str) -> Any:
         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
         return sample_rng(self._seed, self._epoch, sample_id)
@@ -143,7 +151,7 @@ class SampleProcessor:
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
             for ext in skip:
-                decoded[ext] = self._run_transform(self._transform, sample[ext], rng=rng)
+                decoded[ext] = self._located(self._run_transform(self._transform, sample[ext], rng=rng), shard, key)
             decoded["__rng__"] = rng
             return self._map(decoded)
         out = []
@@ -157,7 +165,7 @@ class SampleProcessor:
             if ext.rpartition(".")[2] in self._images:
                 if rng is None:
                     rng = self._rng(shard, key)
-                out.append(self._run_transform(self._transform, data, rng=rng))
+                out.append(self._located(self._run_transform(self._transform, data, rng=rng), shard, key))
             else:
                 out.append(self._decode_field(ext, data, allow_pickle=self._allow_pickle))
         return out[0] if len(out) == 1 else tuple(out)
