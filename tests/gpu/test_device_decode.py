@@ -77,3 +77,21 @@ def test_device_decode_resumes_exactly(jpeg_dataset: Path, device: str) -> None:
     assert [k for _, _, k in rest] == [k for _, _, k in full[3:]]
     for (x, y, _), (xf, yf, _) in zip(rest, full[3:]):
         assert torch.equal(y, yf) and torch.allclose(x, xf, atol=1e-6, rtol=0)
+
+
+def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path, device: str, capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu_step", Path(__file__).parents[2] / "tools" / "bench_gpu_step.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if device == "cuda":
+        pytest.importorskip("torchvision", reason="device decode on CUDA needs torchvision: pip install shardify[gpu]")
+    feed = module.feed_rate(jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=8,
+                            warmup=2, decode="device")
+    step = module.step_times(jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=6,
+                             warmup=2, width=8, decode="device")
+    assert feed["img_s"] > 0 and step["ratio"] > 0
+    with capsys.disabled():
+        print(f"\n{device}: device decode feeds {feed['img_s']:.0f} img/s; step {step['loader_ms']:.1f} ms "
+              f"({step['ratio']:.2f} x pre-staged)")
