@@ -179,7 +179,7 @@ class Loader:
                 from shardify.reader.sample.device_decode import DeviceDecoder
 
                 options["decode"] = DeviceDecoder(
-                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder"), report=self.dataset._report,
+                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder", None), report=self.dataset._report,
                     epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
             else:
                 options.pop("jpeg_decoder", None)

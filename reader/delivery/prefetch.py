@@ -87,7 +87,7 @@ class DevicePrefetcher:
                                  "iterate the dataset through make_loader")
             images, rows = self._decode(obj)
             if rows is not None:
-                self._rows = (rows, len(obj))
+                self._rows = (rows, len(obj.keys))
             return fn(images)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*(self._apply(x, fn) for x in obj))

@@ -113,7 +113,7 @@ class DeviceDecoder:
         """``(images, rows)``: uint8 [B, 3, h, w] on the device, and None, or under the skip
         policy the row order that replaces bad rows: apply it to every column (:func:`fill_rows`),
         these images included."""
-        n = len(batch)
+        n = len(batch.keys)
         h, w = batch.size
         offsets = batch.offsets.tolist()
         rows = [i for i in range(n) if offsets[i + 1] > offsets[i]]

@@ -138,9 +138,6 @@ class EncodedBatch(NamedTuple):
     shards: list[str]
     keys: list[str]
 
-    def __len__(self) -> int:  # type: ignore[override]
-        return len(self.keys)
-
 
 def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
     """(crop transform, flip probabilities) of a transform the device path can run, else ValueError."""
