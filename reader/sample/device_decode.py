@@ -4,7 +4,11 @@
    device) -> list of uint8 [3, H, W]``; by default nvJPEG through
    ``torchvision.io.decode_jpeg(..., device="cuda")``, which fails the whole call when one image
    fails). When the call fails, each image is tried alone, and one that still fails is decoded
-   on the CPU with Pillow (counted in the read report as decoded on the CPU).
+   on the CPU with Pillow (counted in the read report as decoded on the CPU). torchvision's
+   CUDA decoder (read in its source, ``decode_jpegs_cuda.cpp``) uses nvJPEG's hardware backend
+   where the GPU has one (A100, H100) for the baseline JPEGs of a batch, in one batched call,
+   and the hybrid software decoder one image at a time otherwise; it decodes on a stream of
+   its own and makes the caller's current stream (the prefetcher's side stream) wait for it.
 2. :func:`~shardify.reader.sample.device_augment.augment_batch` crops, resizes and flips them.
 3. The images the workers decoded themselves (pixels) take their rows.
 
