@@ -69,10 +69,8 @@ def augment_batch(images: Sequence[torch.Tensor], boxes: torch.Tensor, bounds: t
     boxes, bounds = boxes.to(torch.float64).cpu(), bounds.to(torch.float64).cpu()
     # Only the part of each image the filter can reach is copied: bounds, cut to box +- support.
     regions = []
-    for b, img in enumerate(images):
+    for img, (left, top, right, bottom), (bl, bt, br, bb) in zip(images, boxes.tolist(), bounds.tolist()):
         H, W = img.shape[-2:]
-        left, top, right, bottom = boxes[b].tolist()
-        bl, bt, br, bb = bounds[b].tolist()
         sx, sy = max((right - left) / w, 1.0) + 1, max((bottom - top) / h, 1.0) + 1
         x0, y0 = max(int(bl), int(math.floor(left - sx)), 0), max(int(bt), int(math.floor(top - sy)), 0)
         x1, y1 = min(int(math.ceil(br)), int(math.ceil(right + sx)), W), min(int(math.ceil(bb)), int(math.ceil(bottom + sy)), H)
