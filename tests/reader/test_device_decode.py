@@ -312,3 +312,35 @@ def test_transforms_the_device_cannot_run_are_refused(tmp_path: Path, shards: Si
     ds = ShardedDataset(root, batch_size=4, transform=T.imagenet_train(32), decode_device="cpu")
     with pytest.raises(ValueError, match="decode_device"):
         make_loader(ds, device="meta", jpeg_decoder=pil_decoder)
+
+
+def test_output_contract_dtype_channels_last_and_normalisation(tmp_path: Path, shards: SimpleNamespace) -> None:
+    """bf16, channels_last and ImageNet normalisation as make_loader(device=...) gives the CPU path."""
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    cpu_ds, dev_ds = _make(root, device=False), _make(root, device=True)
+    options = {"device": "cpu", "dtype": torch.bfloat16, "channels_last": True}
+    with make_loader(cpu_ds, num_workers=0, **options) as cpu, \
+            make_loader(dev_ds, num_workers=0, jpeg_decoder=pil_decoder, **options) as dev:
+        for (xd, yd, kd), (xc, yc, kc) in zip(dev, cpu, strict=True):
+            assert xd.dtype == xc.dtype == torch.bfloat16 and xd.shape == xc.shape
+            assert xd.is_contiguous(memory_format=torch.channels_last)
+            assert kd == kc and torch.equal(yd, yc)
+            assert float((xd.float() - xc.float()).abs().max()) <= 2.01 / 255 / 0.224 + 0.05  # 2 levels, bf16
+
+
+def test_a_streams_own_transform_is_planned_for_the_device(tmp_path: Path, shards: SimpleNamespace) -> None:
+    from shardify.reader import Stream
+
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    ds = ShardedDataset([Stream(root, transform=T.imagenet_eval(40, resize=48))], batch_size=6,
+                        transform=T.imagenet_train(96), fields=("image", "cls"), decode_device="cpu")
+    decoded = []
+
+    def counting(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        decoded.extend(encoded)
+        return pil_decoder(encoded, device)
+
+    with make_loader(ds, num_workers=0, jpeg_decoder=counting, normalize=False) as loader:
+        shapes = {tuple(x.shape[1:]) for x, _ in loader}
+    assert shapes == {(3, 40, 40)}
+    assert len(decoded) == 24  # the baseline JPEGs went to the batch decoder
