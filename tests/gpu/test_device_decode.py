@@ -17,10 +17,12 @@ import torch
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
 
-MEAN_LEVELS = 1.5
+MEAN_LEVELS = 3.0
 """Largest mean |difference| per batch, in uint8 levels, against the CPU path (nvJPEG's IDCT and
-chroma upsampling are not libjpeg-turbo's; the CPU path may also decode at reduced DCT scale)."""
-P99_LEVELS = 12
+chroma upsampling are not libjpeg-turbo's; the CPU path may also decode at reduced DCT scale,
+0.3 levels on average by itself). Not yet measured on a GPU: a mirrored or another crop of
+the same image differs by 22-53 levels on average (measured on the CPU)."""
+P99_LEVELS = 30
 
 
 def _decoder(device: str) -> dict:
