@@ -108,10 +108,12 @@ class SampleProcessor:
         unique_keys: bool,
     ) -> None:
         from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
+        from shardify.reader.sample.device_plan import PlannedImage
         from shardify.reader.sample.transforms import run_image_transform
 
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
+        self._planned = PlannedImage
         self._images = IMAGE_EXTS
         self._seed, self._epoch = seed, epoch
         self._transform, self._map = transform, map
@@ -133,12 +135,10 @@ class SampleProcessor:
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
 
-    @staticmethod
-    def _located(value: Any, shard: str, key: str) -> Any:
+    def _located(self, value: Any, shard: str, key: str) -> Any:
         """A value planned for device decode learns its sample's shard and key (for messages)."""
-        locate = getattr(value, "locate", None)
-        if locate is not None:
-            locate(shard, key)
+        if type(value) is self._planned:
+            value.locate(shard, key)
         return value
 
     def _rng(self, shard: str, key: str) -> Any:
