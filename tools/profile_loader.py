@@ -205,7 +205,8 @@ def format_profile(r: dict[str, Any]) -> str:
     if "copy" in r:
         c = r["copy"]
         lines += [f"| pin a batch | {c['pin_ms'] * 1e3 / b:.1f} | {c['pin_ms']:.1f} |",
-                  f"| host-to-device copy + normalise | {c['h2d_normalise_ms'] * 1e3 / b:.1f} | {c['h2d_normalise_ms']:.1f} |"]
+                  f"| host-to-device copy + normalise | {c['h2d_normalise_ms'] * 1e3 / b:.1f} | "
+                  f"{c['h2d_normalise_ms']:.1f} |"]
     lines += ["", "| workers | CPU path img/s | main-process ms / batch | device decode, worker side img/s |"
               + (" CPU path into GPU img/s | device decode into GPU img/s |" if r["device"] == "cuda" else ""),
               "|---:|---:|---:|---:|" + ("---:|---:|" if r["device"] == "cuda" else "")]
@@ -215,7 +216,8 @@ def format_profile(r: dict[str, Any]) -> str:
         if r["device"] == "cuda":
             row += f" {x['cpu_path_into_gpu_img_s']:.0f} | {x['device_decode_into_gpu_img_s']:.0f} |"
         lines.append(row)
-    lines += ["", f"one core: CPU path {1e6 / cpu_total:.0f} img/s, device-decode worker side {1e6 / dev_total:.0f} img/s"]
+    lines += ["", f"one core: CPU path {1e6 / cpu_total:.0f} img/s, "
+                  f"device-decode worker side {1e6 / dev_total:.0f} img/s"]
     return "\n".join(lines)
 
 

@@ -179,8 +179,8 @@ class Loader:
                 from shardify.reader.sample.device_decode import DeviceDecoder
 
                 options["decode"] = DeviceDecoder(
-                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder", None), report=self.dataset._report,
-                    epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
+                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder", None),
+                    report=self.dataset._report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
             else:
                 options.pop("jpeg_decoder", None)
             batches = iter(DevicePrefetcher(batches, **options))

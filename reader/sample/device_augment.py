@@ -73,7 +73,8 @@ def augment_batch(images: Sequence[torch.Tensor], boxes: torch.Tensor, bounds: t
         H, W = img.shape[-2:]
         sx, sy = max((right - left) / w, 1.0) + 1, max((bottom - top) / h, 1.0) + 1
         x0, y0 = max(int(bl), int(math.floor(left - sx)), 0), max(int(bt), int(math.floor(top - sy)), 0)
-        x1, y1 = min(int(math.ceil(br)), int(math.ceil(right + sx)), W), min(int(math.ceil(bb)), int(math.ceil(bottom + sy)), H)
+        x1 = min(int(math.ceil(br)), int(math.ceil(right + sx)), W)
+        y1 = min(int(math.ceil(bb)), int(math.ceil(bottom + sy)), H)
         regions.append((x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)))
     out = torch.empty((len(images), 3, h, w), dtype=torch.uint8, device=device)
     shapes = [(r[3] - r[1], r[2] - r[0]) for r in regions]

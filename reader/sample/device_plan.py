@@ -248,7 +248,8 @@ class DeviceCollate:
         return _pack_lists(collate(samples))
 
 
-def plan_on_device(decode_device: str | torch.device, options: Any, streams: Sequence[Any]) -> tuple[torch.device, Any, tuple]:
+def plan_on_device(decode_device: str | torch.device, options: Any,
+                   streams: Sequence[Any]) -> tuple[torch.device, Any, tuple]:
     """``(device, options, streams)`` with every image transform planned for the device.
 
     Raises :class:`DeviceDecodeError` for a CUDA device without CUDA, ValueError for a

@@ -84,7 +84,8 @@ def test_device_decode_resumes_exactly(jpeg_dataset: Path, device: str) -> None:
 def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path, device: str, capsys) -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_gpu_step", Path(__file__).parents[2] / "tools" / "bench_gpu_step.py")
+    tool = Path(__file__).parents[2] / "tools" / "bench_gpu_step.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu_step", tool)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     if device == "cuda":

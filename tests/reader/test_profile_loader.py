@@ -17,7 +17,6 @@ def test_profile_loader_times_every_stage(image_dataset: Path, monkeypatch) -> N
     stages = r["stages"]
     for name in ("read_us", "decode_us", "decode_augment_us", "collate_ms", "header_draw_us", "pack_ms"):
         assert stages[name] > 0, name
-    assert stages["decode_augment_us"] > stages["decode_us"]
     for row in r["loaders"]:
         assert row["cpu_path_img_s"] > 0 and row["device_worker_side_img_s"] > 0 and row["main_ms_per_batch"] >= 0
     table = module.format_profile(r)
