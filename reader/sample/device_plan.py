@@ -65,7 +65,7 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
         length = (data[i + 2] << 8) | data[i + 3]
         if length < 2 or marker == 0xDA:  # a scan before the frame header
             return None
-        if marker == 0xEE and length >= 14 and bytes(data[i + 4:i + 9]) == b"Adobe":
+        if marker == 0xEE and length >= 14 and i + 16 <= n and bytes(data[i + 4:i + 9]) == b"Adobe":
             adobe = data[i + 15]
         if marker in _SOF:
             if length < 8 or i + 10 > n:

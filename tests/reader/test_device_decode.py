@@ -344,3 +344,16 @@ def test_a_streams_own_transform_is_planned_for_the_device(tmp_path: Path, shard
         shapes = {tuple(x.shape[1:]) for x, _ in loader}
     assert shapes == {(3, 40, 40)}
     assert len(decoded) == 24  # the baseline JPEGs went to the batch decoder
+
+
+def test_the_header_walk_never_raises_on_a_cut_or_damaged_jpeg() -> None:
+    img = natural_image(40, 30, seed=2)
+    for data in (_encoded(img, format="JPEG"), _encoded(img.convert("CMYK"), format="JPEG")):  # CMYK: APP14
+        sof = data.index(b"\xff\xc0")
+        for cut in range(sof + 12):
+            cut_data = data[:cut]
+            assert not device_decodable(cut_data, jpeg_frame(cut_data))
+            assert jpeg_frame(memoryview(cut_data)) == jpeg_frame(cut_data)
+        for i in range(2, sof + 12):
+            damaged = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+            jpeg_frame(damaged)  # any answer, no exception
