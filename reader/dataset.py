@@ -117,6 +117,13 @@ class ShardedDataset(IterableDataset):
     Several sources: ``source`` as a list of :class:`Stream` (each with its ``weight``,
     ``split``, ``transform``, ``map``, ``fields``: the per-sample keywords above, per stream);
     batches mix them, ``sampling.samples_per_epoch`` split between the streams by weight.
+
+    ``decoding=DecodeOptions(device="cuda")``: workers only read the bytes and draw each image's crop and flip
+    (the same draws as on the CPU); ``make_loader`` decodes the batch there with nvJPEG and
+    crops, resizes, flips and normalises it in batched calls (images the workers cannot send
+    as baseline JPEGs are decoded in the workers, counted in :attr:`last_epoch_report`). Needs
+    a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``;
+    see :mod:`shardify.reader.sample.device_plan`.
     """
 
     def __init__(
@@ -154,6 +161,12 @@ class ShardedDataset(IterableDataset):
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
             self.streams = tuple(dataclasses.replace(st, source=s) for st, s in zip(self.streams, sources))
+        self.decode_device: torch.device | None = None
+        if groups["decoding"].device is not None:  # workers only plan; batches are decoded there (make_loader)
+            from shardify.reader.sample.device_plan import plan_on_device
+
+            self.decode_device, self.options, self.streams = plan_on_device(groups["decoding"].device, self.options,
+                                                                            self.streams)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)

@@ -73,11 +73,13 @@ class SamplingOptions:
 @dataclass(frozen=True)
 class DecodeOptions:
     """How members are decoded: pickle fields only with ``allow_pickle``; a shard holding a
-    member over ``max_member_bytes`` (default 2 GiB) is damaged."""
+    member over ``max_member_bytes`` (default 2 GiB) is damaged. ``device``: where images are
+    decoded; None (default) in the workers, ``"cuda"`` on the GPU with nvJPEG, the workers only
+    drawing each image's crop and flip (see :mod:`shardify.reader.sample.device_plan`)."""
 
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER
-    # Where images are decoded (a GPU decode option) joins here, beside the CPU's limits.
+    device: str | Any | None = None
 
     def __post_init__(self) -> None:
         if self.max_member_bytes < 0:

@@ -22,6 +22,7 @@ __all__ = [
     "ArrayFormatError",
     "ObjectArrayError",
     "EncodeError",
+    "DeviceDecodeError",
 ]
 
 
@@ -146,3 +147,7 @@ class ObjectArrayError(ArrayFormatError):
 
 class EncodeError(ShardifyError, TypeError):
     """A sample given to the Python writer holds a value its field cannot store (type or content)."""
+
+
+class DeviceDecodeError(ShardifyError, RuntimeError):
+    """Decoding on the device was asked for, but what it needs (CUDA, torchvision) is missing."""

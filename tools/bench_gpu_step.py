@@ -10,6 +10,20 @@ augmenting, pinned memory, side-stream copy, normalisation on the device). The r
 on the CPU too (``--device cpu``: no streams, a smaller default model), where the figure
 mostly shows the cores shared between the model and the workers.
 Without ``--dataset``, a dataset of natural-looking JPEGs is made under ``--out``.
+
+Issue 20's figures, one command each (on the GPU host; the JPEGs are made there):
+
+    python tools/bench_gpu_step.py --feed --workers 8          # img/s into the GPU, CPU path
+    python tools/bench_gpu_step.py --feed --workers 15
+    python tools/bench_gpu_step.py --feed --decode device --workers 2   # nvJPEG path (4, 8 too)
+    python tools/bench_gpu_step.py --workers 15                # tiny convnet: loader vs pre-staged
+    python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --workers 15
+    python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --decode device --workers 8
+
+``--feed``: no model, the loop only takes batches (synchronising at the end): the loader's
+rate into the GPU. ``--decode device``: ``ShardedDataset(decoding=DecodeOptions(device="cuda"))`` (nvJPEG,
+needs torchvision). ``--model resnet50``: torchvision's ResNet-50 (bf16 autocast with
+``--bf16``).
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DevicePrefetcher
 
@@ -47,16 +61,18 @@ def _sync(device: torch.device) -> None:
 
 
 def _steps(model: nn.Module, opt: torch.optim.Optimizer, batches: Any, steps: int, device: torch.device,
-           warmup: int) -> float:
+           warmup: int, bf16: bool = False) -> float:
     """Seconds per step over ``steps`` steps after ``warmup`` (batches cycled as needed)."""
     loss_fn = nn.CrossEntropyLoss()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     done, t0 = 0, 0.0
     while done < warmup + steps:
         for images, labels in batches:
             if done == warmup:
                 _sync(device)
                 t0 = time.perf_counter()
-            loss = loss_fn(model(images), labels)
+            with autocast:
+                loss = loss_fn(model(images), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -67,27 +83,71 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, batches: Any, steps: in
     return (time.perf_counter() - t0) / steps
 
 
+def _model(name: str, width: int) -> nn.Module:
+    if name == "resnet50":
+        from torchvision.models import resnet50
+
+        return resnet50()
+    return small_convnet(width)
+
+
+def feed_rate(dataset: str | Path, *, device: str = "cuda", batch_size: int = 256, image_size: int = 224,
+              workers: int = 8, steps: int = 50, warmup: int = 5, decode: str = "workers") -> dict[str, float]:
+    """``{"img_s"}``: images per second out of the loader into ``device``, no model."""
+    dev = torch.device(device)
+    ds = _dataset(dataset, batch_size, image_size, decode, dev)
+    with make_loader(ds, num_workers=workers, device=dev, **_decoder(decode, dev)) as loader:
+        done, t0 = 0, 0.0
+        for images, _ in _epochs(loader, ds):
+            done += 1
+            if done == warmup:
+                _sync(dev)
+                t0 = time.perf_counter()
+            if done == warmup + steps:
+                break
+        _sync(dev)
+    seconds = time.perf_counter() - t0
+    return {"img_s": steps * batch_size / seconds, "batch_size": batch_size, "image_size": image_size,
+            "workers": workers, "steps": steps, "decode": decode}
+
+
+def _decoder(decode: str, dev: torch.device) -> dict[str, Any]:
+    """On the CPU, device decode runs with Pillow in place of nvJPEG (a check of the tool only)."""
+    if decode == "device" and dev.type == "cpu":
+        from shardify.reader.sample.device_decode import pil_decoder
+
+        return {"jpeg_decoder": pil_decoder}
+    return {}
+
+
+def _dataset(dataset: str | Path, batch_size: int, image_size: int, decode: str, dev: torch.device) -> ShardedDataset:
+    return ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+                          transform=T.imagenet_train(image_size), decoding=DecodeOptions(device=dev if decode == "device" else None))
+
+
 def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 64, image_size: int = 224,
                workers: int = 4, steps: int = 50, warmup: int = 5, width: int = 32,
-               channels_last: bool = False) -> dict[str, float]:
+               channels_last: bool = False, model_name: str = "convnet", bf16: bool = False,
+               decode: str = "workers") -> dict[str, float]:
     """``{"prestaged_ms", "loader_ms", "ratio"}``: see the module docstring."""
     dev = torch.device(device)
-    ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                        transform=T.imagenet_train(image_size))
-    model = small_convnet(width).to(dev)
+    ds = _dataset(dataset, batch_size, image_size, "workers", dev)
+    model = _model(model_name, width).to(dev)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     staged = list(DevicePrefetcher([b for _, b in zip(range(4), iter(ds))], device=dev, channels_last=channels_last))
-    prestaged = _steps(model, opt, staged, steps, dev, warmup)
+    prestaged = _steps(model, opt, staged, steps, dev, warmup, bf16)
     del staged
-    loader = make_loader(ds, num_workers=workers, device=dev, channels_last=channels_last)
+    ds = _dataset(dataset, batch_size, image_size, decode, dev)
+    loader = make_loader(ds, num_workers=workers, device=dev, channels_last=channels_last, **_decoder(decode, dev))
     try:
-        fed = _steps(model, opt, _epochs(loader, ds), steps, dev, warmup)
+        fed = _steps(model, opt, _epochs(loader, ds), steps, dev, warmup, bf16)
     finally:
         loader.close()
     return {"prestaged_ms": 1000 * prestaged, "loader_ms": 1000 * fed, "ratio": fed / prestaged,
-            "batch_size": batch_size, "image_size": image_size, "workers": workers, "steps": steps}
+            "batch_size": batch_size, "image_size": image_size, "workers": workers, "steps": steps,
+            "model": model_name, "decode": decode}
 
 
 def _epochs(loader: Any, ds: ShardedDataset) -> Any:
@@ -111,13 +171,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=None, help="model width (default: 64 on CUDA, 16 on the CPU)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--decode", choices=["workers", "device"], default="workers",
+                   help="device: DecodeOptions(device=--device) (nvJPEG on CUDA, needs torchvision)")
+    p.add_argument("--model", choices=["convnet", "resnet50"], default="convnet")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the model")
+    p.add_argument("--feed", action="store_true", help="no model: img/s of the loader into the device")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    dataset = args.dataset or _make(args.out, args.images)
+    dataset = args.dataset or make_jpegs(args.out, args.images)
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    if args.feed:
+        f = feed_rate(dataset, device=args.device, batch_size=args.batch_size or (256 if cuda else 16),
+                      image_size=args.size or (224 if cuda else 96), workers=args.workers, steps=args.steps,
+                      decode=args.decode)
+        print(json.dumps(f) if args.json else
+              f"{name}: {f['img_s']:.0f} img/s into the device ({args.decode} decode, {args.workers} workers, "
+              f"batch {f['batch_size']} x {f['image_size']}px)")
+        return 0
     r = step_times(dataset, device=args.device, batch_size=args.batch_size or (128 if cuda else 16),
                    image_size=args.size or (224 if cuda else 96), workers=args.workers, steps=args.steps,
-                   width=args.width or (64 if cuda else 16), channels_last=args.channels_last)
-    name = torch.cuda.get_device_name() if cuda else "CPU"
+                   width=args.width or (64 if cuda else 16), channels_last=args.channels_last,
+                   model_name=args.model, bf16=args.bf16, decode=args.decode)
     print(json.dumps(r) if args.json else
           f"{name}: batch {r['batch_size']} x {r['image_size']}px, {r['workers']} workers, {r['steps']} steps\n"
           f"  pre-staged device batches: {r['prestaged_ms']:.1f} ms/step\n"
@@ -125,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _make(out: Path, images: int) -> Path:
+def make_jpegs(out: Path, images: int) -> Path:
+    """A converted dataset of ``images`` photo-like JPEGs of ImageNet's sizes (~110 KB), made once."""
     from shardify.convert.options import ConvertOptions
     from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
@@ -137,6 +212,9 @@ def _make(out: Path, images: int) -> Path:
         convert_imagefolder(src, dataset, options=ConvertOptions(samples_per_shard=100, shard_size=None,
                                                                  progress=False, fsync=False))
     return dataset
+
+
+_make = make_jpegs
 
 
 if __name__ == "__main__":

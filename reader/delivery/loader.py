@@ -174,7 +174,16 @@ class Loader:
         self._live = workers
         batches: Iterator[Any] = map(unpack, workers) if self._recycle else workers
         if self._prefetch is not None:
-            batches = iter(DevicePrefetcher(batches, **self._prefetch))
+            options = dict(self._prefetch)
+            if self.dataset.decode_device is not None:
+                from shardify.reader.sample.device_decode import DeviceDecoder
+
+                options["decode"] = DeviceDecoder(
+                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder", None),
+                    report=self.dataset._report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
+            else:
+                options.pop("jpeg_decoder", None)
+            batches = iter(DevicePrefetcher(batches, **options))
         batch = None
         try:
             for batch in batches:
@@ -260,6 +269,7 @@ def make_loader(
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
     recycle_batches: bool = True,
+    jpeg_decoder: Any = None,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -271,11 +281,23 @@ def make_loader(
     :mod:`shardify.reader.sample.collate` reach this process through shared-memory slots that each
     worker reuses once the training loop has dropped the batch (:mod:`shardify.reader.delivery.batchpool`);
     False sends a fresh shared-memory tensor per batch, as torch does.
+
+    A dataset made with ``DecodeOptions(device=...)`` is decoded there (``device`` defaults to it and must
+    be it): ``jpeg_decoder`` (default: nvJPEG through torchvision, see
+    :mod:`shardify.reader.sample.device_decode`) decodes each batch's JPEGs.
     """
     if not isinstance(dataset, ShardedDataset):
         raise TypeError(f"make_loader wants a ShardedDataset, got {type(dataset).__name__}")
     if num_workers < 0:
         raise ValueError(f"{num_workers=} should be >= 0")
+    if dataset.decode_device is not None:
+        if device is not None and torch.device(device).type != dataset.decode_device.type:
+            raise ValueError(f"{device=} but the dataset decodes on device={str(dataset.decode_device)!r}")
+        device = dataset.decode_device
+        if jpeg_decoder is None:
+            from shardify.reader.sample.device_decode import nvjpeg_decoder
+
+            jpeg_decoder = nvjpeg_decoder()  # fails now, naming torchvision, if it is missing
     target = torch.device(device) if device is not None else None
     if target is not None and target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{device=} but CUDA is not available here")
@@ -292,5 +314,5 @@ def make_loader(
     prefetch = None
     if target is not None:
         prefetch = {"device": target, "dtype": dtype, "normalize": normalize, "mean": tuple(mean),
-                    "std": tuple(std), "channels_last": channels_last}
+                    "std": tuple(std), "channels_last": channels_last, "jpeg_decoder": jpeg_decoder}
     return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches)

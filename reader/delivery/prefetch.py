@@ -6,14 +6,21 @@ batch is handed out, the consumer's stream waits for the side stream, and every 
 memory while work queued there may still read it. Image batches (uint8, ``N x C x H x W``
 with ``C == len(mean)``) become ``dtype`` and are normalised on the device; other tensors
 are only moved. Without CUDA the same code runs with no stream (tested on the CPU).
+
+With ``decode``, an :class:`~shardify.reader.sample.device_plan.EncodedBatch` (from a dataset
+with ``DecodeOptions(device=...)``) is decoded and augmented on the device by ``decode`` (a
+:class:`~shardify.reader.sample.device_decode.DeviceDecoder`), on the same side stream and
+one batch ahead, then normalised like any image batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from shardify.reader.sample.device_plan import EncodedBatch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DevicePrefetcher"]
 
@@ -35,6 +42,7 @@ class DevicePrefetcher:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         channels_last: bool = False,
+        decode: Callable[[EncodedBatch], tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"{dtype=} should be a floating point dtype")
@@ -51,6 +59,8 @@ class DevicePrefetcher:
         self._shift = (-torch.tensor(mean, dtype=torch.float32) / std_t).reshape(shape).to(self.device)
         self._channels = channels
         self._cuda = self.device.type == "cuda"
+        self._decode = decode
+        self._rows: tuple[torch.Tensor, int] | None = None  # bad rows replaced by decode (skip policy)
 
     def _is_image(self, t: torch.Tensor) -> bool:
         return t.dtype == torch.uint8 and t.dim() == 4 and t.shape[1] == self._channels
@@ -71,6 +81,14 @@ class DevicePrefetcher:
     def _apply(self, obj: Any, fn: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return fn(obj)
+        if isinstance(obj, EncodedBatch):
+            if self._decode is None:
+                raise ValueError("a batch planned for device decode reached a DevicePrefetcher without decode=...; "
+                                 "iterate the dataset through make_loader")
+            images, rows = self._decode(obj)
+            if rows is not None:
+                self._rows = (rows, len(obj.keys))
+            return fn(images)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*(self._apply(x, fn) for x in obj))
         if isinstance(obj, (list, tuple)):
@@ -84,9 +102,18 @@ class DevicePrefetcher:
         if batch is _END:
             return _END
         if stream is None:
-            return self._apply(batch, self._convert)
+            return self._filled(self._apply(batch, self._convert))
         with torch.cuda.stream(stream):
-            return self._apply(batch, self._convert)
+            return self._filled(self._apply(batch, self._convert))
+
+    def _filled(self, batch: Any) -> Any:
+        """``batch`` with the rows of samples the device could not decode replaced (skip policy)."""
+        if self._rows is None:
+            return batch
+        from shardify.reader.sample.device_decode import fill_rows
+
+        (rows, n), self._rows = self._rows, None
+        return fill_rows(batch, rows, n)
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._batches)

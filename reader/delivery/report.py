@@ -18,11 +18,12 @@ __all__ = ["EpochReport", "SharedReport", "MAX_WORKERS"]
 
 MAX_WORKERS = 128
 """Most DataLoader workers a report can follow; one more slot is for reading in-process."""
-_SLOTS = MAX_WORKERS + 1
+_SLOTS = MAX_WORKERS + 2
 _IN_PROCESS = MAX_WORKERS
+_DEVICE = MAX_WORKERS + 1  # written by the main process's device decode (DecodeOptions.device)
 _ENTRIES = 16
 _ENTRY_BYTES = 320
-_STAMP, _BAD, _LOST, _NUM = range(4)
+_STAMP, _BAD, _LOST, _NUM, _CPU = range(5)
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,15 @@ class EpochReport:
     read from a damaged shard. Each was replaced by a good sample of the same batch, so
     ``padded == bad + lost`` and batch counts stay equal across ranks. ``entries`` holds the
     first few ``(shard, key, reason)`` of each worker (key None for a lost sample).
+    ``cpu_decoded``: with ``DecodeOptions(device=...)``, images decoded on the CPU instead (not JPEGs
+    nvJPEG takes, or refused by it); they are in the batches as usual.
     """
 
     epoch: int
     bad: int = 0
     lost: int = 0
     entries: tuple[tuple[str, str | None, str], ...] = ()
+    cpu_decoded: int = 0
 
     @property
     def padded(self) -> int:
@@ -50,6 +54,8 @@ class EpochReport:
     def __str__(self) -> str:
         head = (f"epoch {self.epoch}: skipped {self.bad} bad samples and {self.lost} samples "
                 f"of damaged shards (replaced by repeats of good samples of the same batch)")
+        if self.cpu_decoded:
+            head += f"; {self.cpu_decoded} images decoded on the CPU instead of the device"
         counts = Counter(self.entries)
         lines = [head]
         for (shard, key, reason), n in counts.items():
@@ -62,7 +68,7 @@ class SharedReport:
     """Shared-memory counters and entries, one slot per worker; create it in the main process."""
 
     def __init__(self) -> None:
-        self._counts = torch.zeros(_SLOTS, 4, dtype=torch.int64).share_memory_()
+        self._counts = torch.zeros(_SLOTS, 5, dtype=torch.int64).share_memory_()
         self._text = torch.zeros(_SLOTS, _ENTRIES, _ENTRY_BYTES, dtype=torch.uint8).share_memory_()
         self._workers = torch.zeros(1, dtype=torch.int64).share_memory_()
 
@@ -93,19 +99,32 @@ class SharedReport:
             row[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
             self._counts[slot, _NUM] = n + 1
 
+    def start_device(self, epoch: int) -> None:
+        """Reset the device decode's slot for ``epoch`` (the main process, as an iteration starts)."""
+        self._counts[_DEVICE] = 0
+        self._counts[_DEVICE, _STAMP] = epoch + 1
+
+    def record_device(self, *, cpu: int = 0, shard: str = "", key: str | None = None, reason: str = "") -> None:
+        """The device decode's counts: ``cpu`` images decoded on the CPU, or (with a reason) one bad sample."""
+        self._counts[_DEVICE, _CPU] += cpu
+        if reason:
+            self.record(_DEVICE, shard=shard, key=key, reason=reason, lost=False)
+
     def read(self, epoch: int) -> EpochReport:
         """The report of ``epoch`` over the slots of the last reading (in-process or workers)."""
         workers = int(self._workers[0])
-        slots = [_IN_PROCESS] if workers == 0 else range(min(workers, MAX_WORKERS))
-        bad = lost = 0
+        slots = [_IN_PROCESS] if workers == 0 else list(range(min(workers, MAX_WORKERS)))
+        slots.append(_DEVICE)
+        bad = lost = cpu = 0
         entries: list[tuple[str, str | None, str]] = []
         for s in slots:
             if int(self._counts[s, _STAMP]) != epoch + 1:
                 continue
             bad += int(self._counts[s, _BAD])
             lost += int(self._counts[s, _LOST])
+            cpu += int(self._counts[s, _CPU])
             for i in range(int(self._counts[s, _NUM])):
                 raw = bytes(self._text[s, i].numpy()).rstrip(b"\x00").decode("utf-8", "replace")
                 shard, key, reason = (raw.split("\x1f", 2) + ["", ""])[:3]
                 entries.append((shard, key or None, reason))
-        return EpochReport(epoch=epoch, bad=bad, lost=lost, entries=tuple(entries))
+        return EpochReport(epoch=epoch, bad=bad, lost=lost, entries=tuple(entries), cpu_decoded=cpu)

@@ -108,10 +108,12 @@ class SampleProcessor:
         unique_keys: bool,
     ) -> None:
         from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
+        from shardify.reader.sample.device_plan import PlannedImage
         from shardify.reader.sample.transforms import run_image_transform
 
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
+        self._planned = PlannedImage
         self._images = IMAGE_EXTS
         self._seed, self._epoch = seed, epoch
         self._transform, self._map = transform, map
@@ -133,6 +135,12 @@ class SampleProcessor:
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
 
+    def _located(self, value: Any, shard: str, key: str) -> Any:
+        """A value planned for device decode learns its sample's shard and key (for messages)."""
+        if type(value) is self._planned:
+            value.locate(shard, key)
+        return value
+
     def _rng(self, shard: str, key: str) -> Any:
         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
         return sample_rng(self._seed, self._epoch, sample_id)
@@ -143,7 +151,7 @@ class SampleProcessor:
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
             for ext in skip:
-                decoded[ext] = self._run_transform(self._transform, sample[ext], rng=rng)
+                decoded[ext] = self._located(self._run_transform(self._transform, sample[ext], rng=rng), shard, key)
             decoded["__rng__"] = rng
             return self._map(decoded)
         out = []
@@ -157,7 +165,7 @@ class SampleProcessor:
             if ext.rpartition(".")[2] in self._images:
                 if rng is None:
                     rng = self._rng(shard, key)
-                out.append(self._run_transform(self._transform, data, rng=rng))
+                out.append(self._located(self._run_transform(self._transform, data, rng=rng), shard, key))
             else:
                 out.append(self._decode_field(ext, data, allow_pickle=self._allow_pickle))
         return out[0] if len(out) == 1 else tuple(out)
