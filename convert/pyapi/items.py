@@ -35,8 +35,8 @@ from shardify.convert.options import worker_count
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
-from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, open_locked, publish_splits,
-                                        record_name, shard_matches)
+from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, listed_guard, open_locked,
+                                        publish_splits, record_name, resumes_listed, shard_matches)
 from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
@@ -152,7 +152,9 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
     if o.shuffle and not isinstance(items, Sequence):
         raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
                          "pass a list or keep the input order")
-    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options)
+    fingerprint = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
+    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options,
+                           finishing=resumes_listed(fingerprint))
     with holding(fs, lock):
         return _Run(items, fn, fs, o).run()
 
@@ -219,8 +221,10 @@ class _Run:
         resume_at = reused[-1]["stop"] if reused else 0
         self.pos = resume_at
         self.open = _Open(start=resume_at)
+        guard, listed_shards = listed_guard(self.fs, o.split, self.version)
         stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version)
+                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version,
+                             before_rename=guard)
         bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
                           done_bytes=sum(r.filesize for r in self.results))
         runner = ChunkRunner(self.fn, o.values, o.classes)
@@ -237,6 +241,8 @@ class _Run:
                 bar.set(chunk.start + len(out.outcomes), bar.nbytes + offset)
             self.pos = self._end
             stream.close_shard()
+            if guard is not None and len(self.results) != listed_shards:
+                guard(len(self.results), 0, "")  # fewer shards than the listed version: refused
         except BaseException:
             stream.abort()
             raise
