@@ -31,7 +31,8 @@ from shardify import FORMAT_VERSION, __version__
 from shardify.convert.write.engine import ProgressBar
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
-from shardify.convert.options import worker_count
+from shardify.convert.options import parse_size, worker_count
+from shardify.convert.pyapi.supervise import Limits
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
@@ -65,9 +66,25 @@ class ItemsOptions(WriteOptions):
     chunk_size: int = 32
     """Items per task sent to a worker; memory holds about ``4 * workers * chunk_size`` samples."""
     progress: bool = True
+    item_timeout: float | None = None
+    """Seconds ``fn`` may spend on one item; past it the worker is killed and replaced and the
+    item reported ("timed out after 5 s"). Runs ``fn`` in worker processes even with ``workers=1``."""
+    max_worker_memory: int | str | None = None
+    """Bytes (or ``"512MiB"``) a worker's resident memory may grow by; past it the worker is
+    killed and replaced, and the item reported ("worker exceeded 512 MiB") when it goes over in
+    a fresh worker (see :mod:`~shardify.convert.pyapi.supervise`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.max_worker_memory is not None:
+            object.__setattr__(self, "max_worker_memory", parse_size(self.max_worker_memory))
+        if self.item_timeout is not None and not self.item_timeout > 0:
+            raise ValueError(f"item_timeout={self.item_timeout} should be > 0 seconds (or None: no limit)")
+        if (self.item_timeout is not None or self.max_worker_memory is not None) and self.engine == "ray":
+            raise ValueError("item_timeout and max_worker_memory need engine='local': a Ray task runs a chunk in a "
+                             "Ray worker this process cannot watch or replace")
+        if (self.item_timeout is not None or self.max_worker_memory is not None) and sys.platform != "linux":
+            raise ValueError(f"item_timeout and max_worker_memory need Linux (fork and /proc), not {sys.platform}")
         if self.workers < 0:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
         if self.engine not in ("local", "ray"):
@@ -81,7 +98,16 @@ class ItemsOptions(WriteOptions):
         return worker_count(self.workers)
 
     def shaping(self) -> dict[str, Any]:
-        return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed}
+        limits = {name: value for name, value in (("item_timeout", self.item_timeout),
+                                                  ("max_worker_memory", self.max_worker_memory)) if value is not None}
+        return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed, **limits}
+
+    @property
+    def limits(self) -> Limits | None:
+        """The limits per item for the worker processes, or None when none is set."""
+        if self.item_timeout is None and self.max_worker_memory is None:
+            return None
+        return Limits(item_timeout=self.item_timeout, max_memory=self.max_worker_memory)  # type: ignore[arg-type]
 
 
 class JsonlItems:
@@ -231,7 +257,7 @@ class _Run:
         chunks = self._chunks(source)
         try:
             for chunk, out in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
-                                          ray_address=o.ray_address):
+                                          ray_address=o.ray_address, limits=o.limits):
                 offset = 0
                 for j, got in enumerate(out.outcomes):
                     self.pos = chunk.start + j
@@ -286,10 +312,11 @@ class _Run:
             stream.add_encoded(got.fields, data, offset, offset + got.size)  # may finish the shard before pos
             self.open.keys.append(got.key)
             self.open.indexes.append(index)
-        elif got.error is not None:
+        elif got.error is not None or got.stopped is not None:
+            reason = got.stopped or f"fn raised {got.error}"
             if self.o.strict:
-                raise InputError(f"fn raised {got.error}", path=f"item {index} ({item_repr(item)})")
-            stream.skip(Ignored(f"item {index}: {item_repr(item)}", f"fn raised {got.error}"))
+                raise InputError(reason, path=f"item {index} ({item_repr(item)})")
+            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))
         else:
             self.open.filtered += 1
         _hash_item(self.open.hash, item)
