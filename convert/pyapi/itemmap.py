@@ -202,12 +202,12 @@ def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, e
 
     ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
     processes that stop an item past its time or memory (even with ``workers=1``)."""
-    if limits is not None:
+    if engine == "ray":
+        yield from _map_ray(runner, chunks, workers=workers, address=ray_address, limits=limits)
+    elif limits is not None:
         from shardify.convert.pyapi.supervise import map_supervised
 
         yield from map_supervised(runner, chunks, workers=max(1, workers), limits=limits)
-    elif engine == "ray":
-        yield from _map_ray(runner, chunks, workers=workers, address=ray_address)
     elif workers <= 1:
         for chunk in chunks:
             yield chunk, runner(chunk)
@@ -257,15 +257,15 @@ def _check_picklable(runner: ChunkRunner) -> None:
                         f"(a module-level function, not a lambda): {e}") from e
 
 
-def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
-             address: str | None) -> Iterator[tuple[Chunk, ChunkOut]]:
+def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None,
+             limits: Any = None) -> Iterator[tuple[Chunk, ChunkOut]]:
     from shardify.convert.write.engine_ray import ray_session
 
     with ray_session(address) as ray:
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)
         window = 2 * max(workers, int(ray.cluster_resources().get("CPU", 1)))
-        ahead = Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk))
+        ahead = Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk, limits))
         try:
             for chunk, ref in ahead:
                 try:
@@ -278,6 +278,14 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
                 ray.cancel(ref, force=True)
 
 
-def _call_runner(runner: ChunkRunner, chunk: Chunk) -> ChunkOut:
-    return runner(chunk)
+def _call_runner(runner: ChunkRunner, chunk: Chunk, limits: Any = None) -> ChunkOut:
+    """A Ray task: the chunk's outcomes. With ``limits``, the task watches one forked worker
+    that runs the chunk (a fresh one per chunk, so memory verdicts match the local pool's)."""
+    if limits is None:
+        return runner(chunk)
+    from shardify.convert.pyapi.supervise import map_supervised
+
+    for _, out in map_supervised(runner, [chunk], workers=1, limits=limits):
+        return ChunkOut(out.outcomes, bytes(out.data))
+    raise RuntimeError("the supervised worker returned nothing")  # pragma: no cover
 

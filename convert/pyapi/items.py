@@ -80,9 +80,6 @@ class ItemsOptions(WriteOptions):
             object.__setattr__(self, "max_worker_memory", parse_size(self.max_worker_memory))
         if self.item_timeout is not None and not self.item_timeout > 0:
             raise ValueError(f"item_timeout={self.item_timeout} should be > 0 seconds (or None: no limit)")
-        if (self.item_timeout is not None or self.max_worker_memory is not None) and self.engine == "ray":
-            raise ValueError("item_timeout and max_worker_memory need engine='local': a Ray task runs a chunk in a "
-                             "Ray worker this process cannot watch or replace")
         if (self.item_timeout is not None or self.max_worker_memory is not None) and sys.platform != "linux":
             raise ValueError(f"item_timeout and max_worker_memory need Linux (fork and /proc), not {sys.platform}")
         if self.workers < 0:

@@ -80,8 +80,25 @@ def test_memory_kept_over_many_items_is_not_blamed_on_one(tmp_path: Path, tree_b
 @pytest.mark.parametrize("options, message", [
     pytest.param({"item_timeout": 0}, "item_timeout=0 should be > 0", id="timeout-zero"),
     pytest.param({"max_worker_memory": "lots"}, "size 'lots' should be a number", id="memory-text"),
-    pytest.param({"item_timeout": 5, "engine": "ray"}, "need engine='local'", id="ray"),
+    pytest.param({"max_worker_memory": 0}, "size 0 should be positive", id="memory-zero"),
 ])
 def test_limit_options_are_checked(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ItemsOptions(**options)
+
+
+def test_on_ray_the_limits_give_the_same_report_and_bytes(tmp_path: Path, tree_bytes) -> None:
+    """Each Ray task watches a fresh forked worker for its chunk: the same rule as the local pool."""
+    ray = pytest.importorskip("ray")
+    local = tmp_path / "local"
+    convert_items(range(24), runaway, local, workers=2, item_timeout=1.0, max_worker_memory="200MiB", **FAST)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        convert_items(range(24), runaway, tmp_path / "ray", engine="ray", item_timeout=1.0,
+                      max_worker_memory="200MiB", **FAST)
+        convert_items(range(24), leaky, tmp_path / "ray-leaky", engine="ray", max_worker_memory=200 << 20, **FAST)
+    finally:
+        ray.shutdown()
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(local)
+    assert len(report(tmp_path / "ray")) == 2
+    assert not report(tmp_path / "ray-leaky")
