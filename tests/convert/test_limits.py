@@ -102,3 +102,16 @@ def test_on_ray_the_limits_give_the_same_report_and_bytes(tmp_path: Path, tree_b
     assert tree_bytes(tmp_path / "ray") == tree_bytes(local)
     assert len(report(tmp_path / "ray")) == 2
     assert not report(tmp_path / "ray-leaky")
+
+
+def test_the_cli_takes_the_limits(tmp_path: Path, monkeypatch) -> None:
+    from shardify.convert.cli import EXIT_SKIPPED, main
+
+    (tmp_path / "hangmod.py").write_text("import time\n\ndef make(row):\n    if row['i'] == 2:\n"
+                                         "        time.sleep(10**6)\n    return {'txt': str(row['i'])}\n")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"i": i}) + "\n" for i in range(6)))
+    monkeypatch.chdir(tmp_path)
+    code = main(["convert", "python", "hangmod:make", "rows.jsonl", "out", "--workers", "2", "--quiet",
+                 "--no-fsync", "--item-timeout", "0.5", "--max-worker-memory", "300MiB"])
+    assert code == EXIT_SKIPPED
+    assert [r["reason"] for r in report(tmp_path / "out")] == ["timed out after 0.5 s"]
