@@ -37,7 +37,13 @@ __all__ = ["Limits", "map_supervised", "POLL_S"]
 POLL_S = 0.02
 """Seconds between two looks at the workers' time on their item and memory."""
 
+DEPTH = 2
+"""Chunks handed to a worker at once, so that it never waits for the next while the caller writes."""
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_W = 4
+"""Progress cells per worker: item position, its start (``time.monotonic``, 0: between chunks),
+resident bytes at the worker's start (-1: not yet), the chunk's sequence number."""
 
 
 @dataclass(frozen=True)
@@ -69,22 +75,26 @@ def _rss(pid: int) -> int:
 def _serve(conn: Any, runner: ChunkRunner, slots: Slots, progress: Any, w: int) -> None:
     """A worker: run chunks sent on ``conn`` until it closes; note the item and its start time."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process stops the workers
-    progress[3 * w + 2] = _rss(os.getpid())
+    progress[_W * w + 2] = _rss(os.getpid())
     while True:
         try:
-            chunk, skip, slot = conn.recv()
+            msg = conn.recv()
         except EOFError:
             return
+        if msg is None:  # the caller is done
+            return
+        seq, chunk, skip, slot = msg
         outcomes: list[Outcome] = []
         parts: list[bytes] = []
         for j, (index, item) in enumerate(zip(chunk.indexes, chunk.items)):
             if j in skip:
                 outcomes.append(Outcome(stopped=skip[j]))
                 continue
-            progress[3 * w] = j
-            progress[3 * w + 1] = time.monotonic()
+            progress[_W * w + 3] = seq
+            progress[_W * w] = j
+            progress[_W * w + 1] = time.monotonic()
             outcomes.append(runner.one(index, item, parts))
-        progress[3 * w + 1] = 0.0
+        progress[_W * w + 1] = 0.0
         conn.send(pack(slots, slot, outcomes, parts))
 
 
@@ -103,8 +113,10 @@ class _Task:
 class _Worker:
     proc: Any
     conn: Any
-    ran: int = 0
-    task: _Task | None = None
+    tasks: deque[_Task] = field(default_factory=deque)
+    """Handed to it and not yet returned, in order: the first is the one it runs."""
+    first: int | None = None
+    """Sequence number of the first chunk it was given (it ran nothing before that one)."""
 
 
 class _Pool:
@@ -113,13 +125,13 @@ class _Pool:
     def __init__(self, runner: ChunkRunner, workers: int, slots: Slots, limits: Limits) -> None:
         self.ctx = mp.get_context("fork")
         self.runner, self.slots, self.limits = runner, slots, limits
-        self.progress = self.ctx.RawArray("d", 3 * workers)
+        self.progress = self.ctx.RawArray("d", _W * workers)
         self.workers: list[_Worker] = []
         for w in range(workers):
             self.workers.append(self._start(w))
 
     def _start(self, w: int) -> _Worker:
-        self.progress[3 * w: 3 * w + 3] = [0.0, 0.0, -1.0]
+        self.progress[_W * w: _W * w + _W] = [0.0, 0.0, -1.0, -1.0]
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=_serve, args=(child, self.runner, self.slots, self.progress, w), daemon=True)
         proc.start()
@@ -139,17 +151,25 @@ class _Pool:
         """None while worker ``w`` keeps to the limits; else ``(reason or None, memory)``: stop it,
         reporting its item for ``reason`` (None: rerun in a fresh worker, no verdict)."""
         wk, p, limits = self.workers[w], self.progress, self.limits
-        started = p[3 * w + 1]
+        started = p[_W * w + 1]
         if limits.item_timeout is not None and started > 0 and now - started > limits.item_timeout:
             return limits.timed_out(), False
-        base = p[3 * w + 2]
+        base = p[_W * w + 2]
         if limits.max_memory is not None and base >= 0 and _rss(wk.proc.pid) - base > limits.max_memory:
-            return (limits.over_memory() if wk.ran == 0 else None), True
+            fresh = started > 0 and wk.first is not None and int(p[_W * w + 3]) == wk.first
+            return (limits.over_memory() if fresh else None), True
         return None
 
     def close(self) -> None:
-        for wk in self.workers:
-            wk.conn.close()  # a worker waiting for a chunk ends
+        for wk in self.workers:  # a worker waiting for a chunk ends; a busy one (the run failed) is killed
+            try:
+                if not wk.tasks:
+                    wk.conn.send(None)
+                else:
+                    wk.proc.kill()
+            except OSError:
+                pass
+            wk.conn.close()
         deadline = time.monotonic() + 2
         for wk in self.workers:
             wk.proc.join(max(0.0, deadline - time.monotonic()))
@@ -170,6 +190,7 @@ def map_supervised(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int
     results: dict[int, ChunkOut] = {}
     taken = submitted = 0
     exhausted = False
+    watched = 0.0
     try:
         while True:
             while not exhausted and submitted - taken < window:
@@ -181,6 +202,7 @@ def map_supervised(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int
                 tasks[submitted] = task
                 queue.append(task)
                 submitted += 1
+            _assign(pool, queue)  # before yielding: the workers run while the caller writes
             if taken in results:
                 task = tasks.pop(taken)
                 yield task.chunk, results.pop(taken)
@@ -189,69 +211,74 @@ def map_supervised(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int
                 continue
             if exhausted and taken == submitted:
                 return
-            _assign(pool, queue)
             _collect(pool, results, slots)
-            _watch(pool, queue)
+            if time.monotonic() - watched >= POLL_S:  # not per result: /proc reads cost the writer's CPU
+                _watch(pool, queue)
+                watched = time.monotonic()
     finally:
         pool.close()
 
 
 def _assign(pool: _Pool, queue: deque[_Task]) -> None:
-    """Hand queued tasks to idle workers; a task that needs a fresh worker gets one."""
+    """Hand queued tasks to workers, up to :data:`DEPTH` each; a task that needs a fresh worker
+    is the first one of a new worker."""
     for w in range(len(pool.workers)):
-        if not queue:
-            return
         wk = pool.workers[w]
-        if wk.task is not None:
-            continue
-        task = queue.popleft()
-        if task.fresh and wk.ran:
-            wk = pool.replace(w)
-        wk.task = task
-        wk.conn.send((task.chunk, task.skip, task.slot))
+        while queue and len(wk.tasks) < DEPTH:
+            task = queue[0]
+            if task.fresh and wk.first is not None:
+                if wk.tasks:
+                    break  # the next idle worker, or this one once idle, is replaced for it
+                wk = pool.replace(w)
+            queue.popleft()
+            if wk.first is None:
+                wk.first = task.seq
+            wk.tasks.append(task)
+            wk.conn.send((task.seq, task.chunk, task.skip, task.slot))
 
 
 def _collect(pool: _Pool, results: dict[int, ChunkOut], slots: Slots) -> None:
     """Wait up to :data:`POLL_S` for finished chunks; a worker that died on its own is an error."""
-    busy = [wk for wk in pool.workers if wk.task is not None]
+    busy = [wk for wk in pool.workers if wk.tasks]
     if not busy:
         return
     ready = set(multiprocessing.connection.wait([wk.conn for wk in busy] + [wk.proc.sentinel for wk in busy],
                                                 timeout=POLL_S))
     for wk in busy:
-        task = wk.task
-        if task is None:  # pragma: no cover - busy workers have a task
-            continue
         if wk.conn in ready:
-            try:
-                got = wk.conn.recv()
-            except (EOFError, OSError) as e:
-                raise died([task.chunk], e) from e
-            results[task.seq] = got if isinstance(got, ChunkOut) else ChunkOut(got[0], slots.view(task.slot, got[1]))
-            wk.task = None
-            wk.ran += 1
+            while wk.tasks and wk.conn.poll():
+                task = wk.tasks[0]
+                try:
+                    got = wk.conn.recv()
+                except (EOFError, OSError) as e:
+                    raise died([task.chunk], e) from e
+                wk.tasks.popleft()
+                results[task.seq] = got if isinstance(got, ChunkOut) else ChunkOut(got[0],
+                                                                                   slots.view(task.slot, got[1]))
         elif wk.proc.sentinel in ready:
             wk.proc.join()
             cause = WorkerError(f"exit code {wk.proc.exitcode}")
-            raise died([task.chunk], cause) from cause
+            raise died([wk.tasks[0].chunk], cause) from cause
 
 
 def _watch(pool: _Pool, queue: deque[_Task]) -> None:
-    """Stop workers past a limit: report their item, or rerun their chunk in a fresh worker."""
+    """Stop workers past a limit: report their item, or rerun their chunks in a fresh worker."""
     now = time.monotonic()
     for w, wk in enumerate(pool.workers):
-        task = wk.task
-        if task is None:
-            if pool.limits.max_memory is not None and wk.ran and pool.verdict(w, now) is not None:
+        if not wk.tasks:
+            if pool.limits.max_memory is not None and wk.first is not None and pool.verdict(w, now) is not None:
                 pool.replace(w)  # grown over the ceiling between chunks: no item to blame
             continue
         found = pool.verdict(w, now)
         if found is None:
             continue
         reason, memory = found
-        position = int(pool.progress[3 * w])
+        position, seq = int(pool.progress[_W * w]), int(pool.progress[_W * w + 3])
+        tasks = list(wk.tasks)
         pool.replace(w)
-        if reason is not None:
-            task.skip[position] = reason
-        task.fresh = task.fresh or memory
-        queue.appendleft(task)
+        for task in reversed(tasks):  # back to the front of the queue, in their order
+            if task.seq == seq:
+                if reason is not None:
+                    task.skip[position] = reason
+                task.fresh = task.fresh or memory
+            queue.appendleft(task)
