@@ -10,7 +10,13 @@ same items and options after an interruption (even ``kill -9``), the finished sh
 checked against their records and reused, their items are only hashed (``fn`` is not run for
 them), and the output ends byte-identical to an uninterrupted run. This needs items that
 can be iterated again in the same order; a changed count or item is detected (the count
-through the fingerprint, the items through the digests) and the work is started over.
+through the fingerprint, the items through the digests) and the work is started over. A run
+killed after it wrote the manifest is finished by the rerun; a shard written again for a
+version the manifest lists must have the listed bytes (:func:`~shardify.convert.write.run.listed_guard`).
+
+Limits per item (``item_timeout``, ``max_worker_memory``): ``fn`` runs in supervised worker
+processes that are killed and replaced when an item hangs or a worker outgrows the ceiling;
+the item is reported like one whose ``fn`` raised (:mod:`~shardify.convert.pyapi.supervise`).
 """
 
 from __future__ import annotations
