@@ -139,7 +139,7 @@ class ShardCache:
             if full is not None:
                 raise ShardFetchError(
                     f"no space left in the cache folder {self.directory} ({full.strerror or full}) while "
-                    f"downloading {size if size is not None else 'its'} bytes; the partial copy was removed. "
+                    f"downloading{f' its {size} bytes' if size is not None else ''}; the partial copy was removed. "
                     "Free space there, or lower cache_limit_bytes", shard=url) from e
             raise
         f.seek(0)
