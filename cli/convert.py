@@ -128,6 +128,10 @@ def _python_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     g.add_argument("--chunk-size", type=int, default=32, help="items per worker task (default: 32)")
+    g.add_argument("--item-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop and report an item whose function runs longer (its worker is replaced)")
+    g.add_argument("--max-worker-memory", default=None, metavar="SIZE",
+                   help="stop and report an item on which a worker's memory grows past SIZE (512MiB, 2GB)")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')")
     g.add_argument("--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)")
@@ -156,7 +160,8 @@ def _convert_python(args: argparse.Namespace) -> Any:
         split=args.split, shard_size=parse_size(args.shard_size), samples_per_shard=args.samples_per_shard,
         classes=classes, values=ValueOptions(quality=args.quality), overwrite=args.overwrite, fsync=not args.no_fsync,
         shuffle=args.shuffle, seed=args.seed, workers=args.workers, strict=args.strict, engine=args.engine,
-        ray_address=args.ray_address, chunk_size=args.chunk_size, progress=not args.quiet, chunk=args.chunk)
+        ray_address=args.ray_address, chunk_size=args.chunk_size, progress=not args.quiet, chunk=args.chunk,
+        item_timeout=args.item_timeout, max_worker_memory=args.max_worker_memory)
     summary = convert_items(JsonlItems(args.src), load_function(args.function), args.out, options=options)
     return ConvertResult(out_dir=args.out, splits={summary.split: summary})
 

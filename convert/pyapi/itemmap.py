@@ -25,7 +25,7 @@ from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_ke
 from shardify.convert.write.writer import member_parts
 from shardify.errors import EncodeError, KeyRuleError, WorkerError
 
-__all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "map_ordered", "item_repr"]
+__all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "map_ordered", "item_repr", "pack", "died"]
 
 REPR_LIMIT = 120
 """Characters of an item's ``repr`` kept in reports and errors."""
@@ -66,13 +66,16 @@ class Outcome(NamedTuple):
     """``fn`` raised: ``"{type}: {message}"``."""
     encode_error: str | None = None
     """The sample ``fn`` returned cannot be stored (always fatal)."""
+    stopped: str | None = None
+    """``fn`` was stopped on this item, its worker killed: why (``"timed out after 5 s"``);
+    reported like an error of ``fn`` (see :mod:`~shardify.convert.pyapi.supervise`)."""
 
 
 class ChunkOut(NamedTuple):
     """A chunk's outcomes, in item order, and the tar bytes of its samples, concatenated.
 
     One buffer per chunk, written to the shard in one piece where the chunk's samples fall in
-    one shard. From a worker process it comes through shared memory (see :class:`_Slots`).
+    one shard. From a worker process it comes through shared memory (see :class:`Slots`).
     """
 
     outcomes: list[Outcome]
@@ -122,7 +125,7 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:500] if text else "(no message)"
 
 
-class _Slots:
+class Slots:
     """Shared memory for the chunks in flight: one slot each, mapped before the workers fork.
 
     A worker copies its chunk's tar bytes into the slot it was given and returns only the
@@ -147,11 +150,13 @@ class _Slots:
         return memoryview(self.mem)[start:start + length]
 
 
+_Slots = Slots  # the earlier name
+
 _runner: ChunkRunner | None = None
-_slots: _Slots | None = None
+_slots: Slots | None = None
 
 
-def _init_worker(runner: ChunkRunner, slots: _Slots | None) -> None:
+def _init_worker(runner: ChunkRunner, slots: Slots | None) -> None:
     global _runner, _slots
     _runner, _slots = runner, slots
 
@@ -161,11 +166,18 @@ def _run_in_worker(chunk: Chunk, slot: int | None) -> ChunkOut | tuple[list[Outc
     if _runner is None:  # pragma: no cover - the initializer always ran
         raise RuntimeError("worker not initialized")
     outcomes, parts = _runner.run(chunk)
+    return pack(_slots, slot, outcomes, parts)
+
+
+def pack(slots: Slots | None, slot: int | None, outcomes: list[Outcome],
+         parts: list[bytes]) -> ChunkOut | tuple[list[Outcome], int]:
+    """In a worker: ``(outcomes, length)`` with the chunk's bytes copied into ``slot``, or a
+    ChunkOut holding them when there is no slot or they do not fit."""
     total = sum(len(p) for p in parts)
-    if _slots is None or slot is None or total > _slots.size:
+    if slots is None or slot is None or total > slots.size:
         return ChunkOut(outcomes, b"".join(parts))
-    pos = slot * _slots.size
-    mem = _slots.mem
+    pos = slot * slots.size
+    mem = slots.mem
     for part in parts:
         end = pos + len(part)
         mem[pos:end] = part
@@ -173,7 +185,7 @@ def _run_in_worker(chunk: Chunk, slot: int | None) -> ChunkOut | tuple[list[Outc
     return outcomes, total
 
 
-def _died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
+def died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
     if not chunks:
         return WorkerError(f"a worker process died: {type(cause).__name__}: {cause}; "
                            "finished shards are kept, rerun to resume")
@@ -185,10 +197,17 @@ def _died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
 
 
 def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, engine: str,
-                ray_address: str | None = None) -> Iterator[tuple[Chunk, ChunkOut]]:
-    """Yield ``(chunk, outcomes)`` in the order of ``chunks``, computed ``workers`` at a time."""
+                ray_address: str | None = None, limits: Any = None) -> Iterator[tuple[Chunk, ChunkOut]]:
+    """Yield ``(chunk, outcomes)`` in the order of ``chunks``, computed ``workers`` at a time.
+
+    ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
+    processes that stop an item past its time or memory (even with ``workers=1``)."""
     if engine == "ray":
-        yield from _map_ray(runner, chunks, workers=workers, address=ray_address)
+        yield from _map_ray(runner, chunks, workers=workers, address=ray_address, limits=limits)
+    elif limits is not None:
+        from shardify.convert.pyapi.supervise import map_supervised
+
+        yield from map_supervised(runner, chunks, workers=max(1, workers), limits=limits)
     elif workers <= 1:
         for chunk in chunks:
             yield chunk, runner(chunk)
@@ -204,7 +223,7 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
         _check_picklable(runner)
     ctx = mp.get_context("fork" if fork else "spawn")
     window = 2 * workers
-    slots = _Slots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
+    slots = Slots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                 initargs=(runner, slots)) as pool:
 
@@ -224,7 +243,7 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
                 if slot is not None:
                     slots.free.append(slot)  # type: ignore[union-attr]
         except cf.process.BrokenProcessPool as e:
-            raise _died(ahead.in_flight(), e) from e
+            raise died(ahead.in_flight(), e) from e
         finally:
             for _, (_, future) in ahead.pending:
                 future.cancel()
@@ -238,27 +257,35 @@ def _check_picklable(runner: ChunkRunner) -> None:
                         f"(a module-level function, not a lambda): {e}") from e
 
 
-def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
-             address: str | None) -> Iterator[tuple[Chunk, ChunkOut]]:
+def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None,
+             limits: Any = None) -> Iterator[tuple[Chunk, ChunkOut]]:
     from shardify.convert.write.engine_ray import ray_session
 
     with ray_session(address) as ray:
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)
         window = 2 * max(workers, int(ray.cluster_resources().get("CPU", 1)))
-        ahead = Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk))
+        ahead = Ahead(chunks, window, lambda chunk: remote.remote(runner_ref, chunk, limits))
         try:
             for chunk, ref in ahead:
                 try:
                     out = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    raise _died([chunk], e) from e
+                    raise died([chunk], e) from e
                 yield chunk, out
         finally:
             for _, ref in ahead.pending:
                 ray.cancel(ref, force=True)
 
 
-def _call_runner(runner: ChunkRunner, chunk: Chunk) -> ChunkOut:
-    return runner(chunk)
+def _call_runner(runner: ChunkRunner, chunk: Chunk, limits: Any = None) -> ChunkOut:
+    """A Ray task: the chunk's outcomes. With ``limits``, the task watches one forked worker
+    that runs the chunk (a fresh one per chunk, so memory verdicts match the local pool's)."""
+    if limits is None:
+        return runner(chunk)
+    from shardify.convert.pyapi.supervise import map_supervised
+
+    for _, out in map_supervised(runner, [chunk], workers=1, limits=limits):
+        return ChunkOut(out.outcomes, bytes(out.data))
+    raise RuntimeError("the supervised worker returned nothing")  # pragma: no cover
 

@@ -10,7 +10,13 @@ same items and options after an interruption (even ``kill -9``), the finished sh
 checked against their records and reused, their items are only hashed (``fn`` is not run for
 them), and the output ends byte-identical to an uninterrupted run. This needs items that
 can be iterated again in the same order; a changed count or item is detected (the count
-through the fingerprint, the items through the digests) and the work is started over.
+through the fingerprint, the items through the digests) and the work is started over. A run
+killed after it wrote the manifest is finished by the rerun; a shard written again for a
+version the manifest lists must have the listed bytes (:func:`~shardify.convert.write.run.listed_guard`).
+
+Limits per item (``item_timeout``, ``max_worker_memory``): ``fn`` runs in supervised worker
+processes that are killed and replaced when an item hangs or a worker outgrows the ceiling;
+the item is reported like one whose ``fn`` raised (:mod:`~shardify.convert.pyapi.supervise`).
 """
 
 from __future__ import annotations
@@ -31,12 +37,13 @@ from shardify import FORMAT_VERSION, __version__
 from shardify.convert.write.engine import ProgressBar
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
-from shardify.convert.options import worker_count
+from shardify.convert.options import parse_size, worker_count
+from shardify.convert.pyapi.supervise import Limits
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
-from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, open_locked, publish_splits,
-                                        record_name, shard_matches)
+from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, listed_guard, open_locked,
+                                        publish_splits, record_name, resumes_listed, shard_matches)
 from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
@@ -65,9 +72,22 @@ class ItemsOptions(WriteOptions):
     chunk_size: int = 32
     """Items per task sent to a worker; memory holds about ``4 * workers * chunk_size`` samples."""
     progress: bool = True
+    item_timeout: float | None = None
+    """Seconds ``fn`` may spend on one item; past it the worker is killed and replaced and the
+    item reported ("timed out after 5 s"). Runs ``fn`` in worker processes even with ``workers=1``."""
+    max_worker_memory: int | str | None = None
+    """Bytes (or ``"512MiB"``) a worker's resident memory may grow by; past it the worker is
+    killed and replaced, and the item reported ("worker exceeded 512 MiB") when it goes over in
+    a fresh worker (see :mod:`~shardify.convert.pyapi.supervise`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.max_worker_memory is not None:
+            object.__setattr__(self, "max_worker_memory", parse_size(self.max_worker_memory))
+        if self.item_timeout is not None and not self.item_timeout > 0:
+            raise ValueError(f"item_timeout={self.item_timeout} should be > 0 seconds (or None: no limit)")
+        if (self.item_timeout is not None or self.max_worker_memory is not None) and sys.platform != "linux":
+            raise ValueError(f"item_timeout and max_worker_memory need Linux (fork and /proc), not {sys.platform}")
         if self.workers < 0:
             raise ValueError(f"workers={self.workers} should be >= 0 (0: one per core)")
         if self.engine not in ("local", "ray"):
@@ -81,7 +101,16 @@ class ItemsOptions(WriteOptions):
         return worker_count(self.workers)
 
     def shaping(self) -> dict[str, Any]:
-        return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed}
+        limits = {name: value for name, value in (("item_timeout", self.item_timeout),
+                                                  ("max_worker_memory", self.max_worker_memory)) if value is not None}
+        return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed, **limits}
+
+    @property
+    def limits(self) -> Limits | None:
+        """The limits per item for the worker processes, or None when none is set."""
+        if self.item_timeout is None and self.max_worker_memory is None:
+            return None
+        return Limits(item_timeout=self.item_timeout, max_memory=self.max_worker_memory)  # type: ignore[arg-type]
 
 
 class JsonlItems:
@@ -152,7 +181,9 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
     if o.shuffle and not isinstance(items, Sequence):
         raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
                          "pass a list or keep the input order")
-    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options)
+    fingerprint = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
+    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options,
+                           finishing=resumes_listed(fingerprint))
     with holding(fs, lock):
         return _Run(items, fn, fs, o).run()
 
@@ -219,16 +250,17 @@ class _Run:
         resume_at = reused[-1]["stop"] if reused else 0
         self.pos = resume_at
         self.open = _Open(start=resume_at)
+        guard, listed_shards = listed_guard(self.fs, o.split, self.version)
         stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
                              fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version,
-                             chunk=o.chunk)
+                             chunk=o.chunk, before_rename=guard)
         bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
                           done_bytes=sum(r.filesize for r in self.results))
         runner = ChunkRunner(self.fn, o.values, o.classes)
         chunks = self._chunks(source)
         try:
             for chunk, out in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
-                                          ray_address=o.ray_address):
+                                          ray_address=o.ray_address, limits=o.limits):
                 offset = 0
                 for j, got in enumerate(out.outcomes):
                     self.pos = chunk.start + j
@@ -238,6 +270,8 @@ class _Run:
                 bar.set(chunk.start + len(out.outcomes), bar.nbytes + offset)
             self.pos = self._end
             stream.close_shard()
+            if guard is not None and len(self.results) != listed_shards:
+                guard(len(self.results), 0, "")  # fewer shards than the listed version: refused
         except BaseException:
             stream.abort()
             raise
@@ -282,10 +316,11 @@ class _Run:
             stream.add_encoded(got.fields, data, offset, offset + got.size)  # may finish the shard before pos
             self.open.keys.append(got.key)
             self.open.indexes.append(index)
-        elif got.error is not None:
+        elif got.error is not None or got.stopped is not None:
+            reason = got.stopped or f"fn raised {got.error}"
             if self.o.strict:
-                raise InputError(f"fn raised {got.error}", path=f"item {index} ({item_repr(item)})")
-            stream.skip(Ignored(f"item {index}: {item_repr(item)}", f"fn raised {got.error}"))
+                raise InputError(reason, path=f"item {index} ({item_repr(item)})")
+            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))
         else:
             self.open.filtered += 1
         _hash_item(self.open.hash, item)

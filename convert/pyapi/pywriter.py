@@ -23,7 +23,8 @@ from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, check_chunk, parse_size
 from shardify.convert.write.outfs import OutputFS, undone_on_failure
-from shardify.convert.write.run import SplitSummary, finish_split, open_locked, publish_splits
+from shardify.convert.write.run import (SplitSummary, finish_split, listed_guard, open_locked, publish_splits,
+                                        resumes_listed)
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
@@ -127,6 +128,8 @@ class ShardWriter:
         self._results: list[ShardResult] = []
         self._keys = KeyRegistry()
         self._started = 0.0
+        self._listed_shards = 0
+        """Shards of the listed version this writer is finishing (a rerun after a kill past the manifest)."""
 
     def __enter__(self) -> ShardWriter:
         self.open()
@@ -143,16 +146,19 @@ class ShardWriter:
         if self._fs is not None:
             raise RuntimeError("this ShardWriter is already open")
         o = self.options
+        fingerprint = _fingerprint(o)
         self._fs, self._lock = open_locked(self.out, [o.split], overwrite=o.overwrite,
-                                           storage_options=o.storage_options)
+                                           storage_options=o.storage_options, finishing=resumes_listed(fingerprint))
         try:
-            version = begin_version(self._fs, o.split, _fingerprint(o), listed=listed_version(self._fs, o.split),
+            version = begin_version(self._fs, o.split, fingerprint, listed=listed_version(self._fs, o.split),
                                     kind="writer")
+            guard, self._listed_shards = listed_guard(self._fs, o.split, version)
         except BaseException:
             self._release()
             raise
         self._stream = ShardStream(self._fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                                   fsync=o.fsync, on_shard=self._results.append, version=version, chunk=o.chunk)
+                                   fsync=o.fsync, on_shard=self._results.append, version=version, chunk=o.chunk,
+                                   before_rename=guard)
         self._started = time.monotonic()
 
     def write(self, sample: Mapping[str, object]) -> str:
@@ -182,6 +188,8 @@ class ShardWriter:
         try:
             with undone_on_failure(fs, self.abort):
                 stream.close_shard()
+                if stream.before_rename is not None and len(self._results) != self._listed_shards:
+                    stream.before_rename(len(self._results), 0, "")  # fewer shards than the listed version: refused
                 o = self.options
                 index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped,
                                      ignored=[], converter=converter_info("python", o.shaping()), version=stream.version,

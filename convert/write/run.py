@@ -180,6 +180,41 @@ def _finishing(fs: OutputFS, manifest: Manifest, plan: SplitPlan) -> bool:
             and marker.get("fingerprint") == plan.fingerprint)
 
 
+def resumes_listed(fingerprint: str) -> Callable[[OutputFS, Manifest, str], bool]:
+    """``finishing`` for :func:`open_locked` of a writer whose plan is known only by its
+    ``fingerprint`` (ShardWriter, convert_items): the manifest already lists the version that
+    the work folder's marker of the same fingerprint names, i.e. a run of this very call was
+    killed after it wrote the manifest, and its rerun finishes it instead of being refused."""
+    def finishing(fs: OutputFS, manifest: Manifest, split: str) -> bool:
+        marker = read_marker(fs, split)
+        return (marker is not None and marker.get("fingerprint") == fingerprint
+                and manifest.splits[split].version == marker.get("version"))
+    return finishing
+
+
+def listed_guard(fs: OutputFS, split: str, version: str | None) -> tuple[Callable[[int, int, str], None] | None, int]:
+    """When ``version`` is the one the manifest lists for ``split`` (finishing a run killed after
+    its manifest), ``(check, shards)``: ``check(index, size, sha256)`` refuses a shard written
+    again that differs from the listed one, since readers may be reading it; ``shards``, how many
+    the listed version has. ``(None, 0)`` otherwise."""
+    manifest = load_manifest(fs)
+    ref = manifest.splits.get(split)
+    if version is None or ref is None or ref.version != version:
+        return None, 0
+    where = f"{fs.location}/{ref.index}"
+    listed = SplitIndex.from_json(load_json(fs.read_bytes(ref.index), source=where), source=where)
+    want = [(e.filesize, e.sha256) for e in listed.shards]
+
+    def check(index: int, size: int, sha256: str) -> None:
+        if index >= len(want) or want[index] != (size, sha256):
+            raise OutputError(
+                f"{fs.location}: shard {index} of split {split!r} written again differs from the one the manifest "
+                f"already lists for version {version} (the input changed since the run that was killed after "
+                "writing the manifest); a listed version is never changed in place: pass overwrite=True to write "
+                "a new version")
+    return check, len(want)
+
+
 def _remove_temp_files(fs: OutputFS) -> None:
     """Delete temporary files an interrupted run left (only this run, holding the lock, writes them)."""
     for name in fs.listdir():

@@ -43,7 +43,8 @@ class ShardStream:
 
     def __init__(self, fs: OutputFS, split: str, *, shard_size: int | None, samples_per_shard: int | None,
                  fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None,
-                 version: str | None = None, chunk: int | None = None) -> None:
+                 version: str | None = None, chunk: int | None = None,
+                 before_rename: Callable[[int, int, str], None] | None = None) -> None:
         self.fs = fs
         self.chunk = chunk
         """Samples per chunk (None: the per-sample layout)."""
@@ -51,6 +52,9 @@ class ShardStream:
         """Samples of the chunk being gathered (chunked layout only)."""
         self._chunks = 0
         """Chunks in the open shard."""
+        self.before_rename = before_rename
+        """Called with ``(index, size, sha256)`` of each whole shard before its rename; raising
+        drops the shard (a guard: see :func:`~shardify.convert.write.run.listed_guard`)."""
         self.split = split
         self.version = version
         """The version token in the shards' names (:mod:`shardify.convert.write.versions`)."""
@@ -204,10 +208,15 @@ class ShardStream:
             out.write(END_OF_ARCHIVE)
             self.fs.finish_write(f, fsync=self.fsync)
             f.close()
+            if self.before_rename is not None:
+                self.before_rename(self.index, out.size, out.hash.hexdigest())
             self.fs.replace(tmp, final)
         except OSError as e:
             self.abort()
             raise OutputError(f"{self.fs.location}/{final}: cannot write shard: {e.strerror or e}") from e
+        except BaseException:
+            self.abort()
+            raise
         result = ShardResult(index=self.index, url=final, nsamples=self.samples, filesize=out.size,
                              sha256=out.hash.hexdigest(), fields=tuple(sorted(self.fields)),
                              skipped=tuple(self.skipped), offsets=tuple(self.offsets))

@@ -1,12 +1,28 @@
 """The loader's state: a small versioned dict saying where an epoch stands, and its loading.
 
-Version 2: ``epoch``; ``batches`` consumed by each rank in the current part of the epoch,
-read under ``world`` ranks x ``workers`` (DataLoader workers, 0 counting as 1); ``history``:
-the earlier parts of the epoch read on other topologies, ``[world, workers, batches]`` each
-(see :mod:`shardify.reader.plan.resume`); ``layout`` of the epoch's sequence; ``seed`` and
-``plan``, the options that must match to resume; ``num_batches``, an epoch's batches per rank.
-Version 1 (``epoch``, ``batches``, ``seed``, ``world``, ``num_batches``, maybe ``workers``)
-still loads: it is finished with the whole-shard layout it was saved under.
+Version 3 (written now): ``epoch``; ``batches`` consumed by each rank in the current part of
+the epoch, read under ``world`` ranks x ``workers`` (DataLoader workers, 0 counting as 1);
+``history``: the earlier parts of the epoch read on other topologies, ``[world, workers,
+batches]`` each (see :mod:`shardify.reader.plan.resume`); ``layout`` of the epoch's sequence;
+``seed`` and ``plan``, the options that must match to resume; ``num_batches``, an epoch's
+batches per rank; ``data``, one ``{"version", "digest"}`` per stream: the split's version
+token and a short digest of what defines the epoch's sequence (each shard's file name,
+sample count, and size and SHA-256 from the split index; see :func:`data_identity`); and
+``check``, a short checksum of every other field, so that a state edited by hand, cut short
+or mixed from two states is refused naming the field. All of it is plain JSON.
+
+Refused, with the field, the value found and what this loader has: another seed or plan
+option (batch size, shuffle, block, buffer, ``drop_last``, bucketing, stream sizes and
+counts), another dataset or dataset version (``data``), an edited or incomplete state
+(``check``). ``fields``, ``transform``, ``map`` and ``on_error`` may differ: they change what
+is made of a sample, not which samples an epoch holds.
+
+Version 2 (without ``data`` and ``check``) still loads, except mid-epoch in an epoch that
+reads part of a pass of a stream (``samples_per_epoch`` or weights giving a count that is not
+a whole multiple of the stream's size): the rule for that part changed after version 2
+(:mod:`shardify.reader.plan.mix`), so such a state would resume another sequence. Version 1
+(``epoch``, ``batches``, ``seed``, ``world``, ``num_batches``, maybe ``workers``) still loads:
+it is finished with the whole-shard layout it was saved under.
 
 Loaded under the same world and workers, the resumed epoch yields exactly the batches the
 saved run had left; under others, the part read so far becomes one more history entry and
@@ -18,37 +34,90 @@ place in its share instead: DataLoader worker ``worker`` of ``workers`` has yiel
 ``batches`` of its plan role's batches of ``epoch``. torchdata's ``StatefulDataLoader`` (and
 Lightning through it) asks each worker for it after every batch it makes, keeps the one that
 goes with the last batch the training loop took, and gives it back to the same worker of a
-new loader, which then yields exactly the batches after it.
+new loader, which then yields exactly the batches after it. It carries ``data`` and ``check``
+as the loader's state does, and is refused the same way when edited, cut or from other data.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from shardify.reader.plan.assign import batches_per_rank, sequence_length
 from shardify.reader.plan.resume import Segment
 
 if TYPE_CHECKING:
     from shardify.reader.dataset import ShardedDataset
+    from shardify.reader.io.sources import Source
 
 __all__ = ["STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
-           "make_iter_state", "load_iter_state"]
+           "make_iter_state", "load_iter_state", "seal_state", "data_identity"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+
+_CHECKED = ("version", "epoch", "batches", "seed", "world", "workers", "num_batches", "history", "layout", "plan",
+            "data")
+"""The fields of a version 3 state that ``check`` covers (all of them but ``check``)."""
+
+_ITER_CHECKED = ("kind", "version", "epoch", "worker", "workers", "world", "batches", "seed", "history", "layout",
+                 "plan", "data")
+"""The fields of a dataset (per-process) state that its ``check`` covers."""
 
 
-def _plan_fields(ds: ShardedDataset) -> dict[str, Any]:
+def _plan_fields(ds: ShardedDataset, version: int = STATE_VERSION) -> dict[str, Any]:
     o = ds.options
-    return {"batch_size": o.batch_size, "drop_last": o.drop_last, "shuffle": o.shuffle,
-            "shuffle_block": o.shuffle_block, "shuffle_buffer": o.shuffle_buffer,
-            "streams": [sum(s) for s in ds._stream_sizes], "stream_counts": list(ds.stream_counts)}
+    plan: dict[str, Any] = {"batch_size": o.batch_size, "drop_last": o.drop_last, "shuffle": o.shuffle,
+                            "shuffle_block": o.shuffle_block, "shuffle_buffer": o.shuffle_buffer,
+                            "streams": [sum(s) for s in ds._stream_sizes], "stream_counts": list(ds.stream_counts)}
+    if version >= 3:
+        plan["bucketed"] = o.bucket_length is not None
+        plan["bucket_buffer"] = o.bucket_buffer if o.bucket_length is not None else None
+    return plan
+
+
+def data_identity(source: Source) -> dict[str, Any]:
+    """``{"version", "digest"}`` of the data a stream reads: its split's version token and 16 hex
+    digits of SHA-256 over the split name, that token and each shard's file name and sample
+    count, plus its size and SHA-256 when a split index gives them. File names, not paths: the
+    same dataset copied to another folder or read over HTTP resumes the same state."""
+    from_index = source.split is not None
+    shards = [[os.path.basename(urlsplit(s.url).path) if "://" in s.url else os.path.basename(s.url), s.nsamples,
+               s.filesize if from_index else None, s.sha256.lower() if from_index else ""] for s in source.shards]
+    text = json.dumps([source.split, source.version, shards], separators=(",", ":"))
+    return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
+def _identities(ds: ShardedDataset) -> list[dict[str, Any]]:
+    """Each stream's :func:`data_identity`, computed once per dataset object."""
+    cached = getattr(ds, "_data_identities", None)
+    if cached is None:
+        cached = [data_identity(st.source) for st in ds.streams]  # type: ignore[arg-type]
+        ds._data_identities = cached  # type: ignore[attr-defined]
+    return [dict(d) for d in cached]
+
+
+def _field_check(name: str, value: Any) -> str:
+    """12 hex digits of SHA-256 over a field's name and its canonical JSON (tuples as lists)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:12]
+
+
+def seal_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a version 3 ``state`` (a loader's or a dataset's) with its ``check`` made anew:
+    for a tool or a test that changes a state on purpose (loading refuses a state edited without it)."""
+    body = {k: v for k, v in state.items() if k != "check"}
+    names = _ITER_CHECKED if body.get("kind") == ITER_STATE_KIND else _CHECKED
+    return {**body, "check": {name: _field_check(name, body[name]) for name in names if name in body}}
 
 
 def make_state(ds: ShardedDataset, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int,
                world: int, workers: int) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
-    return {
+    return seal_state({
         "version": STATE_VERSION,
         "epoch": epoch,
         "batches": batches,
@@ -59,7 +128,71 @@ def make_state(ds: ShardedDataset, *, epoch: int, batches: int, history: tuple[S
         "history": [[s.world, s.workers, s.batches] for s in history],
         "layout": layout,
         "plan": _plan_fields(ds),
-    }
+        "data": _identities(ds),
+    })
+
+
+def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, what: str = "loader") -> None:
+    """Refuse a version 3 state whose fields do not match their checksums, naming the field."""
+    lead = f"{what} state was edited or is incomplete:"
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise ValueError(f"{lead} field {missing[0]!r} is missing" + (
+            f" ({len(missing)} fields are: {', '.join(missing)})" if len(missing) > 1 else ""))
+    check = state.get("check")
+    if not isinstance(check, dict):
+        raise ValueError(f"{lead} field 'check' is {check!r}; a version 3 state carries a checksum of each field")
+    for name in names:
+        if name not in check:
+            raise ValueError(f"{lead} field 'check' has no checksum of field {name!r}")
+        try:
+            found = _field_check(name, state[name])
+        except (TypeError, ValueError):
+            found = None
+        if found != check[name]:
+            raise ValueError(f"{lead} field {name!r} is {state[name]!r}, which does not match its checksum "
+                             f"{check[name]!r} (saved with the state)")
+    extra = sorted(set(state) - set(names) - {"check"})
+    if extra:
+        raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 3 state")
+
+
+def _check_data(ds: ShardedDataset, saved: Any, what: str = "loader") -> None:
+    """Refuse a state saved on other data: another dataset, conversion or version."""
+    have = _identities(ds)
+    if not isinstance(saved, list) or len(saved) != len(have):
+        raise ValueError(f"{what} state field 'data' is {saved!r}; this loader reads {len(have)} stream(s): {have!r}")
+    for i, (found, mine) in enumerate(zip(saved, have)):
+        name = ds.streams[i].source.name  # type: ignore[union-attr]
+        if not isinstance(found, dict):
+            raise ValueError(f"{what} state field 'data[{i}]' is {found!r}; want {{'version': ..., 'digest': ...}}")
+        if found.get("version") != mine["version"]:
+            raise ValueError(
+                f"{what} state field 'data[{i}].version' is {found.get('version')!r}, this loader reads version "
+                f"{mine['version']!r} of {name}: the state was saved on another version of the dataset (converted "
+                "again), whose epochs hold other samples; resume with a dataset of the saved version")
+        if found.get("digest") != mine["digest"]:
+            raise ValueError(
+                f"{what} state field 'data[{i}].digest' is {found.get('digest')!r}, this loader has "
+                f"{mine['digest']!r} for {name}: the state was saved on other data (other shards, sample counts or "
+                "checksums: another dataset or conversion)")
+
+
+def _check_part_passes(ds: ShardedDataset, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
+    """A version 2 state mid-epoch where a stream reads part of a pass: that part changed since."""
+    if not batches and not history:
+        return
+    sizes = [sum(s) for s in ds._stream_sizes]
+    counts = list(ds.stream_counts)
+    part = [i for i, (c, n) in enumerate(zip(counts, sizes)) if n and c % n]
+    if part:
+        i = part[0]
+        raise ValueError(
+            f"loader state field 'version' is 2, saved {batches} batches into epoch {epoch}, in which stream {i} "
+            f"reads {counts[i]} of its {sizes[i]} samples (plan.stream_counts {counts}, not whole passes); "
+            "this loader (state version 3) takes that part of a pass by another rule, so the rest of the saved "
+            f"epoch cannot be resumed. Restart epoch {epoch} (set_epoch({epoch}) without loading the state) or go "
+            f"on with epoch {epoch + 1}")
 
 
 def _int(state: dict[str, Any], name: str, low: int) -> int:
@@ -84,8 +217,11 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
     from shardify.reader.dataset import LAYOUT, MAX_SEGMENTS
 
     version = state.get("version")
-    if version not in (1, STATE_VERSION):
-        raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1 and {STATE_VERSION}")
+    if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
+        raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1, 2 and {STATE_VERSION}")
+    if version == STATE_VERSION:
+        _check_integrity(state)
+        _check_data(ds, state.get("data"))
     if state.get("seed") != ds.options.seed:
         raise ValueError(f"loader state field 'seed' is {state.get('seed')!r}, this loader has {ds.options.seed!r}")
     epoch, batches = _int(state, "epoch", 0), _int(state, "batches", 0)
@@ -103,7 +239,7 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
         history: tuple[Segment, ...] = ()
         layout = 1
     else:
-        plan = _plan_fields(ds)
+        plan = _plan_fields(ds, version)
         saved = state.get("plan")
         if not isinstance(saved, dict):
             raise ValueError(f"loader state field 'plan' is {saved!r}; want a dict")
@@ -118,6 +254,8 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
         layout = state.get("layout")
         if layout not in (1, LAYOUT):
             raise ValueError(f"loader state field 'layout' is {layout!r}; want 1 or {LAYOUT}")
+        if version == 2:
+            _check_part_passes(ds, epoch, batches, history)
     segment = Segment(saved_world, saved_workers, batches)
     if (saved_world, saved_workers) != (world, workers):
         if ds.options.bucket_length is not None:
@@ -152,7 +290,7 @@ class IterPosition:
 
 def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
     """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
-    return {
+    return seal_state({
         "kind": ITER_STATE_KIND,
         "version": STATE_VERSION,
         "epoch": pos.epoch,
@@ -164,7 +302,8 @@ def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
         "history": [[s.world, s.workers, s.batches] for s in pos.history],
         "layout": pos.layout,
         "plan": _plan_fields(ds),
-    }
+        "data": _identities(ds),
+    })
 
 
 def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, workers: int) -> IterPosition:
@@ -181,6 +320,8 @@ def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, wo
                          "goes to loader.load_state_dict)")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}")
+    _check_integrity(state, _ITER_CHECKED, "dataset")
+    _check_data(ds, state.get("data"), "dataset")
     if state.get("seed") != ds.options.seed:
         raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {ds.options.seed!r}")
     saved = state.get("plan")

@@ -13,12 +13,17 @@ How processes share a folder (also across machines, where ``flock`` works on it)
   for the first one's download instead of fetching again; ``.part`` files found under the
   lock were left by a dead download and are removed;
 - using a file bumps its mtime; eviction removes the oldest. A removed file stays readable
-  to a process that has it open, and the next open fetches it again.
+  to a process that has it open, and the next open fetches it again;
+- a download that fails on the local disk (full: ``ENOSPC``, over quota: ``EDQUOT``, at the
+  write, the flush or the fsync) removes its ``.part`` file and raises
+  :class:`~shardify.reader.io.remote.ShardFetchError` naming the shard and the cache folder;
+  nothing is left under the final name, so the next open (with room) fetches it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import hashlib
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from shardify.reader.io.remote import RetryPolicy, download
+from shardify.reader.io.remote import RetryPolicy, ShardFetchError, download
 
 __all__ = ["FetchOptions", "ShardCache", "shard_cache", "open_remote"]
 
@@ -45,6 +50,7 @@ log = logging.getLogger("shardify.reader")
 _PART = re.compile(r"\.part-\d+-[0-9a-f]+$")
 _FINAL = re.compile(r"^[0-9a-f]{16}-[A-Za-z0-9._-]+$")
 _LOCKS = ".locks"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,16 @@ class ShardCache:
             if self.durable:
                 os.fsync(f.fileno())
             os.replace(part, final)
-        except BaseException:
+        except BaseException as e:
             f.close()
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
+            full = _disk_full(e)
+            if full is not None:
+                raise ShardFetchError(
+                    f"no space left in the cache folder {self.directory} ({full.strerror or full}) while "
+                    f"downloading{f' its {size} bytes' if size is not None else ''}; the partial copy was removed. "
+                    "Free space there, or lower cache_limit_bytes", shard=url) from e
             raise
         f.seek(0)
         return f
@@ -176,6 +188,16 @@ class ShardCache:
         if self.limit_bytes is not None and total > self.limit_bytes:
             log.warning("%s: %d bytes kept, above cache_limit_bytes=%d: the shard in use is larger",
                         self.directory, total, self.limit_bytes)
+
+
+def _disk_full(e: BaseException) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` error behind ``e`` (raised at once, or as the cause of a failed download)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 def _open_complete(path: Path, size: int | None) -> BinaryIO | None:

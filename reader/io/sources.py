@@ -294,10 +294,35 @@ def _check_split(index: SplitIndex, split: str | None, where: str) -> None:
         raise ManifestError(f"{where}: this index is split {index.split!r}, not {split!r}")
 
 
+_WORK_DIR = ".shardify-work"
+"""Where a converter keeps the work of an unfinished conversion (``shardify.convert.write.outfs``)."""
+
+
+def _unfinished(directory: Path, split: str | None) -> ManifestError | None:
+    """The error for a folder whose conversion (of ``split``) was interrupted, or None."""
+    work = directory / _WORK_DIR
+    try:
+        splits = sorted(p.name for p in work.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    if split is not None and split not in splits:
+        return None
+    return ManifestError(
+        f"{directory}: unfinished: a conversion into this folder was interrupted ({work} holds the work of split(s) "
+        f"{', '.join(splits) or '?'}); its shards are not read until manifest.json lists the split: run it again "
+        "to finish")
+
+
 def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> Source:
-    manifest = Manifest.load(directory)
-    split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
-    index = manifest.load_split(directory, split)
+    try:
+        manifest = Manifest.load(directory)
+        split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
+        index = manifest.load_split(directory, split)
+    except ManifestError as e:
+        unfinished = _unfinished(directory, split)
+        if unfinished is not None:
+            raise unfinished from e
+        raise
     return _from_index(index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch,
                        dataset=str(directory))
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from shardify.reader.delivery.state import seal_state
+
 pytest.importorskip("torchdata.stateful_dataloader")
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
@@ -128,11 +130,11 @@ def test_a_dataset_state_checks_what_it_resumes(images):
     with pytest.raises(ValueError, match="'seed' is 7"):
         jobs.dataset(images, seed=8).load_state_dict(state)
     with pytest.raises(ValueError, match="world=1, workers=2; this one has world=1, workers=1"):
-        jobs.dataset(images).load_state_dict({**state, "workers": 2})
+        jobs.dataset(images).load_state_dict(seal_state({**state, "workers": 2}))
     with pytest.raises(ValueError, match="'kind'"):
         jobs.dataset(images).load_state_dict({"epoch": 1})
     beyond = jobs.dataset(images)
-    beyond.load_state_dict({**state, "batches": 9})
+    beyond.load_state_dict(seal_state({**state, "batches": 9}))  # a deliberate edit
     beyond.set_epoch(1)
     with pytest.raises(ValueError, match="9 batches of epoch 1 taken by worker 0 of 1, whose share has 8"):
         next(iter(beyond))

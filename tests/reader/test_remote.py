@@ -4,10 +4,12 @@ fsspec URLs, and a local cache folder shared by several processes."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import hashlib
 import multiprocessing
+import os
 import pickle
 import re
 import socket
@@ -444,3 +446,59 @@ def test_verify_of_a_missing_remote_dataset_names_the_url(server, capsys):
     missing = url.replace("/ds", "/nothing")
     assert main(["verify", missing]) == 1
     assert re.search(rf"{re.escape(missing)}/manifest.json: .*HTTP 404", capsys.readouterr().err)
+
+
+class _FullDisk:
+    """A file whose disk fills: ``write`` (or ``fsync``, via ``flush``) raises ENOSPC once
+    ``room`` bytes were written; the bytes before that land."""
+
+    def __init__(self, f: Any, room: int) -> None:
+        self._f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self._f.write(bytes(data[: self.room]))
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize("where", ["write", "fsync"])
+def test_a_full_disk_names_the_shard_and_the_cache_and_leaves_no_entry(dataset, server, tmp_path, monkeypatch, where):
+    """ENOSPC while a shard is downloaded into cache_dir: a clear error naming the shard and the
+    folder; no copy under the final name and no .part file; the next reader (with room) fetches
+    the shard again and reads its true bytes."""
+    import shardify.reader.io.cache as cache_mod
+
+    url, faults = server
+    cache_dir = tmp_path / "cache"
+    src = resolve_source(url, retry=FAST, cache_dir=cache_dir)
+    info = src.shards[1]
+    if where == "write":
+        real_open = open
+        monkeypatch.setattr(cache_mod, "open", lambda p, mode="r", *a, **k: _FullDisk(real_open(p, mode, *a, **k), 700)
+                            if ".part-" in str(p) else real_open(p, mode, *a, **k), raising=False)
+    else:
+        def fsync(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(cache_mod.os, "fsync", fsync)
+    with pytest.raises(ShardFetchError) as caught:
+        src.open_tar(info.url)
+    message = str(caught.value)
+    assert info.url in message and str(cache_dir) in message and "no space left" in message, message
+    cause: BaseException | None = caught.value
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno == errno.ENOSPC):
+        cause = cause.__cause__
+    assert cause is not None  # chained with raise ... from
+    assert ShardCache(cache_dir).entries() == [] and not list(cache_dir.glob("*.part-*"))
+    monkeypatch.undo()
+    reader = resolve_source(url, retry=FAST, cache_dir=cache_dir)  # a new reader, with room
+    f, _ = reader.open_tar(info.url)
+    with f:
+        assert hashlib.sha256(f.read()).hexdigest() == info.sha256
+    assert [r for r in faults.gets(SHARD)] == [(None, 200), (None, 200)]
+    assert len(ShardCache(cache_dir).entries()) == 1

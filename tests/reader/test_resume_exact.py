@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from shardify.reader import ShardedDataset, make_loader
+from shardify.reader.delivery.state import seal_state
 
 
 class CountingCrop:
@@ -51,10 +52,11 @@ def test_resume_equals_the_uninterrupted_run(image_dataset, tmp_path, workers, s
     ds = dataset(image_dataset, tmp_path / "interrupted.log")  # the interrupted run
     loader = make_loader(ds, num_workers=workers)
     ds.set_epoch(1)
-    for i, _ in enumerate(loader):
+    state = loader.state_dict()  # before the epoch: batches 0
+    for i, _ in enumerate(loader if stop_after else ()):
         if i + 1 == stop_after:
             break
-    state = loader.state_dict() if stop_after else {**loader.state_dict(), "batches": 0}
+    state = loader.state_dict() if stop_after else state
     assert state["epoch"] == 1 and state["batches"] == stop_after
 
     log = tmp_path / "resumed.log"  # (the interrupted run's workers may still be prefetching)
@@ -84,7 +86,7 @@ def test_resume_the_same_persistent_loader_mid_epoch(image_dataset, tmp_path):
     loader.load_state_dict(state)
     rest = list(loader)
     assert same(head + rest, full)
-    assert loader.state_dict() == {**state, "batches": 8}
+    assert loader.state_dict() == seal_state({**state, "batches": 8})
 
 
 def test_state_is_checked_on_load(counting_dataset):
@@ -94,8 +96,10 @@ def test_state_is_checked_on_load(counting_dataset):
     other = make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), seed=2))
     with pytest.raises(ValueError, match="field 'seed' is 1, this loader has 2"):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="batches"):
+    with pytest.raises(ValueError, match="field 'batches' is 99, which does not match its checksum"):
         loader.load_state_dict({**state, "batches": 99})
+    with pytest.raises(ValueError, match="batches=99 but each rank has 5 batches"):
+        loader.load_state_dict(seal_state({**state, "batches": 99}))
 
 
 def test_bucketed_resume_replays_exactly(tmp_path, shards):
@@ -110,7 +114,7 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
     ds, loader = make()
     full = list(loader)
     ds, loader = make()
-    loader.load_state_dict({**loader.state_dict(), "batches": 5})
+    loader.load_state_dict(seal_state({**loader.state_dict(), "batches": 5}))
     assert list(loader) == full[5:]
 
 
