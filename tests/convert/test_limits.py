@@ -105,7 +105,8 @@ def test_on_ray_the_limits_give_the_same_report_and_bytes(tmp_path: Path, tree_b
 
 
 def test_the_cli_takes_the_limits(tmp_path: Path, monkeypatch) -> None:
-    from shardify.convert.cli import EXIT_SKIPPED, main
+    from shardify.cli import main
+    from shardify.cli.common import EXIT_SKIPPED
 
     (tmp_path / "hangmod.py").write_text("import time\n\ndef make(row):\n    if row['i'] == 2:\n"
                                          "        time.sleep(10**6)\n    return {'txt': str(row['i'])}\n")
