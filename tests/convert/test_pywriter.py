@@ -16,6 +16,7 @@ from shardify.convert.pyapi.values import ORIGINAL_KEY_FIELD, encode_array, enco
 from shardify.convert.verify import verify_dataset
 from shardify.errors import EncodeError, KeyRuleError, OutputError
 from shardify.manifest import Manifest
+from shardify.reader import BatchOptions
 
 FAST = {"fsync": False}
 
@@ -72,7 +73,7 @@ def test_every_value_type_round_trips_through_shardify_and_webdataset(tmp_path: 
     assert verify_dataset(out).ok
     assert Manifest.load(out).splits["train"].samples == 2
 
-    ds = ShardedDataset(out, batch_size=1, map=lambda s: s, collate_fn=list)
+    ds = ShardedDataset(out, batch_size=1, map=lambda s: s, batching=BatchOptions(collate_fn=list))
     via_reader = {s["__key__"]: s for batch in ds for s in batch}
     assert set(via_reader) == set(keys)
     for key, original in zip(keys, samples):
@@ -180,7 +181,7 @@ def test_writing_a_split_again_never_changes_the_files_a_reader_may_be_reading(t
     with ShardWriter(out, samples_per_shard=2, **FAST) as w:
         for i in range(4):
             w.write({"txt": f"old {i}"})
-    reader = ShardedDataset(out, batch_size=4, fields=("txt",), collate_fn=list)
+    reader = ShardedDataset(out, batch_size=4, fields=("txt",), batching=BatchOptions(collate_fn=list))
     first = {p.name: p.read_bytes() for p in out.glob("train-*.tar")}
     # the same options with other samples, then convert_items: each a new version beside the old one
     with ShardWriter(out, samples_per_shard=2, overwrite=True, **FAST) as w:
@@ -190,7 +191,7 @@ def test_writing_a_split_again_never_changes_the_files_a_reader_may_be_reading(t
     for name, data in first.items():
         assert (out / name).read_bytes() == data, name
     assert sorted(t for b in reader for t in b) == [f"old {i}" for i in range(4)]  # the pinned version
-    again = ShardedDataset(out, batch_size=3, fields=("txt",), collate_fn=list)
+    again = ShardedDataset(out, batch_size=3, fields=("txt",), batching=BatchOptions(collate_fn=list))
     assert sorted(t for b in again for t in b) == [f"items {i}" for i in range(3)]
     assert len({p.name.split("-")[1] for p in out.glob("train-*.tar")}) == 3
 

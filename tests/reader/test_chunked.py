@@ -22,6 +22,7 @@ from shardify.reader import ShardedDataset, make_loader
 from shardify.reader.io import chunked as chunked_module
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader import BatchOptions, ErrorOptions, ShuffleOptions
 
 N = 61
 
@@ -62,7 +63,7 @@ def test_chunked_reads_exactly_what_per_sample_reads(tmp_path: Path, chunk: int)
         assert _epoch(packed, shuffle=shuffle, seed=5) == _epoch(plain, shuffle=shuffle, seed=5)
 
     def decoded(root: Path) -> list:
-        ds = ShardedDataset(root, batch_size=5, map=dict, collate_fn=list, shuffle=True, seed=2)
+        ds = ShardedDataset(root, batch_size=5, map=dict, batching=BatchOptions(collate_fn=list), shuffle=True, seed=2)
         return [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in s.items()
                  if k not in ("__shard__", "__rng__", "__offset__")} for b in ds for s in b]
 
@@ -81,7 +82,7 @@ def test_stacked_arrays_are_views_and_decode_to_writable_copies(tmp_path: Path) 
     assert isinstance(a["npy"], np.ndarray) and a["npy"].base is not None and not a["npy"].flags.writeable
     assert np.shares_memory(a["npy"], b["npy"]) is False and a["npy"].base is b["npy"].base  # one chunk buffer
     assert a["cls"] == b"2" and isinstance(a["seq.npy"], bytes)  # variable fields: the sample's own bytes
-    out = ShardedDataset(root, batch_size=2, map=lambda s: s["npy"], collate_fn=list)
+    out = ShardedDataset(root, batch_size=2, map=lambda s: s["npy"], batching=BatchOptions(collate_fn=list))
     first = next(iter(out))[0]
     assert first.flags.writeable and first.tolist() == np.full((3, 4, 4), 0, np.uint8).tolist()
 
@@ -153,8 +154,7 @@ def test_resume_mid_epoch_yields_the_rest_exactly_once(tmp_path: Path, chunk: in
     root = _write(tmp_path / "c", chunk)
 
     def make():
-        ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, seed=7, shuffle_buffer=6,
-                            shuffle_block=2)
+        ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=6, block=2))
         ds.set_epoch(1)
         return make_loader(ds, num_workers=workers)
 
@@ -216,10 +216,10 @@ def test_a_damaged_chunk_is_damage_of_its_shard(tmp_path: Path) -> None:
     assert [i for i, x in enumerate(items) if isinstance(x, Lost)] == list(range(5, 10))  # that chunk's samples
     with pytest.raises(ShardFormatError, match="damaged chunk"):
         list(ShardedDataset(root, batch_size=4, fields=("cls",)))
-    kept = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), on_error="skip") for x in b.tolist()]
+    kept = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip")) for x in b.tolist()]
     assert len(kept) == N and not set(range(5, 10)) & set(kept)  # lost samples replaced by repeats
     # with verify=True the checksum catches it first: the whole shard is lost
-    checked = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), on_error="skip", verify=True)
+    checked = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip", verify=True))
                for x in b.tolist()]
     assert not set(range(25)) & set(checked)
     problems = [(p.shard, p.key, p.message) for p in verify_dataset(root).problems]

@@ -19,6 +19,7 @@ from shardify.reader import transforms as T
 from shardify.reader.sample import decode
 from shardify.reader.sample import transforms as transforms_module
 from shardify.reader.sample.decode import DecodeError, decode_image
+from shardify.reader import ShuffleOptions
 
 SIZES = ((120, 90), (90, 120), (100, 100), (61, 47))
 
@@ -171,7 +172,7 @@ def raw_dataset(tmp_path_factory):  # noqa: ANN001, ANN201
 
 def _dataset(root, **kw) -> ShardedDataset:  # noqa: ANN001
     return ShardedDataset(root, batch_size=3, shuffle=True, seed=11, transform=T.imagenet_train(32),
-                          shuffle_buffer=5, shuffle_block=2, drop_last=True, **kw)
+                          shuffling=ShuffleOptions(buffer=5, block=2), drop_last=True, **kw)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

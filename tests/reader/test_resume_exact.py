@@ -11,6 +11,7 @@ import torch
 
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader.delivery.state import seal_state
+from shardify.reader import BatchOptions, SamplingOptions, ShuffleOptions
 
 
 class CountingCrop:
@@ -33,7 +34,7 @@ def calls(log: Path) -> int:
 
 def dataset(root, log: Path, **kw) -> ShardedDataset:
     return ShardedDataset(root, batch_size=3, shuffle=True, seed=11, transform=CountingCrop(log),
-                          shuffle_buffer=5, shuffle_block=2, **kw)
+                          shuffling=ShuffleOptions(buffer=5, block=2), **kw)
 
 
 def same(a, b) -> bool:
@@ -107,8 +108,7 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
     root = shards.write_dataset(tmp_path / "b", [samples[:25], samples[25:]])
 
     def make():
-        ds = ShardedDataset(root, batch_size=4, fields=("txt",), collate_fn=list, shuffle=True,
-                            bucket_length=len, bucket_buffer=12)
+        ds = ShardedDataset(root, batch_size=4, fields=("txt",), batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=12), shuffle=True)
         return ds, make_loader(ds, num_workers=2)
 
     ds, loader = make()
@@ -125,7 +125,7 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
 
     def make(workers):
         return make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, seed=3,
-                                          shuffle_buffer=4, shuffle_block=3), num_workers=workers)
+                                          shuffling=ShuffleOptions(buffer=4, block=3)), num_workers=workers)
 
     loader = make(saved)
     it = iter(loader)
@@ -143,8 +143,7 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
 
 
 def _counting(root, **kw):
-    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3, shuffle_buffer=4,
-                          shuffle_block=3, mark_repeats=True, **kw)
+    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3), sampling=SamplingOptions(mark_repeats=True), **kw)
 
 
 @pytest.mark.parametrize("a, b, k", [((2, 0), (3, 2), 2), ((3, 2), (1, 0), 1), ((1, 3), (2, 1), 4), ((2, 1), (2, 1), 3)])

@@ -13,6 +13,7 @@ import pytest
 from shardify.convert import ShardWriter
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader.delivery.state import STATE_VERSION, seal_state
+from shardify.reader import SamplingOptions
 
 SIZES = [7, 2, 13, 30, 1]  # 53 samples
 OPTIONS: dict[str, Any] = dict(batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffle_buffer=4,
@@ -171,7 +172,7 @@ def test_a_version_2_state_mid_epoch_of_part_of_a_pass_is_refused(counting_datas
     """The rule for the part of a pass changed after version 2: such a state would resume another epoch."""
     root = counting_dataset(SIZES)
     state, _ = saved(root, samples_per_epoch=count)
-    loader = make_loader(ShardedDataset(root, **OPTIONS, samples_per_epoch=count))
+    loader = make_loader(ShardedDataset(root, **OPTIONS, sampling=SamplingOptions(samples_per_epoch=count)))
     with pytest.raises(ValueError, match=f"field 'version' is 2, saved 4 batches into epoch 2, in which stream 0 "
                                          f"reads {count} of its 53 samples .*Restart epoch 2"):
         loader.load_state_dict(as_version_2(state))

@@ -21,6 +21,7 @@ import torch
 
 from shardify.errors import SampleError, ShardFormatError
 from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ErrorOptions
 
 
 TIME_LIMIT_S = 60
@@ -87,7 +88,7 @@ def test_malicious_pickle_never_runs_when_read_with_workers(evil_dataset, ext: s
 @pytest.mark.parametrize("ext", sorted(EXPECTED))
 def test_malicious_pickle_under_the_skip_policy(evil_dataset, ext: str) -> None:
     root, marker = evil_dataset(ext)
-    ds = ShardedDataset(root, batch_size=2, fields=("cls", ext), on_error="skip")
+    ds = ShardedDataset(root, batch_size=2, fields=("cls", ext), errors=ErrorOptions(on_error="skip"))
     if ext in ("pkl", "pickle", "pyd"):
         # A refused pickle is a setting to change, not bad data: it raises even when skipping.
         with make_loader(ds, num_workers=2) as loader, pytest.raises(SampleError, match="allow_pickle=True"):
@@ -104,7 +105,7 @@ def test_some_malicious_samples_are_skipped_and_counted(tmp_path: Path, shards) 
                             "pt": _encode("pt", marker) if i == 1 else _encode_safe_pt(i)}) for i in range(4)]
             for s in range(2)]
     root = shards.write_dataset(tmp_path / "mixed", data)
-    ds = ShardedDataset(root, batch_size=2, fields=("cls", "pt"), on_error="skip")
+    ds = ShardedDataset(root, batch_size=2, fields=("cls", "pt"), errors=ErrorOptions(on_error="skip"))
     with make_loader(ds, num_workers=2) as loader:
         batches = list(loader)
     assert len(batches) == len(ds) == 4
@@ -133,7 +134,7 @@ def test_map_decoding_every_field_refuses_too(evil_dataset, ext: str) -> None:
 def test_the_payload_is_live_when_the_user_opts_in(evil_dataset, ext: str) -> None:
     """The control: with allow_pickle=True the same shards do run the payload."""
     root, marker = evil_dataset(ext)
-    list(ShardedDataset(root, batch_size=2, fields=("cls", ext), allow_pickle=True))
+    list(ShardedDataset(root, batch_size=2, fields=("cls", ext), decoding=DecodeOptions(allow_pickle=True)))
     assert marker.exists()
 
 
@@ -159,7 +160,7 @@ def test_verify_passes_and_hashes_each_shard_once_per_process(counting_dataset, 
     calls: list[int] = []
     real = stream.file_sha256
     monkeypatch.setattr(stream, "file_sha256", lambda f: (calls.append(1), real(f))[1])
-    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, verify=True)
+    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, errors=ErrorOptions(verify=True))
     for epoch in range(2):
         ds.set_epoch(epoch)
         assert sorted(int(x) for b in ds for x in b) == list(range(15))
@@ -171,7 +172,7 @@ def test_tampered_shard_reads_silently_without_verify_and_fails_with_it(counting
     _tamper(root / "train-000001.tar")
     values = sorted(int(x) for b in ShardedDataset(root, batch_size=3, fields=("cls",)) for x in b)
     assert values != list(range(15))  # the tar is fine; the label changed
-    ds = ShardedDataset(root, batch_size=3, fields=("cls",), verify=True)
+    ds = ShardedDataset(root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True))
     with make_loader(ds, num_workers=2) as loader, pytest.raises(ShardFormatError) as caught:
         list(loader)
     assert "train-000001.tar" in str(caught.value) and "sha256" in str(caught.value)
@@ -185,7 +186,7 @@ def test_tampered_shard_is_skipped_whole_and_counted(counting_dataset, monkeypat
     seen, lost, counts = set(), 0, []
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
-        ds = ShardedDataset(root, batch_size=3, fields=("cls",), verify=True, on_error="skip", shuffle=True)
+        ds = ShardedDataset(root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True, on_error="skip"), shuffle=True)
         with make_loader(ds, num_workers=2) as loader:
             batches = list(loader)
         counts.append(len(batches))
@@ -200,7 +201,7 @@ def test_tampered_shard_is_skipped_whole_and_counted(counting_dataset, monkeypat
 def test_verify_needs_checksums(counting_dataset) -> None:
     root = counting_dataset([3])
     with pytest.raises(ValueError, match="sha256"):
-        ShardedDataset([str(root / "train-000000.tar")], batch_size=2, fields=("cls",), verify=True)
+        ShardedDataset([str(root / "train-000000.tar")], batch_size=2, fields=("cls",), errors=ErrorOptions(verify=True))
 
 
 def test_shardify_verify_finds_the_same_tampering(counting_dataset, capsys) -> None:
