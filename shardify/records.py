@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["Records", "Repeats", "SPILL_BYTES", "repeated", "spill_dir"]
 
-SPILL_BYTES = 16 << 20
+SPILL_BYTES = 8 << 20
 """Bytes of records (plus 8 per record for its end) held in memory before they go to disk."""
 _END = struct.Struct("<q")
 _TWO_ENDS = struct.Struct("<2q")

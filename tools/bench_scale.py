@@ -75,10 +75,10 @@ def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]")
 
     base = _peak_mb()
     t0 = time.perf_counter()
-    scan = scan_listing(src)["train"] if kind == "listing" else scan_imagefolder(src, workers=workers)
+    scan = scan_listing(src, workers=workers)["train"] if kind == "listing" else scan_imagefolder(src, workers=workers)
     t1 = time.perf_counter()
     scan_peak = _peak_mb()
-    plan = plan_split(scan, ConvertOptions(progress=False))
+    plan = plan_split(scan, ConvertOptions(progress=False, workers=workers))
     t2 = time.perf_counter()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base, "kids_mb": kids,

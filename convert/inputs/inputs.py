@@ -81,7 +81,7 @@ class SampleTable(Sequence[SampleSpec]):
     """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
 
     Appending and indexing are O(1). Memory is the records plus 8 bytes of offset each up
-    to ``spill_bytes`` (default :data:`shardify.records.SPILL_BYTES`, 16 MiB), and no more
+    to ``spill_bytes`` (default :data:`shardify.records.SPILL_BYTES`, 8 MiB), and no more
     beyond it: older records go to a temporary file (:class:`~shardify.records.Records`),
     so a scan of a billion inputs holds as much memory as one of a million.
     """
@@ -150,6 +150,11 @@ class SampleTable(Sequence[SampleSpec]):
         """The samples at ``indices`` (each in ``range(len(self))``), in that order: faster than
         indexing one at a time."""
         return map(_unpack, self._records.take(indices))
+
+    def spans(self, *, chunk: int = 1 << 14) -> Iterator[tuple[bytes | bytearray, np.ndarray]]:
+        """The records in order, ``chunk`` at a time, as ``(records back to back, where each
+        ends)``: what :meth:`extend_records` takes."""
+        return self._records.spans(chunk=chunk)
 
     @property
     def nbytes(self) -> int:
