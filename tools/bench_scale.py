@@ -68,9 +68,11 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _cpu_s() -> float:
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds so far of this process, and of it with its finished children."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    own = me.ru_utime + me.ru_stime
+    return own, own + kids.ru_utime + kids.ru_stime
 
 
 def _kids_peak_mb() -> float:
@@ -93,7 +95,8 @@ def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]")
     plan = plan_split(scan, ConvertOptions(progress=False, workers=workers))
     t2, c2 = time.perf_counter(), _cpu_s()
     out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base,
-             "scan_kids_mb": scan_kids, "kids_mb": _kids_peak_mb(), "scan_cpu_s": c1 - c0, "plan_cpu_s": c2 - c1,
+             "scan_kids_mb": scan_kids, "kids_mb": _kids_peak_mb(), "scan_cpu_s": c1[1] - c0[1],
+             "plan_cpu_s": c2[1] - c1[1], "scan_driver_cpu_s": c1[0] - c0[0], "plan_driver_cpu_s": c2[0] - c1[0],
              "scan_s": t1 - t0, "scan_peak_mb": scan_peak, "plan_s": t2 - t1, "plan_peak_mb": _peak_mb()})
 
 
@@ -179,9 +182,9 @@ def run_size(args: argparse.Namespace, rows: int) -> list[tuple[str, dict[str, f
         r = measure_stages(kind, src, args.workers)
         results.append((kind, r))
         print(f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
-              f"scan {r['scan_s']:.1f} s ({r['scan_cpu_s']:.1f} s CPU; driver peak {r['scan_peak_mb']:.0f} MB, "
+              f"scan {r['scan_s']:.1f} s ({r['scan_cpu_s']:.1f} s CPU, {r['scan_driver_cpu_s']:.1f} s of it the driver's; driver peak {r['scan_peak_mb']:.0f} MB, "
               f"workers' peak {r['scan_kids_mb']:.0f} MB), "
-              f"plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU; driver peak {r['plan_peak_mb']:.0f} MB, "
+              f"plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU, {r['plan_driver_cpu_s']:.1f} s of it the driver's; driver peak {r['plan_peak_mb']:.0f} MB, "
               f"workers' peak {r['kids_mb']:.0f} MB); scan+plan {r['scan_s'] + r['plan_s']:.1f} s; "
               f"interpreter alone {r['base_mb']:.0f} MB")
         if args.write:

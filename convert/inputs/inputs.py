@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import marshal
 import os
+from collections import Counter
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -91,21 +92,31 @@ class SampleTable(Sequence[SampleSpec]):
         self._last: tuple[int, SampleSpec | None] = (-1, None)
         self.payload_bytes = 0
         """Sum of :func:`payload_bytes` of the samples appended."""
+        self.label_counts: Counter[int] | None = Counter()
+        """How many samples have each label (not None), so that no one reads every sample
+        again to count them; None once records came without their counts."""
         for spec in samples:
             self.append(spec)
 
     def append(self, spec: SampleSpec) -> None:
         name, identity, label, label_name, files, inline = spec
         self.payload_bytes += payload_bytes(spec)
+        if label is not None and self.label_counts is not None:
+            self.label_counts[label] += 1
         self._records.append(pack_record(name, identity, label, label_name,
                                          tuple(map(tuple, files)) if files else (), inline))
 
-    def extend_records(self, data: bytes, ends: array, payload: int) -> None:
+    def extend_records(self, data: bytes, ends: array, payload: int, labels: Counter[int] | None = None) -> None:
         """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
         ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the
-        sum of their samples' :func:`payload_bytes`."""
+        sum of their samples' :func:`payload_bytes`, ``labels`` their :attr:`label_counts`
+        (None: not counted)."""
         self._records.extend(data, ends)
         self.payload_bytes += payload
+        if labels is None or self.label_counts is None:
+            self.label_counts = None
+        else:
+            self.label_counts.update(labels)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -17,10 +17,9 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from shardify.convert.driverpool import map_in_order
@@ -37,9 +36,10 @@ POOL_MIN_BYTES = 16 << 20
 PART_BYTES = 2 << 20
 """Bytes of listing per worker task (a part ends at the first line end after this)."""
 
-_Part = tuple[int, list[str], list[tuple[str, list[tuple[bytes, np.ndarray]], int]], list[tuple[str, int, str]]]
-"""A part's ``(lines, splits in order of first use, [(split, record spans, payload bytes)],
-[(split, line, reason)])``."""
+_Part = tuple[int, list[str], list[tuple[str, list[tuple[bytes, np.ndarray]], int, "Counter[int] | None"]],
+              list[tuple[str, int, str]]]
+"""A part's ``(lines, splits in order of first use, [(split, record spans, payload bytes,
+label counts)], [(split, line, reason)])``."""
 _job: tuple[Path, Path, str, LabelSpace, bool, bool] | None = None
 """``(listing, base, default split, label space, has labels, one pass)``, inherited through fork."""
 
@@ -85,11 +85,11 @@ def scan_parts(path: Path, *, base: Path, default_split: str, space: LabelSpace,
             for split in splits:
                 if split not in by_split:
                     by_split[split] = (SampleTable(), [])
-            for split, spans, payload in samples:
+            for split, spans, payload, labels in samples:
                 table = by_split[split][0]
                 for data, ends in spans:
-                    table.extend_records(data, ends, payload)
-                    payload = 0
+                    table.extend_records(data, ends, payload, labels)
+                    payload, labels = 0, Counter()
             for split, n, reason in problems:
                 by_split[split][1].append(Ignored(f"{path.name}:{lines_before + n}", reason))
             lines_before += lines
@@ -153,7 +153,6 @@ def _scan_part(lo: int, hi: int) -> _Part:
                 table.append(sample)  # type: ignore[arg-type]
     except (InputError, KeyRuleError, OSError, UnicodeDecodeError) as e:
         raise _PartFailed(f"{path}: bytes {lo}..{hi}: {e}") from None
-    samples: list[tuple[str, list[tuple[bytes, Any]], int]] = [
-        (split, [(bytes(data), ends) for data, ends in table.spans()], table.payload_bytes)
-        for split, table in tables.items() if len(table)]
+    samples = [(split, [(bytes(data), ends) for data, ends in table.spans()], table.payload_bytes, table.label_counts)
+               for split, table in tables.items() if len(table)]
     return counted[0], splits, samples, problems

@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shardify.convert.inputs import listing as listing_mod
+from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.write import plan as plan_mod
 from shardify.convert.write.plan import plan_split
@@ -168,11 +170,13 @@ def test_listing_read_in_parts_by_workers_gives_the_one_process_scan(
     monkeypatch.setattr(listing_pool, "_part_bounds", lambda path: parts.append(part_bounds(path)) or parts[-1])
     assert listing_pool.pooled(listing, "jsonl", 2)
     try:
-        pooled = scan_listing(listing, num_classes=3, workers=2)
+        scans = scan_listing(listing, num_classes=3, workers=2)
     except ShardifyError as e:
-        pooled = type(e).__name__, str(e)
+        pooled: object = type(e).__name__, str(e)
     else:
         pooled = {split: ([tuple(s) for s in scan.samples], scan.classes,
-                          [(p.path, p.reason, p.kind) for p in scan.problems]) for split, scan in pooled.items()}
+                          [(p.path, p.reason, p.kind) for p in scan.problems]) for split, scan in scans.items()}
+        for scan in scans.values():  # the label counts, kept as the parts came, are the samples'
+            assert int_labels(scan) == int_labels(replace(scan, samples=list(scan.samples)))
     assert pooled == one
     assert parts and (part_bytes > 1 or len(parts[0]) == text.count("\n") + (not text.endswith("\n")))  # a line a part
