@@ -186,16 +186,18 @@ class Records:
 _BUCKET_BITS = 8
 """A spilled :class:`Repeats` sorts its values into 2**8 files by their top bits."""
 _PAIR = np.dtype([("value", "<i8"), ("index", "<i8")])
+_SLICE = 1 << 16
 
 
 class Repeats:
     """int64 values appended in order (hashes), to find the indices of those that occur more
-    than once: in memory up to ``spill_bytes`` (8 bytes a value), beyond it as (value, index)
+    than once: in memory up to ``spill_bytes`` (8 bytes a value; default a quarter of
+    :data:`SPILL_BYTES`, as finding them sorts copies), beyond it as (value, index)
     pairs in 256 temporary files by the value's top 8 bits, each file checked alone, so
     memory is one file's pairs (16 bytes a value over 256: 4 MB at 64 M values)."""
 
     def __init__(self, *, spill_bytes: int | None = None) -> None:
-        self._limit = SPILL_BYTES if spill_bytes is None else spill_bytes
+        self._limit = SPILL_BYTES // 4 if spill_bytes is None else spill_bytes  # (sorted in copies)
         self._values = array("q")
         self._buckets: list[IO[bytes]] | None = None
         self._count = 0
@@ -218,6 +220,10 @@ class Repeats:
         self._count += len(chunk)
 
     def _spill(self, values: np.ndarray, base: int) -> None:
+        if len(values) > _SLICE:  # a few MB of temporaries at a time
+            for lo in range(0, len(values), _SLICE):
+                self._spill(values[lo : lo + _SLICE], base + lo)
+            return
         assert self._buckets is not None, "spilled"
         which = (values.view(np.uint64) >> np.uint64(64 - _BUCKET_BITS)).astype(np.intp)
         by = np.argsort(which, kind="stable")

@@ -74,3 +74,15 @@ def test_repeats_finds_the_values_seen_twice_in_memory_or_in_buckets(values, spi
     want = [j for j, v in enumerate(values) if counts[v] > 1]
     assert found.repeated() == want == repeated(array("q", values))
     assert len(found) == len(values)
+
+
+def test_repeats_spills_what_it_held_in_slices_with_the_right_indices(monkeypatch) -> None:
+    import shardify.records as records
+
+    monkeypatch.setattr(records, "_SLICE", 7)
+    values = [i % 97 if i % 5 == 0 else 1000 + i for i in range(1000)]
+    counts = Counter(values)
+    found = Repeats(spill_bytes=8 * 300)
+    for lo in range(0, 1000, 64):
+        found.extend(values[lo:lo + 64])
+    assert found.repeated() == [j for j, v in enumerate(values) if counts[v] > 1]
