@@ -56,6 +56,9 @@ def test_plan_of_samples_and_keys_spilled_to_disk_is_the_plan_in_memory(tmp_path
         assert spilled.samples.resident_bytes <= 100 + 200  # the budget, plus the record that crossed it
         assert list(spilled.samples) == list(scan.samples)
         assert _plan_facts(plan) == want
+        keys = list(plan.keys)  # the shards, end to end, are the samples in the plan's order
+        assert [k for s in plan.shards for k in s.keys] == [keys[i] for i in plan.order]
+        assert [tuple(x) for s in plan.shards for x in s.specs] == [tuple(scan.samples[i]) for i in plan.order]
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 15, 16, 17, 255, 1000, 4097])
