@@ -19,12 +19,23 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["Records", "Repeats", "SPILL_BYTES", "repeated", "spill_dir"]
+from shardify.errors import OutputError
+
+__all__ = ["Records", "Repeats", "SPILL_BYTES", "SpillError", "repeated", "spill_dir"]
 
 SPILL_BYTES = 8 << 20
 """Bytes of records (plus 8 per record for its end) held in memory before they go to disk."""
 _END = struct.Struct("<q")
 _TWO_ENDS = struct.Struct("<2q")
+
+
+class SpillError(OutputError):
+    """The temporary files of spilled records cannot be written (disk full, no such folder)."""
+
+    def __init__(self, cause: OSError) -> None:
+        folder = spill_dir() or tempfile.gettempdir()
+        super().__init__(f"cannot write the converter's temporary files in {folder}: {cause.strerror or cause}; "
+                         "set SHARDIFY_SPILL_DIR to a folder with room (about 130 bytes a listing row)")
 
 
 def spill_dir() -> str | None:
@@ -85,14 +96,17 @@ class Records:
             self._flush()
 
     def _flush(self) -> None:
-        if self._files is None:
-            folder = spill_dir()
-            self._files = (tempfile.TemporaryFile(prefix="shardify-records-", dir=folder),
-                           tempfile.TemporaryFile(prefix="shardify-ends-", dir=folder))
-        data_file, ends_file = self._files
-        _pwrite_all(data_file.fileno(), self._data, self._flushed_bytes)
-        _pwrite_all(ends_file.fileno(), np.frombuffer(self._ends, dtype=np.int64).astype("<i8").tobytes(),
-                    8 * self._flushed)
+        try:
+            if self._files is None:
+                folder = spill_dir()
+                self._files = (tempfile.TemporaryFile(prefix="shardify-records-", dir=folder),
+                               tempfile.TemporaryFile(prefix="shardify-ends-", dir=folder))
+            data_file, ends_file = self._files
+            _pwrite_all(data_file.fileno(), self._data, self._flushed_bytes)
+            _pwrite_all(ends_file.fileno(), np.frombuffer(self._ends, dtype=np.int64).astype("<i8").tobytes(),
+                        8 * self._flushed)
+        except OSError as e:
+            raise SpillError(e) from e
         self._flushed += len(self._ends)
         self._flushed_bytes += len(self._data)
         self._data = bytearray()
@@ -210,13 +224,19 @@ class Repeats:
         if self._buckets is None:
             self._values.extend(chunk)
             if 8 * len(self._values) > self._limit:
-                folder = spill_dir()
-                self._buckets = [tempfile.TemporaryFile(prefix="shardify-hashes-", dir=folder)
-                                 for _ in range(1 << _BUCKET_BITS)]
-                held, self._values = self._values, array("q")
-                self._spill(np.frombuffer(held, dtype=np.int64), 0)
+                try:
+                    folder = spill_dir()
+                    self._buckets = [tempfile.TemporaryFile(prefix="shardify-hashes-", dir=folder)
+                                     for _ in range(1 << _BUCKET_BITS)]
+                    held, self._values = self._values, array("q")
+                    self._spill(np.frombuffer(held, dtype=np.int64), 0)
+                except OSError as e:
+                    raise SpillError(e) from e
         else:
-            self._spill(np.frombuffer(chunk, dtype=np.int64), self._count)
+            try:
+                self._spill(np.frombuffer(chunk, dtype=np.int64), self._count)
+            except OSError as e:
+                raise SpillError(e) from e
         self._count += len(chunk)
 
     def _spill(self, values: np.ndarray, base: int) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pickle
 from array import array
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,3 +88,28 @@ def test_repeats_spills_what_it_held_in_slices_with_the_right_indices(monkeypatc
     for lo in range(0, 1000, 64):
         found.extend(values[lo:lo + 64])
     assert found.repeated() == [j for j, v in enumerate(values) if counts[v] > 1]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc to see where the files are")
+def test_spilled_files_go_to_the_spill_dir_and_a_full_disk_names_it(tmp_path, monkeypatch) -> None:
+    import os
+
+    import shardify.records as records
+    from shardify.errors import OutputError
+
+    monkeypatch.setenv("SHARDIFY_SPILL_DIR", str(tmp_path))
+    store = Records(spill_bytes=10)
+    store.append(b"x" * 20)
+    fds = [os.readlink(f"/proc/self/fd/{f.fileno()}") for f in store._files]
+    assert all(link.startswith(str(tmp_path)) and link.endswith("(deleted)") for link in fds)
+    assert os.listdir(tmp_path) == []  # unlinked from the start: nothing to clean up
+
+    def full(*a):  # noqa: ANN002, ANN202
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(records.os, "pwrite", full)
+    with pytest.raises(OutputError, match=f"No space left on device.*{tmp_path}|{tmp_path}.*No space left"):
+        store.append(b"y" * 20)
+    monkeypatch.setenv("SHARDIFY_SPILL_DIR", str(tmp_path / "missing"))
+    with pytest.raises(OutputError, match="SHARDIFY_SPILL_DIR"):
+        Repeats(spill_bytes=8).extend(range(5))

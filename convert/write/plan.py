@@ -104,7 +104,7 @@ class SplitPlan:
         """The samples of shard ``index``, in order, with their keys."""
         start = self._starts[index]
         positions = _positions(self.order, start, start + self.shard_sizes[index])
-        specs, keys = SampleTable(), KeyList()
+        specs, keys = SampleTable(spill_bytes=_NEVER), KeyList(spill_bytes=_NEVER)  # sent whole to a writer
         for spec in (self.specs.take(positions) if isinstance(self.specs, SampleTable)
                      else (self.specs[i] for i in positions)):
             specs.append(spec)
@@ -262,6 +262,9 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
                      shard_bytes=tuple(shard_bytes), specs=specs, keys=keys, order=order,
                      metadata=options.metadata, classes=classes)
 
+
+_NEVER = 1 << 62
+"""A spill budget never reached."""
 
 POOL_MIN_SAMPLES = 200_000
 """Splits of fewer samples are planned in this process: forking would cost more than it saves."""
