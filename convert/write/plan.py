@@ -219,7 +219,8 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     """Order the samples (seeded shuffle unless disabled), key them, and pack them into shards.
 
     Memory: the scan's samples are read one at a time; the plan adds the keys (~20 bytes
-    each), the order (8 bytes each) and two numbers per shard. A big split (at least
+    each, on disk past :data:`shardify.records.SPILL_BYTES`), the order (4 bytes each below
+    :data:`PERMUTE_MIN_SAMPLES`, none from it) and two numbers per shard. A big split (at least
     :data:`POOL_MIN_SAMPLES`) is keyed, sized and hashed by ``options.workers`` forked
     processes, a chunk of the samples each; the plan is the same with any number.
     """
