@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
 import numpy as np
 
 from shardify.errors import KeyRuleError
+from shardify.records import Records, Repeats, repeated
 
 __all__ = [
     "MAX_MEMBER_NAME",
@@ -129,72 +129,63 @@ def _with_hash(key: str, identity: str) -> str:
 
 
 class KeyList(Sequence[str]):
-    """Keys as one ASCII buffer plus 8-byte offsets: ~20 bytes a key instead of ~70."""
+    """Keys as ASCII records (:class:`~shardify.records.Records`): ~20 bytes a key instead
+    of ~70, and past the spill budget on disk, not in memory."""
 
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._ends = array("q")
+    def __init__(self, *, spill_bytes: int | None = None) -> None:
+        self._records = Records(spill_bytes=spill_bytes)
 
     def append(self, key: str) -> None:
-        self._data += key.encode("ascii")
-        self._ends.append(len(self._data))
+        self._records.append(key.encode("ascii"))
 
     def extend(self, keys: Sequence[str]) -> None:
         """Append ``keys`` (ASCII strings): one buffer write for them all."""
-        base = len(self._data)
-        self._data += "".join(keys).encode("ascii")  # so each key's length in bytes is its len()
-        self._ends.frombytes((np.fromiter(map(len, keys), np.int64, len(keys)).cumsum() + base).tobytes())
+        data = "".join(keys).encode("ascii")  # so each key's length in bytes is its len()
+        self._records.extend(data, np.fromiter(map(len, keys), np.int64, len(keys)).cumsum())
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return len(self._records)
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def]  # int -> str, slice -> list[str]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self._ends)
-        end = self._ends[i]
-        return self._data[self._ends[i - 1] if i > 0 else 0 : end].decode("ascii")
+        return self._records[i].decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        for data, ends in self._records.spans():
+            text, begin = data.decode("ascii"), 0
+            for end in ends.tolist():
+                yield text[begin:end]
+                begin = end
 
     def take(self, indices: Iterable[int]) -> Iterator[str]:
         """The keys at ``indices`` (each in ``range(len(self))``), in that order: faster than
         indexing one at a time."""
-        data, ends = self._data, self._ends
-        for i in indices:
-            yield data[ends[i - 1] if i else 0 : ends[i]].decode("ascii")
+        for key in self._records.take(indices):
+            yield key.decode("ascii")
+
+    def spans(self, *, chunk: int = 1 << 16) -> Iterator[tuple[bytes | bytearray, np.ndarray]]:
+        """The keys in order, ``chunk`` at a time, as ``(ASCII bytes, where each key ends)``."""
+        return self._records.spans(chunk=chunk)
 
 
-def _repeated(values: array) -> list[int]:
-    """The indices, in increasing order, of the values that occur more than once in
-    ``values`` (int64s)."""
-    flat = np.frombuffer(values, dtype=np.int64)
-    ordered = np.sort(flat)
-    if not (ordered[1:] == ordered[:-1]).any():
-        return []  # the usual case, in the memory of one copy
-    by_value = np.argsort(flat, kind="stable")
-    ordered = flat[by_value]
-    same = ordered[1:] == ordered[:-1]
-    repeated = np.zeros(len(flat), dtype=bool)
-    repeated[1:] = same
-    repeated[:-1] |= same
-    return np.sort(by_value[repeated]).tolist()
+_repeated = repeated
+"""(the name the tests know)"""
 
 
 def _check_all(keys: KeyList, *, chunk: int = 1 << 16) -> None:
     """:func:`check_key` on every key, at numpy speed (``chunk`` keys at a time, so the
     temporaries stay a few MB): the first bad key raises its error."""
-    data = np.frombuffer(keys._data, dtype=np.uint8)
-    all_ends = np.frombuffer(keys._ends, dtype=np.int64)
-    for lo in range(0, len(all_ends), chunk):
-        first = int(all_ends[lo - 1]) if lo else 0
-        ends = all_ends[lo : lo + chunk] - first
-        text = data[first : first + int(ends[-1])]
+    lo = 0
+    for data, ends in keys.spans(chunk=chunk):
+        text = np.frombuffer(data, dtype=np.uint8)
         lengths = np.diff(ends, prepend=0)
         bad = (lengths < 1) | (lengths > MAX_KEY_LENGTH)
         bad[~bad] = ~_FIRST_BYTE[text[(ends - lengths)[~bad]]]
         bad[np.searchsorted(ends, np.flatnonzero(~_KEY_BYTE[text]), side="right")] = True
         for j in np.flatnonzero(bad).tolist():
             check_key(keys[lo + j])
+        lo += len(ends)
 
 
 def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None,
@@ -216,24 +207,24 @@ def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None
         pending = _candidate_keys(names, ids)
         candidates = iter(lambda: list(islice(pending, 1 << 16)), [])
     made = KeyList()
-    hashes = array("q")
+    hashes = Repeats()
     for chunk in candidates:
         made.extend(chunk)
         hashes.extend(map(hash, chunk))
     if len(made) != len(names):
         raise ValueError(f"{len(made)} candidates for {len(names)} names")
     counts: dict[str, int] = {}
-    for j in _repeated(hashes):
+    for j in hashes.repeated():
         counts[made[j]] = counts.get(made[j], 0) + 1
     clashing = {c for c, n in counts.items() if n > 1}
     if not clashing:
         keys = made
     else:
-        keys = KeyList()
-        for j in range(len(made)):
-            c = made[j]
-            keys.append(_with_hash(c, ids[j]) if c in clashing else c)
-        hashes = array("q", (hash(keys[j]) for j in range(len(keys))))
+        keys, hashes = KeyList(), Repeats()
+        rewritten = (_with_hash(c, ids[j]) if c in clashing else c for j, c in enumerate(made))
+        for chunk in iter(lambda: list(islice(rewritten, 1 << 16)), []):
+            keys.extend(chunk)
+            hashes.extend(map(hash, chunk))
     _check_unique(ids, keys, hashes)
     return keys
 
@@ -254,10 +245,10 @@ def _candidate_keys(names: Sequence[str], ids: Sequence[str]) -> Iterator[str]:
         yield c
 
 
-def _check_unique(names: Sequence[str], keys: KeyList, hashes: array) -> None:
+def _check_unique(names: Sequence[str], keys: KeyList, hashes: Repeats) -> None:
     _check_all(keys)
     owner: dict[str, str] = {}
-    for j in _repeated(hashes):
+    for j in hashes.repeated():
         key, name = keys[j], names[j]
         if key in owner:
             raise KeyRuleError(

@@ -271,4 +271,4 @@ def test_keylist_extend_equals_appends(chunks: list[list[str]]) -> None:
         for key in chunk:
             many.append(key)
     assert list(one) == list(many) == [k for chunk in chunks for k in chunk]
-    assert (one._data, one._ends) == (many._data, many._ends)
+    assert [(bytes(d), e.tolist()) for d, e in one.spans()] == [(bytes(d), e.tolist()) for d, e in many.spans()]

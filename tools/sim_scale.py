@@ -23,8 +23,9 @@ from shardify.manifest import ShardEntry, json_bytes
 from shardify.tarfmt import OFFSET_STRIDE, member_size
 
 SAMPLE_RECORD_BYTES = 110
-"""Converter driver memory per input while planning (measured by tools/bench_scale.py at
-1.3 M listing rows: SampleTable record ~100 B + key ~12 B + order 8 B)."""
+"""Converter driver disk per input while planning: its temporary files (tools/bench_scale.py's
+listing rows: SampleTable record ~84 B + offset 8 B, key ~11 B + offset 8 B); its memory is
+flat (~65-75 MB at 1 M and 10 M rows, docs/scale.md)."""
 
 
 def _human(n: float) -> str:
@@ -113,7 +114,7 @@ def main() -> None:
         "samples_per_rank_per_epoch": per_rank, "epoch_s": epoch_s,
         "get_requests_per_s": shard_reads / epoch_s, "read_bytes_per_s": dataset_bytes / epoch_s,
         "node_bytes_per_epoch": dataset_bytes * args.gpus_per_node / args.world,
-        "driver_plan_memory_bytes": n * SAMPLE_RECORD_BYTES,
+        "driver_plan_disk_bytes": n * SAMPLE_RECORD_BYTES,
         **plan,
     }
     if args.json:
@@ -128,8 +129,8 @@ def main() -> None:
     print(f"  epoch: {per_rank:,} samples per rank, {epoch_s:.0f} s at {args.images_per_s:.0f} images/s per GPU")
     print(f"  object store: ~{out['get_requests_per_s']:,.0f} GET/s, {_human(out['read_bytes_per_s'])}/s "
           f"over the whole run; {_human(out['node_bytes_per_epoch'])} per node per epoch")
-    print(f"  converter driver: ~{_human(out['driver_plan_memory_bytes'])} to plan in one process "
-          f"({SAMPLE_RECORD_BYTES} B per input)")
+    print(f"  converter driver: ~{_human(out['driver_plan_disk_bytes'])} of temporary files to plan "
+          f"({SAMPLE_RECORD_BYTES} B per input), its memory flat")
     print(f"  planning (this machine): the epoch's sequence of {plan['sequence_ranges']:,} shards "
           f"{plan['epoch_sequence_s']:.2f} s and its starts {plan['sequence_starts_s'] * 1000:.0f} ms, once per epoch "
           f"per process; then the plan of one worker (world {args.world:,}) {plan['plan_one_worker_s'] * 1000:.2f} ms "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import marshal
 import os
+from collections import Counter
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from shardify.errors import InputError
+from shardify.records import Records
 from shardify.tarfmt import BLOCK, member_size
 
 __all__ = ["SourceFile", "SampleSpec", "SampleTable", "pack_record", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
@@ -79,35 +81,45 @@ def total_payload_bytes(samples: Sequence[SampleSpec]) -> int:
 class SampleTable(Sequence[SampleSpec]):
     """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
 
-    Appending and indexing are O(1); memory is the records plus 8 bytes of offset each.
+    Appending and indexing are O(1). Memory is the records plus 8 bytes of offset each up
+    to ``spill_bytes`` (default :data:`shardify.records.SPILL_BYTES`, 8 MiB), and no more
+    beyond it: older records go to a temporary file (:class:`~shardify.records.Records`),
+    so a scan of a billion inputs holds as much memory as one of a million.
     """
 
-    def __init__(self, samples: Iterable[SampleSpec] = ()) -> None:
-        self._data = bytearray()
-        self._ends = array("q")
+    def __init__(self, samples: Iterable[SampleSpec] = (), *, spill_bytes: int | None = None) -> None:
+        self._records = Records(spill_bytes=spill_bytes)
         self._last: tuple[int, SampleSpec | None] = (-1, None)
         self.payload_bytes = 0
         """Sum of :func:`payload_bytes` of the samples appended."""
+        self.label_counts: Counter[int] | None = Counter()
+        """How many samples have each label (not None), so that no one reads every sample
+        again to count them; None once records came without their counts."""
         for spec in samples:
             self.append(spec)
 
     def append(self, spec: SampleSpec) -> None:
         name, identity, label, label_name, files, inline = spec
         self.payload_bytes += payload_bytes(spec)
-        self._data += pack_record(name, identity, label, label_name, tuple(map(tuple, files)) if files else (), inline)
-        self._ends.append(len(self._data))
+        if label is not None and self.label_counts is not None:
+            self.label_counts[label] += 1
+        self._records.append(pack_record(name, identity, label, label_name,
+                                         tuple(map(tuple, files)) if files else (), inline))
 
-    def extend_records(self, data: bytes, ends: array, payload: int) -> None:
+    def extend_records(self, data: bytes, ends: array, payload: int, labels: Counter[int] | None = None) -> None:
         """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
         ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the
-        sum of their samples' :func:`payload_bytes`."""
-        base = len(self._data)
-        self._data += data
-        self._ends.frombytes((np.frombuffer(ends, dtype=np.int64) + base).tobytes())
+        sum of their samples' :func:`payload_bytes`, ``labels`` their :attr:`label_counts`
+        (None: not counted)."""
+        self._records.extend(data, ends)
         self.payload_bytes += payload
+        if labels is None or self.label_counts is None:
+            self.label_counts = None
+        else:
+            self.label_counts.update(labels)
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return len(self._records)
 
     @overload
     def __getitem__(self, i: int) -> SampleSpec: ...
@@ -118,42 +130,52 @@ class SampleTable(Sequence[SampleSpec]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
-            i += len(self._ends)
+            i += len(self._records)
         if self._last[0] == i:  # a sample is often read twice in a row (name, then identity)
             return self._last[1]  # type: ignore[return-value]
-        end = self._ends[i]  # IndexError for i out of range
-        spec = _unpack(self._data[self._ends[i - 1] if i else 0:end])
+        spec = _unpack(self._records[i])  # IndexError for i out of range
         self._last = (i, spec)
         return spec
 
     def __iter__(self) -> Iterator[SampleSpec]:
-        data, start = self._data, 0
-        for i, end in enumerate(self._ends):
-            spec = _unpack(data[start:end])
-            self._last = (i, spec)
-            yield spec
-            start = end
+        i = 0
+        for data, ends in self._records.spans():
+            begin = 0
+            for end in ends.tolist():
+                spec = _unpack(data[begin:end])
+                self._last = (i, spec)
+                yield spec
+                begin, i = end, i + 1
 
     def names(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """The ``name`` of samples ``start..stop`` (default: all), in order, without making
         the samples (half the time)."""
-        data, ends = self._data, self._ends
-        begin = ends[start - 1] if start else 0
-        for end in ends[start:stop]:
-            yield marshal.loads(data[begin:end])[0]
-            begin = end
+        loads = marshal.loads
+        for data, ends in self._records.spans(start, stop):
+            begin = 0
+            for end in ends.tolist():
+                yield loads(data[begin:end])[0]
+                begin = end
 
     def take(self, indices: Iterable[int]) -> Iterator[SampleSpec]:
         """The samples at ``indices`` (each in ``range(len(self))``), in that order: faster than
         indexing one at a time."""
-        data, ends = self._data, self._ends
-        for i in indices:
-            yield _unpack(data[ends[i - 1] if i else 0:ends[i]])
+        return map(_unpack, self._records.take(indices))
+
+    def spans(self, *, chunk: int = 1 << 14) -> Iterator[tuple[bytes | bytearray, np.ndarray]]:
+        """The records in order, ``chunk`` at a time, as ``(records back to back, where each
+        ends)``: what :meth:`extend_records` takes."""
+        return self._records.spans(chunk=chunk)
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the records and offsets."""
-        return len(self._data) + self._ends.itemsize * len(self._ends)
+        """Bytes held by the records and offsets, in memory and spilled to disk."""
+        return self._records.nbytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of records and offsets held in memory (at most the spill budget)."""
+        return self._records.resident_bytes
 
 
 def pack_record(name: str, identity: str, label: int | None, label_name: str | int | None,

@@ -90,7 +90,9 @@ def int_labels(scan: Scan) -> dict[str, Any]:
     or ``{}`` when the split has class names or no labels."""
     if scan.classes:
         return {}
-    counts = Counter(s.label for s in scan.samples if s.label is not None)
+    counts = getattr(scan.samples, "label_counts", None)  # a SampleTable's, counted as it filled
+    if counts is None:
+        counts = Counter(s.label for s in scan.samples if s.label is not None)
     if not counts:
         return {}
     out: dict[str, Any] = {"distinct": len(counts), "min": min(counts), "max": max(counts)}

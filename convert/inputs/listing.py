@@ -16,7 +16,7 @@ import json.scanner
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from shardify.convert.inputs.ids import stored_ext
@@ -26,7 +26,7 @@ from shardify.errors import InputError, KeyRuleError
 from shardify.keys import check_ext
 from shardify.tarfmt import check_split_name
 
-__all__ = ["scan_listing", "inline_ext"]
+__all__ = ["scan_listing", "scan_rows", "inline_ext"]
 
 _RESERVED = {"path", "id", "label", "split"}
 _COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
@@ -60,24 +60,29 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:
                 yield n, {k: v for k, v in row.items() if v not in (None, "")}
         return
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            # The scanner alone (a third of json.loads's time per row) when the line is one
-            # object and its newline; anything else goes through json.loads for its rules
-            # and its error message.
+        yield from _json_rows(f, path)
+
+
+def _json_rows(lines: Iterable[str], path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    """The rows of JSON lines (numbered from 1), as :func:`json.loads` reads each line."""
+    for n, line in enumerate(lines, start=1):
+        # The scanner alone (a third of json.loads's time per row) when the line is one
+        # object and its newline; anything else goes through json.loads for its rules
+        # and its error message.
+        try:
+            row, end = _scan_json(line, 0)
+        except (StopIteration, ValueError):
+            end = -1
+        if end != len(line) - (line[-1:] == "\n") or type(row) is not dict:
+            if not line.strip():
+                continue
             try:
-                row, end = _scan_json(line, 0)
-            except (StopIteration, ValueError):
-                end = -1
-            if end != len(line) - (line[-1:] == "\n") or type(row) is not dict:
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise InputError(f"line {n}: not valid JSON: {e}", path=str(path)) from e
-                if not isinstance(row, dict):
-                    raise InputError(f"line {n}: expected a JSON object", path=str(path))
-            yield n, {k: v for k, v in row.items() if v is not None} if None in row.values() else row
+                row = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"line {n}: not valid JSON: {e}", path=str(path)) from e
+            if not isinstance(row, dict):
+                raise InputError(f"line {n}: expected a JSON object", path=str(path))
+        yield n, {k: v for k, v in row.items() if v is not None} if None in row.values() else row
 
 
 def scan_listing(
@@ -87,8 +92,13 @@ def scan_listing(
     default_split: str = "train",
     fmt: str | None = None,
     num_classes: int | None = None,
+    workers: int = 0,
 ) -> dict[str, Scan]:
-    """One Scan per split named in the listing (or ``default_split``), in order of first use."""
+    """One Scan per split named in the listing (or ``default_split``), in order of first use.
+
+    A big JSONL listing (:data:`POOL_MIN_BYTES`) is read by ``workers`` forked processes
+    (0: one per core), a part of its lines each (:mod:`~shardify.convert.inputs.listing_pool`);
+    the scan is the same with any number."""
     path = Path(listing)
     if fmt is None:
         fmt = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(path.suffix.lower())
@@ -105,7 +115,8 @@ def scan_listing(
     space = LabelSpace(classes=(), by_int=True, num_classes=num_classes)
     by_split: dict[str, tuple[SampleTable, list[Ignored]]] | None
     try:
-        by_split = _samples(path, fmt, base=base, default_split=default_split, space=space, has_labels=None)
+        by_split = _samples(path, fmt, base=base, default_split=default_split, space=space, has_labels=None,
+                            workers=workers)
     except (_TwoPasses, InputError, KeyRuleError):
         by_split = None  # (outside the handler, so that the traceback frees what the pass made)
     if by_split is None:
@@ -119,7 +130,7 @@ def scan_listing(
 
         space = label_space(labels(), source=str(path), num_classes=num_classes)
         by_split = _samples(path, fmt, base=base, default_split=default_split, space=space,
-                            has_labels=seen["labels"])
+                            has_labels=seen["labels"], workers=workers)
     return {
         split: Scan(root=str(base), source="listing", samples=samples, classes=list(space.classes), problems=problems)
         for split, (samples, problems) in by_split.items()
@@ -131,12 +142,36 @@ class _TwoPasses(Exception):
 
 
 def _samples(path: Path, fmt: str, *, base: Path, default_split: str, space: LabelSpace,
-             has_labels: bool | None) -> dict[str, tuple[SampleTable, list[Ignored]]]:
+             has_labels: bool | None, workers: int = 1) -> dict[str, tuple[SampleTable, list[Ignored]]]:
     """The samples and skipped rows of each split. ``has_labels`` None: the one-pass scan,
     with int labels, labelled or not as the first row is (else :class:`_TwoPasses`)."""
-    one_pass = has_labels is None
-    by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
-    for n, row in _read(path, fmt):
+    from shardify.convert.inputs import listing_pool  # (it imports this module)
+
+    if listing_pool.pooled(path, fmt, workers):
+        by_split = listing_pool.scan_parts(path, base=base, default_split=default_split, space=space,
+                                           has_labels=has_labels, workers=workers)
+        if by_split is not None:
+            return by_split
+    by_split = {}
+    for split, n, sample in scan_rows(_read(path, fmt), path=path, base=base, default_split=default_split,
+                                      space=space, has_labels=has_labels, one_pass=has_labels is None):
+        entry = by_split.get(split)
+        if entry is None:
+            entry = by_split[split] = (SampleTable(), [])
+        if type(sample) is str:
+            entry[1].append(Ignored(f"{path.name}:{n}", sample))
+        else:
+            entry[0].append(sample)  # type: ignore[arg-type]
+    return by_split
+
+
+def scan_rows(rows: Iterable[tuple[int, dict[str, object]]], *, path: Path, base: Path, default_split: str,
+              space: LabelSpace, has_labels: bool | None, one_pass: bool) -> Iterator[tuple[str, int, SampleSpec | str]]:
+    """``(split, line, sample)`` of each row, or ``(split, line, reason)`` for a row skipped.
+    ``one_pass``: only int labels, and labelled or not as ``has_labels`` (None: as the first
+    row is), else :class:`_TwoPasses`. A bad split name raises InputError."""
+    seen: set[str] = set()
+    for n, row in rows:
         if one_pass:
             if has_labels is None:
                 has_labels = "label" in row
@@ -144,18 +179,16 @@ def _samples(path: Path, fmt: str, *, base: Path, default_split: str, space: Lab
             if label is not None and not (has_labels and (label == "" or is_int_label(label))):
                 raise _TwoPasses
         split = str(row.get("split", default_split))
-        entry = by_split.get(split)
-        if entry is None:
+        if split not in seen:
             try:
                 check_split_name(split)
             except KeyRuleError as e:
                 raise InputError(str(e), path=str(path)) from e
-            entry = by_split[split] = (SampleTable(), [])
+            seen.add(split)
         try:
-            entry[0].append(_sample(row, base=base, space=space, has_labels=has_labels))
+            yield split, n, _sample(row, base=base, space=space, has_labels=bool(has_labels))
         except ValueError as e:
-            entry[1].append(Ignored(f"{path.name}:{n}", str(e)))
-    return by_split
+            yield split, n, str(e)
 
 
 def _read(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:

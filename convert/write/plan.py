@@ -8,7 +8,9 @@ exact sizes of the tar files (minus inputs skipped as bad).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
 import random
 import sys
@@ -19,16 +21,19 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import attrgetter
 from typing import Any, TypeVar
 
+import numpy as np
+
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
+from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
 
-__all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "metadata_json", "metadata_needed",
-           "shuffle_order"]
+__all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "plan_order", "metadata_json",
+           "metadata_needed", "shuffle_order", "PERMUTE_MIN_SAMPLES"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +103,20 @@ class SplitPlan:
 
     def shard(self, index: int) -> ShardPlan:
         """The samples of shard ``index``, in order, with their keys."""
-        start = sum(self.shard_sizes[:index])
-        specs, keys = SampleTable(), KeyList()
-        for pos in range(start, start + self.shard_sizes[index]):
-            i = self.order[pos]
-            specs.append(self.specs[i])
-            keys.append(self.keys[i])
+        start = self._starts[index]
+        positions = _positions(self.order, start, start + self.shard_sizes[index])
+        specs, keys = SampleTable(spill_bytes=_NEVER), KeyList(spill_bytes=_NEVER)  # sent whole to a writer
+        for spec in (self.specs.take(positions) if isinstance(self.specs, SampleTable)
+                     else (self.specs[i] for i in positions)):
+            specs.append(spec)
+        keys.extend(list(self.keys.take(positions)) if isinstance(self.keys, KeyList)
+                    else [self.keys[i] for i in positions])
         return ShardPlan(index, specs, keys, self.shard_bytes[index], self.metadata, self.classes)
+
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        """Where each shard starts in the order."""
+        return [0, *itertools.accumulate(self.shard_sizes)]
 
     @property
     def shards(self) -> list[ShardPlan]:
@@ -170,11 +182,27 @@ def _meta(spec: SampleSpec, key: str, mode: str, classes: Sequence[str]) -> byte
 
 def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
     """A permutation of ``range(n)`` from ``(seed, split)``, the same on every platform
-    (8 bytes an entry)."""
+    (4 bytes an entry; 8 past 2**32): the rule of splits below :data:`PERMUTE_MIN_SAMPLES`."""
     digest = hashlib.sha256(f"shardify-order:{seed}:{split}".encode()).digest()
-    order = array("q", range(n))
+    order = array("I" if n <= 1 << 32 and array("I").itemsize == 4 else "q", range(n))
     random.Random(int.from_bytes(digest[:16], "big")).shuffle(order)  # type: ignore[arg-type]
     return order
+
+
+PERMUTE_MIN_SAMPLES = 1 << 22
+"""Splits of this many samples (4,194,304) or more are ordered by :class:`KeyedPermutation`,
+computed in parts in constant memory, instead of :func:`shuffle_order` (a list of them all,
+4 bytes each, shuffled in one process); smaller splits keep the order they always had."""
+
+
+def plan_order(n: int, *, seed: int, split: str, shuffle: bool) -> Sequence[int]:
+    """The order of a split's ``n`` samples: scan order without ``shuffle``; else
+    :func:`shuffle_order` below :data:`PERMUTE_MIN_SAMPLES`, :class:`KeyedPermutation` from it."""
+    if not shuffle:
+        return range(n)
+    if n < PERMUTE_MIN_SAMPLES:
+        return shuffle_order(n, seed=seed, split=split)
+    return KeyedPermutation(n, seed=seed, split=split)
 
 
 def _sample_bytes(spec: SampleSpec, meta: bytes | None, raw: tuple[int, str] | None = None) -> int:
@@ -197,15 +225,15 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     """Order the samples (seeded shuffle unless disabled), key them, and pack them into shards.
 
     Memory: the scan's samples are read one at a time; the plan adds the keys (~20 bytes
-    each), the order (8 bytes each) and two numbers per shard. A big split (at least
+    each, on disk past :data:`shardify.records.SPILL_BYTES`), the order (4 bytes each below
+    :data:`PERMUTE_MIN_SAMPLES`, none from it) and two numbers per shard. A big split (at least
     :data:`POOL_MIN_SAMPLES`) is keyed, sized and hashed by ``options.workers`` forked
     processes, a chunk of the samples each; the plan is the same with any number.
     """
     specs: Sequence[SampleSpec] = scan.samples
     keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"),
                        candidates=_in_order(_key_chunk, specs, len(specs), options.workers))
-    order: Sequence[int] = (shuffle_order(len(specs), seed=options.seed, split=options.split)
-                            if options.shuffle else range(len(specs)))
+    order = plan_order(len(specs), seed=options.seed, split=options.split, shuffle=options.shuffle)
     hasher = hashlib.sha256()
     hasher.update(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__,
                               "source": scan.source, "classes": scan.classes,
@@ -243,6 +271,9 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
                      shard_bytes=tuple(shard_bytes), specs=specs, keys=keys, order=order,
                      metadata=options.metadata, classes=classes)
 
+
+_NEVER = 1 << 62
+"""A spill budget never reached."""
 
 POOL_MIN_SAMPLES = 200_000
 """Splits of fewer samples are planned in this process: forking would cost more than it saves."""
@@ -294,7 +325,7 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     to the plan's fingerprint after its shard's index: its key, label, ``.json`` member,
     files and inline fields."""
     specs, keys, order, mode, classes, raw = job
-    positions = order[lo:hi]
+    positions = _positions(order, lo, hi)
     picked = specs.take(positions) if isinstance(specs, SampleTable) else (specs[i] for i in positions)
     sha256 = hashlib.sha256
     sizes: list[int] = []
@@ -309,6 +340,12 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
             parts.append(ext.encode() + b"\0" + sha256(data).digest())
         fragments.append(b"".join(parts))
     return sizes, fragments
+
+
+def _positions(order: Sequence[int], lo: int, hi: int) -> Sequence[int]:
+    """Entries ``lo..hi`` of an order (a range, an array, a :class:`KeyedPermutation`) as Python ints."""
+    part = order[lo:hi]
+    return part.tolist() if isinstance(part, np.ndarray) else part
 
 
 class _Column(Sequence[str]):

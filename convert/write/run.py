@@ -92,7 +92,8 @@ def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str]
                     root: str | os.PathLike[str] | None = None, fmt: str | None = None,
                     options: ConvertOptions) -> ConvertResult:
     """Convert a CSV/JSONL listing; rows go to their ``split`` column or ``options.split``."""
-    scans = scan_listing(listing, root=root, default_split=options.split, fmt=fmt, num_classes=options.num_classes)
+    scans = scan_listing(listing, root=root, default_split=options.split, fmt=fmt, num_classes=options.num_classes,
+                         workers=options.workers)
     return convert_scans(scans, out, options=options)
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shardify.convert.inputs import listing as listing_mod
+from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.write import plan as plan_mod
 from shardify.convert.write.plan import plan_split
@@ -143,3 +145,38 @@ def test_listing_output_bytes_are_pinned(tmp_path: Path, options, monkeypatch: p
     index = json.loads((out / "train.json").read_text())
     shards = hashlib.sha256(b"".join((out / s["url"]).read_bytes() for s in index["shardlist"])).hexdigest()
     assert (shards, plan.fingerprint) == (PINNED_SHARDS, PINNED_FINGERPRINT)
+
+
+@pytest.mark.parametrize(("name", "text"), [p for p in LISTINGS if p.values[0].endswith(".jsonl")] + [
+    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}) + "\n\n" + _jsonl({"id": "b", "label": "x"}), id="blank-lines"),
+    pytest.param("l.jsonl", '{"id": "a", "label": 1}\r\n{"id": "b"}\r{"id": "c", "label": 2}\n{bad', id="cr-lines"),
+    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": i % 2 if i % 4 else -1, "split": "ab"[i % 3 == 0]}
+                                     for i in range(30))), id="skipped-rows-in-two-splits"),
+    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": f"n{i % 3}"} for i in range(20))) + '{"id": "\xe9"}\n',
+                 id="names-many-parts"),
+])
+@pytest.mark.parametrize("part_bytes", [1, 30, 200])
+def test_listing_read_in_parts_by_workers_gives_the_one_process_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str, part_bytes: int) -> None:
+    from shardify.convert.inputs import listing_pool
+
+    listing = tmp_path / name
+    listing.write_text(text, encoding="utf-8")
+    one = _outcome(listing)
+    monkeypatch.setattr(listing_pool, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(listing_pool, "PART_BYTES", part_bytes)
+    parts: list[list[tuple[int, int]]] = []
+    part_bounds = listing_pool._part_bounds
+    monkeypatch.setattr(listing_pool, "_part_bounds", lambda path: parts.append(part_bounds(path)) or parts[-1])
+    assert listing_pool.pooled(listing, "jsonl", 2)
+    try:
+        scans = scan_listing(listing, num_classes=3, workers=2)
+    except ShardifyError as e:
+        pooled: object = type(e).__name__, str(e)
+    else:
+        pooled = {split: ([tuple(s) for s in scan.samples], scan.classes,
+                          [(p.path, p.reason, p.kind) for p in scan.problems]) for split, scan in scans.items()}
+        for scan in scans.values():  # the label counts, kept as the parts came, are the samples'
+            assert int_labels(scan) == int_labels(replace(scan, samples=list(scan.samples)))
+    assert pooled == one
+    assert parts and (part_bytes > 1 or len(parts[0]) == text.count("\n") + (not text.endswith("\n")))  # a line a part
