@@ -63,7 +63,7 @@ def _int(state: dict[str, Any], name: str, low: int) -> int:
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
                workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
-    from shardify.reader.dataset import LAYOUT, MAX_SEGMENTS
+    from shardify.reader.dataset import LAYOUTS, MAX_SEGMENTS
 
     version = state.get("version")
     if version not in (1, STATE_VERSION):
@@ -98,8 +98,8 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
         except (TypeError, ValueError) as e:
             raise ValueError(f"loader state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
         layout = state.get("layout")
-        if layout not in (1, LAYOUT):
-            raise ValueError(f"loader state field 'layout' is {layout!r}; want 1 or {LAYOUT}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"loader state field 'layout' is {layout!r}; want one of {LAYOUTS}")
     segment = Segment(saved_world, saved_workers, batches)
     if (saved_world, saved_workers) != (world, workers):
         if ds.options.bucket_length is not None:
