@@ -20,9 +20,9 @@ process, the systems alternating, ``--repeat`` times; it prints min and median o
 
 and the imports, separately. ``--scale`` also times shardify at ``--scale-rows`` small
 samples (the listing of ``tools/bench_scale.py``, converted by ``tools/bench_start.py``) as
-rank ``--rank`` of ``--world`` (batch 256). ``--old-code DIR`` adds shardify run from another
-checkout (e.g. ``git worktree add /tmp/base HEAD~3``), alternating with this one: before/after
-on a shared machine. The page cache is warmed once before the runs.
+rank ``--rank`` of ``--world`` (batch 256). ``--old-code DIR`` (repeatable) adds shardify run
+from another checkout (e.g. ``mkdir /tmp/base && git archive HEAD~3 | tar -x -C /tmp/base``),
+alternating with this one: before/after on a shared machine. The page cache is warmed once before the runs.
 """
 
 from __future__ import annotations
@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-rows", type=int, default=1_300_000)
     ap.add_argument("--rank", type=int, default=3)
     ap.add_argument("--world", type=int, default=64)
-    ap.add_argument("--old-code", type=Path, help="a checkout of shardify to time beside this one")
+    ap.add_argument("--old-code", type=Path, action="append", default=[],
+                    help="a checkout of shardify to time beside this one (repeatable)")
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.data.mkdir(parents=True, exist_ok=True)
     base = {"workers": args.workers, "batch_size": args.batch_size}
-    codes = [("", "shardify")] + ([(str(args.old_code.resolve()), "shardify@old")] if args.old_code else [])
+    codes = [("", "shardify")] + [(str(c.resolve()), f"shardify@{c.name}") for c in args.old_code]
     runs: list[tuple[str, dict]] = []  # (label, spec)
     corpora = [] if args.scale_only else [c for c in args.corpus.split(",") if c]
     systems = [s for s in args.systems.split(",") if s]
