@@ -183,7 +183,7 @@ def child(spec: dict) -> dict:
         else:
             pipe = pipe.decode().to_tuple("npy", "cls")
         pipe = pipe.batched(bs, collation_fn=default_collate, partial=True)
-        loader = DataLoader(pipe, batch_size=None, num_workers=workers, persistent_workers=True)
+        loader = DataLoader(pipe, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
     else:  # an ImageFolder-style map dataset, as with torchvision
         from PIL import Image
         from torch.utils.data import DataLoader, Dataset
@@ -210,7 +210,7 @@ def child(spec: dict) -> dict:
 
         t1 = time.perf_counter()
         loader = DataLoader(Folder(spec["folder"]), batch_size=bs, shuffle=True, num_workers=workers,
-                            persistent_workers=True)
+                            persistent_workers=workers > 0)
     t2 = time.perf_counter()
     it = iter(loader)
     batch = next(it)

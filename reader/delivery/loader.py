@@ -88,10 +88,10 @@ def _release_frames(error: BaseException) -> None:
 def _fork_frozen(dataloader: DataLoader) -> Any:
     """``iter(dataloader)``, its worker processes forked with the garbage collector's objects frozen.
 
-    A forked worker inherits every object of this process (torch's, the split index's); its
-    first full collection walks them all (~0.1 s, and it writes to every page it touches, so
-    the pages shared with this process get copied). Frozen before the fork (``gc.freeze``),
-    they are never walked by the workers; this process unfreezes them once they are started.
+    A forked worker inherits every object of this process (torch's, the split index's); each
+    of its full collections would walk them all, and write to every page it touches, so the
+    pages shared with this process get copied. Frozen before the fork (``gc.freeze``), they
+    are never walked by the workers; this process unfreezes them once they are started.
     """
     if dataloader.num_workers == 0:
         return iter(dataloader)
