@@ -51,17 +51,23 @@ from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, 
 from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
-__all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "MAX_SEGMENTS"]
+__all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
 
 log = logging.getLogger("shardify.reader")
 
 _EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS = range(5)
 _HEADER = 5
 
-LAYOUT = 2
-"""How an epoch's sequence is built: 2, blocks of every shard interleaved (see
-:mod:`shardify.reader.plan.mix`); 1, whole shards one after another (before cross-rank
-shuffle; an epoch resumed from a version 1 loader state is finished that way)."""
+LAYOUT = 3
+"""How an epoch is planned: 3, as 2 with a shuffle buffer that ramps up (the first samples
+leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
+blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
+whole before its first output; 1, whole shards one after another (before cross-rank
+shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
+saved under an older layout finishes its epoch under that layout."""
+
+LAYOUTS = (1, 2, 3)
+"""Every layout a resume point may name."""
 
 MAX_SEGMENTS = 16
 """Resumes of one epoch on another topology that a state can hold."""
@@ -225,8 +231,8 @@ class ShardedDataset(IterableDataset):
         if len(history) > MAX_SEGMENTS:
             raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times; "
                              f"a state holds at most {MAX_SEGMENTS}")
-        if layout not in (1, LAYOUT):
-            raise ValueError(f"{layout=} should be 1 or {LAYOUT}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"{layout=} should be one of {LAYOUTS}")
         self._state[_EPOCH] = epoch
         self._state[_RESUME_EPOCH] = epoch
         self._state[_RESUME_BATCHES] = batches
@@ -285,9 +291,14 @@ class ShardedDataset(IterableDataset):
 
     @property
     def plan_options(self) -> PlanOptions:
+        """The options of this dataset's plan under the current :data:`LAYOUT`."""
+        return self.layout_options(LAYOUT)
+
+    def layout_options(self, layout: int) -> PlanOptions:
+        """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp)."""
         o = self.options
         return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
-                           block=o.shuffle_block, buffer=o.shuffle_buffer)
+                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3)
 
     def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple:
         """The epoch's samples in order as ``(shard, start, stop)`` ranges, after ``history``'s."""
@@ -303,7 +314,7 @@ class ShardedDataset(IterableDataset):
             seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
                                  shuffle=o.shuffle, block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
             if history:
-                seq = resumed_sequence(seq, history, self.plan_options, epoch=epoch)
+                seq = resumed_sequence(seq, history, self.layout_options(layout), epoch=epoch)
             self._planned = (key, seq, sequence_starts(seq))
         return self._planned[1], self._planned[2]
 
@@ -339,7 +350,7 @@ class ShardedDataset(IterableDataset):
             return make_iter_state(self, self._pending[1])
         world = detect_world(self._rank_world if get_worker_info() is not None else None)
         return make_iter_state(self, IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers,
-                                                  world=world.world, batches=0))
+                                                  world=world.world, batches=0, layout=LAYOUT))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make this process's next iteration go on from ``state`` (from :meth:`state_dict`).
@@ -461,8 +472,8 @@ class ShardedDataset(IterableDataset):
         sizes = plan.batch_sizes()[skip:]
         if not sizes:
             return
-        read, out = share_order(plan, self.plan_options, epoch=epoch, rank=world.rank, worker=world.worker,
-                                segment=len(history))
+        read, out = share_order(plan, self.layout_options(layout), epoch=epoch, rank=world.rank,
+                                worker=world.worker, segment=len(history))
         # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
         done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
         mask = None

@@ -501,6 +501,9 @@ def scan_layout(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
 
 
 _PLAIN_CHUNK = 1 << 20
+_PLAIN_HOP = 1 << 14
+"""What the plain scan reads after passing over a member of this size or more (a photo):
+the next header and the small members after it, not 1 MiB of image bytes to skip."""
 
 
 def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
@@ -573,6 +576,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
     last: str | None = None
     pos, buf, buf_at, heads, sums = start, b"", start, array("q"), array("q")
     at_end = False
+    length = _PLAIN_HOP  # the last member's size: after a large one (and first), read a hop, not a chunk
 
     def checksums_ok() -> bool:
         if not heads:
@@ -590,7 +594,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
                 at_end = True
                 break  # end of data on a block boundary
             f.seek(pos)
-            buf, buf_at = f.read(min(_PLAIN_CHUNK, end - pos)), pos
+            buf, buf_at = f.read(min(_PLAIN_CHUNK if length < _PLAIN_HOP else _PLAIN_HOP, end - pos)), pos
             if len(buf) < BLOCK:
                 return None
         at = pos - buf_at

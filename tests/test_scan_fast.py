@@ -54,6 +54,42 @@ def test_fast_scan_equals_the_full_parser(members) -> None:
     assert fast is not None and _eq(fast, full)
 
 
+class _Counting(io.BytesIO):
+    """Counts the bytes read from it."""
+
+    read_bytes = 0
+
+    def read(self, n: int | None = -1) -> bytes:  # type: ignore[override]
+        data = super().read(n)
+        self.read_bytes += len(data)
+        return data
+
+
+# photo-like samples: a small label, a large image (big and small members alternate)
+_PHOTOS = [(f"p{i:04d}.{e}", (b"%d" % i) if e == "cls" else bytes([i % 251]) * (60_000 + 977 * i))
+           for i in range(40) for e in ("cls", "jpg")]
+
+
+def test_fast_scan_of_large_members_equals_the_full_parser() -> None:
+    fast, full = _layouts(_shard(_PHOTOS))
+    assert fast is not None and _eq(fast, full)
+
+
+def test_header_scans_pass_over_large_members_unread() -> None:
+    """A scan reads the headers, not the images between them: ~16 KiB per large member (the
+    next header and the small members after it), not 1 MiB chunks of image bytes."""
+    raw = _shard(_PHOTOS)
+    f = _Counting(raw)
+    layout = tario._scan_plain(f, max_member=tario.DEFAULT_MAX_MEMBER)
+    assert layout is not None and len(layout) == 40
+    assert f.read_bytes <= 41 * tario._PLAIN_HOP < len(raw) / 4
+    # a window of the split index's offsets, the way the reader scans it before a first batch
+    g = _Counting(raw)
+    window = tario.scan_window(g, start=layout.offsets[8], count=16, next_start=layout.offsets[24])
+    assert window is not None and [window.key(i) for i in range(16)] == [f"p{i:04d}" for i in range(8, 24)]
+    assert g.read_bytes <= 17 * tario._PLAIN_HOP < (layout.offsets[24] - layout.offsets[8]) / 4
+
+
 def _corrupt_checksum(raw: bytes, header_at: int) -> bytes:
     b = bytearray(raw)
     b[header_at + 10] ^= 1

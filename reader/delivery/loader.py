@@ -19,6 +19,7 @@ resumes exactly.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import traceback
@@ -82,6 +83,23 @@ def _release_frames(error: BaseException) -> None:
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)
         stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
+def _fork_frozen(dataloader: DataLoader) -> Any:
+    """``iter(dataloader)``, its worker processes forked with the garbage collector's objects frozen.
+
+    A forked worker inherits every object of this process (torch's, the split index's); each
+    of its full collections would walk them all, and write to every page it touches, so the
+    pages shared with this process get copied. Frozen before the fork (``gc.freeze``), they
+    are never walked by the workers; this process unfreezes them once they are started.
+    """
+    if dataloader.num_workers == 0:
+        return iter(dataloader)
+    gc.freeze()
+    try:
+        return iter(dataloader)
+    finally:
+        gc.unfreeze()
 
 
 class Loader:
@@ -151,7 +169,7 @@ class Loader:
             log.warning("DataLoader %s; starting new workers", _died(running))
             self._shut_down(running)
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
-            return iter(self.dataloader)  # persistent workers already running keep theirs
+            return _fork_frozen(self.dataloader)  # persistent workers already running keep theirs
         # Enough slots for the batches prefetched, the one in use, one kept and the one being made;
         # a loop that keeps more gets fresh memory for the rest.
         slots = min(batchpool.MAX_SLOTS, (self.dataloader.prefetch_factor or 2) + 3)
@@ -159,7 +177,7 @@ class Loader:
         channel.register()
         self.dataset._channel = channel  # the workers take it with their copy of the dataset
         try:
-            workers = iter(self.dataloader)
+            workers = _fork_frozen(self.dataloader)
         except BaseException:
             channel.close()
             raise

@@ -214,7 +214,7 @@ def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
                workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
-    from shardify.reader.dataset import LAYOUT, MAX_SEGMENTS
+    from shardify.reader.dataset import LAYOUTS, MAX_SEGMENTS
 
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
@@ -252,8 +252,8 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
         except (TypeError, ValueError) as e:
             raise ValueError(f"loader state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
         layout = state.get("layout")
-        if layout not in (1, LAYOUT):
-            raise ValueError(f"loader state field 'layout' is {layout!r}; want 1 or {LAYOUT}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"loader state field 'layout' is {layout!r}; want one of {LAYOUTS}")
         if version == 2:
             _check_part_passes(ds, epoch, batches, history)
     segment = Segment(saved_world, saved_workers, batches)
@@ -284,8 +284,8 @@ class IterPosition:
     workers: int
     world: int
     batches: int
+    layout: int
     history: tuple[Segment, ...] = ()
-    layout: int = 2
 
 
 def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
@@ -312,7 +312,7 @@ def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, wo
     It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
     place says nothing about the others', so another topology needs the loader's state.
     """
-    from shardify.reader.dataset import LAYOUT
+    from shardify.reader.dataset import LAYOUTS
 
     if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
         kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
@@ -344,7 +344,7 @@ def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, wo
     except (TypeError, ValueError) as e:
         raise ValueError(f"dataset state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
     layout = state.get("layout")
-    if layout not in (1, LAYOUT):
-        raise ValueError(f"dataset state field 'layout' is {layout!r}; want 1 or {LAYOUT}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"dataset state field 'layout' is {layout!r}; want one of {LAYOUTS}")
     return IterPosition(epoch=_int(state, "epoch", 0), role=role, workers=workers, world=world,
                         batches=_int(state, "batches", 0), history=history, layout=layout)

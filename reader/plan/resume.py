@@ -26,7 +26,7 @@ from shardify.reader.plan.assign import (
     sequence_length,
     sequence_starts,
 )
-from shardify.reader.plan.shuffle import stream_rng, worker_order
+from shardify.reader.plan.shuffle import ramp_start, stream_rng, worker_order
 
 __all__ = ["PlanOptions", "Segment", "share_order", "consumed_mask", "remaining", "resumed_sequence"]
 
@@ -41,6 +41,9 @@ class PlanOptions:
     drop_last: bool
     block: int
     buffer: int
+    ramp: bool = True
+    """The shuffle buffer ramps up (plan layout 3; see :mod:`shardify.reader.plan.shuffle`);
+    False: it fills whole before its first output (layouts 1 and 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,8 @@ def share_order(plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, w
     rng: random.Random | None = None
     if opts.shuffle:
         rng = stream_rng(opts.seed, epoch, rank, worker, segment)
-    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer)
+    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer,
+                        initial=ramp_start(opts.buffer) if opts.ramp else None)
 
 
 def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions, *, epoch: int,

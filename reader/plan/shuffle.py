@@ -8,8 +8,15 @@ two stages that bound memory by ``buffer_size`` encoded samples:
 
 1. block shuffle: the share is cut into blocks of ``block`` consecutive samples (read with
    one seek each) and the blocks are visited in random order;
-2. buffer shuffle: the classic shuffle buffer (fill ``buffer_size`` samples, then emit a
-   random one and put the next one read in its place) applied to that read order.
+2. buffer shuffle: the classic shuffle buffer (emit a random sample held and put the next
+   one read in its place) applied to that read order. It ramps up, as webdataset's
+   ``shuffle(initial=...)`` does: the first sample leaves once ``s`` samples are read
+   (:func:`ramp_start`: ``buffer_size // 16``, at most 64), and until the buffer holds
+   ``buffer_size`` it reads two samples per sample emitted. So a worker's first batch of
+   ``B`` waits for about ``s + 2 B`` reads instead of ``buffer_size + B`` (for the defaults
+   and ``B = 64``: at most 190, median 175, instead of ~1,050), and the buffer is full after
+   ``2 (buffer_size - s)`` reads; from there on it is the full buffer. (Plans of layouts 1
+   and 2, see :data:`shardify.reader.dataset.LAYOUT`, have no ramp: the buffer fills first.)
 
 Because the output order is a list of positions, resuming after ``k`` outputs only has to
 read the positions not yet emitted: nothing is replayed, nothing is decoded twice.
@@ -28,6 +35,8 @@ __all__ = [
     "stream_rng",
     "sample_rng",
     "block_order",
+    "RAMP_START",
+    "ramp_start",
     "buffer_order",
     "worker_order",
     "reorder",
@@ -75,39 +84,65 @@ def block_order(n: int, *, block: int, rng: random.Random) -> list[int]:
     return out
 
 
-def buffer_order(n: int, *, buffer_size: int, rng: random.Random) -> list[int]:
+RAMP_START = 64
+"""At most this many samples are held before a ramped buffer's first output (see
+:func:`ramp_start`). Part of the plan: changing it changes every ramped order (a new plan
+layout)."""
+
+
+def ramp_start(buffer_size: int) -> int:
+    """How many samples a ramped shuffle buffer of ``buffer_size`` holds before its first
+    output: a sixteenth of it, at least 1 and at most :data:`RAMP_START` (64 for the default
+    1,024)."""
+    return max(1, min(RAMP_START, buffer_size // 16))
+
+
+def buffer_order(n: int, *, buffer_size: int, rng: random.Random, initial: int | None = None) -> list[int]:
     """The order in which a shuffle buffer of ``buffer_size`` emits items read as ``0..n-1``.
 
-    Item ``k`` of the output is always among the first ``k + buffer_size`` items read, so a
-    consumer holding at most ``buffer_size`` items can produce it lazily.
+    ``initial``: the buffer emits its first item once it holds ``initial`` items, then reads
+    two items per item emitted until it holds ``buffer_size`` (webdataset's ramp); None (or
+    ``>= buffer_size``): it fills whole first. Item ``k`` of the output is always among the
+    first ``k + buffer_size`` items read, so a consumer holding at most ``buffer_size`` items
+    can produce it lazily; with the ramp, among the first ``initial + 2 k`` while it lasts.
     """
     size = min(buffer_size, n)
     if size <= 1:
         return list(range(n))
-    buf = list(range(size))
+    t = size if initial is None else max(1, min(initial, size))
+    buf = list(range(t))
     out: list[int] = []
     rand = rng.random
-    for t in range(size, n):
-        j = int(rand() * size)
+    while len(buf) < size and t < n:  # the ramp: emit one, read two
+        j = int(rand() * len(buf))
         out.append(buf[j])
         buf[j] = t
+        t += 1
+        if t < n:
+            buf.append(t)
+            t += 1
+    for k in range(t, n):  # full: emit one, read one (with no ramp, the only loop)
+        j = int(rand() * size)
+        out.append(buf[j])
+        buf[j] = k
     rng.shuffle(buf)
     out.extend(buf)
     return out
 
 
 def worker_order(
-    n: int, *, rng: random.Random | None, block: int, buffer_size: int
+    n: int, *, rng: random.Random | None, block: int, buffer_size: int, initial: int | None = None
 ) -> tuple[list[int], list[int]]:
     """``(read order, output order)`` of a worker's ``n`` samples, both permutations of ``0..n-1``.
 
-    ``rng=None`` means no shuffle: both are the natural order.
+    ``rng=None`` means no shuffle: both are the natural order. ``initial``: the buffer's
+    ramp (see :func:`buffer_order`).
     """
     if rng is None:
         natural = list(range(n))
         return natural, natural
     read = block_order(n, block=block, rng=rng)
-    emitted = buffer_order(n, buffer_size=buffer_size, rng=rng)
+    emitted = buffer_order(n, buffer_size=buffer_size, rng=rng, initial=initial)
     return read, [read[i] for i in emitted]
 
 

@@ -142,8 +142,10 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
     other.close()
 
 
-def _counting(root, **kw):
-    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3), sampling=SamplingOptions(mark_repeats=True), **kw)
+def _counting(root, *, shuffle_buffer=4, **kw):
+    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3,
+                          shuffling=ShuffleOptions(buffer=shuffle_buffer, block=3),
+                          sampling=SamplingOptions(mark_repeats=True), **kw)
 
 
 @pytest.mark.parametrize("a, b, k", [((2, 0), (3, 2), 2), ((3, 2), (1, 0), 1), ((1, 3), (2, 1), 4), ((2, 1), (2, 1), 3)])
@@ -182,7 +184,7 @@ def test_a_version_1_state_still_loads_and_finishes_its_epoch(counting_dataset):
     root = counting_dataset([7, 2, 13, 30, 1])
     ds = _counting(root)
     legacy = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3, interleave=False)
-    old_run = rank_batches(legacy, ds.plan_options, epoch=2, rank=0, world=1, workers=2)  # what version 1 read
+    old_run = rank_batches(legacy, ds.layout_options(1), epoch=2, rank=0, world=1, workers=2)  # what version 1 read
     start = [0, 7, 9, 22, 52]
     index = [[start[s] + i for s, i, _ in b] for b in old_run]
     state = {"version": 1, "epoch": 2, "batches": 5, "seed": 3, "world": 1, "num_batches": len(ds)}
@@ -222,3 +224,36 @@ def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(image_data
     loader.load_state_dict(state)
     ds.set_epoch(1)  # asked for: the rest of epoch 1, which is empty
     assert list(loader) == []
+
+
+def test_a_state_saved_before_the_buffer_ramp_resumes_on_its_own_order(counting_dataset):
+    """Loader states of plan layout 2 (saved before the shuffle buffer ramped up) finish their
+    epoch in layout 2's order; a new state (layout 3) in the ramped order."""
+    from shardify.reader.dataset import LAYOUT
+    from shardify.reader.plan.mix import epoch_sequence
+    from shardify.reader.plan.simulate import rank_batches
+
+    root = counting_dataset([7, 2, 13, 30, 1])
+    ds = _counting(root, shuffle_buffer=40)  # a ramp from 2 samples to 40
+    seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
+    start = [0, 7, 9, 22, 52]
+    runs = {layout: [[start[s] + i for s, i, _ in b]
+                     for b in rank_batches(seq, ds.layout_options(layout), epoch=2, rank=0, world=1, workers=2)]
+            for layout in (2, 3)}
+    assert LAYOUT == 3 and runs[2][5:] != runs[3][5:]
+    with make_loader(ds, num_workers=2) as loader:
+        ds.set_epoch(2)
+        assert [cls.tolist() for cls, _ in loader] == runs[3]  # an epoch now: the ramped order
+    for layout in (2, 3):
+        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+            loader.dataset.set_epoch(2)
+            it = iter(loader)
+            head = [next(it)[0].tolist() for _ in range(5)]
+            state = seal_state({**loader.state_dict(), "layout": layout})  # as saved by the code of that layout
+            del it
+        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+            loader.load_state_dict(state)
+            rest = [cls.tolist() for cls, _ in loader]
+            assert loader.state_dict()["layout"] == layout
+        assert rest == runs[layout][5:]
+        assert head == runs[3][:5]

@@ -12,6 +12,7 @@ from shardify.reader.plan.shuffle import (
     block_order,
     buffer_order,
     derive_seed,
+    ramp_start,
     reorder,
     sample_rng,
     shard_order,
@@ -29,6 +30,40 @@ def test_worker_order_is_a_bounded_permutation(n, block, buffer, seed):
         assert where[p] < k + buffer  # output k was among the first k + buffer items read
     again = worker_order(n, rng=random.Random(seed), block=block, buffer_size=buffer)
     assert again == (read, out)
+
+
+@given(n=st.integers(0, 600), buffer=st.integers(1, 300), initial=st.integers(-2, 320), seed=st.integers(0, 2**40))
+@settings(max_examples=200, deadline=None)
+def test_a_ramped_buffer_is_a_bounded_permutation_that_starts_early(n, buffer, initial, seed):
+    out = buffer_order(n, buffer_size=buffer, rng=random.Random(seed), initial=initial)
+    assert sorted(out) == list(range(n))
+    s = max(1, min(initial, buffer, n))
+    for k, p in enumerate(out):
+        assert p < k + buffer  # never more than the buffer held
+        assert p < s + 2 * k  # while it ramps up: s, then two reads per output
+    assert out == buffer_order(n, buffer_size=buffer, rng=random.Random(seed), initial=initial)
+
+
+def test_the_first_batch_waits_for_the_ramp_not_the_whole_buffer():
+    n, buffer, batch = 20_000, 1024, 64
+    assert ramp_start(buffer) == 64 and ramp_start(4) == 1 and ramp_start(10**6) == 64
+    for seed in range(5):
+        for initial, most in ((ramp_start(buffer), ramp_start(buffer) + 2 * batch), (None, n)):
+            read, out = worker_order(n, rng=random.Random(seed), block=4, buffer_size=buffer, initial=initial)
+            where = {p: i for i, p in enumerate(read)}
+            reads = 1 + max(where[p] for p in out[:batch])  # items read before the first batch is whole
+            assert reads <= most and (initial is not None or reads > buffer - batch)
+
+
+def test_without_a_ramp_the_order_is_the_one_saved_states_were_planned_with():
+    # The orders of the code before the ramp (plan layouts 1 and 2): loader states saved then
+    # resume on them, so they must never change.
+    old = [1, 0, 3, 7, 8, 2, 9, 10, 12, 11, 14, 16, 15, 4, 17, 6, 13, 5, 21, 18, 20, 22, 23, 19]
+    assert buffer_order(24, buffer_size=6, rng=random.Random(7)) == old
+    assert buffer_order(24, buffer_size=6, rng=random.Random(7), initial=6) == old
+    assert worker_order(24, rng=random.Random(7), block=3, buffer_size=6)[1] == [
+        20, 18, 21, 7, 6, 12, 14, 13, 22, 0, 19, 8, 23, 11, 1, 3, 9, 15, 2, 16, 17, 10, 4, 5]
+    assert buffer_order(24, buffer_size=6, rng=random.Random(7), initial=2) != old
 
 
 def test_no_shuffle_is_the_natural_order():

@@ -1,0 +1,315 @@
+"""Time to the first batch, shardify next to webdataset and a plain image folder, each in a fresh process.
+
+Run by hand (not a test):
+    python tools/bench_first_batch.py [--data DIR] [--repeat 7] [--corpus photos,arrays] [--scale]
+                                      [--old-code DIR]
+
+Makes (once, cached in ``--data``) two corpora: ``--photos`` natural-looking JPEGs of ImageNet
+sizes (``shardify.convert.synth``, 20 classes, converted with shardify's image-folder
+converter into 32 shards) and ``--arrays`` ``3x32x32`` uint8 arrays with int labels
+(``tools/bench_write.py``'s samples, written with ``ShardWriter`` into 32 shards). Then, for
+each corpus, it reads the same tar shards with shardify (``ShardedDataset`` + ``make_loader``)
+and with webdataset (``WebDataset(...).shuffle(1000)``, its default ``initial=100``, in a
+DataLoader), and the photos also as a plain ImageFolder-style map dataset in a DataLoader
+(``shuffle=True``): ``--workers`` workers, batches of ``--batch-size``, shuffle on, photos
+cropped (RandomResizedCrop 224 + flip) to uint8 CHW. Every measurement is a fresh Python
+process, the systems alternating, ``--repeat`` times; it prints min and median of
+
+- ``iter->first``: from ``iter(loader)`` to the first batch (dataset and loader built before);
+- ``setup+first``: from constructing the dataset (imports done) to the first batch;
+
+and the imports, separately. ``--scale`` also times shardify at ``--scale-rows`` small
+samples (the listing of ``tools/bench_scale.py``, converted by ``tools/bench_start.py``) as
+rank ``--rank`` of ``--world`` (batch 256). ``--old-code DIR`` (repeatable) adds shardify run
+from another checkout (e.g. ``mkdir /tmp/base && git archive HEAD~3 | tar -x -C /tmp/base``),
+alternating with this one: before/after on a shared machine. The page cache is warmed once before the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CLASSES = 20
+
+# -- corpora ---------------------------------------------------------------------------------------
+
+
+def _photo_class(args: tuple[Path, int, int]) -> None:
+    root, c, per_class = args
+    from shardify.convert.synth import IMAGENET_SIZES, jpeg_bytes, natural_image
+
+    name = f"n{c:08d}"
+    (root / name).mkdir(parents=True, exist_ok=True)
+    for i in range(per_class):
+        s = c * 10_007 + i  # the seeds of convert.synth.make_imagefolder(seed=0)
+        w, h = IMAGENET_SIZES[s % len(IMAGENET_SIZES)]
+        (root / name / f"{name}_{i}.JPEG").write_bytes(jpeg_bytes(natural_image(w, h, seed=s)))
+
+
+def make_photos(data: Path, photos: int) -> tuple[Path, Path]:
+    """``(image folder, converted dataset)`` of ``photos`` JPEGs in 20 classes (made once)."""
+    folder, dataset = data / f"photos-{photos}", data / f"photos-{photos}-shards"
+    if not (dataset / "manifest.json").exists():
+        per_class = -(-photos // CLASSES)
+        t0 = time.perf_counter()
+        with get_context("fork").Pool(os.cpu_count() or 1) as pool:  # make_imagefolder's files, on every core
+            pool.map(_photo_class, [(folder, c, per_class) for c in range(CLASSES)])
+        from shardify.convert.options import ConvertOptions
+        from shardify.convert.write.run import convert_imagefolder
+
+        convert_imagefolder(folder, dataset, options=ConvertOptions(progress=False, fsync=False))
+        print(f"made and converted {photos} photos in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return folder, dataset
+
+
+def make_arrays(data: Path, arrays: int, shards: int = 32) -> Path:
+    """A dataset of ``arrays`` samples ``{"npy": uint8 3x32x32, "cls": int}`` in ``shards`` shards (made once)."""
+    dataset = data / f"arrays-{arrays}"
+    if not (dataset / "manifest.json").exists():
+        sys.path.insert(0, str(HERE))
+        from bench_write import _samples
+
+        from shardify.convert import ShardWriter
+
+        images, labels = _samples(arrays)
+        with ShardWriter(dataset, samples_per_shard=-(-arrays // shards), shard_size=None, fsync=False) as w:
+            for a, y in zip(images, labels):
+                w.write({"npy": a, "cls": y})
+    return dataset
+
+
+def warm(*roots: Path) -> None:
+    """Read every file under ``roots`` once, so that runs compare reading, not the disk."""
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+
+
+# -- one measurement, in a fresh process ----------------------------------------------------------
+
+_CROP = r'''
+import math, random
+import numpy as np
+import torch
+from PIL import Image
+
+def crop_flip(img, size=224):
+    """RandomResizedCrop (torchvision's parameter draw) + horizontal flip on a PIL image, to uint8 CHW."""
+    w, h = img.size
+    area = w * h
+    for _ in range(10):
+        target = area * random.uniform(0.08, 1.0)
+        aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            x, y = random.randint(0, w - cw), random.randint(0, h - ch)
+            break
+    else:
+        cw, ch = min(w, h), min(w, h)
+        x, y = (w - cw) // 2, (h - ch) // 2
+    img = img.resize((size, size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+    if random.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+'''
+
+
+def _use_code(code: str) -> None:
+    """Import ``shardify`` (and its ``convert``/``reader`` folders) from the checkout ``code``."""
+    import importlib.abc
+    import importlib.util
+
+    places = {"shardify": "shardify", "shardify.convert": "convert", "shardify.reader": "reader"}
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+            if name not in places:
+                return None
+            folder = os.path.join(code, places[name])
+            return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                          submodule_search_locations=[folder])
+
+    sys.meta_path.insert(0, Finder())
+
+
+def child(spec: dict) -> dict:
+    """Build the loader of ``spec`` and time its first batch (runs in a fresh process)."""
+    if spec.get("code"):
+        _use_code(spec["code"])
+    t0 = time.perf_counter()
+    system, corpus, workers, bs = spec["system"], spec["corpus"], spec["workers"], spec["batch_size"]
+    import torch
+
+    if system == "shardify":
+        from shardify.reader import ShardedDataset, make_loader
+        from shardify.reader import transforms as T
+
+        if corpus == "scale":
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(spec["rank"]), str(spec["world"])
+        t1 = time.perf_counter()
+        if corpus == "photos":
+            ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0,
+                                transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+        elif corpus == "arrays":
+            ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("npy", "cls"))
+        else:
+            ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("cls", "txt"),
+                                collate_fn=list)
+        loader = make_loader(ds, num_workers=workers)
+    elif system == "webdataset":
+        import webdataset as wds
+        from torch.utils.data import DataLoader, default_collate
+
+        ns: dict = {}
+        exec(_CROP, ns)
+        t1 = time.perf_counter()
+        with open(os.path.join(spec["dataset"], "train.json")) as f:
+            urls = [os.path.join(spec["dataset"], s["url"]) for s in json.load(f)["shardlist"]]
+        pipe = wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False).shuffle(1000)
+        if corpus == "photos":
+            pipe = pipe.decode("pil").to_tuple("jpg;png", "cls").map_tuple(ns["crop_flip"], int)
+        else:
+            pipe = pipe.decode().to_tuple("npy", "cls")
+        pipe = pipe.batched(bs, collation_fn=default_collate, partial=True)
+        loader = DataLoader(pipe, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+    else:  # an ImageFolder-style map dataset, as with torchvision
+        from PIL import Image
+        from torch.utils.data import DataLoader, Dataset
+
+        ns = {}
+        exec(_CROP, ns)
+        crop_flip = ns["crop_flip"]
+
+        class Folder(Dataset):
+            def __init__(self, root: str) -> None:
+                classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+                self.samples = [(os.path.join(dirpath, n), label)
+                                for label, c in enumerate(classes)
+                                for dirpath, _, names in sorted(os.walk(os.path.join(root, c)))
+                                for n in sorted(names)]
+
+            def __len__(self) -> int:
+                return len(self.samples)
+
+            def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+                path, label = self.samples[i]
+                with open(path, "rb") as f:
+                    return crop_flip(Image.open(f).convert("RGB")), label
+
+        t1 = time.perf_counter()
+        loader = DataLoader(Folder(spec["folder"]), batch_size=bs, shuffle=True, num_workers=workers,
+                            persistent_workers=workers > 0)
+    t2 = time.perf_counter()
+    it = iter(loader)
+    batch = next(it)
+    t3 = time.perf_counter()
+    n = len(batch[0]) if isinstance(batch, (tuple, list)) and corpus != "scale" else len(batch)
+    del it, batch
+    if hasattr(loader, "close"):
+        loader.close()
+    torch.set_num_threads(1)
+    return {"import_s": t1 - t0, "setup_s": t2 - t1, "iter_first_s": t3 - t2, "setup_first_s": t3 - t1,
+            "batch": n}
+
+
+def run_child(spec: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{spec['system']} on {spec['corpus']} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the runs -------------------------------------------------------------------------------------
+
+
+def _summary(values: list[float]) -> str:
+    return f"{min(values):.3f} / {statistics.median(values):.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("/tmp/shardify-bench-first"))
+    ap.add_argument("--photos", type=int, default=6400)
+    ap.add_argument("--arrays", type=int, default=50_000)
+    ap.add_argument("--corpus", default="photos,arrays", help="comma-separated: photos, arrays")
+    ap.add_argument("--systems", default="shardify,webdataset,folder")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--scale", action="store_true", help="also rank --rank of --world at --scale-rows samples")
+    ap.add_argument("--scale-only", action="store_true", help="only the --scale measurement")
+    ap.add_argument("--scale-rows", type=int, default=1_300_000)
+    ap.add_argument("--rank", type=int, default=3)
+    ap.add_argument("--world", type=int, default=64)
+    ap.add_argument("--old-code", type=Path, action="append", default=[],
+                    help="a checkout of shardify to time beside this one (repeatable)")
+    ap.add_argument("--json", action="store_true", help="also print every measurement as JSON")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+
+    args.data.mkdir(parents=True, exist_ok=True)
+    base = {"workers": args.workers, "batch_size": args.batch_size}
+    codes = [("", "shardify")] + [(str(c.resolve()), f"shardify@{c.name}") for c in args.old_code]
+    runs: list[tuple[str, dict]] = []  # (label, spec)
+    corpora = [] if args.scale_only else [c for c in args.corpus.split(",") if c]
+    systems = [s for s in args.systems.split(",") if s]
+    for corpus in corpora:
+        if corpus == "photos":
+            folder, dataset = make_photos(args.data, args.photos)
+            warm(folder, dataset)
+            paths = {"dataset": str(dataset), "folder": str(folder)}
+        elif corpus == "arrays":
+            dataset = make_arrays(args.data, args.arrays)
+            warm(dataset)
+            paths = {"dataset": str(dataset)}
+        else:
+            raise SystemExit(f"unknown corpus {corpus!r}; want photos or arrays")
+        for system in systems:
+            if system == "folder" and corpus != "photos":
+                continue
+            for code, label in (codes if system == "shardify" else [("", system)]):
+                runs.append((f"{corpus:7s} {label}", {**base, **paths, "system": system, "corpus": corpus,
+                                                     "code": code}))
+    if args.scale or args.scale_only:
+        sys.path.insert(0, str(HERE))
+        from bench_start import converted_listing
+
+        dataset = converted_listing(args.data, args.scale_rows)
+        warm(dataset)
+        for code, label in codes:
+            runs.append((f"{args.scale_rows} samples, rank {args.rank}/{args.world}, batch 256: {label}",
+                         {**base, "batch_size": 256, "dataset": str(dataset), "system": "shardify",
+                          "corpus": "scale", "code": code, "rank": args.rank, "world": args.world}))
+    results: dict[str, list[dict]] = {label: [] for label, _ in runs}
+    load = os.getloadavg()[0]
+    for _ in range(args.repeat):
+        for label, spec in runs:  # alternating, so that a busy moment slows every system alike
+            results[label].append(run_child(spec))
+    print(f"{args.workers} workers, batch {args.batch_size}, shuffle on, {args.repeat} fresh processes each "
+          f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f}); seconds, min / median")
+    print(f"{'':60s} {'iter->first':>15s} {'setup+first':>15s} {'imports':>8s}")
+    for label, rs in results.items():
+        print(f"{label:60s} {_summary([r['iter_first_s'] for r in rs]):>15s} "
+              f"{_summary([r['setup_first_s'] for r in rs]):>15s} {statistics.median(r['import_s'] for r in rs):8.2f}")
+    if args.json:
+        print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
