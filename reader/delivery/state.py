@@ -195,11 +195,36 @@ def _check_part_passes(ds: ShardedDataset, epoch: int, batches: int, history: tu
             f"on with epoch {epoch + 1}")
 
 
-def _int(state: dict[str, Any], name: str, low: int) -> int:
+def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> int:
     value = state.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"loader state field {name!r} is {value!r}; want an int >= {low}")
+        raise ValueError(f"{what} state field {name!r} is {value!r}; want an int >= {low}")
     return value
+
+
+def _check_plan(ds: ShardedDataset, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
+    """Refuse a state whose plan options (those that decide an epoch's batches) are not ``ds``'s."""
+    saved = state.get("plan")
+    if not isinstance(saved, dict):
+        raise ValueError(f"{what} state field 'plan' is {saved!r}; want a dict")
+    for name, value in _plan_fields(ds, version).items():
+        if saved.get(name) != value:
+            raise ValueError(f"{what} state field 'plan.{name}' is {saved.get(name)!r}, this {what} has {value!r}")
+
+
+def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segment, ...], int]:
+    """The ``history`` segments and the ``layout`` a state names, checked."""
+    from shardify.reader.dataset import LAYOUTS
+
+    raw = state.get("history")
+    try:
+        history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
+    layout = state.get("layout")
+    if layout not in LAYOUTS:
+        raise ValueError(f"{what} state field 'layout' is {layout!r}; want one of {LAYOUTS}")
+    return history, layout
 
 
 def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
@@ -214,7 +239,7 @@ def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
                workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
-    from shardify.reader.dataset import LAYOUTS, MAX_SEGMENTS
+    from shardify.reader.dataset import MAX_SEGMENTS
 
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
@@ -239,21 +264,8 @@ def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
         history: tuple[Segment, ...] = ()
         layout = 1
     else:
-        plan = _plan_fields(ds, version)
-        saved = state.get("plan")
-        if not isinstance(saved, dict):
-            raise ValueError(f"loader state field 'plan' is {saved!r}; want a dict")
-        for name, value in plan.items():
-            if saved.get(name) != value:
-                raise ValueError(f"loader state field 'plan.{name}' is {saved.get(name)!r}, this loader has {value!r}")
-        raw = state.get("history")
-        try:
-            history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"loader state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
-        layout = state.get("layout")
-        if layout not in LAYOUTS:
-            raise ValueError(f"loader state field 'layout' is {layout!r}; want one of {LAYOUTS}")
+        _check_plan(ds, state, what="loader", version=version)
+        history, layout = _history_and_layout(state, what="loader")
         if version == 2:
             _check_part_passes(ds, epoch, batches, history)
     segment = Segment(saved_world, saved_workers, batches)
@@ -312,8 +324,6 @@ def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, wo
     It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
     place says nothing about the others', so another topology needs the loader's state.
     """
-    from shardify.reader.dataset import LAYOUTS
-
     if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
         kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"dataset state field 'kind' is {kind!r}; want {ITER_STATE_KIND!r} (a loader's state "
@@ -324,27 +334,15 @@ def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, wo
     _check_data(ds, state.get("data"), "dataset")
     if state.get("seed") != ds.options.seed:
         raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {ds.options.seed!r}")
-    saved = state.get("plan")
-    if not isinstance(saved, dict):
-        raise ValueError(f"dataset state field 'plan' is {saved!r}; want a dict")
-    for name, value in _plan_fields(ds).items():
-        if saved.get(name) != value:
-            raise ValueError(f"dataset state field 'plan.{name}' is {saved.get(name)!r}, this dataset has {value!r}")
-    saved_world, saved_workers = _int(state, "world", 1), _int(state, "workers", 1)
+    _check_plan(ds, state, what="dataset")
+    saved_world, saved_workers = _int(state, "world", 1, "dataset"), _int(state, "workers", 1, "dataset")
     if (saved_world, saved_workers) != (world, workers):
         raise ValueError(f"this dataset state was saved by a process of world={saved_world}, workers={saved_workers}; "
                          f"this one has {world=}, {workers=}. A dataset state resumes only the same topology: "
                          "to change it, save and load the state of make_loader's loader instead")
-    role = _int(state, "worker", 0)
+    role = _int(state, "worker", 0, "dataset")
     if role >= workers:
         raise ValueError(f"dataset state field 'worker' is {role}; want < {workers=}")
-    raw = state.get("history")
-    try:
-        history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"dataset state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
-    layout = state.get("layout")
-    if layout not in LAYOUTS:
-        raise ValueError(f"dataset state field 'layout' is {layout!r}; want one of {LAYOUTS}")
-    return IterPosition(epoch=_int(state, "epoch", 0), role=role, workers=workers, world=world,
-                        batches=_int(state, "batches", 0), history=history, layout=layout)
+    history, layout = _history_and_layout(state, what="dataset")
+    return IterPosition(epoch=_int(state, "epoch", 0, "dataset"), role=role, workers=workers, world=world,
+                        batches=_int(state, "batches", 0, "dataset"), history=history, layout=layout)
