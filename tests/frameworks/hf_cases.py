@@ -141,6 +141,7 @@ CASES: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "imagefolder-metadata-always": imagefolder(("JPEG",), metadata="always"),
     "imagefolder-no-shuffle": imagefolder(("JPEG",), shuffle=False),
     "imagefolder-max-side": imagefolder(("PNG",), max_side=10),
+    "imagefolder-raw-pixels": imagefolder(("JPEG", "PNG"), raw_pixels=8),
     "imagefolder-mixed-image-format-jpg": imagefolder(("JPEG", "PNG", "WEBP", "BMP"), image_format="jpg"),
     "imagefolder-mixed-image-format-png": imagefolder(("JPEG", "PNG", "WEBP", "BMP"), image_format="png"),
     "imagefolder-mixed-keep": imagefolder(("JPEG", "PNG", "WEBP", "BMP")),

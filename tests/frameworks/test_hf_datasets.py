@@ -49,7 +49,7 @@ def test_every_row_and_every_field_is_read(tmp_path, case):
     for r in rows:
         for field, data in stored[r["__key__"]].items():
             value = r[field]
-            if field.endswith(("jpg", "png", "webp", "bmp")):
+            if field.endswith(("jpg", "png", "webp", "bmp", "ppm")):
                 assert value.size[0] > 0 and value.tobytes()  # an image, decoded
             elif field == "cls":
                 assert value == int(data)
@@ -86,3 +86,19 @@ def test_features_naming_every_field_read_a_split_with_several_image_formats(tmp
     assert sorted(r["__key__"] for r in rows) == sorted(stored)
     assert missing(rows, stored) == []
     assert {f for s in stored.values() for f in s} == {"cls", "json", "jpg", "png", "webp", "bmp"}
+
+
+def test_a_chunked_split_is_not_read_sample_by_sample(tmp_path):
+    """What docs/format.md says of the chunked layout: other readers see one sample per chunk;
+    Hugging Face ``datasets`` cannot decode a chunk's label member (its offsets table) and raises."""
+    import numpy as np
+
+    from shardify.convert import ShardWriter
+
+    out = tmp_path / "out"
+    with ShardWriter(out, split="train", samples_per_shard=8, chunk=4) as w:
+        for i in range(12):
+            w.write({"npy": np.full((3, 4, 4), i, dtype=np.uint8), "cls": i % 3})
+    assert sorted(cases.stored(out, "train")) == ["000000000", "000000004", "000000008"]  # one tar sample a chunk
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        cases.hf_read(out, "train", tmp_path / "hf")
