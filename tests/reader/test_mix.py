@@ -72,8 +72,9 @@ def test_every_sample_once_per_cycle_over_consecutive_epochs(sizes, count, shuff
 
 def test_the_issue_example_523_samples_at_300_an_epoch():
     """A stream of 523 samples at 300 an epoch: the epoch across the end of a pass (epoch 1)
-    used to hold 77 samples twice. Every epoch holds 300 distinct samples now, and epochs 0
-    and 1 between them use 523 distinct samples before any comes back."""
+    used to hold samples twice (37, 0 and 77 of them for seeds 0, 1, 2). Every epoch holds 300
+    distinct samples now, and epochs 0 and 1 between them use 523 distinct samples before any
+    comes back."""
     sizes = [40] * 13 + [3]
     for seed in range(3):
         check_walk(sizes, 300, seed=seed, shuffle=True, epochs=30)
