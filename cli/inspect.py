@@ -108,8 +108,10 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
                                          for i, (c, w) in enumerate(zip(r, widths)))).rstrip() for r in rows]
     total = data + framing
     if total:
+        hint = ("already one member per field per chunk" if fb.get("chunk")
+                else "one member per field for many samples, --chunk N, would save most of it")
         lines.append(f"{indent}  tar headers and padding: {100 * framing / total:.1f}% of the shard bytes "
-                     f"({_bytes(framing)} per sample; one member per field for many samples would save most of it)")
+                     f"({_bytes(framing)} per sample; {hint})")
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ A tar member is a 512-byte header, its data, and padding up to the next multiple
 small fields (a label, a short caption) the framing outweighs the data; a layout that stores
 one field of many samples in one member saves it. The split index lists no member sizes, so
 the figures come from the headers of a few shards spread over the split (read with seeks,
-not their data), and say so (``source``).
+not their data), and say so (``source``). In a chunked split (format 3) a tar sample is a
+chunk of many samples: the bytes are divided by the samples the chunks hold (the index's
+counts), and a field's ``present`` is the share of chunks holding it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class SplitFieldBytes:
     """How they were found, for people: ``"headers of 2 of 130 shards (20000 samples)"``."""
     samples: int
     fields: dict[str, FieldBytes] = field(default_factory=dict)
+    chunk: int | None = None
+    """Samples per chunk of a chunked split (its fields are already one member per chunk)."""
 
     @property
     def framing(self) -> float:
@@ -51,7 +55,8 @@ class SplitFieldBytes:
         return sum(f.data for f in self.fields.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "samples": self.samples, "fields": {k: asdict(v) for k, v in self.fields.items()}}
+        return {"source": self.source, "samples": self.samples, "chunk": self.chunk,
+                "fields": {k: asdict(v) for k, v in self.fields.items()}}
 
 
 def spread(n: int, k: int) -> list[int]:
@@ -72,7 +77,7 @@ def field_bytes(files: DatasetFiles, index: SplitIndex, *, shards: int = 2) -> S
     members: dict[str, int] = {}
     padding: dict[str, int] = {}
     holding: dict[str, int] = {}
-    samples = 0
+    samples = units = 0
     for i in picked:
         url = index.shards[i].url
         with files.open_stream(url) as f:
@@ -86,10 +91,12 @@ def field_bytes(files: DatasetFiles, index: SplitIndex, *, shards: int = 2) -> S
                 seen.add(name)
             for name in seen:
                 holding[name] = holding.get(name, 0) + 1
-        samples += len(layout)
-    n = max(samples, 1)
+        units += len(layout)
+        samples += index.shards[i].nsamples if index.chunk is not None else len(layout)
+    n, u = max(samples, 1), max(units, 1)
     out = {name: FieldBytes(data=data[name] / n, headers=members[name] * BLOCK / n, padding=padding[name] / n,
-                            present=holding[name] / n)
+                            present=holding[name] / u)
            for name in sorted(data, key=lambda k: -data[k])}
-    return SplitFieldBytes(source=f"headers of {len(picked)} of {len(index.shards)} shards ({samples} samples)",
-                           samples=samples, fields=out)
+    read = f"{samples} samples" if index.chunk is None else f"{samples} samples in {units} chunks"
+    return SplitFieldBytes(source=f"headers of {len(picked)} of {len(index.shards)} shards ({read})",
+                           samples=samples, fields=out, chunk=index.chunk)

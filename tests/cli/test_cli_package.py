@@ -118,3 +118,24 @@ def test_info_json_holds_the_figures_and_can_skip_them(tmp_path, capsys):
     assert split["field_bytes"]["fields"]["txt"] == {"data": 100.0, "headers": 512.0, "padding": 412.0, "present": 1.0}
     assert main(["info", str(root), "--json", "--sample-shards", "0"]) == EXIT_OK
     assert "field_bytes" not in json.loads(capsys.readouterr().out)["splits"]["train"]
+
+
+def test_field_bytes_of_a_chunked_split_are_per_sample_not_per_chunk(tmp_path, capsys):
+    """A chunked split's tar samples are chunks: the figures divide by the samples they hold."""
+    import numpy as np
+
+    from shardify.convert import ShardWriter
+
+    root = tmp_path / "chunked"
+    with ShardWriter(root, split="train", chunk=64) as w:
+        for i in range(500):
+            w.write({"npy": np.zeros((3, 32, 32), np.uint8), "cls": i % 10})
+    located = locate_dataset(root)
+    fb = field_bytes(located.files, located.load_split("train"), shards=2)
+    assert fb.samples == 500 and fb.chunk == 64 and fb.source == "headers of 1 of 1 shards (500 samples in 8 chunks)"
+    assert fb.fields["npy"].data == pytest.approx(3 * 32 * 32 + 128 * 8 / 500)  # the stacked .npy's header per chunk
+    assert fb.fields["npy"].headers == pytest.approx(8 * 512 / 500)
+    assert fb.fields["cls"].present == 1.0
+    assert main(["info", str(root)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "already one member per field per chunk" in out and "--chunk N" not in out
