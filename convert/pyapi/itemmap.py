@@ -17,13 +17,16 @@ import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardify.convert.driverpool import Ahead
 from shardify.convert.pyapi.pywriter import check_label
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
 from shardify.convert.write.writer import member_parts
 from shardify.errors import EncodeError, KeyRuleError, WorkerError
+
+if TYPE_CHECKING:
+    from shardify.convert.pyapi.supervise import Limits
 
 __all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "map_ordered", "item_repr", "pack", "died"]
 
@@ -150,8 +153,6 @@ class Slots:
         return memoryview(self.mem)[start:start + length]
 
 
-_Slots = Slots  # the earlier name
-
 _runner: ChunkRunner | None = None
 _slots: Slots | None = None
 
@@ -197,7 +198,7 @@ def died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
 
 
 def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, engine: str,
-                ray_address: str | None = None, limits: Any = None) -> Iterator[tuple[Chunk, ChunkOut]]:
+                ray_address: str | None = None, limits: Limits | None = None) -> Iterator[tuple[Chunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, computed ``workers`` at a time.
 
     ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
@@ -258,7 +259,7 @@ def _check_picklable(runner: ChunkRunner) -> None:
 
 
 def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None,
-             limits: Any = None) -> Iterator[tuple[Chunk, ChunkOut]]:
+             limits: Limits | None = None) -> Iterator[tuple[Chunk, ChunkOut]]:
     from shardify.convert.write.engine_ray import ray_session
 
     with ray_session(address) as ray:
@@ -278,7 +279,7 @@ def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, addr
                 ray.cancel(ref, force=True)
 
 
-def _call_runner(runner: ChunkRunner, chunk: Chunk, limits: Any = None) -> ChunkOut:
+def _call_runner(runner: ChunkRunner, chunk: Chunk, limits: Limits | None = None) -> ChunkOut:
     """A Ray task: the chunk's outcomes. With ``limits``, the task watches one forked worker
     that runs the chunk (a fresh one per chunk, so memory verdicts match the local pool's)."""
     if limits is None:

@@ -57,7 +57,7 @@ def test_chunks_come_back_through_shared_memory_or_the_pipe_with_the_same_bytes(
     from shardify.convert.pyapi import itemmap
     from shardify.convert.pyapi.values import ValueOptions
 
-    monkeypatch.setattr(itemmap._Slots, "SLOT_LIMIT", mmap.PAGESIZE)  # 1 sample fits a slot, 4 do not
+    monkeypatch.setattr(itemmap.Slots, "SLOT_LIMIT", mmap.PAGESIZE)  # 1 sample fits a slot, 4 do not
     runner = itemmap.ChunkRunner(make_sample, ValueOptions(), ())
     chunks, start = [], 0
     for n in [1, 4] * 6:
