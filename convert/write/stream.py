@@ -21,8 +21,8 @@ from typing import BinaryIO
 
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import OutputFS
-from shardify.chunk import encode_chunk
-from shardify.convert.write.writer import HashingWriter, ShardResult, split_members, temp_name, write_members
+from shardify.convert.write.writer import (HashingWriter, ShardResult, split_members, temp_name, write_chunk,
+                                           write_members)
 from shardify.errors import OutputError
 from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
 
@@ -150,7 +150,7 @@ class ShardStream:
         if self._chunks % OFFSET_STRIDE == 0:
             self.offsets.append(out.size)
         try:
-            write_members(out, pending[0][0], encode_chunk([k for k, _ in pending], [m for _, m in pending]))
+            write_chunk(out, pending)
         except OSError as e:
             self.abort()
             raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "

@@ -30,8 +30,8 @@ from shardify.keys import check_ext, check_key
 from shardify.pixels import RAW_EXT
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "member_parts", "split_members", "temp_name",
-           "Progress", "HashingWriter"]
+__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "write_chunk", "member_parts", "split_members",
+           "temp_name", "Progress", "HashingWriter"]
 
 
 class Progress(Protocol):
@@ -149,6 +149,12 @@ def split_members(data: bytes | memoryview, start: int, end: int) -> tuple[str, 
         members.append((ext, bytes(view[at + BLOCK:at + BLOCK + size])))
         at += BLOCK + size + (-size % BLOCK)
     return key, members
+
+
+def write_chunk(out: HashingWriter, samples: list[tuple[str, list[tuple[str, bytes]]]]) -> int:
+    """Append ``samples`` (``(key, members)`` each) as one chunk of the chunked layout: one tar
+    sample keyed by the first sample's key (:func:`shardify.chunk.encode_chunk`); return the bytes."""
+    return write_members(out, samples[0][0], encode_chunk([k for k, _ in samples], [m for _, m in samples]))
 
 
 def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
@@ -313,11 +319,11 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     written = 0
     pending: list[tuple[str, list[tuple[str, bytes]]]] = []  # the chunk being gathered (chunked layout)
 
-    def write_chunk(out: HashingWriter) -> None:
+    def flush_chunk(out: HashingWriter) -> None:
         if pending:
             if (written - len(pending)) // task.chunk % OFFSET_STRIDE == 0:  # type: ignore[operator]
                 offsets.append(out.size)
-            write_members(out, pending[0][0], encode_chunk([k for k, _ in pending], [m for _, m in pending]))
+            write_chunk(out, pending)
             pending.clear()
 
     try:
@@ -338,7 +344,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                         pending.append((sample.key, members))
                         written += 1
                         if len(pending) == task.chunk:
-                            write_chunk(out)
+                            flush_chunk(out)
                 else:
                     if members and written % OFFSET_STRIDE == 0:
                         offsets.append(out.size)
@@ -350,7 +356,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                     reported = (n, out.size)
             if progress is not None and len(plan) > reported[0]:
                 progress(len(plan) - reported[0], out.size - reported[1])
-            write_chunk(out)
+            flush_chunk(out)
             out.write(END_OF_ARCHIVE)
             fs.finish_write(f, fsync=task.fsync)
         fs.replace(tmp, final)
