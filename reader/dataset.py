@@ -124,12 +124,12 @@ class ShardedDataset(IterableDataset):
     ``split``, ``transform``, ``map``, ``fields``: the per-sample keywords above, per stream);
     batches mix them, ``sampling.samples_per_epoch`` split between the streams by weight.
 
-    ``decoding=DecodeOptions(device="cuda")``: workers only read the bytes and draw each image's crop and flip
-    (the same draws as on the CPU); ``make_loader`` decodes the batch there with nvJPEG and
-    crops, resizes, flips and normalises it in batched calls (images the workers cannot send
-    as baseline JPEGs are decoded in the workers, counted in :attr:`last_epoch_report`). Needs
-    a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``;
-    see :mod:`shardify.reader.sample.device_plan`.
+    ``decoding=DecodeOptions(device="cuda")``: workers only read the bytes and draw each
+    image's crop and flip (the same draws as on the CPU); ``make_loader`` decodes the batch
+    there with nvJPEG and crops, resizes, flips and normalises it in batched calls (images the
+    workers cannot send as baseline JPEGs are decoded in the workers, counted in
+    :attr:`last_epoch_report`). Needs a crop transform (optionally followed by
+    ``RandomHorizontalFlip``) and ``shardify[gpu]``; see :mod:`shardify.reader.sample.device_plan`.
     """
 
     def __init__(
