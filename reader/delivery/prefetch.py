@@ -1,7 +1,7 @@
 """Device prefetch: the next batch is copied and normalised while the current one is in use.
 
 On CUDA the copy runs on a side stream from pinned memory (``non_blocking=True``); before a
-batch is handed out, the consumer's stream waits for the side stream, and every tensor is
+batch is handed out, the consumer's stream waits for it, and every tensor is
 ``record_stream``-ed on the consumer's stream so the caching allocator does not reuse its
 memory while work queued there may still read it. Image batches (uint8, ``N x C x H x W``
 with ``C == len(mean)``) become ``dtype`` and are normalised on the device; other tensors
@@ -9,24 +9,40 @@ are only moved. Without CUDA the same code runs with no stream (tested on the CP
 
 With ``decode``, an :class:`~shardify.reader.sample.device_plan.EncodedBatch` (from a dataset
 with ``DecodeOptions(device=...)``) is decoded and augmented on the device by ``decode`` (a
-:class:`~shardify.reader.sample.device_decode.DeviceDecoder`), on the same side stream and
-one batch ahead, then normalised like any image batch.
+:class:`~shardify.reader.sample.device_decode.DeviceDecoder`), then normalised like any image
+batch. That work runs in a thread of its own (``shardify-decode``), on the side stream, up to
+:data:`DECODE_AHEAD` batches ahead of the one the training loop holds: nvJPEG's batched call
+(torchvision's ``decode_jpeg``) returns only when the batch is decoded (it synchronises its
+stream), and the crop and resize launch a few hundred small copies. In the training loop's
+thread that would stall the launch of the next step for the whole decode; in its own thread
+(torch releases the GIL inside the call) the step goes on while the next batches decode. The
+main thread alone takes batches from the DataLoader (its iterator is not thread-safe) and
+hands them to the decode thread in order; each decoded batch comes back with a CUDA event
+that the consumer's stream waits on. An error in the decode thread is raised in the training
+loop at the batch it belongs to; leaving the loop early stops the thread (the batch it is
+decoding finishes first).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from shardify.reader.sample.device_plan import EncodedBatch
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DevicePrefetcher"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+DECODE_AHEAD = 2
+"""Batches the decode thread may have decoded, or be decoding, beyond the one in use."""
 _END = object()
+
+Decode = Callable[[EncodedBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 class DevicePrefetcher:
@@ -42,7 +58,7 @@ class DevicePrefetcher:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         channels_last: bool = False,
-        decode: Callable[[EncodedBatch], tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+        decode: Decode | None = None,
     ) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"{dtype=} should be a floating point dtype")
@@ -60,7 +76,6 @@ class DevicePrefetcher:
         self._channels = channels
         self._cuda = self.device.type == "cuda"
         self._decode = decode
-        self._rows: tuple[torch.Tensor, int] | None = None  # bad rows replaced by decode (skip policy)
 
     def _is_image(self, t: torch.Tensor) -> bool:
         return t.dtype == torch.uint8 and t.dim() == 4 and t.shape[1] == self._channels
@@ -78,52 +93,106 @@ class DevicePrefetcher:
             x = x.div_(255.0)
         return x if self._dtype == torch.float32 else x.to(self._dtype)
 
-    def _apply(self, obj: Any, fn: Any) -> Any:
+    def _apply(self, obj: Any, fn: Any, replaced: list[tuple[torch.Tensor, int]] | None = None) -> Any:
+        """``obj`` with ``fn`` applied to each tensor; an EncodedBatch is decoded first, and the
+        row order that replaces its bad rows (skip policy) is added to ``replaced``."""
         if isinstance(obj, torch.Tensor):
             return fn(obj)
         if isinstance(obj, EncodedBatch):
-            if self._decode is None:
+            if self._decode is None or replaced is None:
                 raise ValueError("a batch planned for device decode reached a DevicePrefetcher without decode=...; "
                                  "iterate the dataset through make_loader")
             images, rows = self._decode(obj)
             if rows is not None:
-                self._rows = (rows, len(obj.keys))
+                replaced.append((rows, len(obj.keys)))
             return fn(images)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(self._apply(x, fn) for x in obj))
+            return type(obj)(*(self._apply(x, fn, replaced) for x in obj))
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._apply(x, fn) for x in obj)
+            return type(obj)(self._apply(x, fn, replaced) for x in obj)
         if isinstance(obj, dict):
-            return {k: self._apply(v, fn) for k, v in obj.items()}
+            return {k: self._apply(v, fn, replaced) for k, v in obj.items()}
         return obj
 
-    def _preload(self, it: Iterator[Any], stream: Any) -> Any:
-        batch = next(it, _END)
-        if batch is _END:
-            return _END
-        if stream is None:
-            return self._filled(self._apply(batch, self._convert))
-        with torch.cuda.stream(stream):
-            return self._filled(self._apply(batch, self._convert))
-
-    def _filled(self, batch: Any) -> Any:
-        """``batch`` with the rows of samples the device could not decode replaced (skip policy)."""
-        if self._rows is None:
-            return batch
+    def _prepared(self, batch: Any) -> Any:
+        """``batch`` on the device: moved, decoded, normalised, bad rows replaced (skip policy)."""
+        replaced: list[tuple[torch.Tensor, int]] = []
+        out = self._apply(batch, self._convert, replaced)
+        if not replaced:
+            return out
         from shardify.reader.sample.device_decode import fill_rows
 
-        (rows, n), self._rows = self._rows, None
-        return fill_rows(batch, rows, n)
+        for rows, n in replaced:  # one per image column; fill_rows takes every column's rows
+            out = fill_rows(out, rows, n)
+        return out
+
+    def _hand_over(self, batch: Any, stream: Any) -> Any:
+        """Let the consumer's stream use ``batch``, made on ``stream``, once ``stream`` is there."""
+        if stream is None:
+            return batch
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(stream)
+        self._apply(batch, lambda t: t.record_stream(current), [])
+        return batch
 
     def __iter__(self) -> Iterator[Any]:
+        if self._decode is not None:
+            return self._decoded()
+        return self._moved()
+
+    def _moved(self) -> Iterator[Any]:
+        """Batches with nothing to decode: moved and normalised one ahead, in this thread."""
         it = iter(self._batches)
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-        upcoming = self._preload(it, stream)
+
+        def preload() -> Any:
+            batch = next(it, _END)
+            if batch is _END:
+                return _END
+            if stream is None:
+                return self._prepared(batch)
+            with torch.cuda.stream(stream):
+                return self._prepared(batch)
+
+        upcoming = preload()
         while upcoming is not _END:
-            batch = upcoming
-            if stream is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(stream)
-                self._apply(batch, lambda t: t.record_stream(current))
-            upcoming = self._preload(it, stream)
+            batch = self._hand_over(upcoming, stream)
+            upcoming = preload()
             yield batch
+
+    def _decoded(self) -> Iterator[Any]:
+        """Batches to decode: decoded in the ``shardify-decode`` thread, :data:`DECODE_AHEAD` ahead."""
+        it = iter(self._batches)
+        stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardify-decode")
+        pending: deque[Future[tuple[Any, Any]]] = deque()
+
+        def submit() -> None:
+            batch = next(it, _END)
+            if batch is not _END:
+                pending.append(pool.submit(self._decoded_one, batch, stream))
+
+        try:
+            for _ in range(DECODE_AHEAD):
+                submit()
+            while pending:
+                batch, event = pending.popleft().result()
+                submit()
+                if event is not None:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    self._apply(batch, lambda t: t.record_stream(current), [])
+                yield batch
+        finally:
+            for future in pending:
+                future.cancel()
+            pending.clear()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _decoded_one(self, batch: Any, stream: Any) -> tuple[Any, Any]:
+        """In the decode thread: ``batch`` prepared on ``stream``, and the event that marks it done."""
+        if stream is None:
+            return self._prepared(batch), None
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            out = self._prepared(batch)
+            return out, stream.record_event()
