@@ -105,7 +105,10 @@ class DevicePrefetcher:
             images, rows = self._decode(obj)
             if rows is not None:
                 replaced.append((rows, len(obj.keys)))
-            return fn(images)
+            if obj.column == "stack":
+                return fn(images)
+            one_by_one = [fn(image) for image in images.unbind(0)]  # a custom collate kept them so
+            return one_by_one if obj.column == "list" else tuple(one_by_one)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*(self._apply(x, fn, replaced) for x in obj))
         if isinstance(obj, (list, tuple)):

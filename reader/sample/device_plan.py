@@ -28,7 +28,7 @@ import torch
 
 from shardify.errors import DeviceDecodeError
 
-__all__ = ["JpegFrame", "jpeg_frame", "PlannedImage", "EncodedBatch", "DevicePlanner", "DeviceCollate",
+__all__ = ["JpegFrame", "jpeg_frame", "PlannedImage", "PlannedColumn", "EncodedBatch", "DevicePlanner", "DeviceCollate",
            "pack_planned", "plan_on_device"]
 
 
@@ -113,6 +113,11 @@ class PlannedImage:
     shard: str = ""
     key: str = ""
 
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the image once decoded (as the CPU path's tensor): ``(3, h, w)``."""
+        return torch.Size((3, self.size[1], self.size[0]))
+
     def locate(self, shard: str, key: str) -> None:
         """Name the sample (for the messages and report of the device side)."""
         self.shard, self.key = shard, key
@@ -124,7 +129,10 @@ class EncodedBatch(NamedTuple):
     ``data``: uint8 [total], the encoded bytes end to end; ``offsets``: int64 [B + 1] (a
     CPU-decoded image has no bytes); ``boxes``, ``bounds``: float64 [B, 4]; ``flips``: bool [B];
     ``pixels``: uint8 [F, 3, h, w] at rows ``pixel_rows`` (int64 [F]); ``size``: (h, w);
-    ``shards``, ``keys``: per row, for messages.
+    ``shards``, ``keys``: per row, for messages. ``column``: what the batch holds once decoded,
+    as the CPU path's collate would have made it: ``"stack"`` one ``[B, 3, h, w]`` tensor (the
+    collates of :mod:`~shardify.reader.sample.collate`), ``"list"``/``"tuple"`` the images one by one
+    (a custom collate that kept them in a list or tuple).
     """
 
     data: torch.Tensor
@@ -137,6 +145,11 @@ class EncodedBatch(NamedTuple):
     size: tuple[int, int]
     shards: list[str]
     keys: list[str]
+    column: str = "stack"
+
+
+class PlannedColumn(list):
+    """A batch's planned images that the CPU path's collate would have stacked into one tensor."""
 
 
 def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
@@ -192,7 +205,7 @@ class DevicePlanner:
         return f"DevicePlanner({self.transform!r})"
 
 
-def pack_planned(images: Sequence[PlannedImage]) -> EncodedBatch:
+def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> EncodedBatch:
     """One :class:`EncodedBatch` of a batch's planned images (all of one output size)."""
     from shardify.reader.sample.collate import _empty_batch
 
@@ -221,22 +234,38 @@ def pack_planned(images: Sequence[PlannedImage]) -> EncodedBatch:
         bounds=torch.tensor([im.bounds for im in images], dtype=torch.float64),
         flips=torch.tensor([im.flip for im in images], dtype=torch.bool),
         pixels=pixels, pixel_rows=torch.tensor(rows, dtype=torch.int64), size=(h, w),
-        shards=[im.shard for im in images], keys=[im.key for im in images])
+        shards=[im.shard for im in images], keys=[im.key for im in images], column=column)
 
 
-def _pack_lists(obj: Any) -> Any:
+_PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
+                     "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
+                     "as default_collate and pad_collate do, and compute on their pixels after the loader")
+
+
+def _pack_lists(obj: Any, where: str = "batch") -> Any:
     kind = type(obj)
-    if kind is list and obj and all(type(x) is PlannedImage for x in obj):
-        return pack_planned(obj)
-    if kind is tuple or kind is list:
-        return kind(_pack_lists(x) for x in obj)
-    if kind is dict:
-        return {k: _pack_lists(v) for k, v in obj.items()}
+    if (kind is PlannedColumn or kind is list or kind is tuple) and obj and all(type(x) is PlannedImage for x in obj):
+        return pack_planned(obj, column="stack" if kind is PlannedColumn else kind.__name__)
+    if kind is PlannedImage:
+        raise ValueError(f"{where}: an image planned for device decode is not in a column of the batch "
+                         f"(shard {obj.shard}, key {obj.key!r}); {_PLACEHOLDER_HINT}")
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, EncodedBatch):
+        items = [_pack_lists(x, f"{where}[{i}]") for i, x in enumerate(obj)]
+        return type(obj)(*items) if hasattr(obj, "_fields") else kind(items)
+    if isinstance(obj, dict):
+        return {k: _pack_lists(v, f"{where}[{k!r}]") for k, v in obj.items()}
     return obj
 
 
 class DeviceCollate:
-    """``collate_fn`` (default: ``default_collate``), then each column of planned images packed."""
+    """``collate_fn`` (default: ``default_collate``), then each column of planned images packed.
+
+    A column is a list (or tuple) of the batch's planned images, wherever the collate put it:
+    decoded on the device, it becomes what the CPU path's collate made of the decoded images
+    (one stacked tensor from shardify's collates, a list or tuple of images from one that
+    kept them so);
+    a planned image anywhere else, or a collate that fails computing on one, is a ValueError
+    saying what the collate may do with them."""
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any] | None) -> None:
         self.collate_fn = collate_fn
@@ -245,7 +274,14 @@ class DeviceCollate:
         collate = self.collate_fn
         if collate is None:
             from shardify.reader.sample.collate import default_collate as collate
-        return _pack_lists(collate(samples))
+        try:
+            batch = collate(samples)
+        except Exception as e:
+            if "PlannedImage" not in str(e):
+                raise
+            raise ValueError(f"collate_fn={collate!r} failed on a batch planned for device decode "
+                             f"({type(e).__name__}: {e}); {_PLACEHOLDER_HINT}") from e
+        return _pack_lists(batch)
 
 
 def plan_on_device(decode_device: str | torch.device, options: Any,

@@ -9,6 +9,7 @@ following ``on_error``. The nvJPEG path itself is checked in ``tests/gpu/``.
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 from pathlib import Path
@@ -20,9 +21,10 @@ from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.errors import DeviceDecodeError, SampleError
-from shardify.reader import DecodeOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample.collate import pad_collate
 from shardify.reader.sample.decode import decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import augment_batch
 from shardify.reader.sample.device_decode import pil_decoder
@@ -288,7 +290,7 @@ def test_a_failing_batch_call_is_retried_image_by_image(tmp_path: Path, shards: 
 def test_no_cuda_is_a_clear_error(tmp_path: Path, shards: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _write(shards, tmp_path / "ds", _dataset_samples()[:1])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(DeviceDecodeError, match="DecodeOptions\(device='cuda'\) but CUDA is not available"):
+    with pytest.raises(DeviceDecodeError, match=r"DecodeOptions\(device='cuda'\) but CUDA is not available"):
         ShardedDataset(root, batch_size=4, transform=T.imagenet_train(32), decoding=DecodeOptions(device="cuda"))
 
 
@@ -357,3 +359,101 @@ def test_the_header_walk_never_raises_on_a_cut_or_damaged_jpeg() -> None:
         for i in range(2, sof + 12):
             damaged = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
             jpeg_frame(damaged)  # any answer, no exception
+
+
+# map=, collate_fn= and bucketing with device decode: the images are placeholders until the device.
+
+def _tokens(s: dict) -> tuple:
+    """map=: the image, a variable-length token field made from the key, the label, the key."""
+    image = s["jpg"] if "jpg" in s else s["png"]
+    return image, torch.arange(sum(map(ord, s["__key__"])) % 5 + 1), s["cls"], s["__key__"]
+
+
+def _listed(samples: list) -> dict:
+    """A custom collate: images kept in a list, tokens padded by hand, labels stacked."""
+    longest = max(len(s[1]) for s in samples)
+    tokens = torch.zeros(len(samples), longest, dtype=torch.int64)
+    for i, s in enumerate(samples):
+        tokens[i, :len(s[1])] = s[1]
+    return {"images": [s[0] for s in samples], "tokens": tokens, "cls": torch.tensor([s[2] for s in samples]),
+            "keys": [s[3] for s in samples]}
+
+
+def _same_batch(dev: object, cpu: object, where: str = "batch") -> None:
+    """Same structure, equal non-image values, image pixels within 2 levels."""
+    assert type(dev) is type(cpu), where
+    if isinstance(cpu, torch.Tensor):
+        assert dev.shape == cpu.shape and dev.dtype == cpu.dtype, where
+        if cpu.is_floating_point():  # normalised images
+            assert float(((dev - cpu).abs() * 255).max()) <= 2.01, where
+        elif cpu.dtype == torch.uint8 and cpu.dim() >= 3 and cpu.shape[-3] == 3:  # images left as they are
+            assert int((dev.int() - cpu.int()).abs().max()) <= 2, where
+        else:
+            assert torch.equal(dev, cpu), where
+    elif isinstance(cpu, dict):
+        assert dev.keys() == cpu.keys(), where
+        for k in cpu:
+            _same_batch(dev[k], cpu[k], f"{where}[{k!r}]")
+    elif isinstance(cpu, (list, tuple)):
+        assert len(dev) == len(cpu), where
+        for i, (d, c) in enumerate(zip(dev, cpu)):
+            _same_batch(d, c, f"{where}[{i}]")
+    else:
+        assert dev == cpu, where
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kw", [
+    pytest.param({"map": _tokens, "batching": BatchOptions(collate_fn=pad_collate)}, id="map+pad_collate"),
+    pytest.param({"map": _tokens, "batching": BatchOptions(collate_fn=_listed)}, id="map+own-collate"),
+    pytest.param({"map": _tokens, "batching": BatchOptions(collate_fn=pad_collate,
+                                                           bucket_length=lambda out: len(out[1]),
+                                                           bucket_buffer=12)}, id="bucketing"),
+])
+def test_map_collate_and_bucketing_give_the_cpu_paths_batches(tmp_path: Path, shards: SimpleNamespace,
+                                                               workers: int, kw: dict) -> None:
+    """With map=, pad_collate, a custom collate that keeps images in a list, and length
+    bucketing, device decode gives the CPU path's batches: same structure (pad_collate's
+    (images, lengths, mask) included), same order and values, pixels within 2 levels."""
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+
+    def make(device: bool) -> ShardedDataset:
+        return ShardedDataset(root, batch_size=6, shuffle=True, seed=5, transform=T.imagenet_train(96),
+                              decoding=DecodeOptions(device="cpu" if device else None), **kw)
+
+    cpu_ds, dev_ds = make(False), make(True)
+    with make_loader(cpu_ds, num_workers=workers, device="cpu", normalize=False) as cpu, \
+            make_loader(dev_ds, num_workers=workers, device="cpu", normalize=False, jpeg_decoder=pil_decoder) as dev:
+        for epoch in range(2):
+            cpu_ds.set_epoch(epoch)
+            dev_ds.set_epoch(epoch)
+            want, got = list(cpu), list(dev)
+            assert len(got) == len(want) == len(dev_ds)
+            for g, w in zip(got, want):
+                _same_batch(g, w)
+            keys = [k for b in got for k in (b["keys"] if isinstance(b, dict) else b[3])]
+            assert len(keys) == len(set(keys)) == 28
+
+
+def test_map_or_collate_computing_on_a_planned_image_is_a_clear_error(tmp_path: Path,
+                                                                      shards: SimpleNamespace) -> None:
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+
+    def make(**kw: object) -> ShardedDataset:
+        return ShardedDataset(root, batch_size=6, transform=T.imagenet_train(96), decoding=DecodeOptions(device="cpu"),
+                              **kw)
+
+    def first(ds: ShardedDataset) -> object:
+        with make_loader(ds, device="cpu", jpeg_decoder=pil_decoder) as loader:
+            return next(iter(loader))
+
+    stacking = BatchOptions(collate_fn=lambda samples: (torch.stack([s[0] for s in samples]), [s[2] for s in samples]))
+    with pytest.raises(ValueError, match="keep the images of a batch in a list"):
+        first(make(map=_tokens, batching=stacking))
+    with pytest.raises(SampleError, match=r"key '\w+'.*PlannedImage.*keep the images of a batch in a list"):
+        first(make(map=lambda s: (_tokens(s)[0].float(), s["cls"])))
+    stray = BatchOptions(collate_fn=lambda samples: {"first": samples[0][0], "cls": [s[2] for s in samples]})
+    with pytest.raises(ValueError, match=r"batch\['first'\].*not in a column of the batch"):
+        first(make(map=_tokens, batching=stray))
+    with pytest.raises(ValueError, match=r"multiple_of=10\) would pad the 96x96 images"):
+        first(make(map=_tokens, batching=BatchOptions(collate_fn=functools.partial(pad_collate, multiple_of=10))))
