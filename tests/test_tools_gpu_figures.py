@@ -1,0 +1,61 @@
+"""tools/gpu_figures.py: the figure list, a real (tiny, CPU) figure run, and the report's verdicts."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).parents[1] / "tools"
+
+
+@pytest.fixture()
+def tool(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(TOOLS))
+    spec = importlib.util.spec_from_file_location("gpu_figures", TOOLS / "gpu_figures.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "gpu_figures", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_the_full_list_is_issue_20s(tool, tmp_path: Path) -> None:
+    figs = tool.figures(tmp_path, device="cuda", quick=False)
+    names = [f.name for f in figs]
+    assert names == ["tests/gpu", "per-stage profile",
+                     "feed, CPU path, 8 workers", "feed, CPU path, 15 workers",
+                     "feed, device decode, 2 workers", "feed, device decode, 4 workers", "feed, device decode, 8 workers",
+                     "convnet step, workers decode, 15 workers", "convnet step, device decode, 8 workers",
+                     "resnet50 step, workers decode, 15 workers", "resnet50 step, device decode, 8 workers"]
+    profile = figs[1].argv
+    assert profile[profile.index("--workers") + 1:profile.index("--workers") + 5] == ["1", "4", "8", "15"]
+    assert "--device" in profile and "cuda" in profile
+    resnet = figs[-1].argv
+    assert {"--bf16", "--channels-last", "resnet50"} <= set(resnet)
+    assert all(f.argv[f.argv.index("--batch-size") + 1] == "256" for f in figs[2:])
+
+
+def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tmp_path: Path) -> None:
+    from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]
+
+    dataset = make_jpegs(tmp_path, 24)
+    feed = next(f for f in tool.figures(dataset, device="cpu", quick=True) if f.name == "feed, device decode, 1 workers")
+    tool.run(feed)
+    assert feed.result["status"] == "ok" and feed.result["img_s"] > 0 and feed.result["decode"] == "device"
+    assert tool.verdict(feed)[1] == "NO"  # a CPU is far from 10,000 img/s
+
+    hang = tool.Figure("feed", "hang", [sys.executable, "-c", "import time; time.sleep(30)"], limit_s=1)
+    broken = tool.Figure("feed", "broken", [sys.executable, "-c", "raise SystemExit(3)"])
+    fast = tool.Figure("step", "fast", [], "<= 1.3x pre-staged",
+                       result={"status": "ok", "loader_ms": 26.0, "prestaged_ms": 24.0, "ratio": 26 / 24, "model": "convnet"})
+    slow = tool.Figure("step", "slow", [], result={"status": "ok", "loader_ms": 90.0, "prestaged_ms": 80.0,
+                                                     "ratio": 1.125, "model": "resnet50"})
+    tool.run(hang)
+    tool.run(broken)
+    assert hang.result["status"] == "timed out after 1 s" and broken.result["status"] == "failed (exit 3)"
+    assert tool.verdict(fast) == ("26.0 ms vs 24.0 ms pre-staged = 1.08x", "yes")
+    assert tool.verdict(slow)[1] == "NO"  # 1.125 > 1.05 for ResNet-50
+    text = tool.report([feed, hang, broken, fast, slow], ["- machine"])
+    assert "| hang |" in text and "timed out after 1 s" in text and "| fast |" in text and "img/s" in text

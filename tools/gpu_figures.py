@@ -1,0 +1,204 @@
+"""Every GPU figure issue 20 asks for, in one command, with a report to paste.
+
+    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5 min
+    python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
+    python tools/gpu_figures.py --device cpu --quick --out /tmp/figs   # a check of the tool, on a CPU
+
+Groups, run in this order, each figure a process of its own with a time limit (a hang costs
+its limit, not the session):
+
+- ``tests``: ``python -m pytest tests/gpu`` (nvJPEG path against the CPU path, exactly once,
+  resume, the decode thread on real streams);
+- ``profile``: ``tools/profile_loader.py --workers 1 4 8 15 --device cuda`` (the per-stage table);
+- ``feed``: img/s into the device, CPU path with 8 and 15 workers, device decode with 2, 4, 8;
+- ``step``: step time with the loader against pre-staged batches, batch 256 x 224 px, the tiny
+  convnet and torchvision's ResNet-50 (channels_last, bf16 autocast), each with the CPU path
+  (15 workers) and device decode (8 workers).
+
+The dataset (1,000 photo-like JPEGs of ImageNet's sizes, ~110 KB) is made once under
+``--out``. Written there: ``gpu_figures.md`` (machine, then one row per figure: its command,
+result, target, met or not) and ``gpu_figures.jsonl`` (one JSON object per figure, as it ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+GROUPS = ("tests", "profile", "feed", "step")
+TARGET_IMG_S = 10_000
+TARGET_RATIO = {"convnet": 1.3, "resnet50": 1.05}
+
+
+@dataclass
+class Figure:
+    group: str
+    name: str
+    argv: list[str]
+    target: str = ""
+    limit_s: int = 240
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
+    """The figures to run, on ``dataset``: issue 20's list, or a tiny version of it (``quick``)."""
+    py, step, profile = sys.executable, str(TOOLS / "bench_gpu_step.py"), str(TOOLS / "profile_loader.py")
+    common = ["--dataset", str(dataset), "--device", device, "--json"]
+    size = ["--batch-size", "8", "--size", "64", "--steps", "3"] if quick else ["--batch-size", "256", "--size", "224"]
+    cpu_workers, dev_workers = ([1, 2], [1, 2]) if quick else ([8, 15], [2, 4, 8])
+    cpu_step, dev_step = (2, 2) if quick else (15, 8)
+    out = [Figure("tests", "tests/gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu")],
+                  "passes", limit_s=400)]
+    prof = [py, profile, "--dataset", str(dataset), "--json", "--workers",
+            *(["1", "2"] if quick else ["1", "4", "8", "15"])]
+    if quick:
+        prof += ["--batch-size", "8", "--size", "64", "--batches", "2", "--repeat", "1"]
+    else:
+        prof += ["--device", "cuda"]
+    out.append(Figure("profile", "per-stage profile", prof, limit_s=400))
+    for w in cpu_workers:
+        out.append(Figure("feed", f"feed, CPU path, {w} workers",
+                          [py, step, "--feed", *common, *size, "--workers", str(w)], f">= {TARGET_IMG_S:,} img/s"))
+    for w in dev_workers:
+        out.append(Figure("feed", f"feed, device decode, {w} workers",
+                          [py, step, "--feed", "--decode", "device", *common, *size, "--workers", str(w)],
+                          f">= {TARGET_IMG_S:,} img/s"))
+    for model, extra in (("convnet", []), ("resnet50", ["--model", "resnet50", "--bf16", "--channels-last"])):
+        if quick and model == "resnet50":
+            extra = ["--model", "resnet50"]
+        for decode, w in (("workers", cpu_step), ("device", dev_step)):
+            out.append(Figure("step", f"{model} step, {decode} decode, {w} workers",
+                              [py, step, *common, *size, *extra, "--decode", decode, "--workers", str(w)],
+                              f"<= {TARGET_RATIO[model]}x pre-staged"))
+    return out
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def run(figure: Figure) -> Figure:
+    """Run ``figure`` in a process of its own; its result (or what went wrong) in ``figure.result``."""
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(figure.argv, capture_output=True, text=True, timeout=figure.limit_s, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        figure.result = {"status": f"timed out after {figure.limit_s} s", "tail": str(e.stdout or "")[-2000:]}
+        return figure
+    wall = time.perf_counter() - t0
+    parsed = _last_json(done.stdout)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        missing = "No module named 'torchvision'" in tail
+        figure.result = {"status": "skipped: torchvision is not installed" if missing else f"failed (exit {done.returncode})",
+                         "tail": tail, "wall_s": wall}
+    elif figure.group == "tests":
+        figure.result = {"status": "ok", "summary": done.stdout.strip().splitlines()[-1], "wall_s": wall}
+    elif parsed is None:
+        figure.result = {"status": "no JSON in the output", "tail": done.stdout[-2000:], "wall_s": wall}
+    else:
+        figure.result = {"status": "ok", **parsed, "wall_s": wall}
+        if figure.group == "profile":
+            from profile_loader import format_profile  # tools/ is on sys.path
+
+            figure.result["table"] = format_profile(parsed)
+    return figure
+
+
+def verdict(figure: Figure) -> tuple[str, str]:
+    """(result, met) as the report's table shows them."""
+    r = figure.result
+    if r.get("status") != "ok":
+        return r.get("status", "not run"), "-"
+    if figure.group == "tests":
+        return r["summary"], "yes" if "failed" not in r["summary"] and "error" not in r["summary"] else "NO"
+    if figure.group == "feed":
+        return f"{r['img_s']:,.0f} img/s", "yes" if r["img_s"] >= TARGET_IMG_S else "NO"
+    if figure.group == "step":
+        ratio = r["ratio"]
+        return (f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x",
+                "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO")
+    return "see the table below", "-"
+
+
+def machine() -> list[str]:
+    """What the report says of the host: CPU topology, GPU, versions."""
+    lines = [f"- python {platform.python_version()}, {os.cpu_count()} logical CPUs"]
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20).stdout
+        keep = ("Model name", "Socket(s)", "Core(s) per socket", "Thread(s) per core", "CPU(s):")
+        lines += [f"- lscpu: {line.strip()}" for line in lscpu.splitlines() if line.strip().startswith(keep)]
+    except (OSError, subprocess.SubprocessError):
+        lines.append("- lscpu: not available")
+    try:
+        import torch
+
+        lines.append(f"- torch {torch.__version__} (CUDA {torch.version.cuda})")
+        if torch.cuda.is_available():
+            lines.append(f"- GPU: {torch.cuda.get_device_name()}")
+        import torchvision  # noqa: F401 - only its version
+
+        lines.append(f"- torchvision {torchvision.__version__}")
+    except ImportError as e:
+        lines.append(f"- {e}")
+    return lines
+
+
+def report(figs: list[Figure], header: list[str]) -> str:
+    rows = ["| figure | command | result | target | met |", "|---|---|---|---|---|"]
+    for f in figs:
+        result, met = verdict(f)
+        command = " ".join(Path(a).name if a.startswith(str(ROOT)) or a == sys.executable else a for a in f.argv[1:])
+        rows.append(f"| {f.name} | `python {command}` | {result} | {f.target} | {met} |")
+    tables = [f.result["table"] for f in figs if f.result.get("table")]
+    return "\n".join(["# GPU figures (tools/gpu_figures.py)", "", *header, "", *rows, "", *tables, ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
+    p.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(TOOLS))
+    from bench_gpu_step import make_jpegs
+
+    data_root = args.out / "data"
+    dataset = make_jpegs(data_root, 48 if args.quick else args.images)
+    todo = [f for f in figures(dataset, device=args.device, quick=args.quick) if f.group in args.groups]
+    header = machine()
+    if args.quick:
+        header.append("- **--quick**: tiny sizes, a check of the tool; the targets do not apply to these figures")
+    log = args.out / "gpu_figures.jsonl"
+    with log.open("a") as out:
+        for f in todo:
+            run(f)
+            print(f"{f.name}: {verdict(f)[0]}", flush=True)
+            out.write(json.dumps({"figure": f.name, "argv": f.argv, **f.result}) + "\n")
+            out.flush()
+    (args.out / "gpu_figures.md").write_text(report(todo, header))
+    print(f"report: {args.out / 'gpu_figures.md'}")
+    return 0 if all(f.result.get("status") == "ok" or f.result.get("status", "").startswith("skipped") for f in todo) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
