@@ -36,7 +36,7 @@ from shardify.reader.delivery.batchpool import BatchChannel, unpack
 from shardify.reader.dataset import _EPOCH, LAYOUT, ShardedDataset
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.plan.resume import Segment
-from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
+from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.plan.world import detect_rank_world
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
@@ -197,7 +197,7 @@ class Loader:
                 from shardify.reader.sample.device_decode import DeviceDecoder
 
                 options["decode"] = DeviceDecoder(
-                    self._prefetch["device"], jpeg_decoder=options.pop("jpeg_decoder", None),
+                    resolve_device(self._prefetch["device"]), jpeg_decoder=options.pop("jpeg_decoder", None),
                     report=self.dataset._report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
             else:
                 options.pop("jpeg_decoder", None)

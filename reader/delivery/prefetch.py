@@ -34,7 +34,7 @@ import torch
 
 from shardify.reader.sample.device_plan import EncodedBatch
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,6 +43,15 @@ DECODE_AHEAD = 2
 _END = object()
 
 Decode = Callable[[EncodedBatch], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` with its index: ``"cuda"`` is this thread's current CUDA device, named, so the
+    decode thread (whose current device is 0 until set) uses the same one under DDP."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class DevicePrefetcher:
@@ -65,7 +74,7 @@ class DevicePrefetcher:
         if len(mean) != len(std) or not mean or any(s <= 0 for s in std):
             raise ValueError(f"{mean=} and {std=} should have the same length, std > 0")
         self._batches = batches
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self._dtype, self._normalize, self._channels_last = dtype, normalize, channels_last
         channels = len(mean)
         shape = (1, channels, 1, 1)

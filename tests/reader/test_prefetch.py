@@ -10,7 +10,7 @@ import torch
 from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, ShardedDataset, make_loader
 from shardify.errors import SampleError
 from shardify.reader import transforms as T
-from shardify.reader.delivery.prefetch import DECODE_AHEAD
+from shardify.reader.delivery.prefetch import DECODE_AHEAD, resolve_device
 from shardify.reader.sample.device_plan import EncodedBatch
 
 
@@ -161,3 +161,12 @@ def test_leaving_the_loop_early_stops_the_decode_thread():
     assert started.is_set()
     it.close()  # what `break` does to the loop's generator
     assert not [t for t in threading.enumerate() if t.name.startswith("shardify-decode")]
+
+
+def test_an_unindexed_cuda_device_is_named_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch):
+    """Under DDP rank 1 calls torch.cuda.set_device(1) and passes device="cuda": the decode
+    thread, whose own current device is 0, must be told 1."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
