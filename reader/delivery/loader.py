@@ -220,6 +220,9 @@ class Loader:
                     f"and iterate again ({e})") from e
             raise
         finally:
+            close = getattr(batches, "close", None)
+            if close is not None:  # the device prefetcher: its decode thread ends before the workers
+                close()
             # Left early (break), or failed: non-persistent workers stop now, not at garbage collection.
             if workers is not None and workers is not getattr(self.dataloader, "_iterator", None):
                 self._shut_down(workers)

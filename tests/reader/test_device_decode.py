@@ -457,3 +457,16 @@ def test_map_or_collate_computing_on_a_planned_image_is_a_clear_error(tmp_path: 
         first(make(map=_tokens, batching=stray))
     with pytest.raises(ValueError, match=r"multiple_of=10\) would pad the 96x96 images"):
         first(make(map=_tokens, batching=BatchOptions(collate_fn=functools.partial(pad_collate, multiple_of=10))))
+
+
+def test_leaving_an_epoch_early_ends_the_decode_thread_with_the_loader(tmp_path: Path, shards: SimpleNamespace) -> None:
+    import threading
+
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    ds = _make(root, device=True)
+    with make_loader(ds, num_workers=2, device="cpu", jpeg_decoder=pil_decoder) as loader:
+        for _ in loader:
+            assert [t for t in threading.enumerate() if t.name.startswith("shardify-decode")]
+            break
+        assert not [t for t in threading.enumerate() if t.name.startswith("shardify-decode")]
+        assert len(list(loader)) == len(ds)  # and the next epoch runs whole
