@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,70 @@ def test_the_rewritten_calls_read_as_the_old_ones(tmp_path):
         new_ds, new_mine = after["make"](root), after["via_mine"](root)  # type: ignore[operator]
     assert old_ds.options == new_ds.options and old_mine.options == new_mine.options
     assert [list(b) for b in old_ds] == [list(b) for b in new_ds]
+
+
+def _upgrade_source() -> Callable[..., tuple[str, int]]:
+    spec = importlib.util.spec_from_file_location("upgrade_options", ROOT / "tools" / "upgrade_options.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.upgrade_source
+
+
+def _bound(src: str) -> dict[str, str]:
+    """Each name a top-level ``from shardify... import`` binds -> its module."""
+    return {a.asname or a.name: n.module for n in ast.parse(src).body
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("shardify") for a in n.names}
+
+
+LOCAL = '''"""A script that imports shardify only where it reads."""
+
+from __future__ import annotations
+
+import sys
+
+
+def read(root):
+    from shardify.reader import ShardedDataset
+
+    return ShardedDataset(root, batch_size=2, fields=("cls",), collate_fn=list)
+'''
+
+
+def test_the_import_goes_after_the_docstring_and_future_imports():
+    """With no top-level shardify import, the groups' import is not put before the docstring
+    (which it would turn into a plain string) nor before ``from __future__`` (a SyntaxError)."""
+    new, calls = _upgrade_source()(LOCAL)
+    assert calls == 1 and "batching=BatchOptions(collate_fn=list)" in new
+    compile(new, "local.py", "exec")
+    tree = ast.parse(new)
+    assert ast.get_docstring(tree) == "A script that imports shardify only where it reads."
+    assert _bound(new) == {"BatchOptions": "shardify.reader"}
+    assert new.index("from shardify.reader import BatchOptions\n") > new.index("import sys\n")
+
+
+IMPORTED = '''import textwrap
+from shardify.reader import (ShardedDataset,
+                             ShuffleOptions)
+
+CHILD = textwrap.dedent("""
+from shardify.reader import ShardedDataset
+print(ShardedDataset)
+""")
+
+
+def read(root):
+    return ShardedDataset(root, batch_size=2, shuffle_buffer=8, on_error="skip")
+'''
+
+
+def test_groups_already_imported_are_not_imported_again_and_strings_are_left_alone():
+    """An import line inside a string is not the module's: the new import goes after the real
+    (parenthesised) one, only for the groups not bound yet, and the string is unchanged."""
+    new, calls = _upgrade_source()(IMPORTED)
+    assert calls == 1 and 'shuffling=ShuffleOptions(buffer=8), errors=ErrorOptions(on_error="skip")' in new
+    compile(new, "imported.py", "exec")
+    assert _bound(new) == {"ShardedDataset": "shardify.reader", "ShuffleOptions": "shardify.reader",
+                           "ErrorOptions": "shardify.reader"}
+    assert new.count("import ShardedDataset") == 1 and new.count("ShuffleOptions)") == 1
+    assert 'CHILD = textwrap.dedent("""\nfrom shardify.reader import ShardedDataset\nprint(ShardedDataset)\n""")' in new
+    assert new.index("from shardify.reader import ErrorOptions\n") < new.index("CHILD")
