@@ -289,7 +289,7 @@ def test_a_failing_batch_call_is_retried_image_by_image(tmp_path: Path, shards: 
 def test_no_cuda_is_a_clear_error(tmp_path: Path, shards: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _write(shards, tmp_path / "ds", _dataset_samples()[:1])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(DeviceDecodeError, match="DecodeOptions\(device='cuda'\) but CUDA is not available"):
+    with pytest.raises(DeviceDecodeError, match=r"DecodeOptions\(device='cuda'\) but CUDA is not available"):
         ShardedDataset(root, batch_size=4, transform=T.imagenet_train(32), decoding=DecodeOptions(device="cuda"))
 
 
