@@ -73,7 +73,7 @@ def test_checkpoint_and_resume_continue_batch_for_batch(dataset: Path, tmp_path:
 MIX_SCRIPT = '''
 import json, sys
 import torch.distributed as dist
-from shardify.reader import ShardedDataset, Stream, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, Stream, make_loader
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -83,7 +83,8 @@ def row(sample):
     return sample["__key__"], sample["__stream__"], sample["__valid__"]
 
 ds = ShardedDataset([Stream(web, weight=3), Stream(extra.split(","), weight=1)], map=row,
-                    collate_fn=list, samples_per_epoch=40, batch_size=4, shuffle=True, seed=0, mark_repeats=True)
+                    batching=BatchOptions(collate_fn=list), batch_size=4, shuffle=True, seed=0,
+                    sampling=SamplingOptions(samples_per_epoch=40, mark_repeats=True))
 loader = make_loader(ds, num_workers=int(workers))
 if state_in != "-":
     loader.load_state_dict(json.load(open(state_in)))

@@ -153,7 +153,7 @@ def child(spec: dict) -> dict:
     import torch
 
     if system == "shardify":
-        from shardify.reader import ShardedDataset, make_loader
+        from shardify.reader import BatchOptions, ShardedDataset, make_loader
         from shardify.reader import transforms as T
 
         if corpus == "scale":
@@ -166,7 +166,7 @@ def child(spec: dict) -> dict:
             ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("npy", "cls"))
         else:
             ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("cls", "txt"),
-                                collate_fn=list)
+                                batching=BatchOptions(collate_fn=list))
         loader = make_loader(ds, num_workers=workers)
     elif system == "webdataset":
         import webdataset as wds

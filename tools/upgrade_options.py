@@ -2,9 +2,11 @@
 
 ``python tools/upgrade_options.py FILE.py ...`` rewrites each ``ShardedDataset(...)`` call in
 place: ``shuffle_buffer=4, on_error="skip"`` becomes ``shuffling=ShuffleOptions(buffer=4),
-errors=ErrorOptions(on_error="skip")``, and adds ``from shardify.reader import ...`` for the
-groups it used. ``--also NAME`` rewrites calls of your own helpers that pass their keywords on
-to ``ShardedDataset`` too; ``--check`` only lists what it would change (exit 1 if anything).
+errors=ErrorOptions(on_error="skip")``, and imports the groups it used that the module does
+not import yet (``from shardify.reader import ...`` at its top level: after its last shardify
+import, or after its docstring and leading imports). ``--also NAME`` rewrites calls of your own
+helpers that pass their keywords on to ``ShardedDataset`` too; ``--check`` only lists what it
+would change (exit 1 if anything).
 Values are copied as written (the source text of each argument), so formatting may need a look.
 """
 
@@ -65,15 +67,35 @@ def upgrade_source(src: str, *, names: frozenset[str] = frozenset({"ShardedDatas
                 edits.append((at(prev.end_lineno, prev.end_col_offset), at(k.end_lineno, k.end_col_offset), ""))  # type: ignore[arg-type]
     for a, b, text in sorted(edits, reverse=True):
         src = src[:a] + text + src[b:]
-    if used:
-        out = src.splitlines(keepends=True)
-        tops = [i for i, line in enumerate(out) if line.startswith(("from shardify", "import shardify"))]
-        i = tops[-1] if tops else 0
-        while "(" in out[i] and ")" not in out[i]:  # the end of a parenthesised import
-            i += 1
-        out.insert(i + 1 if tops else 0, f"from shardify.reader import {', '.join(sorted(used))}\n")
-        src = "".join(out)
-    return src, calls
+    return (_import(src, used) if used else src), calls
+
+
+def _import(src: str, names: set[str]) -> str:
+    """``src`` with ``from shardify.reader import NAMES`` for those of ``names`` no top-level shardify
+    import binds yet: after its last top-level shardify import, or else after its leading
+    docstring and imports (never before a docstring or a ``from __future__`` import)."""
+    body = ast.parse(src).body
+    have = {a.asname or a.name for n in body if isinstance(n, ast.ImportFrom) and not n.level
+            and (n.module or "").split(".")[0] == "shardify" for a in n.names}  # the names they bind
+    missing = sorted(names - have)
+    if not missing:
+        return src
+    ours = [n for n in body if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "shardify"
+            and not n.level or isinstance(n, ast.Import) and any(a.name.split(".")[0] == "shardify" for a in n.names)]
+    lead: list[ast.stmt] = []
+    for i, n in enumerate(body):  # the docstring, then the imports before the first other statement
+        if not (isinstance(n, (ast.Import, ast.ImportFrom))
+                or i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                and isinstance(n.value.value, str)):
+            break
+        lead.append(n)
+    after = ours[-1] if ours else lead[-1] if lead else None
+    out = src.splitlines(keepends=True)
+    at = (after.end_lineno or 0) if after is not None else 0
+    if at and not out[at - 1].endswith("\n"):
+        out[at - 1] += "\n"
+    out.insert(at, f"from shardify.reader import {', '.join(missing)}\n")
+    return "".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

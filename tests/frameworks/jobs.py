@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shardify.convert import ShardWriter
-from shardify.reader import ShardedDataset, transforms as T
+from shardify.reader import ShardedDataset, ShuffleOptions, transforms as T
 
 __all__ = ["write_images", "dataset", "take", "sdl_main"]
 
@@ -32,7 +32,7 @@ def write_images(out: Path, *, n: int = 22, samples_per_shard: int = 7) -> Path:
 
 def dataset(root: Path, **kw: Any) -> ShardedDataset:
     """Shuffled batches of 3 with a random crop and flip (seeded per sample) and each sample's key."""
-    options = dict(batch_size=3, shuffle=True, seed=7, shuffle_buffer=5, shuffle_block=2,
+    options = dict(batch_size=3, shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=5, block=2),
                    transform=T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip()]),
                    fields=("__key__", "image", "cls"))
     options.update(kw)

@@ -63,9 +63,9 @@ def write_png_bomb_tar(path: Path) -> Path:
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys
-    from shardify.reader import ShardedDataset, make_loader
+    from shardify.reader import ErrorOptions, ShardedDataset, make_loader
     url, fields, policy = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
-    ds = ShardedDataset([url], batch_size=1, fields=fields, on_error=policy)
+    ds = ShardedDataset([url], batch_size=1, fields=fields, errors=ErrorOptions(on_error=policy))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         got = [repr(b) for b in make_loader(ds, num_workers=0)]

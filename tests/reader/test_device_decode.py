@@ -21,7 +21,7 @@ from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.errors import DeviceDecodeError, SampleError
-from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.collate import pad_collate
@@ -248,7 +248,8 @@ def test_an_image_no_decoder_reads_raises_naming_shard_and_key(tmp_path: Path, s
 
 def test_skip_replaces_a_bad_image_and_its_label_and_counts_it(tmp_path: Path, shards: SimpleNamespace) -> None:
     root = _with_bad_sample(shards, tmp_path / "ds")
-    cpu_ds, dev_ds = _make(root, device=False, on_error="skip"), _make(root, device=True, on_error="skip")
+    skip = ErrorOptions(on_error="skip")
+    cpu_ds, dev_ds = _make(root, device=False, errors=skip), _make(root, device=True, errors=skip)
     with make_loader(dev_ds, num_workers=2, device="cpu", jpeg_decoder=pil_decoder) as dev, \
             make_loader(cpu_ds, num_workers=2, device="cpu") as cpu:
         got, want = _epoch(dev, dev_ds, 0), _epoch(cpu, cpu_ds, 0)

@@ -7,11 +7,15 @@ workers read, the same fetch options and checksums, and the same batches for an 
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
 
+import shardify.reader.dataset
 from shardify.reader import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, SamplingOptions,
                              ShardedDataset, ShuffleOptions, Stream)
 from shardify.reader.deprecated import OLD_KEYWORDS
@@ -157,3 +161,37 @@ def test_streams_take_the_per_sample_keywords_of_the_dataset(counting_dataset):
     stream = set(inspect.signature(Stream).parameters) - {"source", "weight"}
     dataset = set(inspect.signature(ShardedDataset).parameters)
     assert stream <= dataset and not stream & set(GROUPS)
+
+
+def test_an_old_keyword_fails_the_test_suite_and_other_deprecations_do_not(counting_dataset):
+    """pyproject.toml's ``filterwarnings``: an old keyword left in a test is an error there (the
+    tests of the deprecation above expect it with ``pytest.warns``), while another package's
+    ``DeprecationWarning`` stays a warning, even one attributed to shardify's call of it."""
+    root = counting_dataset([4])
+    with pytest.raises(DeprecationWarning, match=r"shuffle_buffer= -> shuffling=ShuffleOptions\(buffer=\.\.\.\)"):
+        ShardedDataset(root, batch_size=2, shuffle_buffer=4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.warn_explicit("old_api() is deprecated", DeprecationWarning, "thirdparty/api.py", 1,
+                               module="thirdparty.api")
+        warnings.warn_explicit("torch.old_api() is deprecated", DeprecationWarning, shardify.reader.dataset.__file__,
+                               1, module="shardify.reader.dataset")
+    assert [w.category for w in seen] == [DeprecationWarning, DeprecationWarning]
+
+
+_CHILD = textwrap.dedent("""
+    import sys, warnings
+    from shardify.reader import ShardedDataset, ShuffleOptions
+    warnings.warn_explicit("old_api() is deprecated", DeprecationWarning, "thirdparty/api.py", 1)
+    ShardedDataset(sys.argv[1], batch_size=2, shuffling=ShuffleOptions(buffer=4))
+    print("the groups and other deprecations pass")
+    ShardedDataset(sys.argv[1], batch_size=2, shuffle_buffer=4)
+    print("the old keyword passed")
+""")
+
+
+def test_an_old_keyword_fails_a_python_process_that_a_test_starts(counting_dataset):
+    """tests/conftest.py: the scripts tests run in child processes are held to the same rule."""
+    root = counting_dataset([4])
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["the groups and other deprecations pass"], proc.stderr
+    assert proc.returncode == 1 and "DeprecationWarning: ShardedDataset: these keywords are deprecated" in proc.stderr

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 
 from shardify.convert import ShardWriter
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader.delivery.state import STATE_VERSION, seal_state
-from shardify.reader import SamplingOptions
 
 SIZES = [7, 2, 13, 30, 1]  # 53 samples
-OPTIONS: dict[str, Any] = dict(batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffle_buffer=4,
-                               shuffle_block=3)
+OPTIONS: dict[str, Any] = dict(batch_size=2, fields=("cls",), shuffle=True, seed=3,
+                               shuffling=ShuffleOptions(buffer=4, block=3))
 
 
 def values(batches: list[Any]) -> list[list[int]]:
@@ -91,13 +90,16 @@ def test_an_edited_or_incomplete_state_is_refused_naming_the_field(counting_data
 OTHER_OPTIONS = [
     pytest.param({"batch_size": 3}, "field 'plan.batch_size' is 2, this loader has 3", id="batch-size"),
     pytest.param({"shuffle": False}, "field 'plan.shuffle' is True, this loader has False", id="shuffle"),
-    pytest.param({"shuffle_block": 4}, "field 'plan.shuffle_block' is 3, this loader has 4", id="shuffle-block"),
-    pytest.param({"shuffle_buffer": 8}, "field 'plan.shuffle_buffer' is 4, this loader has 8", id="shuffle-buffer"),
+    pytest.param({"shuffling": ShuffleOptions(buffer=4, block=4)},
+                 "field 'plan.shuffle_block' is 3, this loader has 4", id="shuffle-block"),
+    pytest.param({"shuffling": ShuffleOptions(buffer=8, block=3)},
+                 "field 'plan.shuffle_buffer' is 4, this loader has 8", id="shuffle-buffer"),
     pytest.param({"drop_last": True}, "field 'plan.drop_last' is False, this loader has True", id="drop-last"),
     pytest.param({"seed": 4}, "field 'seed' is 3, this loader has 4", id="seed"),
-    pytest.param({"samples_per_epoch": 40}, r"field 'plan.stream_counts' is \[53\], this loader has \[40\]",
-                 id="samples-per-epoch"),
-    pytest.param({"bucket_length": int}, "field 'plan.bucketed' is False, this loader has True", id="bucketing"),
+    pytest.param({"sampling": SamplingOptions(samples_per_epoch=40)},
+                 r"field 'plan.stream_counts' is \[53\], this loader has \[40\]", id="samples-per-epoch"),
+    pytest.param({"batching": BatchOptions(bucket_length=int)}, "field 'plan.bucketed' is False, this loader has True",
+                 id="bucketing"),
 ]
 
 
@@ -163,21 +165,23 @@ def test_a_version_2_state_of_whole_passes_still_loads_and_resumes_exactly(count
     root = counting_dataset(SIZES)
     state, full = saved(root, stop=stop)
     assert resumed(root, as_version_2(state)) == full[stop:]
-    state, full = saved(root, stop=stop, samples_per_epoch=106)  # two whole passes
-    assert resumed(root, as_version_2(state), samples_per_epoch=106) == full[stop:]
+    two = SamplingOptions(samples_per_epoch=106)  # two whole passes
+    state, full = saved(root, stop=stop, sampling=two)
+    assert resumed(root, as_version_2(state), sampling=two) == full[stop:]
 
 
 @pytest.mark.parametrize("count", [40, 70])
 def test_a_version_2_state_mid_epoch_of_part_of_a_pass_is_refused(counting_dataset, count):
     """The rule for the part of a pass changed after version 2: such a state would resume another epoch."""
     root = counting_dataset(SIZES)
-    state, _ = saved(root, samples_per_epoch=count)
-    loader = make_loader(ShardedDataset(root, **OPTIONS, sampling=SamplingOptions(samples_per_epoch=count)))
+    part = SamplingOptions(samples_per_epoch=count)
+    state, _ = saved(root, sampling=part)
+    loader = make_loader(ShardedDataset(root, **OPTIONS, sampling=part))
     with pytest.raises(ValueError, match=f"field 'version' is 2, saved 4 batches into epoch 2, in which stream 0 "
                                          f"reads {count} of its 53 samples .*Restart epoch 2"):
         loader.load_state_dict(as_version_2(state))
-    start, full = saved(root, stop=0, samples_per_epoch=count)  # at the start of the epoch: nothing to mismatch
-    assert resumed(root, as_version_2(start), samples_per_epoch=count) == full
+    start, full = saved(root, stop=0, sampling=part)  # at the start of the epoch: nothing to mismatch
+    assert resumed(root, as_version_2(start), sampling=part) == full
 
 
 def test_seal_state_is_what_a_deliberate_edit_needs(counting_dataset):
