@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import os
-import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,16 +33,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
 from shardify.reader.plan.mix import epoch_sequence, stream_counts
-from shardify.reader.plan.resume import PlanOptions, Segment, resumed_sequence, share_order
+from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
-from shardify.reader.sample.fields import output_fields
-from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
+from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
+from shardify.reader.sample.fields import loaded_fields, stream_fields
+from shardify.reader.sample.pipeline import SampleProcessor, share_batches
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
-from shardify.reader.plan.shuffle import derive_seed, reorder
-from shardify.reader.io.checksums import with_checksums
+from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
-from shardify.reader.io.stream import Item, ShardReader
+from shardify.reader.io.stream import ShardReader
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
                                      SamplingOptions, ShuffleOptions, with_defaults)
@@ -54,37 +52,6 @@ from shardify.reader.plan.world import World, detect_rank_world, detect_world
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
 
 log = logging.getLogger("shardify.reader")
-
-_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS = range(5)
-_HEADER = 5
-
-LAYOUT = 3
-"""How an epoch is planned: 3, as 2 with a shuffle buffer that ramps up (the first samples
-leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
-blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
-whole before its first output; 1, whole shards one after another (before cross-rank
-shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
-saved under an older layout finishes its epoch under that layout."""
-
-LAYOUTS = (1, 2, 3)
-"""Every layout a resume point may name."""
-
-MAX_SEGMENTS = 16
-"""Resumes of one epoch on another topology that a state can hold."""
-
-SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
-"""Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
-
-
-def _checksums(source: Source) -> tuple[str, ...]:
-    """Each shard's SHA-256 from the split index, for ``verify=True``."""
-    missing = [s.url for s in source.shards if not s.sha256]
-    if missing:
-        raise ValueError(
-            f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
-            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
-            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)")
-    return tuple(s.sha256 for s in source.shards)
 
 
 class ShardedDataset(IterableDataset):
@@ -191,9 +158,8 @@ class ShardedDataset(IterableDataset):
             raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
         self._tag_stream = len(sources) > 1 or "__stream__" in wanted or map is not None or any(
             s.map is not None for s in self.streams)
-        self._checksums = _checksums(self.source) if o.verify else None
-        self._state = torch.zeros(_HEADER + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
-        self._state[_RESUME_EPOCH] = -1
+        self._checksums = source_checksums(self.source) if o.verify else None
+        self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
@@ -207,18 +173,14 @@ class ShardedDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        return int(self._state[_EPOCH])
+        return self._shared_epoch.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (shard order, shuffle, augmentation).
 
         A pending resume point (``resume_at``) survives only if it is for this same epoch.
         """
-        if epoch < 0:
-            raise ValueError(f"{epoch=} should be >= 0")
-        if int(self._state[_RESUME_EPOCH]) != epoch:
-            self.clear_resume()
-        self._state[_EPOCH] = epoch
+        self._shared_epoch.set_epoch(epoch)
 
     def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
         """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded).
@@ -226,41 +188,26 @@ class ShardedDataset(IterableDataset):
         ``history``: the parts of the epoch consumed before on other topologies (their samples
         are left out and the rest is planned anew); ``layout``: the epoch's (see :data:`LAYOUT`).
         """
-        if epoch < 0 or batches < 0:
-            raise ValueError(f"{epoch=} and {batches=} should be >= 0")
-        if len(history) > MAX_SEGMENTS:
-            raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times; "
-                             f"a state holds at most {MAX_SEGMENTS}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"{layout=} should be one of {LAYOUTS}")
-        self._state[_EPOCH] = epoch
-        self._state[_RESUME_EPOCH] = epoch
-        self._state[_RESUME_BATCHES] = batches
-        self._state[_LAYOUT] = layout
-        self._state[_SEGMENTS] = len(history)
-        for i, seg in enumerate(history):
-            self._state[_HEADER + 3 * i: _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
+        self._shared_epoch.resume_at(epoch, batches, history=history, layout=layout)
+
+    def resume_after_end(self, epoch: int) -> None:
+        """Make the next iteration ``epoch + 1``'s: ``epoch`` was read to its end (a state saved
+        after its last batch, as Lightning does). Its resume point stays, so ``set_epoch(epoch)``
+        still asks for its (empty) rest."""
+        self._shared_epoch.step_past(epoch)
 
     def clear_resume(self) -> None:
-        self._state[_RESUME_EPOCH] = -1
-        self._state[_RESUME_BATCHES] = 0
-        self._state[_LAYOUT] = LAYOUT
-        self._state[_SEGMENTS] = 0
+        self._shared_epoch.clear_resume()
 
     @property
     def resume_history(self) -> tuple[tuple[Segment, ...], int]:
         """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
-        if int(self._state[_RESUME_EPOCH]) < 0:
-            return (), LAYOUT
-        n = int(self._state[_SEGMENTS])
-        v = self._state[_HEADER: _HEADER + 3 * n].tolist()
-        return tuple(Segment(*v[3 * i: 3 * i + 3]) for i in range(n)), int(self._state[_LAYOUT]) or LAYOUT
+        return self._shared_epoch.resume_history
 
     @property
     def resume_point(self) -> tuple[int, int] | None:
         """``(epoch, batches)`` the next iteration resumes from, if any."""
-        e = int(self._state[_RESUME_EPOCH])
-        return None if e < 0 else (e, int(self._state[_RESUME_BATCHES]))
+        return self._shared_epoch.resume_point
 
     @property
     def num_samples(self) -> int:
@@ -397,7 +344,7 @@ class ShardedDataset(IterableDataset):
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
                                              skip_damaged=self.options.on_error == "skip",
                                              checksums=self._checksums, opener=self._opener,
-                                             fields=self._selected_fields(),
+                                             fields=loaded_fields(self._stream_fields),
                                              max_member=self.options.max_member_bytes,
                                              offsets=[s.offsets for s in shards],
                                              filesizes=[s.filesize for s in shards],
@@ -414,23 +361,12 @@ class ShardedDataset(IterableDataset):
         return self._pool[1]
 
     def _output_fields(self, stream: Stream) -> tuple[str, ...]:
-        """The stream's output columns, checked against what its split holds (special names pass)."""
+        """The stream's output columns, checked against what its split holds (none with a ``map``)."""
         if stream.map is not None or (stream.fields is None and self.options.map is not None):
             return ()
-        requested = stream.fields if stream.fields is not None else self.options.fields
         src = stream.source
-        where = f"{src.name} split {src.split!r}"  # type: ignore[union-attr]
-        if requested is None:
-            return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
-        output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
-                      where=where)  # raises for a field the split does not hold
-        return tuple(requested)
-
-    def _selected_fields(self) -> frozenset[str] | None:
-        """The extensions the shard reader loads (None: all, when a ``map`` sees every field)."""
-        if any(not fields for fields in self._stream_fields):
-            return None
-        return frozenset().union(*(selected_fields(f) for f in self._stream_fields))
+        return stream_fields(stream.fields if stream.fields is not None else self.options.fields,
+                             src.fields, where=f"{src.name} split {src.split!r}")  # type: ignore[union-attr]
 
     def _processors(self, epoch: int) -> list[SampleProcessor]:
         o = self.options
@@ -443,10 +379,7 @@ class ShardedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = detect_world(self._rank_world if in_worker else None)
-        epoch = int(self._state[_EPOCH])
-        resuming = int(self._state[_RESUME_EPOCH]) == epoch
-        consumed = int(self._state[_RESUME_BATCHES]) if resuming else 0
-        history, layout = self.resume_history if resuming else ((), LAYOUT)
+        epoch, consumed, history, layout = self._shared_epoch.start()
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
         slot = SharedReport.slot(world.worker, world.workers, in_worker=in_worker)
@@ -474,42 +407,22 @@ class ShardedDataset(IterableDataset):
             return
         read, out = share_order(plan, self.layout_options(layout), epoch=epoch, rank=world.rank,
                                 worker=world.worker, segment=len(history))
-        # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
-        done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
-        mask = None
-        if done:
-            mask = bytearray(len(out))
-            for p in out[:done]:
-                mask[p] = 1
-        processors = self._processors(epoch)
-        process: Callable[[Item], Any] = processors[0]
-        if len(processors) > 1:
-            def process(item: Item) -> Any:
-                return processors[item["__stream__"] if type(item) is dict else 0](item)  # type: ignore[index]
         collate = o.collate_fn
         if collate is None:
             from shardify.reader.sample.collate import default_collate as collate
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
-
-        def on_bad(bad: Bad) -> None:
-            self._report.record(slot, shard=bad.shard, key=bad.key, reason=bad.reason, lost=bad.lost)
-
+        tag = None
+        if self._tag_stream or o.mark_repeats:
+            tag = functools.partial(tag_samples, plan=plan, streams=self._stream_sizes if self._tag_stream else None,
+                                    mark_repeats=o.mark_repeats)
+        processors = self._processors(epoch)
         reader = self._shard_reader()
         try:
-            items = read_positions(reader, plan.ranges, read, mask)
-            if self._tag_stream or o.mark_repeats:
-                items = tag_samples(items, plan, streams=self._stream_sizes if self._tag_stream else None,
-                                    mark_repeats=o.mark_repeats)
-            outputs = map(process, reorder(items, out[done:]))
-            if o.bucket_length is None:
-                groups: Iterator[list[Any]] = cut(outputs, sizes)
-            else:
-                groups = bucketed(outputs, batch_size=o.batch_size, length=o.bucket_length,
-                                  buffer_size=o.bucket_buffer or 16 * o.batch_size,
-                                  rng=random.Random(derive_seed("bucket", o.seed, epoch, world.rank, world.worker)))
-                groups = itertools.islice(groups, skip, None)
-            for batch in batches(groups, collate=collate, on_bad=on_bad):
+            for batch in share_batches(reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o,
+                                       epoch=epoch, rank=world.rank, worker=world.worker, processors=processors,
+                                       collate=collate, on_bad=functools.partial(self._report.record_bad, slot),
+                                       tag=tag):
                 if position is not None:
                     position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from shardify.reader.sample.pipeline import Bad
 
 __all__ = ["EpochReport", "SharedReport", "MAX_WORKERS"]
 
@@ -98,6 +102,10 @@ class SharedReport:
             row.zero_()
             row[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
             self._counts[slot, _NUM] = n + 1
+
+    def record_bad(self, slot: int, bad: Bad) -> None:
+        """Count the skipped sample ``bad`` (a worker's ``on_bad``, with its ``slot`` bound)."""
+        self.record(slot, shard=bad.shard, key=bad.key, reason=bad.reason, lost=bad.lost)
 
     def start_device(self, epoch: int) -> None:
         """Reset the device decode's slot for ``epoch`` (the main process, as an iteration starts)."""

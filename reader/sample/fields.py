@@ -15,14 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardify.errors import FieldError
-from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec
+from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec, selected_fields
 
-__all__ = ["TENSOR_FIELDS", "output_fields"]
+__all__ = ["TENSOR_FIELDS", "SPECIAL_FIELDS", "output_fields", "stream_fields", "loaded_fields"]
 
 TENSOR_FIELDS = ("pt", "pth", "npy")
 """Array or tensor extensions, in order of preference for the default field."""
 
 _META_FIELDS = frozenset({"cls", "json"})
+
+SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
+"""Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
 
 
 def _images(held: Sequence[str], image_exts: frozenset[str]) -> list[str]:
@@ -59,3 +62,20 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
             f"{where}: this split has no images and no single data field to default to "
             f"(its samples hold {', '.join(held)}); choose fields among those")
     return (tensor, *labels)
+
+
+def stream_fields(requested: Sequence[str] | None, held: Sequence[str], *, where: str) -> tuple[str, ...]:
+    """A stream's output columns: ``requested`` checked against the extensions its split
+    ``held`` (the :data:`SPECIAL_FIELDS` pass), or without it the default for them."""
+    if requested is None:
+        return output_fields(None, held, where=where)
+    output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), held, where=where)  # raises if not held
+    return tuple(requested)
+
+
+def loaded_fields(columns: Sequence[Sequence[str]]) -> frozenset[str] | None:
+    """The extensions the shard reader loads for each stream's output ``columns`` (None: all,
+    when a stream has none because its ``map`` sees every field)."""
+    if any(not c for c in columns):
+        return None
+    return frozenset().union(*(selected_fields(c) for c in columns))
