@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,9 +31,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
-from shardify.reader.plan.mix import epoch_sequence, stream_counts
+from shardify.reader.plan.mix import epoch_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
+from shardify.reader.delivery.place import ProcessPlace, loaded_place
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import SampleProcessor, share_batches
@@ -46,12 +46,10 @@ from shardify.reader.io.stream import ShardReader
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
                                      SamplingOptions, ShuffleOptions, with_defaults)
-from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
+from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
-
-log = logging.getLogger("shardify.reader")
 
 
 class ShardedDataset(IterableDataset):
@@ -143,16 +141,12 @@ class ShardedDataset(IterableDataset):
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
-        weighted = len(sources) > 1 and any(s.weight is not None for s in self.streams)
-        self._counts: tuple[int, ...] | None = None
-        if o.samples_per_epoch is not None or weighted:
-            total = self.source.num_samples if o.samples_per_epoch is None else o.samples_per_epoch
-            self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
+        self._counts = epoch_counts(self.streams, samples_per_epoch=o.samples_per_epoch)  # None: each sample once
         # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from its
         # start once per block, so datasets with such shards keep whole shards. (A property of
         # the format, not of where shards live: the same dataset reads alike locally and remotely.)
         self._blocks = not any(is_gzip(sh.url) for sh in self.source.shards)
-        self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
+        self._stream_fields = tuple(stream_fields(s, fields=o.fields, map=o.map) for s in self.streams)
         wanted = {f for fields in self._stream_fields for f in fields}
         if "__valid__" in wanted and not o.mark_repeats:
             raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
@@ -166,8 +160,7 @@ class ShardedDataset(IterableDataset):
         self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
         self._pool: tuple[int, SlotPool] | None = None
         self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
-        self._position: IterPosition | None = None  # this process's iteration under way (or last)
-        self._pending: tuple[int, IterPosition] | None = None  # (pid, place) from load_state_dict, for its next
+        self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
     # -- what the main process controls ------------------------------------------------------
 
@@ -278,7 +271,6 @@ class ShardedDataset(IterableDataset):
         state["_reader"] = None
         state["_pool"] = None
         state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
-        state["_position"] = None
         return state
 
     # -- one process's place: torchdata's StatefulDataLoader protocol ---------------------------
@@ -291,13 +283,12 @@ class ShardedDataset(IterableDataset):
         same worker of a new loader: the loader's state then resumes exactly. For
         :func:`~shardify.reader.make_loader`'s loader, save ``loader.state_dict()`` instead.
         """
-        if self._position is not None:
-            return make_iter_state(self, self._position)
-        if self._pending is not None:
-            return make_iter_state(self, self._pending[1])
-        world = detect_world(self._rank_world if get_worker_info() is not None else None)
-        return make_iter_state(self, IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers,
-                                                  world=world.world, batches=0, layout=LAYOUT))
+        place = self._place.saved()
+        if place is None:
+            world = detect_world(self._rank_world if get_worker_info() is not None else None)
+            place = IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers, world=world.world,
+                                 batches=0, layout=LAYOUT)
+        return make_iter_state(self, place)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make this process's next iteration go on from ``state`` (from :meth:`state_dict`).
@@ -308,32 +299,18 @@ class ShardedDataset(IterableDataset):
         and a finished one is dropped.
         """
         world = detect_world(self._rank_world if get_worker_info() is not None else None)
-        self._pending = (os.getpid(), load_iter_state(self, state, world=world.world, workers=world.workers))
+        self._place.load(load_iter_state(self, state, world=world.world, workers=world.workers))
 
     def _take_pending(self, epoch: int, world: World) -> IterPosition | None:
         """The place loaded for this iteration, if any (see :meth:`load_state_dict`)."""
-        if self._pending is None:
+        place = self._place.take()
+        if place is None:
             return None
-        (pid, pos), self._pending = self._pending, None
-        if pid != os.getpid():
-            raise ValueError("ShardedDataset.load_state_dict was called in the main process, and the dataset is "
-                             "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
-                             "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
-                             "worker its own), or save and load make_loader's loader.state_dict()")
-        seq, starts = self._sequence(pos.epoch, pos.history, pos.layout)
-        o = self.options
-        total = plan_worker(seq, rank=world.rank, world=world.world, worker=pos.role, workers=world.workers,
-                            batch_size=o.batch_size, drop_last=o.drop_last, starts=starts).num_batches
-        if pos.batches > total:
-            raise ValueError(f"the dataset state loaded has {pos.batches} batches of epoch {pos.epoch} taken by "
-                             f"worker {pos.role} of {pos.workers}, whose share has {total}")
-        if pos.epoch == epoch:
-            return pos
-        if pos.batches < total:
-            raise ValueError(f"the dataset state loaded is {pos.batches} of {total} batches into epoch {pos.epoch} "
-                             f"(worker {pos.role} of {pos.workers}), but the dataset is set to epoch {epoch}: "
-                             f"call set_epoch({pos.epoch}) before iterating, to resume")
-        return None  # a finished epoch: the next one starts afresh
+        seq, starts = self._sequence(place.epoch, place.history, place.layout)
+        total = plan_worker(seq, rank=world.rank, world=world.world, worker=place.role, workers=world.workers,
+                            batch_size=self.options.batch_size, drop_last=self.options.drop_last,
+                            starts=starts).num_batches
+        return loaded_place(place, epoch=epoch, total=total)
 
     # -- what runs in each worker --------------------------------------------------------------
 
@@ -360,14 +337,6 @@ class ShardedDataset(IterableDataset):
             self._pool = (pid, SlotPool(self._channel, worker))
         return self._pool[1]
 
-    def _output_fields(self, stream: Stream) -> tuple[str, ...]:
-        """The stream's output columns, checked against what its split holds (none with a ``map``)."""
-        if stream.map is not None or (stream.fields is None and self.options.map is not None):
-            return ()
-        src = stream.source
-        return stream_fields(stream.fields if stream.fields is not None else self.options.fields,
-                             src.fields, where=f"{src.name} split {src.split!r}")  # type: ignore[union-attr]
-
     def _processors(self, epoch: int) -> list[SampleProcessor]:
         o = self.options
         return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
@@ -382,23 +351,22 @@ class ShardedDataset(IterableDataset):
         epoch, consumed, history, layout = self._shared_epoch.start()
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
-        slot = SharedReport.slot(world.worker, world.workers, in_worker=in_worker)
-        self._report.start(slot, epoch=epoch, workers=world.workers if in_worker else 0)
+        slot = self._report.begin(world.worker, world.workers, in_worker=in_worker, epoch=epoch)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         loaded = self._take_pending(epoch, world)
         if loaded is not None:
             role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
-        plan_world = World(world.rank, world.world, role, world.workers)
         pool = self._slot_pool(world.worker) if in_worker else None
-        self._position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
-                                      batches=skip, history=history, layout=layout)
-        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool, history=history,
-                         layout=layout, position=self._position)
+        self._place.position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
+                                            batches=skip, history=history, layout=layout)
+        return self._run(World(world.rank, world.world, role, world.workers), slot, position=self._place.position,
+                         log_report=not in_worker, pool=pool)
 
-    def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
-             pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT,
-             position: IterPosition | None = None) -> Iterator[Any]:
+    def _run(self, world: World, slot: int, *, position: IterPosition, log_report: bool,
+             pool: SlotPool | None) -> Iterator[Any]:
+        """The batches of ``world.worker``'s share (its plan role) from ``position``, counted there."""
         o = self.options
+        epoch, skip, history, layout = position.epoch, position.batches, position.history, position.layout
         seq, starts = self._sequence(epoch, history, layout)
         plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
                            workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last, starts=starts)
@@ -423,12 +391,9 @@ class ShardedDataset(IterableDataset):
                                        epoch=epoch, rank=world.rank, worker=world.worker, processors=processors,
                                        collate=collate, on_bad=functools.partial(self._report.record_bad, slot),
                                        tag=tag):
-                if position is not None:
-                    position.batches += 1  # before the yield: a state taken after next() counts this batch
+                position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:
             reader.close()
         if log_report:
-            report = self.last_epoch_report
-            if report:
-                log.warning("%s", report)
+            self._report.warn(self.epoch)

@@ -12,10 +12,14 @@ nothing is checked until reading.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
 from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec, selected_fields
+
+if TYPE_CHECKING:
+    from shardify.reader.streams import Stream
 
 __all__ = ["TENSOR_FIELDS", "SPECIAL_FIELDS", "output_fields", "stream_fields", "loaded_fields"]
 
@@ -64,12 +68,20 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
     return (tensor, *labels)
 
 
-def stream_fields(requested: Sequence[str] | None, held: Sequence[str], *, where: str) -> tuple[str, ...]:
-    """A stream's output columns: ``requested`` checked against the extensions its split
-    ``held`` (the :data:`SPECIAL_FIELDS` pass), or without it the default for them."""
+def stream_fields(stream: Stream, *, fields: Sequence[str] | None,
+                  map: Callable[[dict[str, Any]], Any] | None) -> tuple[str, ...]:
+    """A stream's output columns (``fields``, ``map``: the dataset's, for a stream without its
+    own), checked against the extensions its split holds (the :data:`SPECIAL_FIELDS` pass), or
+    the default for them; none when a ``map`` builds the output."""
+    if stream.map is not None or (stream.fields is None and map is not None):
+        return ()
+    src = stream.source
+    where = f"{src.name} split {src.split!r}"  # type: ignore[union-attr]
+    requested = stream.fields if stream.fields is not None else fields
     if requested is None:
-        return output_fields(None, held, where=where)
-    output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), held, where=where)  # raises if not held
+        return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
+    output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
+                  where=where)  # raises for a field the split does not hold
     return tuple(requested)
 
 
