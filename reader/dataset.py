@@ -1,9 +1,11 @@
 """``ShardedDataset``: an IterableDataset that yields whole batches, exactly once per epoch.
 
-The main process owns a few shared-memory cells (epoch, resume point, skip report) created
-here, so ``set_epoch`` and resuming reach persistent DataLoader workers, which hold a copy of
-the dataset. Each worker reads the cells when its iteration starts and runs the pure plan
-(:mod:`shardify.reader.plan.assign`) for its (rank, worker); see :mod:`shardify.reader.sample.pipeline`.
+The main process owns a few shared-memory cells (epoch and resume point:
+:mod:`shardify.reader.delivery.shared_epoch`; skip report: :mod:`shardify.reader.delivery.report`)
+created with the dataset, so ``set_epoch`` and resuming reach persistent DataLoader workers,
+which hold a copy of the dataset. Each worker reads the cells when its iteration starts and
+runs the pure plan (:mod:`shardify.reader.plan.assign`) for its (rank, worker), then its share's
+chain of stages (:func:`shardify.reader.sample.pipeline.share_batches`).
 
 Shuffle and batching: the epoch's sequence mixes blocks of every stream and shard
 (:mod:`shardify.reader.plan.mix`); a worker gets whole batches of its rank's slice of it
@@ -15,7 +17,8 @@ left of the epoch (:mod:`shardify.reader.plan.resume`).
 
 ``state_dict``/``load_state_dict`` save and restore one process's place in its share (one
 worker's, or the main process's with no workers): the protocol of torchdata's
-``StatefulDataLoader``, which calls them in each worker (:mod:`shardify.reader.delivery.state`).
+``StatefulDataLoader``, which calls them in each worker (:mod:`shardify.reader.delivery.place`,
+:mod:`shardify.reader.delivery.state`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
 from shardify.reader.sample.fields import loaded_fields, stream_fields
-from shardify.reader.sample.pipeline import SampleProcessor, share_batches
+from shardify.reader.sample.pipeline import share_batches, stream_processors
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
 from shardify.reader.io.checksums import source_checksums, with_checksums
@@ -337,14 +340,6 @@ class ShardedDataset(IterableDataset):
             self._pool = (pid, SlotPool(self._channel, worker))
         return self._pool[1]
 
-    def _processors(self, epoch: int) -> list[SampleProcessor]:
-        o = self.options
-        return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
-                                fields=fields, map=s.map or (o.map if s.fields is None else None),
-                                allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
-                                unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
-                for s, fields in zip(self.streams, self._stream_fields)]
-
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = detect_world(self._rank_world if in_worker else None)
@@ -384,7 +379,7 @@ class ShardedDataset(IterableDataset):
         if self._tag_stream or o.mark_repeats:
             tag = functools.partial(tag_samples, plan=plan, streams=self._stream_sizes if self._tag_stream else None,
                                     mark_repeats=o.mark_repeats)
-        processors = self._processors(epoch)
+        processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
             for batch in share_batches(reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o,

@@ -32,9 +32,10 @@ from shardify.reader.io.stream import Item, Lost, ShardReader
 
 if TYPE_CHECKING:
     from shardify.reader.options import ReadOptions
+    from shardify.reader.streams import Stream
 
 __all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "selected_fields", "cut", "bucketed",
-           "batches", "share_batches"]
+           "batches", "stream_processors", "share_batches"]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -250,6 +251,18 @@ def batches(
                 shard=first_bad.shard, key=first_bad.key)
         for h in held:
             yield collate(_fill(h, last_good))
+
+
+def stream_processors(streams: Sequence[Stream], columns: Sequence[tuple[str, ...]], options: ReadOptions, *,
+                      epoch: int) -> list[SampleProcessor]:
+    """One :class:`SampleProcessor` per stream for ``epoch``: its output ``columns``, its own
+    ``transform`` and ``map`` or else the dataset's (``options``)."""
+    o = options
+    return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
+                            fields=fields, map=s.map or (o.map if s.fields is None else None),
+                            allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
+                            unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
+            for s, fields in zip(streams, columns)]
 
 
 def share_batches(
