@@ -97,8 +97,9 @@ def epoch_counts(streams: Sequence[Stream], *, samples_per_epoch: int | None) ->
     weighted = len(streams) > 1 and any(s.weight is not None for s in streams)
     if samples_per_epoch is None and not weighted:
         return None
-    total = sum(s.source.num_samples for s in streams) if samples_per_epoch is None else samples_per_epoch  # type: ignore[union-attr]
-    return tuple(stream_counts(total, stream_weights(streams)))
+    if samples_per_epoch is None:
+        samples_per_epoch = sum(s.source.num_samples for s in streams)  # type: ignore[union-attr]
+    return tuple(stream_counts(samples_per_epoch, stream_weights(streams)))
 
 
 def mixed_source(sources: Sequence[Source]) -> Source:

@@ -186,7 +186,8 @@ def test_a_flat_record_is_checked_by_its_group_with_the_group_message(flat, grou
 
 @pytest.mark.parametrize("flat, message", [
     pytest.param({"batch_size": 0}, "batch_size=0 should be >= 1", id="batch-size"),
-    pytest.param({"batch_size": 2, "fields": ("cls",), "map": dict}, "fields=... or map=..., not both", id="fields-map"),
+    pytest.param({"batch_size": 2, "fields": ("cls",), "map": dict}, "fields=... or map=..., not both",
+                 id="fields-map"),
 ])
 def test_the_flat_record_checks_the_dataset_keywords(flat, message):
     with pytest.raises(ValueError, match=re.escape(message)):
