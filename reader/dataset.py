@@ -1,9 +1,11 @@
 """``ShardedDataset``: an IterableDataset that yields whole batches, exactly once per epoch.
 
-The main process owns a few shared-memory cells (epoch, resume point, skip report) created
-here, so ``set_epoch`` and resuming reach persistent DataLoader workers, which hold a copy of
-the dataset. Each worker reads the cells when its iteration starts and runs the pure plan
-(:mod:`shardify.reader.plan.assign`) for its (rank, worker); see :mod:`shardify.reader.sample.pipeline`.
+The main process owns a few shared-memory cells (epoch and resume point:
+:mod:`shardify.reader.delivery.shared_epoch`; skip report: :mod:`shardify.reader.delivery.report`)
+created with the dataset, so ``set_epoch`` and resuming reach persistent DataLoader workers,
+which hold a copy of the dataset. Each worker reads the cells when its iteration starts and
+runs the pure plan (:mod:`shardify.reader.plan.assign`) for its (rank, worker), then its share's
+chain of stages (:func:`shardify.reader.sample.pipeline.share_batches`).
 
 Shuffle and batching: the epoch's sequence mixes blocks of every stream and shard
 (:mod:`shardify.reader.plan.mix`); a worker gets whole batches of its rank's slice of it
@@ -15,17 +17,15 @@ left of the epoch (:mod:`shardify.reader.plan.resume`).
 
 ``state_dict``/``load_state_dict`` save and restore one process's place in its share (one
 worker's, or the main process's with no workers): the protocol of torchdata's
-``StatefulDataLoader``, which calls them in each worker (:mod:`shardify.reader.delivery.state`).
+``StatefulDataLoader``, which calls them in each worker (:mod:`shardify.reader.delivery.place`,
+:mod:`shardify.reader.delivery.state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import logging
 import os
-import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -34,57 +34,25 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
-from shardify.reader.plan.mix import epoch_sequence, stream_counts
-from shardify.reader.plan.resume import PlanOptions, Segment, resumed_sequence, share_order
+from shardify.reader.plan.mix import epoch_sequence
+from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
-from shardify.reader.sample.fields import output_fields
-from shardify.reader.sample.pipeline import Bad, SampleProcessor, batches, bucketed, cut, read_positions, selected_fields
+from shardify.reader.delivery.place import ProcessPlace, loaded_place
+from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
+from shardify.reader.sample.fields import loaded_fields, stream_fields
+from shardify.reader.sample.pipeline import share_batches, stream_processors
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
-from shardify.reader.plan.shuffle import derive_seed, reorder
-from shardify.reader.io.checksums import with_checksums
+from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
-from shardify.reader.io.stream import Item, ShardReader
+from shardify.reader.io.stream import ShardReader
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
                                      SamplingOptions, ShuffleOptions, with_defaults)
-from shardify.reader.streams import MixedOpener, Stream, mixed_source, resolve_streams, stream_weights, tag_samples
+from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
-
-log = logging.getLogger("shardify.reader")
-
-_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS = range(5)
-_HEADER = 5
-
-LAYOUT = 3
-"""How an epoch is planned: 3, as 2 with a shuffle buffer that ramps up (the first samples
-leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
-blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
-whole before its first output; 1, whole shards one after another (before cross-rank
-shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
-saved under an older layout finishes its epoch under that layout."""
-
-LAYOUTS = (1, 2, 3)
-"""Every layout a resume point may name."""
-
-MAX_SEGMENTS = 16
-"""Resumes of one epoch on another topology that a state can hold."""
-
-SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
-"""Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
-
-
-def _checksums(source: Source) -> tuple[str, ...]:
-    """Each shard's SHA-256 from the split index, for ``verify=True``."""
-    missing = [s.url for s in source.shards if not s.sha256]
-    if missing:
-        raise ValueError(
-            f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
-            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
-            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)")
-    return tuple(s.sha256 for s in source.shards)
 
 
 class ShardedDataset(IterableDataset):
@@ -176,49 +144,39 @@ class ShardedDataset(IterableDataset):
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
-        weighted = len(sources) > 1 and any(s.weight is not None for s in self.streams)
-        self._counts: tuple[int, ...] | None = None
-        if o.samples_per_epoch is not None or weighted:
-            total = self.source.num_samples if o.samples_per_epoch is None else o.samples_per_epoch
-            self._counts = tuple(stream_counts(total, stream_weights(self.streams)))
+        self._counts = epoch_counts(self.streams, samples_per_epoch=o.samples_per_epoch)  # None: each sample once
         # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from its
         # start once per block, so datasets with such shards keep whole shards. (A property of
         # the format, not of where shards live: the same dataset reads alike locally and remotely.)
         self._blocks = not any(is_gzip(sh.url) for sh in self.source.shards)
-        self._stream_fields = tuple(self._output_fields(s) for s in self.streams)
+        self._stream_fields = tuple(stream_fields(s, fields=o.fields, map=o.map) for s in self.streams)
         wanted = {f for fields in self._stream_fields for f in fields}
         if "__valid__" in wanted and not o.mark_repeats:
             raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
         self._tag_stream = len(sources) > 1 or "__stream__" in wanted or map is not None or any(
             s.map is not None for s in self.streams)
-        self._checksums = _checksums(self.source) if o.verify else None
-        self._state = torch.zeros(_HEADER + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
-        self._state[_RESUME_EPOCH] = -1
+        self._checksums = source_checksums(self.source) if o.verify else None
+        self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
         self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
         self._pool: tuple[int, SlotPool] | None = None
         self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
-        self._position: IterPosition | None = None  # this process's iteration under way (or last)
-        self._pending: tuple[int, IterPosition] | None = None  # (pid, place) from load_state_dict, for its next
+        self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
     # -- what the main process controls ------------------------------------------------------
 
     @property
     def epoch(self) -> int:
-        return int(self._state[_EPOCH])
+        return self._shared_epoch.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (shard order, shuffle, augmentation).
 
         A pending resume point (``resume_at``) survives only if it is for this same epoch.
         """
-        if epoch < 0:
-            raise ValueError(f"{epoch=} should be >= 0")
-        if int(self._state[_RESUME_EPOCH]) != epoch:
-            self.clear_resume()
-        self._state[_EPOCH] = epoch
+        self._shared_epoch.set_epoch(epoch)
 
     def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
         """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded).
@@ -226,41 +184,26 @@ class ShardedDataset(IterableDataset):
         ``history``: the parts of the epoch consumed before on other topologies (their samples
         are left out and the rest is planned anew); ``layout``: the epoch's (see :data:`LAYOUT`).
         """
-        if epoch < 0 or batches < 0:
-            raise ValueError(f"{epoch=} and {batches=} should be >= 0")
-        if len(history) > MAX_SEGMENTS:
-            raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times; "
-                             f"a state holds at most {MAX_SEGMENTS}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"{layout=} should be one of {LAYOUTS}")
-        self._state[_EPOCH] = epoch
-        self._state[_RESUME_EPOCH] = epoch
-        self._state[_RESUME_BATCHES] = batches
-        self._state[_LAYOUT] = layout
-        self._state[_SEGMENTS] = len(history)
-        for i, seg in enumerate(history):
-            self._state[_HEADER + 3 * i: _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
+        self._shared_epoch.resume_at(epoch, batches, history=history, layout=layout)
+
+    def resume_after_end(self, epoch: int) -> None:
+        """Make the next iteration ``epoch + 1``'s: ``epoch`` was read to its end (a state saved
+        after its last batch, as Lightning does). Its resume point stays, so ``set_epoch(epoch)``
+        still asks for its (empty) rest."""
+        self._shared_epoch.step_past(epoch)
 
     def clear_resume(self) -> None:
-        self._state[_RESUME_EPOCH] = -1
-        self._state[_RESUME_BATCHES] = 0
-        self._state[_LAYOUT] = LAYOUT
-        self._state[_SEGMENTS] = 0
+        self._shared_epoch.clear_resume()
 
     @property
     def resume_history(self) -> tuple[tuple[Segment, ...], int]:
         """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
-        if int(self._state[_RESUME_EPOCH]) < 0:
-            return (), LAYOUT
-        n = int(self._state[_SEGMENTS])
-        v = self._state[_HEADER: _HEADER + 3 * n].tolist()
-        return tuple(Segment(*v[3 * i: 3 * i + 3]) for i in range(n)), int(self._state[_LAYOUT]) or LAYOUT
+        return self._shared_epoch.resume_history
 
     @property
     def resume_point(self) -> tuple[int, int] | None:
         """``(epoch, batches)`` the next iteration resumes from, if any."""
-        e = int(self._state[_RESUME_EPOCH])
-        return None if e < 0 else (e, int(self._state[_RESUME_BATCHES]))
+        return self._shared_epoch.resume_point
 
     @property
     def num_samples(self) -> int:
@@ -331,7 +274,6 @@ class ShardedDataset(IterableDataset):
         state["_reader"] = None
         state["_pool"] = None
         state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
-        state["_position"] = None
         return state
 
     # -- one process's place: torchdata's StatefulDataLoader protocol ---------------------------
@@ -344,13 +286,12 @@ class ShardedDataset(IterableDataset):
         same worker of a new loader: the loader's state then resumes exactly. For
         :func:`~shardify.reader.make_loader`'s loader, save ``loader.state_dict()`` instead.
         """
-        if self._position is not None:
-            return make_iter_state(self, self._position)
-        if self._pending is not None:
-            return make_iter_state(self, self._pending[1])
-        world = detect_world(self._rank_world if get_worker_info() is not None else None)
-        return make_iter_state(self, IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers,
-                                                  world=world.world, batches=0, layout=LAYOUT))
+        place = self._place.saved()
+        if place is None:
+            world = detect_world(self._rank_world if get_worker_info() is not None else None)
+            place = IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers, world=world.world,
+                                 batches=0, layout=LAYOUT)
+        return make_iter_state(self, place)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make this process's next iteration go on from ``state`` (from :meth:`state_dict`).
@@ -361,32 +302,18 @@ class ShardedDataset(IterableDataset):
         and a finished one is dropped.
         """
         world = detect_world(self._rank_world if get_worker_info() is not None else None)
-        self._pending = (os.getpid(), load_iter_state(self, state, world=world.world, workers=world.workers))
+        self._place.load(load_iter_state(self, state, world=world.world, workers=world.workers))
 
     def _take_pending(self, epoch: int, world: World) -> IterPosition | None:
         """The place loaded for this iteration, if any (see :meth:`load_state_dict`)."""
-        if self._pending is None:
+        place = self._place.take()
+        if place is None:
             return None
-        (pid, pos), self._pending = self._pending, None
-        if pid != os.getpid():
-            raise ValueError("ShardedDataset.load_state_dict was called in the main process, and the dataset is "
-                             "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
-                             "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
-                             "worker its own), or save and load make_loader's loader.state_dict()")
-        seq, starts = self._sequence(pos.epoch, pos.history, pos.layout)
-        o = self.options
-        total = plan_worker(seq, rank=world.rank, world=world.world, worker=pos.role, workers=world.workers,
-                            batch_size=o.batch_size, drop_last=o.drop_last, starts=starts).num_batches
-        if pos.batches > total:
-            raise ValueError(f"the dataset state loaded has {pos.batches} batches of epoch {pos.epoch} taken by "
-                             f"worker {pos.role} of {pos.workers}, whose share has {total}")
-        if pos.epoch == epoch:
-            return pos
-        if pos.batches < total:
-            raise ValueError(f"the dataset state loaded is {pos.batches} of {total} batches into epoch {pos.epoch} "
-                             f"(worker {pos.role} of {pos.workers}), but the dataset is set to epoch {epoch}: "
-                             f"call set_epoch({pos.epoch}) before iterating, to resume")
-        return None  # a finished epoch: the next one starts afresh
+        seq, starts = self._sequence(place.epoch, place.history, place.layout)
+        total = plan_worker(seq, rank=world.rank, world=world.world, worker=place.role, workers=world.workers,
+                            batch_size=self.options.batch_size, drop_last=self.options.drop_last,
+                            starts=starts).num_batches
+        return loaded_place(place, epoch=epoch, total=total)
 
     # -- what runs in each worker --------------------------------------------------------------
 
@@ -397,7 +324,7 @@ class ShardedDataset(IterableDataset):
             self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
                                              skip_damaged=self.options.on_error == "skip",
                                              checksums=self._checksums, opener=self._opener,
-                                             fields=self._selected_fields(),
+                                             fields=loaded_fields(self._stream_fields),
                                              max_member=self.options.max_member_bytes,
                                              offsets=[s.offsets for s in shards],
                                              filesizes=[s.filesize for s in shards],
@@ -413,59 +340,28 @@ class ShardedDataset(IterableDataset):
             self._pool = (pid, SlotPool(self._channel, worker))
         return self._pool[1]
 
-    def _output_fields(self, stream: Stream) -> tuple[str, ...]:
-        """The stream's output columns, checked against what its split holds (special names pass)."""
-        if stream.map is not None or (stream.fields is None and self.options.map is not None):
-            return ()
-        requested = stream.fields if stream.fields is not None else self.options.fields
-        src = stream.source
-        where = f"{src.name} split {src.split!r}"  # type: ignore[union-attr]
-        if requested is None:
-            return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
-        output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
-                      where=where)  # raises for a field the split does not hold
-        return tuple(requested)
-
-    def _selected_fields(self) -> frozenset[str] | None:
-        """The extensions the shard reader loads (None: all, when a ``map`` sees every field)."""
-        if any(not fields for fields in self._stream_fields):
-            return None
-        return frozenset().union(*(selected_fields(f) for f in self._stream_fields))
-
-    def _processors(self, epoch: int) -> list[SampleProcessor]:
-        o = self.options
-        return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
-                                fields=fields, map=s.map or (o.map if s.fields is None else None),
-                                allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
-                                unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
-                for s, fields in zip(self.streams, self._stream_fields)]
-
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = detect_world(self._rank_world if in_worker else None)
-        epoch = int(self._state[_EPOCH])
-        resuming = int(self._state[_RESUME_EPOCH]) == epoch
-        consumed = int(self._state[_RESUME_BATCHES]) if resuming else 0
-        history, layout = self.resume_history if resuming else ((), LAYOUT)
+        epoch, consumed, history, layout = self._shared_epoch.start()
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
-        slot = SharedReport.slot(world.worker, world.workers, in_worker=in_worker)
-        self._report.start(slot, epoch=epoch, workers=world.workers if in_worker else 0)
+        slot = self._report.begin(world.worker, world.workers, in_worker=in_worker, epoch=epoch)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         loaded = self._take_pending(epoch, world)
         if loaded is not None:
             role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
-        plan_world = World(world.rank, world.world, role, world.workers)
         pool = self._slot_pool(world.worker) if in_worker else None
-        self._position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
-                                      batches=skip, history=history, layout=layout)
-        return self._run(plan_world, epoch, skip, slot, log_report=not in_worker, pool=pool, history=history,
-                         layout=layout, position=self._position)
+        self._place.position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
+                                            batches=skip, history=history, layout=layout)
+        return self._run(World(world.rank, world.world, role, world.workers), slot, position=self._place.position,
+                         log_report=not in_worker, pool=pool)
 
-    def _run(self, world: World, epoch: int, skip: int, slot: int, *, log_report: bool,
-             pool: SlotPool | None, history: tuple[Segment, ...] = (), layout: int = LAYOUT,
-             position: IterPosition | None = None) -> Iterator[Any]:
+    def _run(self, world: World, slot: int, *, position: IterPosition, log_report: bool,
+             pool: SlotPool | None) -> Iterator[Any]:
+        """The batches of ``world.worker``'s share (its plan role) from ``position``, counted there."""
         o = self.options
+        epoch, skip, history, layout = position.epoch, position.batches, position.history, position.layout
         seq, starts = self._sequence(epoch, history, layout)
         plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
                            workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last, starts=starts)
@@ -474,48 +370,25 @@ class ShardedDataset(IterableDataset):
             return
         read, out = share_order(plan, self.layout_options(layout), epoch=epoch, rank=world.rank,
                                 worker=world.worker, segment=len(history))
-        # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
-        done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
-        mask = None
-        if done:
-            mask = bytearray(len(out))
-            for p in out[:done]:
-                mask[p] = 1
-        processors = self._processors(epoch)
-        process: Callable[[Item], Any] = processors[0]
-        if len(processors) > 1:
-            def process(item: Item) -> Any:
-                return processors[item["__stream__"] if type(item) is dict else 0](item)  # type: ignore[index]
         collate = o.collate_fn
         if collate is None:
             from shardify.reader.sample.collate import default_collate as collate
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
-
-        def on_bad(bad: Bad) -> None:
-            self._report.record(slot, shard=bad.shard, key=bad.key, reason=bad.reason, lost=bad.lost)
-
+        tag = None
+        if self._tag_stream or o.mark_repeats:
+            tag = functools.partial(tag_samples, plan=plan, streams=self._stream_sizes if self._tag_stream else None,
+                                    mark_repeats=o.mark_repeats)
+        processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
-            items = read_positions(reader, plan.ranges, read, mask)
-            if self._tag_stream or o.mark_repeats:
-                items = tag_samples(items, plan, streams=self._stream_sizes if self._tag_stream else None,
-                                    mark_repeats=o.mark_repeats)
-            outputs = map(process, reorder(items, out[done:]))
-            if o.bucket_length is None:
-                groups: Iterator[list[Any]] = cut(outputs, sizes)
-            else:
-                groups = bucketed(outputs, batch_size=o.batch_size, length=o.bucket_length,
-                                  buffer_size=o.bucket_buffer or 16 * o.batch_size,
-                                  rng=random.Random(derive_seed("bucket", o.seed, epoch, world.rank, world.worker)))
-                groups = itertools.islice(groups, skip, None)
-            for batch in batches(groups, collate=collate, on_bad=on_bad):
-                if position is not None:
-                    position.batches += 1  # before the yield: a state taken after next() counts this batch
+            for batch in share_batches(reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o,
+                                       epoch=epoch, rank=world.rank, worker=world.worker, processors=processors,
+                                       collate=collate, on_bad=functools.partial(self._report.record_bad, slot),
+                                       tag=tag):
+                position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:
             reader.close()
         if log_report:
-            report = self.last_epoch_report
-            if report:
-                log.warning("%s", report)
+            self._report.warn(self.epoch)

@@ -8,8 +8,10 @@ What a user passes most stays a keyword of :class:`~shardify.reader.ShardedDatas
                    shuffling=ShuffleOptions(buffer=4096), errors=ErrorOptions(on_error="skip"),
                    cache=CacheOptions(dir="/local/ssd/cache", limit_bytes=200 * 10**9))
 
-Each group checks its own values. :class:`ReadOptions` is what the dataset keeps and its
-workers read on the hot path: every option under one flat name, built once from the groups.
+Each group checks its own values, and only there. :class:`ReadOptions` is what the dataset
+keeps and its workers read on the hot path: every option under one flat name, built once from
+the groups; it checks the dataset's own keywords and asks the groups for the rest
+(:meth:`ReadOptions.groups`), so a flat record made directly is checked by the same rules.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class ShuffleOptions:
 
     def __post_init__(self) -> None:
         if self.buffer < 1 or self.block < 1:
-            raise ValueError(f"ShuffleOptions: {self.buffer=} and {self.block=} should be >= 1")
+            raise ValueError(f"ShuffleOptions: buffer={self.buffer} and block={self.block} should be >= 1")
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class BatchOptions:
 
     def __post_init__(self) -> None:
         if self.bucket_buffer is not None and self.bucket_buffer < 1:
-            raise ValueError(f"BatchOptions: {self.bucket_buffer=} should be >= 1")
+            raise ValueError(f"BatchOptions: bucket_buffer={self.bucket_buffer} should be >= 1")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         if self.samples_per_epoch is not None and self.samples_per_epoch < 0:
-            raise ValueError(f"SamplingOptions: {self.samples_per_epoch=} should be >= 0")
+            raise ValueError(f"SamplingOptions: samples_per_epoch={self.samples_per_epoch} should be >= 0")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if self.max_member_bytes < 0:
-            raise ValueError(f"DecodeOptions: {self.max_member_bytes=} should be >= 0")
+            raise ValueError(f"DecodeOptions: max_member_bytes={self.max_member_bytes} should be >= 0")
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class ErrorOptions:
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"ErrorOptions: {self.on_error=} should be 'raise' or 'skip'")
+            raise ValueError(f"ErrorOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,10 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         if self.limit_bytes is not None and self.limit_bytes < 0:
-            raise ValueError(f"CacheOptions: {self.limit_bytes=} should be >= 0")
+            raise ValueError(f"CacheOptions: limit_bytes={self.limit_bytes} should be >= 0")
         if self.limit_bytes is not None and self.dir is None:
-            raise ValueError(f"CacheOptions: {self.limit_bytes=} needs dir=... (without it, each process keeps two "
-                             "shards in a temporary folder)")
+            raise ValueError(f"CacheOptions: limit_bytes={self.limit_bytes} needs dir=... (without it, each process "
+                             "keeps two shards in a temporary folder)")
 
 
 GROUPS: dict[str, type] = {"shuffling": ShuffleOptions, "batching": BatchOptions, "sampling": SamplingOptions,
@@ -159,18 +161,21 @@ class ReadOptions:
     max_member_bytes: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
-        if self.samples_per_epoch is not None and self.samples_per_epoch < 0:
-            raise ValueError(f"{self.samples_per_epoch=} should be >= 0")
         if self.batch_size < 1:
-            raise ValueError(f"{self.batch_size=} should be >= 1")
-        if self.shuffle_buffer < 1 or self.shuffle_block < 1:
-            raise ValueError(f"{self.shuffle_buffer=} and {self.shuffle_block=} should be >= 1")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"{self.on_error=} should be 'raise' or 'skip'")
+            raise ValueError(f"batch_size={self.batch_size} should be >= 1")
         if self.fields is not None and self.map is not None:
             raise ValueError("pass fields=... or map=..., not both")
-        if self.max_member_bytes < 0:
-            raise ValueError(f"{self.max_member_bytes=} should be >= 0")
+        self.groups()  # the grouped options: each group checks its own values
+
+    def groups(self) -> dict[str, Any]:
+        """The option groups this record was built from (:meth:`from_groups`'s keywords; ``verify``
+        as a bool, a checksum spec having been applied to the sources already)."""
+        return {"shuffling": ShuffleOptions(buffer=self.shuffle_buffer, block=self.shuffle_block),
+                "batching": BatchOptions(collate_fn=self.collate_fn, bucket_length=self.bucket_length,
+                                         bucket_buffer=self.bucket_buffer),
+                "sampling": SamplingOptions(samples_per_epoch=self.samples_per_epoch, mark_repeats=self.mark_repeats),
+                "decoding": DecodeOptions(allow_pickle=self.allow_pickle, max_member_bytes=self.max_member_bytes),
+                "errors": ErrorOptions(on_error=self.on_error, verify=self.verify)}
 
     @classmethod
     def from_groups(cls, *, batch_size: int, shuffle: bool, seed: int, drop_last: bool,

@@ -20,8 +20,10 @@ from typing import Any, BinaryIO
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import Item
 from shardify.reader.plan.assign import WorkerPlan
+from shardify.reader.plan.mix import stream_counts
 
-__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "tag_samples"]
+__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "epoch_counts",
+           "tag_samples"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,18 @@ def stream_weights(streams: Sequence[Stream]) -> list[float]:
         raise ValueError(f"give every stream a weight or none; the stream of {getattr(missing, 'name', missing)} "
                          "has none")
     return [float(w) for w in given]  # type: ignore[arg-type]
+
+
+def epoch_counts(streams: Sequence[Stream], *, samples_per_epoch: int | None) -> tuple[int, ...] | None:
+    """Samples each stream gives an epoch: ``samples_per_epoch`` (default: all the samples)
+    split by weight (:func:`~shardify.reader.plan.mix.stream_counts`); None, each sample of each
+    stream once, when neither ``samples_per_epoch`` nor several weighted streams are given."""
+    weighted = len(streams) > 1 and any(s.weight is not None for s in streams)
+    if samples_per_epoch is None and not weighted:
+        return None
+    if samples_per_epoch is None:
+        samples_per_epoch = sum(s.source.num_samples for s in streams)  # type: ignore[union-attr]
+    return tuple(stream_counts(samples_per_epoch, stream_weights(streams)))
 
 
 def mixed_source(sources: Sequence[Source]) -> Source:

@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 from shardify.errors import ShardifyError, WorkerError
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
-from shardify.reader.dataset import _EPOCH, LAYOUT, ShardedDataset
+from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
-from shardify.reader.plan.resume import Segment
+from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.plan.world import detect_rank_world
 
@@ -272,7 +272,7 @@ class Loader:
             # Saved after the epoch's last batch (Lightning checkpoints there, before the loader
             # ends): the next iteration is the next epoch's, unless set_epoch(epoch) asks for the
             # (empty) rest of this one, which the resume point above still holds.
-            ds._state[_EPOCH] = epoch + 1
+            ds.resume_after_end(epoch)
         self._epoch, self._batches, self._resume_started = -1, 0, False
 
 

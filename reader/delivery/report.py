@@ -9,12 +9,19 @@ every batch of an epoch, the report is complete.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from shardify.reader.sample.pipeline import Bad
+
 __all__ = ["EpochReport", "SharedReport", "MAX_WORKERS"]
+
+log = logging.getLogger("shardify.reader")
 
 MAX_WORKERS = 128
 """Most DataLoader workers a report can follow; one more slot is for reading in-process."""
@@ -87,6 +94,12 @@ class SharedReport:
         self._counts[slot, _STAMP] = epoch + 1
         self._workers[0] = workers
 
+    def begin(self, worker: int, workers: int, *, in_worker: bool, epoch: int) -> int:
+        """The slot of this process's reading of ``epoch`` (see :meth:`slot`), reset for it."""
+        slot = self.slot(worker, workers, in_worker=in_worker)
+        self.start(slot, epoch=epoch, workers=workers if in_worker else 0)
+        return slot
+
     def record(self, slot: int, *, shard: str, key: str | None, reason: str, lost: bool) -> None:
         """Count one skipped sample; keep its description while the slot has room."""
         self._counts[slot, _LOST if lost else _BAD] += 1
@@ -99,6 +112,10 @@ class SharedReport:
             row[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
             self._counts[slot, _NUM] = n + 1
 
+    def record_bad(self, slot: int, bad: Bad) -> None:
+        """Count the skipped sample ``bad`` (a worker's ``on_bad``, with its ``slot`` bound)."""
+        self.record(slot, shard=bad.shard, key=bad.key, reason=bad.reason, lost=bad.lost)
+
     def start_device(self, epoch: int) -> None:
         """Reset the device decode's slot for ``epoch`` (the main process, as an iteration starts)."""
         self._counts[_DEVICE] = 0
@@ -109,6 +126,12 @@ class SharedReport:
         self._counts[_DEVICE, _CPU] += cpu
         if reason:
             self.record(_DEVICE, shard=shard, key=key, reason=reason, lost=False)
+
+    def warn(self, epoch: int) -> None:
+        """Log the report of ``epoch`` as a warning, if anything was skipped."""
+        report = self.read(epoch)
+        if report:
+            log.warning("%s", report)
 
     def read(self, epoch: int) -> EpochReport:
         """The report of ``epoch`` over the slots of the last reading (in-process or workers)."""

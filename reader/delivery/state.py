@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from shardify.reader.plan.assign import batches_per_rank, sequence_length
-from shardify.reader.plan.resume import Segment
+from shardify.reader.plan.resume import LAYOUTS, Segment
+from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
 
 if TYPE_CHECKING:
     from shardify.reader.dataset import ShardedDataset
@@ -214,8 +215,6 @@ def _check_plan(ds: ShardedDataset, state: dict[str, Any], *, what: str, version
 
 def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segment, ...], int]:
     """The ``history`` segments and the ``layout`` a state names, checked."""
-    from shardify.reader.dataset import LAYOUTS
-
     raw = state.get("history")
     try:
         history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
@@ -239,8 +238,6 @@ def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...
 def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
                workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
-    from shardify.reader.dataset import MAX_SEGMENTS
-
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
         raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1, 2 and {STATE_VERSION}")

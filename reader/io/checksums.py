@@ -21,7 +21,7 @@ from shardify.errors import ManifestError
 from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
 from shardify.reader.io.sources import Source
 
-__all__ = ["ChecksumSpec", "parse_sha256sums", "load_checksums", "with_checksums"]
+__all__ = ["ChecksumSpec", "parse_sha256sums", "load_checksums", "with_checksums", "source_checksums"]
 
 ChecksumSpec = Mapping[str, str] | str | os.PathLike[str]
 """A mapping ``{shard: sha256 hex}``, or the path or URL of a ``sha256sum`` sidecar file."""
@@ -86,3 +86,14 @@ def with_checksums(source: Source, spec: ChecksumSpec) -> Source:
                              f"matched by URL, path or file name)")
         shards.append(dataclasses.replace(shard, sha256=found))
     return dataclasses.replace(source, shards=tuple(shards))
+
+
+def source_checksums(source: Source) -> tuple[str, ...]:
+    """Each shard's SHA-256 from the split index (or :func:`with_checksums`), for ``verify=True``."""
+    missing = [s.url for s in source.shards if not s.sha256]
+    if missing:
+        raise ValueError(
+            f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
+            f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
+            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)")
+    return tuple(s.sha256 for s in source.shards)

@@ -28,7 +28,19 @@ from shardify.reader.plan.assign import (
 )
 from shardify.reader.plan.shuffle import ramp_start, stream_rng, worker_order
 
-__all__ = ["PlanOptions", "Segment", "share_order", "consumed_mask", "remaining", "resumed_sequence"]
+__all__ = ["LAYOUT", "LAYOUTS", "PlanOptions", "Segment", "share_order", "consumed_mask", "remaining",
+           "resumed_sequence"]
+
+LAYOUT = 3
+"""How an epoch is planned: 3, as 2 with a shuffle buffer that ramps up (the first samples
+leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
+blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
+whole before its first output; 1, whole shards one after another (before cross-rank
+shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
+saved under an older layout finishes its epoch under that layout."""
+
+LAYOUTS = (1, 2, 3)
+"""Every layout a resume point may name."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ two stages that bound memory by ``buffer_size`` encoded samples:
    ``B`` waits for about ``s + 2 B`` reads instead of ``buffer_size + B`` (for the defaults
    and ``B = 64``: at most 190, median 175, instead of ~1,050), and the buffer is full after
    ``2 (buffer_size - s)`` reads; from there on it is the full buffer. (Plans of layouts 1
-   and 2, see :data:`shardify.reader.dataset.LAYOUT`, have no ramp: the buffer fills first.)
+   and 2, see :data:`shardify.reader.plan.resume.LAYOUT`, have no ramp: the buffer fills first.)
 
 Because the output order is a list of positions, resuming after ``k`` outputs only has to
 read the positions not yet emitted: nothing is replayed, nothing is decoded twice.

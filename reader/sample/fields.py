@@ -12,17 +12,24 @@ nothing is checked until reading.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
-from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec
+from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec, selected_fields
 
-__all__ = ["TENSOR_FIELDS", "output_fields"]
+if TYPE_CHECKING:
+    from shardify.reader.streams import Stream
+
+__all__ = ["TENSOR_FIELDS", "SPECIAL_FIELDS", "output_fields", "stream_fields", "loaded_fields"]
 
 TENSOR_FIELDS = ("pt", "pth", "npy")
 """Array or tensor extensions, in order of preference for the default field."""
 
 _META_FIELDS = frozenset({"cls", "json"})
+
+SPECIAL_FIELDS = ("__key__", "__stream__", "__valid__")
+"""Names available in ``fields=`` and ``map`` dicts besides the sample's extensions."""
 
 
 def _images(held: Sequence[str], image_exts: frozenset[str]) -> list[str]:
@@ -59,3 +66,28 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
             f"{where}: this split has no images and no single data field to default to "
             f"(its samples hold {', '.join(held)}); choose fields among those")
     return (tensor, *labels)
+
+
+def stream_fields(stream: Stream, *, fields: Sequence[str] | None,
+                  map: Callable[[dict[str, Any]], Any] | None) -> tuple[str, ...]:
+    """A stream's output columns (``fields``, ``map``: the dataset's, for a stream without its
+    own), checked against the extensions its split holds (the :data:`SPECIAL_FIELDS` pass), or
+    the default for them; none when a ``map`` builds the output."""
+    if stream.map is not None or (stream.fields is None and map is not None):
+        return ()
+    src = stream.source
+    where = f"{src.name} split {src.split!r}"  # type: ignore[union-attr]
+    requested = stream.fields if stream.fields is not None else fields
+    if requested is None:
+        return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
+    output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
+                  where=where)  # raises for a field the split does not hold
+    return tuple(requested)
+
+
+def loaded_fields(columns: Sequence[Sequence[str]]) -> frozenset[str] | None:
+    """The extensions the shard reader loads for each stream's output ``columns`` (None: all,
+    when a stream has none because its ``map`` sees every field)."""
+    if any(not c for c in columns):
+        return None
+    return frozenset().union(*(selected_fields(c) for c in columns))

@@ -11,23 +11,31 @@ Stages, each a generator over the previous one:
 4. :func:`cut` (or :func:`bucketed`, grouping by length) into the plan's batches, then
    :func:`batches`: replace bad samples by repeats of good samples of the same batch (so
    every rank still yields the same number of batches) and collate.
+
+:func:`share_batches` chains them for one worker's share of an epoch.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
+import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardify.errors import SampleError
-from shardify.reader.plan.assign import Range
-from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.plan.assign import Range, WorkerPlan
+from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
 from shardify.reader.io.stream import Item, Lost, ShardReader
 
+if TYPE_CHECKING:
+    from shardify.reader.options import ReadOptions
+    from shardify.reader.streams import Stream
+
 __all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "selected_fields", "cut", "bucketed",
-           "batches"]
+           "batches", "stream_processors", "share_batches"]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -247,3 +255,63 @@ def batches(
                 shard=first_bad.shard, key=first_bad.key)
         for h in held:
             yield collate(_fill(h, last_good))
+
+
+def stream_processors(streams: Sequence[Stream], columns: Sequence[tuple[str, ...]], options: ReadOptions, *,
+                      epoch: int) -> list[SampleProcessor]:
+    """One :class:`SampleProcessor` per stream for ``epoch``: its output ``columns``, its own
+    ``transform`` and ``map`` or else the dataset's (``options``)."""
+    o = options
+    return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
+                            fields=fields, map=s.map or (o.map if s.fields is None else None),
+                            allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
+                            unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
+            for s, fields in zip(streams, columns)]
+
+
+def share_batches(
+    reader: ShardReader,
+    plan: WorkerPlan,
+    *,
+    read: Sequence[int],
+    out: Sequence[int],
+    sizes: Sequence[int],
+    skip: int,
+    options: ReadOptions,
+    epoch: int,
+    rank: int,
+    worker: int,
+    processors: Sequence[SampleProcessor],
+    collate: Callable[[list[Any]], Any],
+    on_bad: Callable[[Bad], None],
+    tag: Callable[[Iterator[tuple[int, Item]]], Iterator[tuple[int, Item]]] | None,
+) -> Iterator[Any]:
+    """The batches of a worker's ``plan`` after its first ``skip``: ``read`` and ``out`` are its
+    read and output orders (:func:`~shardify.reader.plan.resume.share_order`), ``sizes`` the
+    sizes of the batches left. ``processors``: one per stream; ``tag`` marks each item's stream
+    (and repeats) when the output needs it. Lazy: nothing is read before the first batch is asked for.
+    """
+    o = options
+    # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
+    done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
+    mask = None
+    if done:
+        mask = bytearray(len(out))
+        for p in out[:done]:
+            mask[p] = 1
+    process: Callable[[Item], Any] = processors[0]
+    if len(processors) > 1:
+        def process(item: Item) -> Any:
+            return processors[item["__stream__"] if type(item) is dict else 0](item)  # type: ignore[index]
+    items = read_positions(reader, plan.ranges, read, mask)
+    if tag is not None:
+        items = tag(items)
+    outputs = map(process, reorder(items, out[done:]))
+    if o.bucket_length is None:
+        groups: Iterator[list[Any]] = cut(outputs, sizes)
+    else:
+        groups = bucketed(outputs, batch_size=o.batch_size, length=o.bucket_length,
+                          buffer_size=o.bucket_buffer or 16 * o.batch_size,
+                          rng=random.Random(derive_seed("bucket", o.seed, epoch, rank, worker)))
+        groups = itertools.islice(groups, skip, None)
+    return batches(groups, collate=collate, on_bad=on_bad)

@@ -50,6 +50,15 @@ def test_skip_counts_reports_and_keeps_batch_counts_equal(corrupt_dataset, monke
     assert counts == [len(ds)] * 2 and bad == 1
 
 
+def test_reading_in_process_logs_the_report_once(corrupt_dataset, caplog):
+    """Without workers the dataset itself logs the epoch's report at its end (the loader logs
+    it only for its workers): once, naming the sample."""
+    ds = images(corrupt_dataset, errors=ErrorOptions(on_error="skip"))
+    with caplog.at_level(logging.WARNING, logger="shardify.reader"):
+        assert len(list(make_loader(ds, num_workers=0))) == len(ds)
+    assert caplog.text.count("skipped 1 bad samples") == 1 and "img00007" in caplog.text
+
+
 def test_truncated_shard_raises_naming_it(tmp_path, shards):
     root = shards.write_dataset(tmp_path / "t", shards.counting([6, 10]))
     shard = root / "train-000001.tar"

@@ -6,7 +6,9 @@ workers read, the same fetch options and checksums, and the same batches for an 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shardify.reader.dataset
-from shardify.reader import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, SamplingOptions,
+from shardify.reader import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions, SamplingOptions,
                              ShardedDataset, ShuffleOptions, Stream)
 from shardify.reader.deprecated import OLD_KEYWORDS
 from shardify.reader.options import GROUPS
@@ -195,3 +197,49 @@ def test_an_old_keyword_fails_a_python_process_that_a_test_starts(counting_datas
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(root)], capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines() == ["the groups and other deprecations pass"], proc.stderr
     assert proc.returncode == 1 and "DeprecationWarning: ShardedDataset: these keywords are deprecated" in proc.stderr
+
+
+# A flat ReadOptions field with a bad value, and the group (with the same bad value) that owns its check.
+FLAT_CHECKS = [
+    pytest.param({"shuffle_buffer": 0}, lambda: ShuffleOptions(buffer=0), id="shuffle-buffer"),
+    pytest.param({"shuffle_block": 0}, lambda: ShuffleOptions(block=0), id="shuffle-block"),
+    pytest.param({"bucket_buffer": 0}, lambda: BatchOptions(bucket_buffer=0), id="bucket-buffer"),
+    pytest.param({"samples_per_epoch": -1}, lambda: SamplingOptions(samples_per_epoch=-1), id="samples"),
+    pytest.param({"max_member_bytes": -1}, lambda: DecodeOptions(max_member_bytes=-1), id="member-bytes"),
+    pytest.param({"on_error": "warn"}, lambda: ErrorOptions(on_error="warn"), id="on-error"),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize("flat, group", FLAT_CHECKS)
+def test_a_flat_record_is_checked_by_its_group_with_the_group_message(flat, group):
+    """Each check lives in its group: a ReadOptions made directly with a bad grouped value
+    raises the group's own error, word for word (no second copy of the rule or its message)."""
+    with pytest.raises(ValueError) as by_group:
+        group()
+    with pytest.raises(ValueError) as by_flat:
+        ReadOptions(batch_size=2, **flat)
+    assert str(by_flat.value) == str(by_group.value)
+    assert "self." not in str(by_group.value)  # the value, not the code that holds it
+
+
+@pytest.mark.parametrize("flat, message", [
+    pytest.param({"batch_size": 0}, "batch_size=0 should be >= 1", id="batch-size"),
+    pytest.param({"batch_size": 2, "fields": ("cls",), "map": dict}, "fields=... or map=..., not both",
+                 id="fields-map"),
+])
+def test_the_flat_record_checks_the_dataset_keywords(flat, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ReadOptions(**flat)
+
+
+def test_the_groups_of_a_flat_record_build_it_again():
+    """``ReadOptions.groups`` is the inverse of ``from_groups``: no field is lost or crossed."""
+    opts = ReadOptions(batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None, fields=("cls",),
+                       collate_fn=list, shuffle_buffer=5, shuffle_block=2, bucket_length=_length, bucket_buffer=6,
+                       on_error="skip", allow_pickle=True, verify=True, samples_per_epoch=15, mark_repeats=True,
+                       max_member_bytes=4096)
+    assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ReadOptions)
+               if f.name not in ("transform", "map", "batch_size"))  # every grouped field off its default
+    again = ReadOptions.from_groups(batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None,
+                                    fields=("cls",), map=None, **opts.groups())
+    assert again == opts

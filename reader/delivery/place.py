@@ -1,0 +1,68 @@
+"""One process's place in its share of an epoch, for torchdata's ``StatefulDataLoader`` protocol.
+
+A dataset's ``state_dict`` is the place of the process that calls it (one DataLoader worker,
+or the main process without workers; the state itself is
+:func:`~shardify.reader.delivery.state.make_iter_state`'s): the iteration under way, else a
+place loaded for the next one. A loaded place resumes only the process it was loaded in, and
+only an iteration of its own epoch: an iteration of another epoch drops it if its share was
+finished, and refuses it otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from shardify.reader.delivery.state import IterPosition
+
+__all__ = ["ProcessPlace", "loaded_place"]
+
+
+class ProcessPlace:
+    """Where this process's iteration stands (``position``), and a place loaded for its next."""
+
+    def __init__(self) -> None:
+        self.position: IterPosition | None = None  # the iteration under way (or last)
+        self._pending: tuple[int, IterPosition] | None = None  # (pid, place) loaded, for the next iteration
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to a spawned worker: it has no iteration under way; a place loaded here stays
+        # (and is refused there, see take).
+        return {"position": None, "_pending": self._pending}
+
+    def saved(self) -> IterPosition | None:
+        """What a state taken now holds: the iteration under way (or last), else the place loaded."""
+        if self.position is not None:
+            return self.position
+        return self._pending[1] if self._pending is not None else None
+
+    def load(self, place: IterPosition) -> None:
+        """Keep ``place`` (checked by ``load_iter_state``) for this process's next iteration."""
+        self._pending = (os.getpid(), place)
+
+    def take(self) -> IterPosition | None:
+        """The place loaded for the iteration starting now, once; it must be this process's."""
+        if self._pending is None:
+            return None
+        (pid, place), self._pending = self._pending, None
+        if pid != os.getpid():
+            raise ValueError("ShardedDataset.load_state_dict was called in the main process, and the dataset is "
+                             "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
+                             "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
+                             "worker its own), or save and load make_loader's loader.state_dict()")
+        return place
+
+
+def loaded_place(place: IterPosition, *, epoch: int, total: int) -> IterPosition | None:
+    """``place`` for an iteration of ``epoch``, its share holding ``total`` batches: ``place``
+    when it is of that epoch; None (start afresh) when it finished its own; else raises."""
+    if place.batches > total:
+        raise ValueError(f"the dataset state loaded has {place.batches} batches of epoch {place.epoch} taken by "
+                         f"worker {place.role} of {place.workers}, whose share has {total}")
+    if place.epoch == epoch:
+        return place
+    if place.batches < total:
+        raise ValueError(f"the dataset state loaded is {place.batches} of {total} batches into epoch {place.epoch} "
+                         f"(worker {place.role} of {place.workers}), but the dataset is set to epoch {epoch}: "
+                         f"call set_epoch({place.epoch}) before iterating, to resume")
+    return None  # a finished epoch: the next one starts afresh
