@@ -125,3 +125,46 @@ def test_shards_are_plain_ustar_with_fixed_fields_and_two_zero_blocks_at_the_end
         for key in runs:
             exts = [m.name.split(".", 1)[1] for m in members if m.name.split(".", 1)[0] == key]
             assert exts == sorted(exts, key=str.encode), f"{path.name}: {key}'s members not in extension order"
+
+
+def test_a_link_into_a_sibling_whose_name_extends_the_roots_is_outside(tmp_path: Path) -> None:
+    """README: "Symbolic links are followed only inside SRC". ``/x/src-extra`` starts with the
+    characters of ``/x/src`` but is not inside it (a prefix test without the separator lets it in)."""
+    from shardify.convert.synth import jpeg_bytes, natural_image
+
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "real.jpg").write_bytes(jpeg_bytes(natural_image(16, 12, seed=1), quality=80))
+    sibling = tmp_path / "src-extra"
+    sibling.mkdir()
+    (sibling / "secret.jpg").write_bytes(jpeg_bytes(natural_image(16, 12, seed=2), quality=80))
+    (root / "a" / "sibling_file.jpg").symlink_to(sibling / "secret.jpg")
+    (root / "a" / "sibling_dir").symlink_to(sibling)
+    result = convert_imagefolder(root, tmp_path / "out", options=ConvertOptions(workers=1, progress=False,
+                                                                                fsync=False))
+    summary = result.splits["train"]
+    reasons = {p.path: p.reason for p in summary.skipped}
+    assert reasons.get("a/sibling_file.jpg") == "symbolic link points outside the source root", reasons
+    assert reasons.get("a/sibling_dir") == "symbolic link points outside the source root", reasons
+    assert summary.samples == 1
+
+
+def test_num_classes_n_makes_label_n_out_of_range_and_keeps_n_minus_1(tmp_path: Path) -> None:
+    """README: "a label out of range (--num-classes) is skipped and listed"; the range is 0..N-1."""
+    import json
+
+    from shardify.convert.write.run import convert_ids
+
+    src = tmp_path / "data"
+    src.mkdir()
+    for i in ("a", "b", "c"):
+        (src / f"{i}.txt").write_text(i)
+    (tmp_path / "p.json").write_text(json.dumps({"train": ["a", "b", "c"]}))
+    (tmp_path / "l.json").write_text(json.dumps({"a": 0, "b": 4, "c": 5}))
+    result = convert_ids(src, tmp_path / "out", partition=tmp_path / "p.json", labels=tmp_path / "l.json",
+                         options=ConvertOptions(workers=1, progress=False, fsync=False, num_classes=5))
+    summary = result.splits["train"]
+    assert {p.path: p.reason for p in summary.skipped} == {"c": "label 5 out of range (0..4)"}
+    assert summary.samples == 2
+    lines = [json.loads(x) for x in (tmp_path / "out" / "train.report.jsonl").read_text().splitlines()]
+    assert {"kind": "skipped", "path": "c", "reason": "label 5 out of range (0..4)"} in lines
