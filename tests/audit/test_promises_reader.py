@@ -14,16 +14,22 @@ shards), not only through the index's offsets.
 
 from __future__ import annotations
 
+import functools
 import gzip
+import os
+import signal
 import tarfile
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from torch.utils.data import get_worker_info
 
 from shardify.convert import ShardWriter
-from shardify.errors import ShardFormatError
-from shardify.reader import ShardedDataset, ShuffleOptions
+from shardify.errors import ShardFormatError, WorkerError
+from shardify.reader import ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import ShardReader
 
@@ -107,3 +113,42 @@ def test_a_gzip_chunk_whose_keys_are_not_its_own_is_damage(tmp_path: Path, skip:
     keys = [i["__key__"] for i in items if isinstance(i, dict)]
     assert keys == [f"s{i:04d}" for i in (*range(5), *range(10, 15))], "the damaged chunk's samples are not lost"
     assert len(items) - len(keys) >= 1, "the loss is not reported"
+
+
+def _die_once_on(sample: dict[str, Any], *, value: int, flag: Path) -> int:
+    """``map=``: the worker that makes sample ``value`` kills itself (SIGKILL) the first time,
+    after a pause long enough that the training loop is waiting for that worker's batch."""
+    cls = int(sample["cls"])
+    if cls == value and get_worker_info() is not None and not flag.exists():
+        flag.write_text(str(os.getpid()))
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return cls
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per_epoch"])
+def test_a_worker_that_dies_while_the_loop_waits_raises_worker_error_then_resumes(tmp_path: Path,
+                                                                                   persistent: bool) -> None:
+    """README "Faults": "a worker killed mid-epoch raises WorkerError (never a hang)", and
+    docs/reliability.md: it "names the worker, its pid, the signal, the epoch and the batches
+    received, and says how to go on". The existing kill test also accepts torch's own
+    RuntimeError (the worker may die while the loop runs its own code), so it passed with the
+    loader's wrapping removed; here the worker dies while the loop waits in ``next``."""
+    _counting(tmp_path / "ds", 40, per_shard=10)
+    flag = tmp_path / "died"
+    ds = ShardedDataset(tmp_path / "ds", batch_size=4, shuffle=False,
+                        map=functools.partial(_die_once_on, value=22, flag=flag))
+    loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
+    got: list[list[int]] = []
+    with pytest.raises(WorkerError) as caught:
+        for batch in loader:
+            got.append([int(x) for x in batch])
+    message = str(caught.value)
+    pid = flag.read_text()
+    assert pid in message and "SIGKILL" in message and "epoch 0" in message, message
+    assert f"after {len(got)} batches" in message and "load_state_dict" in message, message
+    loader.load_state_dict(loader.state_dict())
+    rest = [[int(x) for x in b] for b in loader]
+    assert sorted(x for b in got + rest for x in b) == list(range(40))
+    assert len(got) + len(rest) == len(ds) == 10
+    loader.close()
