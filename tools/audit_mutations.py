@@ -333,6 +333,21 @@ MUTATIONS: tuple[Mutation, ...] = (
       'seed=derive_seed("rest", seed, stream), epoch=cycle,', 'seed=derive_seed("rest", seed, stream), epoch=epoch,',
       ("tests/reader/test_mix.py::test_every_sample_once_per_cycle_over_consecutive_epochs",
        "tests/reader/test_mix.py::test_the_issue_example_523_samples_at_300_an_epoch")),
+    M("M63", "a single sample larger than the shard-size bound gets a shard of its own (never an empty shard)",
+      "convert/write/plan.py",
+      "limit is not None and count and current_bytes + size > limit", "limit is not None and current_bytes + size > limit",
+      ("tests/convert/test_roundtrip.py::test_shard_size_bound", "tests/convert/test_shard_bound.py",
+       "tests/audit/test_promises_convert.py")),
+    M("M64", "--samples-per-shard N puts at most N samples in a shard",
+      "convert/write/plan.py",
+      "(per_shard is not None and count >= per_shard)", "(per_shard is not None and count > per_shard)",
+      ("tests/convert/test_shard_bound.py", "tests/convert/test_roundtrip.py")),
+    M("M65", "ShardWriter: a sample larger than the bound gets a shard of its own",
+      "convert/write/stream.py",
+      "        if self.samples == 0:\n            return True\n", "",
+      ("tests/convert/test_pywriter.py::test_shards_are_cut_at_the_size_bound", "tests/audit/test_promises_convert.py"),
+      "cutting a shard that holds no sample writes nothing (ShardStream.finish returns None), so the big "
+      "sample still lands alone in the next shard: the shortcut saves a call, it is not the guarantee"),
 )
 
 

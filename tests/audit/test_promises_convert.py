@@ -168,3 +168,33 @@ def test_num_classes_n_makes_label_n_out_of_range_and_keeps_n_minus_1(tmp_path: 
     assert summary.samples == 2
     lines = [json.loads(x) for x in (tmp_path / "out" / "train.report.jsonl").read_text().splitlines()]
     assert {"kind": "skipped", "path": "c", "reason": "label 5 out of range (0..4)"} in lines
+
+
+@pytest.mark.parametrize("writer", ["ids", "shard-writer"])
+def test_a_sample_larger_than_the_bound_gets_a_shard_of_its_own(tmp_path: Path, writer: str) -> None:
+    """README "Shard size": "A single sample larger than the bound gets a shard of its own."
+    The first sample is the big one: no empty shard may come before it."""
+    import json
+
+    from shardify.convert.write.run import convert_ids
+
+    sizes = {"a": 40_000, "b": 1_000, "c": 1_000, "d": 1_000}
+    out = tmp_path / "out"
+    if writer == "ids":
+        src = tmp_path / "data"
+        src.mkdir()
+        for name, n in sizes.items():
+            (src / f"{name}.txt").write_text("x" * n)
+        (tmp_path / "p.json").write_text(json.dumps({"train": list(sizes)}))
+        (tmp_path / "l.json").write_text(json.dumps({name: 0 for name in sizes}))
+        convert_ids(src, out, partition=tmp_path / "p.json", labels=tmp_path / "l.json",
+                    options=ConvertOptions(workers=1, progress=False, fsync=False, shuffle=False, min_shards=1,
+                                           shard_size=16_000, samples_per_shard=None))
+    else:
+        with ShardWriter(out, shard_size=16_000, samples_per_shard=None, fsync=False) as w:
+            for name, n in sizes.items():
+                w.write({"__key__": name, "txt": "x" * n, "cls": 0})
+    shards = json.loads((out / "train.json").read_text())["shardlist"]
+    assert [s["nsamples"] for s in shards] == [1, 3], shards
+    assert sorted(p.name for p in out.glob("train-*.tar")) == sorted(s["url"] for s in shards)
+    assert shards[1]["filesize"] <= 16_000
