@@ -372,6 +372,11 @@ MUTATIONS: tuple[Mutation, ...] = (
       "reader/sample/device_plan.py",
       '    if device.type == "cuda" and not torch.cuda.is_available():', "    if False:",
       ("tests/reader/test_device_decode.py::test_no_cuda_is_a_clear_error",)),
+    M("M71", "shardify verify/info apply the manifest's index check (split and version), as the reader does",
+      "convert/dataset_files.py",
+      "        self.manifest.check_index(split, index, source=self.files.where(name))  # its split and version\n",
+      "",
+      ("tests/audit/test_promises_format.py::test_verify_and_info_check_the_index_version_too",)),
 )
 
 
