@@ -377,6 +377,15 @@ MUTATIONS: tuple[Mutation, ...] = (
       "        self.manifest.check_index(split, index, source=self.files.where(name))  # its split and version\n",
       "",
       ("tests/audit/test_promises_format.py::test_verify_and_info_check_the_index_version_too",)),
+    M("M72", "a shard cut short after its scan is damage of the sample being read",
+      "reader/io/stream.py",
+      "        if len(data) != size:  # the file shrank since it was scanned", "        if False:",
+      ("tests/reader/test_stream.py",)),
+    M("M73", "a .tgz whose gzip CRC fails is damage (the reader reads on to the gzip trailer)",
+      "shardify/tario.py",
+      "            if _read_to_end_needed(f):\n                read_to_end(f, shard=shard)",
+      "            if False:\n                read_to_end(f, shard=shard)",
+      ("tests/reader/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",)),
 )
 
 
