@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["Mutation", "MUTATIONS", "run", "main"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
