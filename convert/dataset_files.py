@@ -154,9 +154,7 @@ class LocatedDataset:
             raise ManifestError(f"{where}: no split {split!r}; splits: {sorted(self.manifest.splits)}")
         name = self.manifest.splits[split].index
         index = SplitIndex.from_json(self.files.read_json(name), source=self.files.where(name))
-        if index.split != split:
-            raise ManifestError(f"{self.files.where(name)}: field 'split' is {index.split!r}, "
-                                f"the manifest lists it as {split!r}")
+        self.manifest.check_index(split, index, source=self.files.where(name))  # its split and version
         return index
 
     @property
