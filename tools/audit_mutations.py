@@ -388,6 +388,23 @@ MUTATIONS: tuple[Mutation, ...] = (
       "            if _read_to_end_needed(f):\n                read_to_end(f, shard=shard)",
       "            if False:\n                read_to_end(f, shard=shard)",
       ("tests/reader/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",)),
+    M("M74", "device decode runs in a thread of its own, ahead of the batch the training loop holds",
+      "reader/delivery/prefetch.py",
+      "        if self._decode is not None:\n            return self._decoded()\n", "",
+      ("tests/reader/test_prefetch.py",)),
+    M("M75", "under device decode, pad_collate gives the images the CPU path's (images, lengths, mask) form",
+      "reader/sample/collate.py",
+      "        return leaf(batch, where) if pad_here(where) else PlannedColumn(batch)",
+      "        return PlannedColumn(batch)",
+      ("tests/reader/test_device_decode.py::test_map_collate_and_bucketing_give_the_cpu_paths_batches",)),
+    M("M76", "under device decode, a column a custom collate kept as a list comes back as a list",
+      "reader/delivery/prefetch.py",
+      '            if obj.column == "stack":', "            if True:",
+      ("tests/reader/test_device_decode.py::test_map_collate_and_bucketing_give_the_cpu_paths_batches",)),
+    M("M77", "under device decode, a placeholder left outside a column is an error, never a batch",
+      "reader/sample/device_plan.py",
+      "    if kind is PlannedImage:\n", "    if False:\n",
+      ("tests/reader/test_device_decode.py::test_map_or_collate_computing_on_a_planned_image_is_a_clear_error",)),
 )
 
 
