@@ -471,3 +471,17 @@ def test_leaving_an_epoch_early_ends_the_decode_thread_with_the_loader(tmp_path:
             break
         assert not [t for t in threading.enumerate() if t.name.startswith("shardify-decode")]
         assert len(list(loader)) == len(ds)  # and the next epoch runs whole
+
+
+def test_an_undecoded_batch_given_to_a_model_says_what_it_is(tmp_path: Path, shards: SimpleNamespace) -> None:
+    """Iterated outside make_loader (a plain DataLoader, a framework's own loader), the batches
+    hold JPEG bytes: a model or torch op given one raises naming the cause, not a shape error."""
+    from torch.utils.data import DataLoader
+
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    images, labels, keys = next(iter(DataLoader(_make(root, device=True), batch_size=None)))
+    assert len(keys) == 6
+    with pytest.raises(TypeError, match=r"conv2d\(\) got a batch of JPEG bytes planned for device decode.*make_loader"):
+        torch.nn.Conv2d(3, 4, 3)(images)
+    with pytest.raises(TypeError, match=r"planned for device decode"):
+        torch.flatten(images)
