@@ -209,6 +209,10 @@ class Loader:
                 yield batch
         except Exception as e:
             died = None if isinstance(e, ShardifyError) else _died(workers)
+            timeout = self.dataloader.timeout
+            if died is None and timeout and isinstance(e, RuntimeError) and "timed out after" in str(e):
+                died = (f"workers made no batch in {timeout:g} s (timeout=): one may hang, e.g. in a transform "
+                        f"or map= that never returns")
             self._shut_down(workers)
             if hasattr(workers, "_workers"):
                 _release_frames(e)
@@ -291,6 +295,7 @@ def make_loader(
     multiprocessing_context: Any = None,
     recycle_batches: bool = True,
     jpeg_decoder: Any = None,
+    timeout: float = 0,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -303,6 +308,11 @@ def make_loader(
     worker reuses once the training loop has dropped the batch (:mod:`shardify.reader.delivery.batchpool`);
     False sends a fresh shared-memory tensor per batch, as torch does.
 
+    ``timeout``: seconds to wait for a batch from the workers (0: forever, as torch's
+    DataLoader); past it the loader stops them and raises :class:`WorkerError`, and
+    ``load_state_dict(state_dict())`` then a new iteration resumes exactly. Set it above the
+    slowest batch (the first one of an epoch included).
+
     A dataset made with ``DecodeOptions(device=...)`` is decoded there (``device`` defaults to it and must
     be it): ``jpeg_decoder`` (default: nvJPEG through torchvision, see
     :mod:`shardify.reader.sample.device_decode`) decodes each batch's JPEGs.
@@ -311,6 +321,8 @@ def make_loader(
         raise TypeError(f"make_loader wants a ShardedDataset, got {type(dataset).__name__}")
     if num_workers < 0:
         raise ValueError(f"{num_workers=} should be >= 0")
+    if timeout < 0 or (timeout and num_workers == 0):
+        raise ValueError(f"{timeout=} should be >= 0, and 0 without worker processes ({num_workers=})")
     if dataset.decode_device is not None:
         if device is not None and torch.device(device).type != dataset.decode_device.type:
             raise ValueError(f"{device=} but the dataset decodes on device={str(dataset.decode_device)!r}")
@@ -328,6 +340,7 @@ def make_loader(
             "persistent_workers": True if persistent_workers is None else persistent_workers,
             "prefetch_factor": 2 if prefetch_factor is None else prefetch_factor,
             "multiprocessing_context": multiprocessing_context,
+            "timeout": timeout,
         }
     pin = target is not None and target.type == "cuda"
     dataloader = DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,

@@ -132,6 +132,44 @@ def test_killed_worker_gives_a_clear_error_then_resumes_exactly(counting, warm, 
     assert_back_to(baseline)
 
 
+def _hangs_once_on(sample: dict[str, Any], *, value: int, flag: Path) -> int:
+    """``map=``: the worker that makes sample ``value`` hangs (until killed) the first time."""
+    cls = int(sample["cls"])
+    if cls == value and not flag.exists():
+        flag.write_text(str(os.getpid()))
+        while True:
+            time.sleep(1)
+    return cls
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per_epoch"])
+def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(counting, warm, tmp_path: Path,
+                                                                          persistent: bool) -> None:
+    """``make_loader(timeout=)``: a worker that never returns (a map= that hangs) is stopped, the
+    loop gets a WorkerError saying so and how to go on, and the resumed epoch has every sample once."""
+    import functools
+
+    flag = tmp_path / "hung"
+    ds = counting(map=functools.partial(_hangs_once_on, value=41, flag=flag))
+    baseline = snapshot()
+    loader = make_loader(ds, num_workers=2, persistent_workers=persistent, timeout=2)
+    got: list[list[int]] = []
+    with pytest.raises(WorkerError, match=r"no batch in 2 s \(timeout=\): one may hang.*epoch 0 after \d+ batches.*"
+                                          r"load_state_dict") as caught:
+        for batch in loader:
+            got.append([int(x) for x in batch])
+    assert flag.exists() and f"after {len(got)} batches" in str(caught.value)
+    del caught
+    assert_back_to(baseline, within=20)  # the hung worker was stopped too
+    loader.load_state_dict(loader.state_dict())
+    rest = [[int(x) for x in b] for b in loader]
+    assert len(got) + len(rest) == len(ds)
+    assert _values(got + rest) == list(range(60))
+    loader.close()
+    with pytest.raises(ValueError, match="timeout"):
+        make_loader(ds, timeout=1)  # no workers: nothing to wait for
+
+
 def test_worker_killed_while_the_loop_runs_its_own_code_then_resumes_with_the_defaults(counting, warm) -> None:
     """Persistent workers (the default), and the worker dies while the loop body runs: torch's
     SIGCHLD handler raises in the loop, outside the loader. The documented recovery must
