@@ -98,3 +98,38 @@ def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path,
     with capsys.disabled():
         print(f"\n{device}: device decode feeds {feed['img_s']:.0f} img/s; step {step['loader_ms']:.1f} ms "
               f"({step['ratio']:.2f} x pre-staged)")
+
+
+def test_decoded_batches_survive_delayed_reads_on_the_training_stream(jpeg_dataset: Path, device: str) -> None:
+    """The decode thread makes each batch on its side stream while the loop's stream still has
+    queued reads of earlier batches: the hand-over (event wait + ``record_stream``) must keep the
+    caching allocator from giving their memory to a later decode. Each batch is summed by work
+    queued behind a delay after the loop dropped it, against sums of a run read at once; and
+    the decode thread's batches never pile up."""
+    _, ds = _pair(jpeg_dataset, T.imagenet_train(64), device)
+    with make_loader(ds, num_workers=2, **_decoder(device)) as loader:
+        expected = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            expected += [(x.double().sum().item(), int(y.sum())) for x, y, _ in loader]
+    _, ds = _pair(jpeg_dataset, T.imagenet_train(64), device)
+    sums = []
+    with make_loader(ds, num_workers=2, **_decoder(device)) as loader:
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            for i, (x, y, _) in enumerate(loader):
+                if device == "cuda":
+                    torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time queued before the read
+                sums.append((x.double().sum(), y.sum()))  # queued, not yet run
+                del x, y
+                if device == "cuda" and i % 7 == 6:
+                    torch.cuda.synchronize()
+                    assert torch.cuda.memory_allocated() < 512 << 20
+    if device == "cuda":
+        torch.cuda.synchronize()
+    got = [(s.item(), int(t)) for s, t in sums]
+    assert len(got) == len(expected)
+    for (gs, gl), (es, el) in zip(got, expected):
+        # abs=2: a few pixels may round to the other uint8 level if cuBLAS picks another algorithm
+        # (~0.02 each, normalised); memory reused under a queued read changes the sum by thousands.
+        assert gl == el and gs == pytest.approx(es, rel=0, abs=2.0)
