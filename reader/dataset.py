@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
 from shardify.reader.plan.mix import epoch_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
-from shardify.reader.delivery.batchpool import BatchChannel, SlotPool
+from shardify.reader.delivery.batchpool import WorkerSlots
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
 from shardify.reader.sample.fields import loaded_fields, stream_fields
@@ -160,8 +160,7 @@ class ShardedDataset(IterableDataset):
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
-        self._channel: BatchChannel | None = None  # set by make_loader's Loader while it starts workers
-        self._pool: tuple[int, SlotPool] | None = None
+        self.batch_slots = WorkerSlots()  # make_loader's Loader attaches its channel while workers start
         self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
         self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
@@ -266,13 +265,22 @@ class ShardedDataset(IterableDataset):
         """Samples skipped in the current epoch's last reading on this rank (``on_error="skip"``)."""
         return self._report.read(self.epoch)
 
+    @property
+    def shared_report(self) -> SharedReport:
+        """Where this rank's processes count the epoch's skipped and CPU-decoded samples."""
+        return self._report
+
+    @property
+    def stream_samples(self) -> tuple[int, ...]:
+        """Samples of each stream's data (one pass), in stream order."""
+        return tuple(sum(s) for s in self._stream_sizes)
+
     def __getstate__(self) -> dict[str, Any]:
         # Pickled only for spawn/forkserver workers: they cannot see the parent's process
         # group, so carry the rank and world detected here (fork workers inherit it).
         state = dict(self.__dict__)
         state["_rank_world"] = detect_rank_world()
         state["_reader"] = None
-        state["_pool"] = None
         state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
         return state
 
@@ -331,15 +339,6 @@ class ShardedDataset(IterableDataset):
                                              chunks=[s.chunk for s in shards]))
         return self._reader[1]
 
-    def _slot_pool(self, worker: int) -> SlotPool | None:
-        """This worker process's batch pool, when a Loader gave the workers a channel."""
-        if self._channel is None or worker >= self._channel.tokens.shape[0]:
-            return None
-        pid = os.getpid()
-        if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, SlotPool(self._channel, worker))
-        return self._pool[1]
-
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = detect_world(self._rank_world if in_worker else None)
@@ -351,7 +350,7 @@ class ShardedDataset(IterableDataset):
         loaded = self._take_pending(epoch, world)
         if loaded is not None:
             role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
-        pool = self._slot_pool(world.worker) if in_worker else None
+        pool = self.batch_slots.pool(world.worker) if in_worker else None
         self._place.position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
                                             batches=skip, history=history, layout=layout)
         return self._run(World(world.rank, world.world, role, world.workers), slot, position=self._place.position,

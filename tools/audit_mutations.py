@@ -368,7 +368,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/convert/test_roundtrip.py::test_seed_changes_order_no_shuffle_keeps_it",)),
     M("M69", "fields are checked against the split index when the dataset is built (FieldError naming what it holds)",
       "reader/sample/fields.py",
-      "                if not set(_field_spec(spec, IMAGE_EXTS)) & set(held):", "                if False:",
+      "                if not set(field_spec(spec, IMAGE_EXTS)) & set(held):", "                if False:",
       ("tests/reader/test_dataset.py", "tests/reader/test_fields.py")),
     M("M70", "device decode without CUDA is a DeviceDecodeError saying what is missing",
       "reader/sample/device_plan.py",

@@ -30,11 +30,13 @@ and later batches use fresh shared memory, as without the pool.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -43,7 +45,7 @@ import torch
 
 from shardify.errors import ShardifyError
 
-__all__ = ["BatchChannel", "SlotPool", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
+__all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
 
 MAX_SLOTS = 16
 """The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
@@ -274,6 +276,36 @@ class SlotPool:
             s.sent = True
         self._taken = {}
         return Packed(self._channel, self._id, self._worker, tuple(refs), payload)
+
+
+class WorkerSlots:
+    """A dataset's batch channel, taken by its worker processes with their copy of the dataset,
+    and each worker process's :class:`SlotPool` on it (made on first use in that process)."""
+
+    def __init__(self) -> None:
+        self._channel: BatchChannel | None = None
+        self._pool: tuple[int, SlotPool] | None = None
+
+    @contextlib.contextmanager
+    def attached(self, channel: BatchChannel) -> Iterator[None]:
+        """Worker processes started inside this block take ``channel``; the dataset lets go after."""
+        self._channel = channel
+        try:
+            yield
+        finally:
+            self._channel = None
+
+    def pool(self, worker: int) -> SlotPool | None:
+        """This worker process's pool, or None without a channel (or a worker it has no slots for)."""
+        if self._channel is None or worker >= self._channel.tokens.shape[0]:
+            return None
+        pid = os.getpid()
+        if self._pool is None or self._pool[0] != pid:
+            self._pool = (pid, SlotPool(self._channel, worker))
+        return self._pool[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_channel": self._channel, "_pool": None}  # a spawned worker makes its own pool
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,14 +175,12 @@ class Loader:
         slots = min(batchpool.MAX_SLOTS, (self.dataloader.prefetch_factor or 2) + 3)
         channel = BatchChannel(self.dataloader.num_workers, max_slots=slots)
         channel.register()
-        self.dataset._channel = channel  # the workers take it with their copy of the dataset
         try:
-            workers = _fork_frozen(self.dataloader)
+            with self.dataset.batch_slots.attached(channel):  # the workers take it with their copy
+                workers = _fork_frozen(self.dataloader)
         except BaseException:
             channel.close()
             raise
-        finally:
-            self.dataset._channel = None
         self._channels[workers] = channel
         weakref.finalize(workers, channel.close)
         return workers
@@ -198,7 +196,7 @@ class Loader:
 
                 options["decode"] = DeviceDecoder(
                     resolve_device(self._prefetch["device"]), jpeg_decoder=options.pop("jpeg_decoder", None),
-                    report=self.dataset._report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
+                    report=self.dataset.shared_report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
             else:
                 options.pop("jpeg_decoder", None)
             batches = iter(DevicePrefetcher(batches, **options))

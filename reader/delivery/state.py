@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -73,7 +74,7 @@ def _plan_fields(ds: ShardedDataset, version: int = STATE_VERSION) -> dict[str, 
     o = ds.options
     plan: dict[str, Any] = {"batch_size": o.batch_size, "drop_last": o.drop_last, "shuffle": o.shuffle,
                             "shuffle_block": o.shuffle_block, "shuffle_buffer": o.shuffle_buffer,
-                            "streams": [sum(s) for s in ds._stream_sizes], "stream_counts": list(ds.stream_counts)}
+                            "streams": list(ds.stream_samples), "stream_counts": list(ds.stream_counts)}
     if version >= 3:
         plan["bucketed"] = o.bucket_length is not None
         plan["bucket_buffer"] = o.bucket_buffer if o.bucket_length is not None else None
@@ -92,12 +93,14 @@ def data_identity(source: Source) -> dict[str, Any]:
     return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
+_IDENTITIES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
 def _identities(ds: ShardedDataset) -> list[dict[str, Any]]:
-    """Each stream's :func:`data_identity`, computed once per dataset object."""
-    cached = getattr(ds, "_data_identities", None)
+    """Each stream's :func:`data_identity`, computed once per dataset object (in each process)."""
+    cached = _IDENTITIES.get(ds)
     if cached is None:
-        cached = [data_identity(st.source) for st in ds.streams]  # type: ignore[arg-type]
-        ds._data_identities = cached  # type: ignore[attr-defined]
+        cached = _IDENTITIES[ds] = [data_identity(st.source) for st in ds.streams]  # type: ignore[arg-type]
     return [dict(d) for d in cached]
 
 
@@ -183,7 +186,7 @@ def _check_part_passes(ds: ShardedDataset, epoch: int, batches: int, history: tu
     """A version 2 state mid-epoch where a stream reads part of a pass: that part changed since."""
     if not batches and not history:
         return
-    sizes = [sum(s) for s in ds._stream_sizes]
+    sizes = list(ds.stream_samples)
     counts = list(ds.stream_counts)
     part = [i for i, (c, n) in enumerate(zip(counts, sizes)) if n and c % n]
     if part:

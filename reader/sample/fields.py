@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
-from shardify.reader.sample.pipeline import IMAGE_FIELD, _field_spec, selected_fields
+from shardify.reader.sample.pipeline import IMAGE_FIELD, field_spec, selected_fields
 
 if TYPE_CHECKING:
     from shardify.reader.streams import Stream
@@ -49,7 +49,7 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
     if requested is not None:
         if held:
             for spec in requested:
-                if not set(_field_spec(spec, IMAGE_EXTS)) & set(held):
+                if not set(field_spec(spec, IMAGE_EXTS)) & set(held):
                     raise FieldError(
                         f"{where}: no field {spec!r} in this split (its samples hold {', '.join(held)}); "
                         f"choose fields among those")

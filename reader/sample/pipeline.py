@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from shardify.reader.options import ReadOptions
     from shardify.reader.streams import Stream
 
-__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "read_positions", "selected_fields", "cut", "bucketed",
+__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut", "bucketed",
            "batches", "stream_processors", "share_batches"]
 
 IMAGE_FIELD = "image"
@@ -77,7 +77,8 @@ def read_positions(
         i = j
 
 
-def _field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
+def field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
+    """The extensions an output column ``spec`` may take (``"a;b"``: either; ``"image"``: any of ``image_exts``)."""
     names = tuple(s.strip() for s in spec.split(";") if s.strip())
     if not names:
         raise ValueError(f"field {spec!r} names no extension")
@@ -89,7 +90,7 @@ def selected_fields(fields: Sequence[str]) -> frozenset[str]:
     extension): what the shard reader loads; other fields are never read into memory."""
     from shardify.reader.sample.decode import IMAGE_EXTS
 
-    return frozenset(ext for spec in fields for ext in _field_spec(spec, IMAGE_EXTS))
+    return frozenset(ext for spec in fields for ext in field_spec(spec, IMAGE_EXTS))
 
 
 class SampleProcessor:
@@ -125,7 +126,7 @@ class SampleProcessor:
         self._images = IMAGE_EXTS
         self._seed, self._epoch = seed, epoch
         self._transform, self._map = transform, map
-        self._fields = [_field_spec(f, IMAGE_EXTS) for f in fields]
+        self._fields = [field_spec(f, IMAGE_EXTS) for f in fields]
         self._allow_pickle, self._skip, self._unique = allow_pickle, skip_errors, unique_keys
         self._field: str | None = None  # the field being made, for error messages
 
