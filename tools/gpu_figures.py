@@ -1,6 +1,6 @@
 """Every GPU figure issue 20 asks for, in one command, with a report to paste.
 
-    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5 min
+    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5-8 min
     python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
     python tools/gpu_figures.py --device cpu --quick --out /tmp/figs   # a check of the tool, on a CPU
 
@@ -176,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--data", type=Path, default=None,
+                   help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(TOOLS))
     from bench_gpu_step import make_jpegs
 
-    data_root = args.out / "data"
+    data_root = args.data or args.out / "data"
     dataset = make_jpegs(data_root, 48 if args.quick else args.images)
     todo = [f for f in figures(dataset, device=args.device, quick=args.quick) if f.group in args.groups]
     header = machine()

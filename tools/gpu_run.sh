@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the GPU host (the device tool's machine; see tools/gpu_wheels.sh): install the carried wheels
+# and shardify itself (editable, offline, as .ci/run does here), then run every GPU figure of
+# issue 20 into $OUT (tools/gpu_figures.py; extra arguments go to it, e.g. --groups feed step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+python3 -c "import shardify.reader, simplejpeg, webdataset, torch; print('shardify ready; torch', torch.__version__, 'CUDA', torch.cuda.is_available())"
+nproc; lscpu | grep -E 'Model name|Thread|Core|Socket' || true
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv || true
+PYTHONUNBUFFERED=1 python3 tools/gpu_figures.py --out "${OUT:-figs}" --data /tmp/gpu-figures-data "$@"
