@@ -29,7 +29,7 @@ import torch
 from shardify.errors import DeviceDecodeError
 
 __all__ = ["JpegFrame", "jpeg_frame", "PlannedImage", "PlannedColumn", "EncodedBatch", "DevicePlanner", "DeviceCollate",
-           "pack_planned", "plan_on_device"]
+           "pack_planned", "plan_on_device", "PLACEHOLDER_HINT"]
 
 
 class JpegFrame(NamedTuple):
@@ -245,7 +245,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
         shards=[im.shard for im in images], keys=[im.key for im in images], column=column)
 
 
-_PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
+PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
                      "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
                      "as default_collate and pad_collate do, and compute on their pixels after the loader")
 
@@ -256,7 +256,7 @@ def _pack_lists(obj: Any, where: str = "batch") -> Any:
         return pack_planned(obj, column="stack" if kind is PlannedColumn else kind.__name__)
     if kind is PlannedImage:
         raise ValueError(f"{where}: an image planned for device decode is not in a column of the batch "
-                         f"(shard {obj.shard}, key {obj.key!r}); {_PLACEHOLDER_HINT}")
+                         f"(shard {obj.shard}, key {obj.key!r}); {PLACEHOLDER_HINT}")
     if isinstance(obj, (list, tuple)) and not isinstance(obj, EncodedBatch):
         items = [_pack_lists(x, f"{where}[{i}]") for i, x in enumerate(obj)]
         return type(obj)(*items) if hasattr(obj, "_fields") else kind(items)
@@ -288,7 +288,7 @@ class DeviceCollate:
             if "PlannedImage" not in str(e):
                 raise
             raise ValueError(f"collate_fn={collate!r} failed on a batch planned for device decode "
-                             f"({type(e).__name__}: {e}); {_PLACEHOLDER_HINT}") from e
+                             f"({type(e).__name__}: {e}); {PLACEHOLDER_HINT}") from e
         return _pack_lists(batch)
 
 

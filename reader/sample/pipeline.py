@@ -141,9 +141,9 @@ class SampleProcessor:
             where = f"field {self._field!r}: " if self._field is not None else ""
             reason = f"{where}{type(e).__name__}: {e}"
             if "PlannedImage" in reason:
-                from shardify.reader.sample.device_plan import _PLACEHOLDER_HINT
+                from shardify.reader.sample.device_plan import PLACEHOLDER_HINT
 
-                reason += f" ({_PLACEHOLDER_HINT})"
+                reason += f" ({PLACEHOLDER_HINT})"
             if not self._skip or isinstance(e, self._refused):
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
