@@ -246,8 +246,8 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
 
 
 PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
-                     "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
-                     "as default_collate and pad_collate do, and compute on their pixels after the loader")
+                    "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
+                    "as default_collate and pad_collate do, and compute on their pixels after the loader")
 
 
 def _pack_lists(obj: Any, where: str = "batch") -> Any:
