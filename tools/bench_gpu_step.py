@@ -60,6 +60,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _Waited:
+    """Iterate ``batches``, adding up the host time spent waiting for each next batch (after ``skip``)."""
+
+    def __init__(self, batches: Any, skip: int) -> None:
+        self._batches, self._skip, self.seconds = batches, skip, 0.0
+
+    def __iter__(self) -> Any:
+        it = iter(self._batches)
+        n = 0
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            if n >= self._skip:
+                self.seconds += time.perf_counter() - t
+            n += 1
+            yield batch
+
+
 def _steps(model: nn.Module, opt: torch.optim.Optimizer, batches: Any, steps: int, device: torch.device,
            warmup: int, bf16: bool = False) -> float:
     """Seconds per step over ``steps`` steps after ``warmup`` (batches cycled as needed)."""
@@ -141,11 +162,15 @@ def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 6
     del staged
     ds = _dataset(dataset, batch_size, image_size, decode, dev)
     loader = make_loader(ds, num_workers=workers, device=dev, channels_last=channels_last, **_decoder(decode, dev))
+    waited = _Waited(_epochs(loader, ds), skip=warmup + 1)
     try:
-        fed = _steps(model, opt, _epochs(loader, ds), steps, dev, warmup, bf16)
+        fed = _steps(model, opt, waited, steps, dev, warmup, bf16)
     finally:
         loader.close()
+    # wait_ms: host time per step the loop spent in next(loader) (for the loader's batch, the
+    # workers or the decode thread); near 0 with the step slower: the GPU is the limit.
     return {"prestaged_ms": 1000 * prestaged, "loader_ms": 1000 * fed, "ratio": fed / prestaged,
+            "wait_ms": 1000 * waited.seconds / max(1, steps - 1),
             "batch_size": batch_size, "image_size": image_size, "workers": workers, "steps": steps,
             "model": model_name, "decode": decode}
 
@@ -195,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(r) if args.json else
           f"{name}: batch {r['batch_size']} x {r['image_size']}px, {r['workers']} workers, {r['steps']} steps\n"
           f"  pre-staged device batches: {r['prestaged_ms']:.1f} ms/step\n"
-          f"  shardify loader:           {r['loader_ms']:.1f} ms/step  = {r['ratio']:.2f} x pre-staged")
+          f"  shardify loader:           {r['loader_ms']:.1f} ms/step  = {r['ratio']:.2f} x pre-staged\n"
+          f"  of which waiting for the next batch: {r['wait_ms']:.1f} ms/step (host time in next(loader))")
     return 0
 
 

@@ -132,7 +132,8 @@ def verdict(figure: Figure) -> tuple[str, str]:
         return f"{r['img_s']:,.0f} img/s", "yes" if r["img_s"] >= TARGET_IMG_S else "NO"
     if figure.group == "step":
         ratio = r["ratio"]
-        return (f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x",
+        wait = f", waits {r['wait_ms']:.1f} ms/step for batches" if "wait_ms" in r else ""
+        return (f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}",
                 "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO")
     return "see the table below", "-"
 
