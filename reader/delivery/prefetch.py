@@ -138,12 +138,21 @@ class DevicePrefetcher:
             out = fill_rows(out, rows, n)
         return out
 
-    def _hand_over(self, batch: Any, stream: Any) -> Any:
-        """Let the consumer's stream use ``batch``, made on ``stream``, once ``stream`` is there."""
+    def _prepared_on(self, batch: Any, stream: Any) -> tuple[Any, Any]:
+        """``batch`` prepared on ``stream`` (in whichever thread calls this), and the CUDA event
+        that marks it done there (None without a stream)."""
         if stream is None:
+            return self._prepared(batch), None
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            out = self._prepared(batch)
+            return out, stream.record_event()
+
+    def _hand_over(self, batch: Any, event: Any) -> Any:
+        """Let the consumer's stream use ``batch`` once ``event`` (its preparation) is done."""
+        if event is None:
             return batch
         current = torch.cuda.current_stream(self.device)
-        current.wait_stream(stream)
+        current.wait_event(event)
         self._apply(batch, lambda t: t.record_stream(current), [])
         return batch
 
@@ -159,16 +168,11 @@ class DevicePrefetcher:
 
         def preload() -> Any:
             batch = next(it, _END)
-            if batch is _END:
-                return _END
-            if stream is None:
-                return self._prepared(batch)
-            with torch.cuda.stream(stream):
-                return self._prepared(batch)
+            return _END if batch is _END else self._prepared_on(batch, stream)
 
         upcoming = preload()
         while upcoming is not _END:
-            batch = self._hand_over(upcoming, stream)
+            batch = self._hand_over(*upcoming)
             upcoming = preload()
             yield batch
 
@@ -182,29 +186,17 @@ class DevicePrefetcher:
         def submit() -> None:
             batch = next(it, _END)
             if batch is not _END:
-                pending.append(pool.submit(self._decoded_one, batch, stream))
+                pending.append(pool.submit(self._prepared_on, batch, stream))
 
         try:
             for _ in range(DECODE_AHEAD):
                 submit()
             while pending:
-                batch, event = pending.popleft().result()
+                prepared = pending.popleft().result()
                 submit()
-                if event is not None:
-                    current = torch.cuda.current_stream(self.device)
-                    current.wait_event(event)
-                    self._apply(batch, lambda t: t.record_stream(current), [])
-                yield batch
+                yield self._hand_over(*prepared)
         finally:
             for future in pending:
                 future.cancel()
             pending.clear()
             pool.shutdown(wait=True, cancel_futures=True)
-
-    def _decoded_one(self, batch: Any, stream: Any) -> tuple[Any, Any]:
-        """In the decode thread: ``batch`` prepared on ``stream``, and the event that marks it done."""
-        if stream is None:
-            return self._prepared(batch), None
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            out = self._prepared(batch)
-            return out, stream.record_event()
