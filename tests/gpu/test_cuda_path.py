@@ -51,7 +51,8 @@ def test_batches_equal_the_cpu_path_after_normalisation(jpeg_dataset: Path, devi
                 assert torch.allclose(xd.float().cpu(), xc, atol=atol, rtol=0)
 
 
-def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, device: str) -> None:
+def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, device: str,
+                                                        delayed_read_sums) -> None:
     """Each batch is read by work queued behind a delay on the training stream, after the loop
     dropped it and the prefetch of the next batches allocated memory on the side stream.
     Without ``record_stream`` the allocator could hand the batch's memory to a later copy
@@ -62,21 +63,8 @@ def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, devic
         for epoch in range(6):
             ds.set_epoch(epoch)
             expected += [(x.double().sum().item(), int(y.sum())) for x, y in cpu]
-    sums = []
     with make_loader(ds, num_workers=2, device=device) as loader:
-        for epoch in range(6):
-            ds.set_epoch(epoch)
-            for i, (x, y) in enumerate(loader):
-                if device == "cuda":
-                    torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time queued before the read
-                sums.append((x.double().sum(), y.sum()))  # queued, not yet run
-                del x, y
-                if device == "cuda" and i % 7 == 6:
-                    torch.cuda.synchronize()
-                    assert torch.cuda.memory_allocated() < 256 << 20  # batches are freed, not piling up
-    if device == "cuda":
-        torch.cuda.synchronize()
-    got = [(s.item(), int(t)) for s, t in sums]
+        got = delayed_read_sums(loader, ds, epochs=6, max_allocated=256 << 20)
     assert len(got) == len(expected)
     for (gs, gl), (es, el) in zip(got, expected):
         assert gl == el and gs == pytest.approx(es, rel=1e-9, abs=1e-3)

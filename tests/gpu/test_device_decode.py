@@ -100,7 +100,8 @@ def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path,
               f"({step['ratio']:.2f} x pre-staged)")
 
 
-def test_decoded_batches_survive_delayed_reads_on_the_training_stream(jpeg_dataset: Path, device: str) -> None:
+def test_decoded_batches_survive_delayed_reads_on_the_training_stream(jpeg_dataset: Path, device: str,
+                                                                      delayed_read_sums) -> None:
     """The decode thread makes each batch on its side stream while the loop's stream still has
     queued reads of earlier batches: the hand-over (event wait + ``record_stream``) must keep the
     caching allocator from giving their memory to a later decode. Each batch is summed by work
@@ -113,21 +114,8 @@ def test_decoded_batches_survive_delayed_reads_on_the_training_stream(jpeg_datas
             ds.set_epoch(epoch)
             expected += [(x.double().sum().item(), int(y.sum())) for x, y, _ in loader]
     _, ds = _pair(jpeg_dataset, T.imagenet_train(64), device)
-    sums = []
     with make_loader(ds, num_workers=2, **_decoder(device)) as loader:
-        for epoch in range(3):
-            ds.set_epoch(epoch)
-            for i, (x, y, _) in enumerate(loader):
-                if device == "cuda":
-                    torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time queued before the read
-                sums.append((x.double().sum(), y.sum()))  # queued, not yet run
-                del x, y
-                if device == "cuda" and i % 7 == 6:
-                    torch.cuda.synchronize()
-                    assert torch.cuda.memory_allocated() < 512 << 20
-    if device == "cuda":
-        torch.cuda.synchronize()
-    got = [(s.item(), int(t)) for s, t in sums]
+        got = delayed_read_sums(loader, ds, epochs=3, max_allocated=512 << 20)
     assert len(got) == len(expected)
     for (gs, gl), (es, el) in zip(got, expected):
         # abs=2: a few pixels may round to the other uint8 level if cuBLAS picks another algorithm
