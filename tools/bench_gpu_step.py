@@ -119,7 +119,7 @@ def feed_rate(dataset: str | Path, *, device: str = "cuda", batch_size: int = 25
     ds = _dataset(dataset, batch_size, image_size, decode, dev)
     with make_loader(ds, num_workers=workers, device=dev, **_decoder(decode, dev)) as loader:
         done, t0 = 0, 0.0
-        for images, _ in _epochs(loader, ds):
+        for images, _ in epochs(loader, ds):
             done += 1
             if done == warmup:
                 _sync(dev)
@@ -162,7 +162,7 @@ def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 6
     del staged
     ds = _dataset(dataset, batch_size, image_size, decode, dev)
     loader = make_loader(ds, num_workers=workers, device=dev, channels_last=channels_last, **_decoder(decode, dev))
-    waited = _Waited(_epochs(loader, ds), skip=warmup + 1)
+    waited = _Waited(epochs(loader, ds), skip=warmup + 1)
     try:
         fed = _steps(model, opt, waited, steps, dev, warmup, bf16)
     finally:
@@ -175,7 +175,8 @@ def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 6
             "model": model_name, "decode": decode}
 
 
-def _epochs(loader: Any, ds: ShardedDataset) -> Any:
+def epochs(loader: Any, ds: ShardedDataset) -> Any:
+    """The loader's batches, epoch after epoch (``ds.set_epoch`` before each), without end."""
     epoch = 0
     while True:
         ds.set_epoch(epoch)

@@ -38,6 +38,8 @@ from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.decode import _simplejpeg, draft_scale, turbo_jpeg_size
 from shardify.reader.sample.device_plan import DevicePlanner, pack_planned
 
+from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
+
 __all__ = ["profile", "main"]
 
 
@@ -106,14 +108,6 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
             "decode_augment_us": full_us, "collate_ms": collate_ms, "header_draw_us": plan_us, "pack_ms": pack_ms}
 
 
-def _epochs(loader: Any, ds: ShardedDataset) -> Any:
-    epoch = 0
-    while True:
-        ds.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def _drain(batches: Any, count: int, sync: Callable[[], None]) -> tuple[float, float, int]:
     """(wall s, main-process CPU s, images) over ``count`` batches after the first (warm-up)."""
     it = iter(batches)
@@ -138,7 +132,7 @@ def loader_rates(dataset: Path, *, workers: int, batch_size: int, size: int, bat
     ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                         transform=T.imagenet_train(size))
     with make_loader(ds, num_workers=workers) as loader:
-        wall, cpu, n = _drain(_epochs(loader, ds), batches, sync)
+        wall, cpu, n = _drain(epochs(loader, ds), batches, sync)
     out |= {"cpu_path_img_s": n / wall, "main_ms_per_batch": 1e3 * cpu / batches}
     dev = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                          transform=T.imagenet_train(size), decoding=DecodeOptions(device="cpu"))
@@ -146,17 +140,17 @@ def loader_rates(dataset: Path, *, workers: int, batch_size: int, size: int, bat
 
     raw = DataLoader(dev, batch_size=None, num_workers=workers, collate_fn=lambda b: b,
                      persistent_workers=workers > 0)
-    wall, cpu, n = _drain(_epochs(raw, dev), batches, sync)
+    wall, cpu, n = _drain(epochs(raw, dev), batches, sync)
     del raw
     out |= {"device_worker_side_img_s": n / wall, "device_main_ms_per_batch": 1e3 * cpu / batches}
     if device == "cuda":
         with make_loader(ds, num_workers=workers, device="cuda") as loader:
-            wall, _, n = _drain(_epochs(loader, ds), batches, sync)
+            wall, _, n = _drain(epochs(loader, ds), batches, sync)
         out["cpu_path_into_gpu_img_s"] = n / wall
         gpu = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                              transform=T.imagenet_train(size), decoding=DecodeOptions(device="cuda"))
         with make_loader(gpu, num_workers=workers) as loader:
-            wall, _, n = _drain(_epochs(loader, gpu), batches, sync)
+            wall, _, n = _drain(epochs(loader, gpu), batches, sync)
         out["device_decode_into_gpu_img_s"] = n / wall
     return out
 
@@ -234,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda"], default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
 
     dataset = args.dataset or make_jpegs(args.out, args.images)
     r = profile(dataset, workers=args.workers, batch_size=args.batch_size, size=args.size, batches=args.batches,
