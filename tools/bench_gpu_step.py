@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", type=Path, help="a converted dataset (default: make one under --out)")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.add_argument("--images", type=int, default=1000, help="images of the made dataset (default: 1000)")
+    p.add_argument("--copies", type=int, default=1, help="store each made image this many times (a longer epoch)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-size", type=int, default=None, help="default: 128 on CUDA, 16 on the CPU")
     p.add_argument("--size", type=int, default=None, help="crop size (default: 224 on CUDA, 96 on the CPU)")
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feed", action="store_true", help="no model: img/s of the loader into the device")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    dataset = args.dataset or make_jpegs(args.out, args.images)
+    dataset = args.dataset or make_jpegs(args.out, args.images, args.copies)
     name = torch.cuda.get_device_name() if cuda else "CPU"
     if args.feed:
         f = feed_rate(dataset, device=args.device, batch_size=args.batch_size or (256 if cuda else 16),
@@ -226,16 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def make_jpegs(out: Path, images: int) -> Path:
-    """A converted dataset of ``images`` photo-like JPEGs of ImageNet's sizes (~110 KB), made once."""
+def make_jpegs(out: Path, images: int, copies: int = 1) -> Path:
+    """A converted dataset of ``images`` photo-like JPEGs of ImageNet's sizes (~110 KB), made once.
+
+    ``copies`` > 1 stores each image that many times under other names (hard links in the source
+    folder): an epoch long enough for every worker to make many batches, at the cost of making
+    ``images`` JPEGs. An epoch of a few batches measures the epoch's start, not the steady rate."""
     from shardify.convert.options import ConvertOptions
     from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
 
-    dataset = out / f"gpu-step-{images}"
+    tag = f"{images}" if copies == 1 else f"{images}x{copies}"
+    dataset = out / f"gpu-step-{tag}"
     if not (dataset / "manifest.json").exists():
-        src = out / f"gpu-step-src-{images}"
+        src = out / f"gpu-step-src-{tag}"
         make_imagefolder(src, classes=10, per_class=-(-images // 10), seed=0)
+        for path in sorted(p for p in src.rglob("*") if p.is_file()) if copies > 1 else []:
+            for k in range(1, copies):
+                link = path.with_name(f"{path.stem}-copy{k}{path.suffix}")
+                if not link.exists():
+                    os.link(path, link)
         convert_imagefolder(src, dataset, options=ConvertOptions(samples_per_shard=100, shard_size=None,
                                                                  progress=False, fsync=False))
     return dataset

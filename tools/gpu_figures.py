@@ -10,13 +10,17 @@ its limit, not the session):
 - ``tests``: ``python -m pytest tests/gpu`` (nvJPEG path against the CPU path, exactly once,
   resume, the decode thread on real streams);
 - ``profile``: ``tools/profile_loader.py --workers 1 4 8 15 --device cuda`` (the per-stage table);
+- ``device``: ``tools/bench_device_decode.py`` (nvJPEG decode, crop/resize/flip and the whole
+  device-side call, per batch: the most one decode thread gives);
 - ``feed``: img/s into the device, CPU path with 8 and 15 workers, device decode with 2, 4, 8;
 - ``step``: step time with the loader against pre-staged batches, batch 256 x 224 px, the tiny
   convnet and torchvision's ResNet-50 (channels_last, bf16 autocast), each with the CPU path
   (15 workers) and device decode (8 workers).
 
-The dataset (1,000 photo-like JPEGs of ImageNet's sizes, ~110 KB) is made once under
-``--out``. Written there: ``gpu_figures.md`` (machine, then one row per figure: its command,
+The dataset (1,000 photo-like JPEGs of ImageNet's sizes, ~110 KB, each stored ``--copies``
+times, 12 by default, so that an epoch holds ~46 batches of 256 and every worker makes several:
+with 1,000 images an epoch is 3 batches, and 8 or 15 workers measure the epoch's start, not the
+steady rate) is made once under ``--data`` (default ``--out``). Written there: ``gpu_figures.md`` (machine, then one row per figure: its command,
 result, target, met or not) and ``gpu_figures.jsonl`` (one JSON object per figure, as it ends).
 """
 
@@ -35,7 +39,7 @@ from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
-GROUPS = ("tests", "profile", "feed", "step")
+GROUPS = ("tests", "profile", "device", "feed", "step")
 TARGET_IMG_S = 10_000
 TARGET_RATIO = {"convnet": 1.3, "resnet50": 1.05}
 
@@ -66,6 +70,9 @@ def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
     else:
         prof += ["--device", "cuda"]
     out.append(Figure("profile", "per-stage profile", prof, limit_s=400))
+    out.append(Figure("device", "device side of device decode, per batch",
+                      [py, str(TOOLS / "bench_device_decode.py"), "--dataset", str(dataset), "--device", device,
+                       *(["--batch-size", "8", "--size", "64", "--reps", "2"] if quick else [])]))
     for w in cpu_workers:
         out.append(Figure("feed", f"feed, CPU path, {w} workers",
                           [py, step, "--feed", *common, *size, "--workers", str(w)], f">= {TARGET_IMG_S:,} img/s"))
@@ -135,6 +142,10 @@ def verdict(figure: Figure) -> tuple[str, str]:
         wait = f", waits {r['wait_ms']:.1f} ms/step for batches" if "wait_ms" in r else ""
         return (f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}",
                 "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO")
+    if figure.group == "device":
+        return (f"decode {r['decode']['best_ms']:.1f} ms, crop/resize/flip {r['augment']['best_ms']:.1f} ms, "
+                f"whole {r['whole']['best_ms']:.1f} ms per batch = {r['img_s_one_thread']:,.0f} img/s "
+                f"for one decode thread", "-")
     return "see the table below", "-"
 
 
@@ -177,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--copies", type=int, default=12,
+                   help="each image stored this many times: an epoch of many batches per worker (default: 12)")
     p.add_argument("--data", type=Path, default=None,
                    help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
@@ -186,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_gpu_step import make_jpegs
 
     data_root = args.data or args.out / "data"
-    dataset = make_jpegs(data_root, 48 if args.quick else args.images)
+    dataset = make_jpegs(data_root, 48 if args.quick else args.images, 1 if args.quick else args.copies)
     todo = [f for f in figures(dataset, device=args.device, quick=args.quick) if f.group in args.groups]
     header = machine()
     if args.quick:
