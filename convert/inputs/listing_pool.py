@@ -20,12 +20,13 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+
 import numpy as np
 
 from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import Ignored, SampleTable
 from shardify.convert.inputs.labels import LabelSpace
-from shardify.convert.inputs.listing import _json_rows, _read, scan_rows
+from shardify.convert.inputs.listing_rows import json_rows, read_rows, scan_rows
 from shardify.convert.options import worker_count
 from shardify.errors import InputError, KeyRuleError
 
@@ -64,7 +65,7 @@ def scan_parts(path: Path, *, base: Path, default_split: str, space: LabelSpace,
     listing has an error (or no row), for the one-process scan to raise."""
     one_pass = has_labels is None
     if one_pass:
-        rows = _read(path, "jsonl")
+        rows = read_rows(path, "jsonl")
         try:
             first = next(rows, None)
         except (InputError, KeyRuleError):
@@ -140,7 +141,7 @@ def _scan_part(lo: int, hi: int) -> _Part:
         with open(path, "rb") as f:
             raw = os.pread(f.fileno(), hi - lo, lo)
         text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
-        for split, n, sample in scan_rows(_json_rows(lines(text), path), path=path, base=base,
+        for split, n, sample in scan_rows(json_rows(lines(text), path), path=path, base=base,
                                           default_split=default_split, space=space, has_labels=has_labels,
                                           one_pass=one_pass):
             table = tables.get(split)

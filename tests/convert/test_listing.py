@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.inputs import listing as listing_mod
+from shardify.convert.inputs import listing_rows
 from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.write import plan as plan_mod
@@ -58,7 +58,7 @@ def test_one_pass_gives_what_two_passes_give(tmp_path: Path, monkeypatch: pytest
     listing = tmp_path / name
     listing.write_text(text)
     fast = _outcome(listing)
-    monkeypatch.setattr(listing_mod, "is_int_label", lambda value: False)  # the one pass gives up at its first label
+    monkeypatch.setattr(listing_rows, "is_int_label", lambda value: False)  # the one pass gives up at its first label
     assert _outcome(listing) == fast
 
 
@@ -74,8 +74,8 @@ def test_int_labels_read_the_listing_once(tmp_path: Path, monkeypatch: pytest.Mo
     listing = tmp_path / "l.jsonl"
     listing.write_text(_jsonl(*rows))
     opened: list[Path] = []
-    rows_of = listing_mod._rows
-    monkeypatch.setattr(listing_mod, "_rows", lambda path, fmt: (opened.append(path), rows_of(path, fmt))[1])
+    rows_of = listing_rows._rows
+    monkeypatch.setattr(listing_rows, "_rows", lambda path, fmt: (opened.append(path), rows_of(path, fmt))[1])
     scan_listing(listing)
     assert len(opened) == passes
 
@@ -108,7 +108,7 @@ def test_json_lines_are_read_as_json_loads_reads_them(tmp_path: Path, line: str,
     path.write_text('{"id": "first"}\n' + (line if last else line + '\n{"id": "z"}\n'), encoding="utf-8")
     expected = _rows_as_json_loads_reads_them(path)
     try:
-        got: object = list(listing_mod._rows(path, "jsonl"))
+        got: object = list(listing_rows._rows(path, "jsonl"))
     except InputError as e:
         got = str(e).split(": ", 1)[1]  # the message after the file's name
     assert got == expected
