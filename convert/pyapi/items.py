@@ -34,16 +34,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from shardify import FORMAT_VERSION, __version__
-from shardify.convert.write.engine import ProgressBar
 from shardify.convert.inputs.inputs import Ignored
-from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
 from shardify.convert.options import parse_size, worker_count
+from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
+from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
 from shardify.convert.pyapi.supervise import Limits
+from shardify.convert.write.engine import ProgressBar
 from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.plan import shuffle_order
-from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
-from shardify.convert.write.run import (WORK_DIR, SplitSummary, finish_split, holding, listed_guard, open_locked,
-                                        publish_splits, record_name, resumes_listed, shard_matches)
+from shardify.convert.write.run import (
+    WORK_DIR,
+    SplitSummary,
+    finish_split,
+    holding,
+    listed_guard,
+    open_locked,
+    publish_splits,
+    record_name,
+    resumes_listed,
+    shard_matches,
+)
 from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult

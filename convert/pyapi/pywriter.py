@@ -22,12 +22,18 @@ from typing import Any
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, check_chunk, parse_size
-from shardify.convert.write.outfs import OutputFS, undone_on_failure
-from shardify.convert.write.run import (SplitSummary, finish_split, listed_guard, open_locked, publish_splits,
-                                        resumes_listed)
-from shardify.convert.write.versions import begin_version, listed_version
-from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
+from shardify.convert.write.outfs import OutputFS, undone_on_failure
+from shardify.convert.write.run import (
+    SplitSummary,
+    finish_split,
+    listed_guard,
+    open_locked,
+    publish_splits,
+    resumes_listed,
+)
+from shardify.convert.write.stream import ShardStream, sample_size
+from shardify.convert.write.versions import begin_version, listed_version
 from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, KeyRuleError
 from shardify.manifest import SplitIndex

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardify.convert.pyapi.itemmap import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, pack
+from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, pack
 from shardify.errors import WorkerError
 
 __all__ = ["Limits", "map_supervised", "POLL_S"]
