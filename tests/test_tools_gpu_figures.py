@@ -21,10 +21,10 @@ def tool(monkeypatch: pytest.MonkeyPatch):
     return module
 
 
-def test_the_full_list_is_issue_20s(tool, tmp_path: Path) -> None:
+def test_the_full_list_is_every_gpu_figure(tool, tmp_path: Path) -> None:
     figs = tool.figures(tmp_path, device="cuda", quick=False)
     names = [f.name for f in figs]
-    assert names == ["tests/gpu", "per-stage profile",
+    assert names == ["tests/gpu", "per-stage profile", "device side of device decode, per batch",
                      "feed, CPU path, 8 workers", "feed, CPU path, 15 workers",
                      "feed, device decode, 2 workers", "feed, device decode, 4 workers", "feed, device decode, 8 workers",
                      "convnet step, workers decode, 15 workers", "convnet step, device decode, 8 workers",
@@ -34,7 +34,24 @@ def test_the_full_list_is_issue_20s(tool, tmp_path: Path) -> None:
     assert "--device" in profile and "cuda" in profile
     resnet = figs[-1].argv
     assert {"--bf16", "--channels-last", "resnet50"} <= set(resnet)
-    assert all(f.argv[f.argv.index("--batch-size") + 1] == "256" for f in figs[2:])
+    assert all(f.argv[f.argv.index("--batch-size") + 1] == "256" for f in figs[3:])
+    assert "--batch-size" not in figs[2].argv  # the device-side figure: bench_device_decode's default, 256
+
+
+def test_the_device_side_figure_runs_and_reads_as_one_decode_threads_ceiling(tool, tmp_path: Path) -> None:
+    from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]
+
+    from shardify.reader import ShardedDataset
+
+    dataset = make_jpegs(tmp_path, 16, copies=2)
+    once = make_jpegs(tmp_path, 16)
+    assert ShardedDataset(dataset, batch_size=4).num_samples == 2 * ShardedDataset(once, batch_size=4).num_samples
+    device = next(f for f in tool.figures(dataset, device="cpu", quick=True) if f.group == "device")
+    tool.run(device)
+    assert device.result["status"] == "ok", device.result
+    assert device.result["jpegs"] == 8 and device.result["whole"]["best_ms"] > 0
+    result, met = tool.verdict(device)
+    assert "for one decode thread" in result and met == "-"
 
 
 def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tmp_path: Path) -> None:
