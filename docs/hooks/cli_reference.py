@@ -27,9 +27,10 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
 
 
 def _walk(parser: argparse.ArgumentParser, words: list[str], level: int) -> list[str]:
+    """``parser``'s help under a heading of ``level``; its commands' after it, the top's at its level."""
     out = [f"{'#' * level} `{' '.join(words)}`", "", "```text", parser.format_help().rstrip(), "```", ""]
     for name, sub in _subcommands(parser):
-        out += _walk(sub, [*words, name], min(level + 1, 4))
+        out += _walk(sub, [*words, name], level if len(words) == 1 else level + 1)
     return out
 
 
@@ -38,7 +39,7 @@ def render() -> str:
     from shardify.cli.__main__ import build_parser  # deferred: the hook module loads before the site
 
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: a fixed width gives a stable page
-    return "\n".join(_walk(build_parser(), ["shardify"], 2))
+    return "\n".join(_walk(build_parser(), ["shardify"], 3))
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (MkDocs' hook signature)

@@ -120,7 +120,7 @@ def _ids_data(root: Path) -> None:
 def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the pages assume exists: image folders ``~/data/imagenet/{train,val}`` (``HOME`` is ``home/``) (and ``photos``, a
     copy of train), the converted ``out/imagenet`` (splits train and validation), and the
-    ID-labelled tensors of ``data/``. Tiny: 3 classes of 64x48 JPEGs."""
+    ID-labelled tensors of ``data/``, and the clone's ``tools/``. Tiny: 3 classes of 64x48 JPEGs."""
     from shardify.convert.options import ConvertOptions
     from shardify.convert.synth import make_imagefolder
     from shardify.convert.write.run import convert_imagefolder
@@ -134,6 +134,7 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         convert_imagefolder(src, root / "out/imagenet",
                             options=ConvertOptions(split=split, progress=False, fsync=False))
     _ids_data(root)
+    (root / "tools").symlink_to(ROOT / "tools")  # the pages run scripts of the clone, as tools/...
     return root
 
 
@@ -171,7 +172,7 @@ RUNNABLE = [p for p in PAGES if to_run(p)]
 def test_page_examples_run(page: Path, example_data: Path, runner: subprocess.Popen, tmp_path: Path) -> None:
     """The page's runnable blocks, in order, in a fresh copy of the example data; each exits 0."""
     work = tmp_path / "work"
-    shutil.copytree(example_data, work)
+    shutil.copytree(example_data, work, symlinks=True)
     for n, block in enumerate(to_run(page)):
         log = tmp_path / f"block{n}.log"
         if block.lang == "python":
