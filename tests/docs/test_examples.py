@@ -104,6 +104,15 @@ def test_markers_are_honoured(tmp_path: Path) -> None:
     assert [b.code for b in to_run(page)] == ["x = 1\n", "y = 2\n"]
 
 
+def test_readme_links_exist() -> None:
+    """The README is read on its own (not part of the site's strict build): its relative links
+    must name files of the repository."""
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(((?!https?://|#)[^)#]+)(?:#[^)]*)?\)", text)
+    assert targets, "no relative links found: the pattern is wrong"
+    assert [t for t in targets if not (ROOT / t).exists()] == []
+
+
 def _ids_data(root: Path) -> None:
     """``data/<ID>.pt`` tensors with ``partition.json`` and ``labels.json``, as the map-style recipe has."""
     import torch
