@@ -271,12 +271,12 @@ def test_missing_credential_or_bucket_is_a_quick_clear_error(problem: str, bucke
     assert time.monotonic() - started < 20, "errors come quickly, never after a hang"
 
 
-def test_readme_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shlex
 
     from shardify.reader import ShardedDataset
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "remote-data.md").read_text()
     block = readme.split("<!-- s3-example: run by tests/test_s3.py -->", 1)[1].split("<!-- /s3-example -->", 1)[0]
     shell = block.split("```bash\n", 1)[1].split("```", 1)[0]
     code = block.split("```python\n", 1)[1].split("```", 1)[0]
