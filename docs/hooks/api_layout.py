@@ -36,3 +36,8 @@ def make_mirror() -> Path:
 def on_config(config):  # noqa: ANN001, ANN201 (MkDocs' hook signature)
     make_mirror()
     return config
+
+
+# Also when MkDocs loads this hook, before any plugin's on_config: mkdocstrings' handler takes
+# its search paths as they are when it starts, and in a fresh clone build/ does not exist yet.
+make_mirror()
