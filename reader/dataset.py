@@ -238,10 +238,11 @@ class ShardedDataset(IterableDataset):
         return self.layout_options(LAYOUT)
 
     def layout_options(self, layout: int) -> PlanOptions:
-        """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp)."""
+        """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp;
+        before 4: the buffer simulated in Python)."""
         o = self.options
         return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
-                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3)
+                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3, vectorised=layout >= 4)
 
     def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or

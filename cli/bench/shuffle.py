@@ -18,7 +18,7 @@ __all__ = ["shuffle_quality", "class_mixing", "permutation_classes", "shuffle_fi
 def _rank0_batches(sizes: list[int], *, seed: int, epoch: int, batch_size: int, workers: int, shuffle_buffer: int,
                    shuffle_block: int, rank: int = 0, world: int = 1, interleave: bool = True) -> list[list[Entry]]:
     opts = PlanOptions(seed=seed, shuffle=True, batch_size=batch_size, drop_last=False, block=shuffle_block,
-                       buffer=shuffle_buffer)
+                       buffer=shuffle_buffer, vectorised=interleave)
     if interleave:  # the default layout's blocks across shards
         seq = block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=shuffle_block)
     else:

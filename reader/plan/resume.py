@@ -27,7 +27,7 @@ from shardify.reader.plan.assign import (
     sequence_starts,
 )
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.shuffle import ramp_start, stream_rng, worker_order
+from shardify.reader.plan.shuffle import numpy_rng, ramp_start, stream_rng, array_order, worker_order
 
 __all__ = ["LAYOUT", "LAYOUTS", "PlanOptions", "Segment", "share_order", "consumed_mask", "remaining",
            "resumed_sequence"]
@@ -60,6 +60,9 @@ class PlanOptions:
     ramp: bool = True
     """The shuffle buffer ramps up (plan layouts 3 and 4; see :mod:`shardify.reader.plan.shuffle`);
     False: it fills whole before its first output (layouts 1 and 2)."""
+    vectorised: bool = True
+    """A worker's order from :func:`~shardify.reader.plan.shuffle.array_order` (layout 4);
+    False: :func:`~shardify.reader.plan.shuffle.worker_order`'s buffer (layouts 1 to 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +80,17 @@ class Segment:
 
 def share_order(plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, worker: int,
                 segment: int = 0) -> tuple[list[int], list[int]]:
-    """``(read order, output order)`` of a worker's share (see :func:`worker_order`)."""
+    """``(read order, output order)`` of a worker's share (see :func:`worker_order` and
+    :func:`array_order`)."""
+    initial = ramp_start(opts.buffer) if opts.ramp else None
+    if opts.shuffle and opts.vectorised:
+        parts: tuple = ("stream", opts.seed, epoch, rank, worker) + (("segment", segment) if segment else ())
+        return array_order(plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer,
+                            initial=initial)
     rng: random.Random | None = None
     if opts.shuffle:
         rng = stream_rng(opts.seed, epoch, rank, worker, segment)
-    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer,
-                        initial=ramp_start(opts.buffer) if opts.ramp else None)
+    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer, initial=initial)
 
 
 def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions, *, epoch: int,
