@@ -186,3 +186,12 @@ def test_the_array_order_shuffles_like_the_buffer():
     ref = buffer_order(n, buffer_size=size, rng=stream_rng(0, 0, 0, 0), initial=16)
     moved = lambda order: sum(abs(k - p) for k, p in enumerate(order)) / n
     assert abs(moved(out) - moved(ref)) < 0.1 * moved(ref)
+
+
+def test_the_block_order_is_keyed_by_seed_and_epoch():
+    """The same takes give another block order in another epoch or with another seed."""
+    takes = (np.array([0, 1]), np.array([0, 0]), np.array([400, 200]))
+    order = lambda seed, epoch: BlockSequence(*takes, block=4, seed=seed, epoch=epoch).source_positions(
+        np.arange(600)).tolist()
+    assert order(1, 2) == order(1, 2)
+    assert order(1, 2) != order(1, 3) and order(1, 2) != order(2, 2)
