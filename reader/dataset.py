@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.mix import block_sequence, epoch_sequence
+from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import WorkerSlots
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
@@ -162,7 +162,8 @@ class ShardedDataset(IterableDataset):
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
         self.batch_slots = WorkerSlots()  # make_loader's Loader attaches its channel while workers start
-        self._planned: tuple[tuple, tuple | BlockSequence, np.ndarray | None] | None = None  # (key, sequence, starts): the last epoch's
+        # (key, sequence, starts): the last epoch's
+        self._planned: tuple[tuple, tuple | BlockSequence, np.ndarray | None] | None = None
         self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
     # -- what the main process controls ------------------------------------------------------
@@ -244,7 +245,8 @@ class ShardedDataset(IterableDataset):
         return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
                            block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3, vectorised=layout >= 4)
 
-    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple | BlockSequence:
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (),
+                       layout: int = LAYOUT) -> tuple | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
         under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
         return self._sequence(epoch, tuple(history), layout)[0]
@@ -257,12 +259,8 @@ class ShardedDataset(IterableDataset):
         key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last,
                o.shuffle_buffer)
         if self._planned is None or self._planned[0] != key:
-            if layout >= 4 and o.shuffle and self._blocks:  # a keyed block order, evaluated per worker
-                seq = block_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
-                                     block=o.shuffle_block)
-            else:
-                seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
-                                     shuffle=o.shuffle, block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
+            seq = layout_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
+                                  shuffle=o.shuffle, block=o.shuffle_block, layout=layout, blocks=self._blocks)
             if history:
                 seq = resumed_sequence(seq, history, self.layout_options(layout), epoch=epoch)
             self._planned = (key, seq, sequence_starts(seq))
