@@ -27,7 +27,7 @@ from shardify.reader.plan.assign import (
     sequence_starts,
 )
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.shuffle import numpy_rng, ramp_start, stream_rng, array_order, worker_order
+from shardify.reader.plan.shuffle import array_order, numpy_rng, ramp_start, stream_rng, worker_order
 
 __all__ = ["LAYOUT", "LAYOUTS", "PlanOptions", "Segment", "share_order", "consumed_mask", "remaining",
            "resumed_sequence"]

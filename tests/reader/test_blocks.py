@@ -10,12 +10,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from shardify.convert.write.permute import KeyedPermutation as ConverterPermutation
 from shardify.permute import KeyedPermutation
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, samples_per_rank, sequence_starts
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import block_sequence, epoch_sequence
 from shardify.reader.plan.resume import PlanOptions, Segment, consumed_mask, resumed_sequence
-from shardify.reader.plan.shuffle import numpy_rng, reorder, array_order
+from shardify.reader.plan.shuffle import array_order, buffer_order, numpy_rng, reorder, stream_rng
 
 SIZES = [[7, 2, 13], [1], [0, 5, 0, 3], [4] * 9, [100, 1, 1, 37], [3, 3], [64] * 5]
 
@@ -38,8 +39,6 @@ def test_keyed_permutation_is_a_bijection_for_every_small_n():
 
 
 def test_the_converters_order_is_the_labelled_permutation():
-    from shardify.convert.write.permute import KeyedPermutation as ConverterPermutation
-
     assert ConverterPermutation(1000, seed=3, split="train").positions(0, 1000).tolist() == \
         KeyedPermutation(1000, label="3:train").positions(0, 1000).tolist()
 
@@ -61,7 +60,9 @@ def test_every_sample_once_and_whole_blocks_stay_whole(sizes):
 
 def test_deterministic_per_seed_and_epoch():
     sizes = [50, 30, 70, 10]
-    one = lambda seed, epoch: listed(block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=4))
+    def one(seed, epoch):
+        return listed(block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=4))
+
     assert one(1, 2) == one(1, 2)
     assert one(1, 2) != one(1, 3) and one(1, 2) != one(2, 2)
 
@@ -178,20 +179,21 @@ def test_array_order_is_seeded_and_shuffles():
 
 def test_the_array_order_shuffles_like_the_buffer():
     """Same process as the Python buffer: the mean distance an item moves is alike (within 10%)."""
-    from shardify.reader.plan.shuffle import buffer_order, stream_rng
-
     n, size = 20_000, 256
     read, out = array_order(n, rng=numpy_rng("m"), block=n, buffer_size=size, initial=16)  # one block: read in order
     assert read == list(range(n))
     ref = buffer_order(n, buffer_size=size, rng=stream_rng(0, 0, 0, 0), initial=16)
-    moved = lambda order: sum(abs(k - p) for k, p in enumerate(order)) / n
+    def moved(order):
+        return sum(abs(k - p) for k, p in enumerate(order)) / n
+
     assert abs(moved(out) - moved(ref)) < 0.1 * moved(ref)
 
 
 def test_the_block_order_is_keyed_by_seed_and_epoch():
     """The same takes give another block order in another epoch or with another seed."""
     takes = (np.array([0, 1]), np.array([0, 0]), np.array([400, 200]))
-    order = lambda seed, epoch: BlockSequence(*takes, block=4, seed=seed, epoch=epoch).source_positions(
-        np.arange(600)).tolist()
+    def order(seed, epoch):
+        return BlockSequence(*takes, block=4, seed=seed, epoch=epoch).source_positions(np.arange(600)).tolist()
+
     assert order(1, 2) == order(1, 2)
     assert order(1, 2) != order(1, 3) and order(1, 2) != order(2, 2)
