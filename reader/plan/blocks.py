@@ -58,9 +58,13 @@ class BlockSequence:
         """Where each position of the shuffled sequence (ints in ``[0, total)``) lies in the takes."""
         pos = np.asarray(positions, dtype=np.int64)
         k, off = np.divmod(pos, self.block)
-        whole = k < len(self._perm)
+        whole = np.flatnonzero(k < len(self._perm))
         out = pos.copy()  # the last partial block stays where it is
-        out[whole] = self._perm.at(k[whole]) * self.block + off[whole]
+        if whole.size:  # the bijection once per run of one block (a share's positions come in runs)
+            kw = k[whole]
+            starts = np.flatnonzero(np.concatenate(([True], kw[1:] != kw[:-1])))
+            lengths = np.diff(np.append(starts, len(kw)))
+            out[whole] = np.repeat(self._perm.at(kw[starts]), lengths) * self.block + off[whole]
         return out
 
     def ranges_at(self, positions: np.ndarray) -> list[tuple[int, int, int]]:

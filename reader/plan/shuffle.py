@@ -181,8 +181,7 @@ def _buffer_emitted(n: int, *, size: int, initial: int | None, rng: np.random.Ra
             buf.append(t)
             t += 1
     slots = (rng.random_sample(n - t) * len(buf)).astype(np.int64)  # the full buffer: emit one, read one
-    steps = np.arange(n - t, dtype=np.int64)
-    by_slot = np.lexsort((steps, slots))
+    by_slot = np.argsort(slots, kind="stable")  # the steps by slot, in step order within one
     first = np.ones(len(by_slot), dtype=bool)
     first[1:] = slots[by_slot[1:]] != slots[by_slot[:-1]]
     held = np.asarray(buf, dtype=np.int64)
