@@ -34,7 +34,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
-from shardify.reader.plan.mix import epoch_sequence
+from shardify.reader.plan.blocks import BlockSequence
+from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.delivery.batchpool import WorkerSlots
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
@@ -161,7 +162,8 @@ class ShardedDataset(IterableDataset):
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
         self.batch_slots = WorkerSlots()  # make_loader's Loader attaches its channel while workers start
-        self._planned: tuple[tuple, tuple, np.ndarray] | None = None  # (key, sequence, starts): the last epoch's
+        # (key, sequence, starts): the last epoch's
+        self._planned: tuple[tuple, tuple | BlockSequence, np.ndarray | None] | None = None
         self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
     # -- what the main process controls ------------------------------------------------------
@@ -237,24 +239,28 @@ class ShardedDataset(IterableDataset):
         return self.layout_options(LAYOUT)
 
     def layout_options(self, layout: int) -> PlanOptions:
-        """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp)."""
+        """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp;
+        before 4: the buffer simulated in Python)."""
         o = self.options
         return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
-                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3)
+                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3, vectorised=layout >= 4)
 
-    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> tuple:
-        """The epoch's samples in order as ``(shard, start, stop)`` ranges, after ``history``'s."""
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (),
+                       layout: int = LAYOUT) -> tuple | BlockSequence:
+        """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
+        under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
         return self._sequence(epoch, tuple(history), layout)[0]
 
-    def _sequence(self, epoch: int, history: tuple[Segment, ...], layout: int) -> tuple[tuple, np.ndarray]:
+    def _sequence(self, epoch: int, history: tuple[Segment, ...],
+                  layout: int) -> tuple[tuple | BlockSequence, np.ndarray | None]:
         """``(sequence, sequence_starts)`` of an epoch, planned once per process and epoch: a
         process's workers, its next iteration and a resume check reuse them (pure functions)."""
         o = self.options
         key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last,
                o.shuffle_buffer)
         if self._planned is None or self._planned[0] != key:
-            seq = epoch_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
-                                 shuffle=o.shuffle, block=o.shuffle_block, interleave=layout >= 2 and self._blocks)
+            seq = layout_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
+                                  shuffle=o.shuffle, block=o.shuffle_block, layout=layout, blocks=self._blocks)
             if history:
                 seq = resumed_sequence(seq, history, self.layout_options(layout), epoch=epoch)
             self._planned = (key, seq, sequence_starts(seq))

@@ -5,10 +5,12 @@ Run by hand (not a test):
                               [--workers 8] [--batch-size 256] [--images-per-s 2500]
 
 Computes from the format (tar member sizes, split-index entries) and times the reader's
-real plan functions for the workers of one rank of the world, as a worker runs them: the
-epoch's sequence (``shardify.reader.plan.mix.epoch_sequence``) and its starts
-(``assign.sequence_starts``) once per epoch per process, then ``assign.plan_worker`` per
-worker; nothing is read or written.
+real plan functions for the workers of rank ``world // 2``, as a worker runs them, in a fresh
+(spawned) process whose peak resident memory it reports: the epoch's sequence
+(``shardify.reader.plan.mix.block_sequence``, plan layout 4; and, up to ``--max-blocks``
+blocks, layout 3's ``epoch_sequence`` with its ``assign.sequence_starts``), then
+``assign.plan_worker`` and the worker's shuffled order (``resume.share_order``); nothing is
+read or written.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
+from multiprocessing import get_context
 
 from shardify.manifest import ShardEntry, json_bytes
 from shardify.tarfmt import OFFSET_STRIDE, member_size
@@ -36,41 +38,55 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
-    """Seconds the reader's real plan functions take for rank ``world // 2`` (as a worker runs them)."""
+def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> None:  # type: ignore[no-untyped-def]
+    """In a fresh process: plan rank ``world // 2``'s workers as a worker does, and send the
+    seconds and the peak resident memory (``ru_maxrss``) before and after planning."""
+    import resource
+
     from shardify.reader.plan.assign import plan_worker, sequence_starts
-    from shardify.reader.plan.mix import epoch_sequence
+    from shardify.reader.plan.mix import block_sequence, epoch_sequence
+    from shardify.reader.plan.resume import PlanOptions, share_order
 
     rank = args.world // 2
     kw = dict(rank=rank, world=args.world, workers=args.workers, batch_size=args.batch_size, drop_last=True)
+    opts = PlanOptions(seed=0, shuffle=True, batch_size=args.batch_size, drop_last=True, block=args.block,
+                       buffer=1024)
+    with open("/proc/self/statm") as f:  # resident now: the imports (torch, numpy) and the shard sizes
+        base = int(f.read().split()[1]) * resource.getpagesize()
     t0 = time.perf_counter()
-    seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block, interleave=False)
+    if kind == "keyed":  # layout 4, the default: the takes as arrays, blocks in a keyed order
+        seq = block_sequence([sizes], counts=None, seed=0, epoch=1, block=args.block)
+    else:  # layout 3: the whole epoch's block permutation, as Python tuples
+        seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block)
     t1 = time.perf_counter()
     starts = sequence_starts(seq)
     t2 = time.perf_counter()
-    per_worker, ranges = [], 0
-    for worker in range(args.workers):
-        t = time.perf_counter()
-        plan = plan_worker(seq, worker=worker, starts=starts, **kw)
-        per_worker.append(time.perf_counter() - t)
-        ranges = max(ranges, len(plan.ranges))
+    plan = plan_worker(seq, worker=0, starts=starts, **kw)
     t3 = time.perf_counter()
-    plan_worker(seq, worker=0, **kw)
-    alone = time.perf_counter() - t3
-    out = {"rank": rank, "sequence_ranges": len(seq), "epoch_sequence_s": t1 - t0, "sequence_starts_s": t2 - t1,
-           "plan_one_worker_s": statistics.median(per_worker), "plan_one_worker_max_s": max(per_worker),
-           "plan_ranges": ranges, "plan_one_worker_alone_s": alone,
-           "interleaved_blocks": -(-sum(sizes) // args.block), "interleaved_s": None, "interleaved_starts_s": None,
-           "interleaved_plan_s": None}
-    del seq, starts
-    if out["interleaved_blocks"] <= args.max_blocks:
-        t0 = time.perf_counter()
-        seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block)
-        t1 = time.perf_counter()
-        starts = sequence_starts(seq)
-        t2 = time.perf_counter()
-        plan_worker(seq, worker=0, starts=starts, **kw)
-        out.update(interleaved_s=t1 - t0, interleaved_starts_s=t2 - t1, interleaved_plan_s=time.perf_counter() - t2)
+    share_order(plan, opts, epoch=1, rank=rank, worker=0)
+    t4 = time.perf_counter()
+    per_worker = []
+    for worker in range(1, args.workers):
+        t = time.perf_counter()
+        plan_worker(seq, worker=worker, starts=starts, **kw)
+        per_worker.append(time.perf_counter() - t)
+    conn.send({"sequence_s": t1 - t0, "starts_s": t2 - t1, "plan_s": t3 - t2, "order_s": t4 - t3,
+               "one_worker_s": t4 - t0, "other_workers_max_s": max(per_worker, default=0.0),
+               "share_samples": plan.num_samples, "share_ranges": len(plan.ranges),
+               "rss_before": base, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+
+
+def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
+    """Plan rank ``world // 2``'s workers in a fresh process (spawned, so that its peak memory
+    is its own) under layout 4 and, up to ``--max-blocks`` blocks, under layout 3."""
+    ctx = get_context("spawn")
+    out: dict = {"rank": args.world // 2, "blocks": sum(sizes) // args.block}
+    for kind in ("keyed", "whole") if out["blocks"] <= args.max_blocks else ("keyed",):
+        here, there = ctx.Pipe()
+        child = ctx.Process(target=_plan_child, args=(kind, sizes, args, there))
+        child.start()
+        out[kind] = here.recv()
+        child.join()
     return out
 
 
@@ -86,7 +102,8 @@ def main() -> None:
     ap.add_argument("--images-per-s", type=float, default=2500.0, help="training speed per GPU")
     ap.add_argument("--block", type=int, default=4, help="shuffle_block: samples per block across shards")
     ap.add_argument("--max-blocks", type=float, default=3e6,
-                    help="build the block-interleaved sequence only up to this many blocks (memory: ~100 B each)")
+                    help="also plan under layout 3 (the whole epoch's block permutation) up to this many blocks "
+                         "(memory: ~100 B each)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -131,19 +148,21 @@ def main() -> None:
           f"over the whole run; {_human(out['node_bytes_per_epoch'])} per node per epoch")
     print(f"  converter driver: ~{_human(out['driver_plan_disk_bytes'])} of temporary files to plan "
           f"({SAMPLE_RECORD_BYTES} B per input), its memory flat")
-    print(f"  planning (this machine): the epoch's sequence of {plan['sequence_ranges']:,} shards "
-          f"{plan['epoch_sequence_s']:.2f} s and its starts {plan['sequence_starts_s'] * 1000:.0f} ms, once per epoch "
-          f"per process; then the plan of one worker (world {args.world:,}) {plan['plan_one_worker_s'] * 1000:.2f} ms "
-          f"(median of rank {plan['rank']}'s {args.workers}, slowest {plan['plan_one_worker_max_s'] * 1000:.2f} ms; "
-          f"at most {plan['plan_ranges']} ranges), "
-          f"{plan['plan_one_worker_alone_s'] * 1000:.0f} ms without the shared starts")
-    if plan["interleaved_s"] is None:
-        print(f"  blocks of {args.block} across shards (the default layout): {plan['interleaved_blocks']:,} blocks, "
-              f"not built here (over --max-blocks; grows linearly, see docs/scale.md)")
-    else:
-        print(f"  blocks of {args.block} across shards (the default layout): {plan['interleaved_blocks']:,} blocks, "
-              f"sequence {plan['interleaved_s']:.2f} s, its starts {plan['interleaved_starts_s'] * 1000:.0f} ms, "
-              f"then the plan of one worker {plan['interleaved_plan_s'] * 1000:.1f} ms")
+    mb = 1e6
+    for kind, what in (("keyed", "layout 4 (keyed block order, the default)"),
+                       ("whole", "layout 3 (the whole epoch's block permutation)")):
+        if kind not in plan:
+            print(f"  {what}: not run ({plan['blocks']:,} blocks, over --max-blocks)")
+            continue
+        p = plan[kind]
+        print(f"  planning one worker's epoch, {what}: {p['one_worker_s']:.3f} s (sequence {p['sequence_s']:.3f} s, "
+              f"its starts {p['starts_s'] * 1000:.1f} ms, the worker's share {p['plan_s'] * 1000:.1f} ms, its order "
+              f"{p['order_s'] * 1000:.1f} ms; each other worker of rank {plan['rank']} after it: at most "
+              f"{p['other_workers_max_s'] * 1000:.1f} ms); peak memory {p['rss_peak'] / mb:.0f} MB "
+              f"({p['rss_before'] / mb:.0f} MB resident before planning: the interpreter, torch and numpy, the shard "
+              f"sizes; so planning added at most {(p['rss_peak'] - p['rss_before']) / mb:.0f} MB); "
+              f"share {p['share_samples']:,} samples in {p['share_ranges']:,} ranges; {plan['blocks']:,} blocks of "
+              f"{args.block}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import itertools
 from typing import Any
 
 from shardify.reader.io.sources import ShardInfo, Source
-from shardify.reader.plan.mix import epoch_sequence
+from shardify.reader.plan.mix import block_sequence, epoch_sequence
 from shardify.reader.plan.resume import PlanOptions
 from shardify.reader.plan.simulate import Entry, rank_batches
 
@@ -18,9 +18,12 @@ __all__ = ["shuffle_quality", "class_mixing", "permutation_classes", "shuffle_fi
 def _rank0_batches(sizes: list[int], *, seed: int, epoch: int, batch_size: int, workers: int, shuffle_buffer: int,
                    shuffle_block: int, rank: int = 0, world: int = 1, interleave: bool = True) -> list[list[Entry]]:
     opts = PlanOptions(seed=seed, shuffle=True, batch_size=batch_size, drop_last=False, block=shuffle_block,
-                       buffer=shuffle_buffer)
-    seq = epoch_sequence([sizes], counts=None, seed=seed, epoch=epoch, shuffle=True, block=shuffle_block,
-                         interleave=interleave)
+                       buffer=shuffle_buffer, vectorised=interleave)
+    if interleave:  # the default layout's blocks across shards
+        seq = block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=shuffle_block)
+    else:
+        seq = epoch_sequence([sizes], counts=None, seed=seed, epoch=epoch, shuffle=True, block=shuffle_block,
+                             interleave=False)
     return rank_batches(seq, opts, epoch=epoch, rank=rank, world=world, workers=max(1, workers))
 
 

@@ -1,85 +1,15 @@
-"""A seeded permutation of ``range(n)`` that any part can compute alone, in constant memory.
-
-The rule (for splits of :data:`~shardify.convert.write.plan.PERMUTE_MIN_SAMPLES` samples or
-more): position ``p`` of the order holds sample ``perm(p)``, where ``perm`` is a 6-round
-balanced Feistel network over ``2 * h`` bits (the smallest even number of bits that counts
-to ``n``, so the domain is less than ``4 * n``) followed by cycle walking (apply it again
-while the value is ``n`` or more), which keeps it a bijection of ``range(n)``. Round ``r``
-maps ``(L, R)`` to ``(R, L ^ F(R ^ k_r))`` with ``F`` the splitmix64 finalizer cut to ``h``
-bits and ``k_r`` the ``r``-th 8 bytes of SHA-256 of ``shardify-permutation:{seed}:{split}``.
-Positions ``lo..hi`` cost O(hi - lo) time and memory whatever ``n``: the plan computes its
-order a chunk at a time, in any process.
-"""
+"""The converter's seeded order of a big split: :class:`shardify.permute.KeyedPermutation`
+keyed by ``{seed}:{split}`` (see :data:`~shardify.convert.write.plan.PERMUTE_MIN_SAMPLES`)."""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator, Sequence
-
-import numpy as np
+from shardify.permute import KeyedPermutation as _Keyed
 
 __all__ = ["KeyedPermutation"]
 
-_ROUNDS = 6
-_CHUNK = 1 << 16
 
-
-class KeyedPermutation(Sequence[int]):
-    """``perm(0), perm(1), ..., perm(n - 1)`` (the module's rule) for ``(seed, split)``;
-    a slice is a numpy int64 array."""
+class KeyedPermutation(_Keyed):
+    """The permutation of ``range(n)`` for ``(seed, split)``: positions ``lo..hi`` in O(hi - lo)."""
 
     def __init__(self, n: int, *, seed: int, split: str) -> None:
-        if n < 0:
-            raise ValueError(f"{n=} should be >= 0")
-        self._n = n
-        bits = max(2, (n - 1).bit_length())
-        self._half = (bits + 1) // 2
-        digest = hashlib.sha256(f"shardify-permutation:{seed}:{split}".encode()).digest()
-        digest += hashlib.sha256(digest).digest()
-        self._keys = [np.uint64(int.from_bytes(digest[8 * r : 8 * r + 8], "little")) for r in range(_ROUNDS)]
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        half = np.uint64(self._half)
-        mask = np.uint64((1 << self._half) - 1)
-        left, right = x >> half, x & mask
-        for key in self._keys:
-            z = right ^ key
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            z ^= z >> np.uint64(31)
-            left, right = right, left ^ (z & mask)
-        return (left << half) | right
-
-    def positions(self, lo: int, hi: int) -> np.ndarray:
-        """``perm(p)`` for ``p`` in ``lo..hi`` (clipped to ``range(n)``), as int64."""
-        lo, hi = max(lo, 0), min(hi, self._n)
-        if hi <= lo:
-            return np.zeros(0, dtype=np.int64)
-        n = np.uint64(self._n)
-        with np.errstate(over="ignore"):
-            out = self._encrypt(np.arange(lo, hi, dtype=np.uint64))
-            walking = np.flatnonzero(out >= n)
-            while len(walking):
-                values = self._encrypt(out[walking])
-                out[walking] = values
-                walking = walking[values >= n]
-        return out.astype(np.int64)
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # int -> int, slice -> ndarray
-        if isinstance(i, slice):
-            start, stop, step = i.indices(self._n)
-            if step != 1:
-                return np.array([self[j] for j in range(start, stop, step)], dtype=np.int64)
-            return self.positions(start, stop)
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"position {i} of {self._n}")
-        return int(self.positions(i, i + 1)[0])
-
-    def __iter__(self) -> Iterator[int]:
-        for lo in range(0, self._n, _CHUNK):
-            yield from self.positions(lo, lo + _CHUNK).tolist()
+        super().__init__(n, label=f"{seed}:{split}")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardify.reader.plan.blocks import BlockSequence
+
 __all__ = [
     "Range",
     "WorkerPlan",
@@ -142,13 +144,16 @@ def shard_sequence(sizes: Sequence[int], order: Sequence[int]) -> tuple[Range, .
     return tuple((i, 0, sizes[i]) for i in order if sizes[i] > 0)
 
 
-def sequence_starts(sequence: Sequence[Range]) -> np.ndarray:
-    """Where each range of ``sequence`` starts in it, plus its length at the end (int64).
+def sequence_starts(sequence: Sequence[Range] | BlockSequence) -> np.ndarray | None:
+    """Where each range of ``sequence`` starts in it, plus its length at the end (int64);
+    None for a :class:`BlockSequence` (layout 4), which needs none.
 
     Checks every range once (``0 <= start <= stop``), vectorised: computed once per epoch's
     sequence and passed to :func:`plan_worker` for each worker, it is the only part of
     planning that grows with the number of ranges.
     """
+    if isinstance(sequence, BlockSequence):
+        return None
     flat = np.fromiter(itertools.chain.from_iterable(sequence), dtype=np.int64, count=3 * len(sequence))
     first, stop = flat[1::3], flat[2::3]
     lengths = stop - first
@@ -161,8 +166,10 @@ def sequence_starts(sequence: Sequence[Range]) -> np.ndarray:
     return out
 
 
-def sequence_length(sequence: Sequence[Range]) -> int:
+def sequence_length(sequence: Sequence[Range] | BlockSequence) -> int:
     """Samples in ``sequence``."""
+    if isinstance(sequence, BlockSequence):
+        return sequence.total
     return sum(b - a for _, a, b in sequence)
 
 
@@ -177,7 +184,7 @@ def append_range(out: list[Range], shard: int, start: int, stop: int) -> None:
 
 
 def plan_worker(
-    sequence: Sequence[Range],
+    sequence: Sequence[Range] | BlockSequence,
     *,
     rank: int,
     world: int,
@@ -192,20 +199,22 @@ def plan_worker(
     ``starts``: :func:`sequence_starts` of ``sequence`` (which also checks its ranges), computed
     once when the caller plans the same sequence for several workers; given, the plan costs
     a binary search per piece of the worker's share, whatever the length of the sequence.
+    A :class:`BlockSequence` (layout 4) needs no ``starts``: the share's positions are mapped
+    through its keyed block order, O(share) whatever the epoch's length.
     """
     if not 0 <= rank < world:
         raise ValueError(f"{rank=} should be in [0, {world=})")
     if not 0 <= worker < workers:
         raise ValueError(f"{worker=} should be in [0, {workers=})")
+    if isinstance(sequence, BlockSequence):
+        return _plan_blocks(sequence, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
+                            drop_last=drop_last)
     cum = sequence_starts(sequence) if starts is None else np.asarray(starts, dtype=np.int64)
     if len(cum) != len(sequence) + 1:
         raise ValueError(f"starts has {len(cum)} entries, should be {len(sequence) + 1}: one per range plus the end")
     total = int(cum[-1])
-    per = samples_per_rank(total, world=world, drop_last=drop_last)
-    nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)
-    base = rank * per
-    lows = [base + b * batch_size for b in range(worker, nb, workers)]
-    runs = [(lo, base + min(lo - base + batch_size, per)) for lo in lows]
+    runs = _share_runs(total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
+                       drop_last=drop_last)
     out: list[Range] = []
     for lo, hi in runs:
         while lo < hi:  # split at wrap-arounds of the sequence, then at its range ends
@@ -219,3 +228,26 @@ def plan_worker(
                 append_range(out, shard, first + max(v, at[i]), first + min(end, at[i + 1]))
             lo += end - v
     return WorkerPlan(ranges=tuple(out), batch_size=batch_size, runs=tuple(runs), total=total)
+
+
+def _share_runs(total: int, *, rank: int, world: int, worker: int, workers: int, batch_size: int,
+                drop_last: bool) -> list[tuple[int, int]]:
+    """The share of a worker as runs ``[lo, hi)`` of sequence positions (``>= total``: repeats)."""
+    per = samples_per_rank(total, world=world, drop_last=drop_last)
+    nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)
+    base = rank * per
+    return [(lo, base + min(lo - base + batch_size, per)) for lo in
+            (base + b * batch_size for b in range(worker, nb, workers))]
+
+
+def _plan_blocks(sequence: BlockSequence, *, rank: int, world: int, worker: int, workers: int, batch_size: int,
+                 drop_last: bool) -> WorkerPlan:
+    """:func:`plan_worker` of a layout 4 sequence: the share's positions (wrapped past the end
+    for padding repeats) mapped to shard ranges with numpy."""
+    total = sequence.total
+    runs = _share_runs(total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
+                       drop_last=drop_last)
+    positions = (np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in runs]) % total if runs
+                 else np.zeros(0, dtype=np.int64))
+    return WorkerPlan(ranges=tuple(sequence.ranges_at(positions)), batch_size=batch_size, runs=tuple(runs),
+                      total=total)

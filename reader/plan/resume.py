@@ -26,20 +26,24 @@ from shardify.reader.plan.assign import (
     sequence_length,
     sequence_starts,
 )
-from shardify.reader.plan.shuffle import ramp_start, stream_rng, worker_order
+from shardify.reader.plan.blocks import BlockSequence
+from shardify.reader.plan.shuffle import array_order, numpy_rng, ramp_start, stream_rng, worker_order
 
 __all__ = ["LAYOUT", "LAYOUTS", "PlanOptions", "Segment", "share_order", "consumed_mask", "remaining",
            "resumed_sequence"]
 
-LAYOUT = 3
-"""How an epoch is planned: 3, as 2 with a shuffle buffer that ramps up (the first samples
+LAYOUT = 4
+"""How an epoch is planned: 4, as 3 with the blocks in a keyed order that each worker
+evaluates on its own share (:mod:`shardify.reader.plan.blocks`; the shards of a pass in
+:func:`~shardify.reader.plan.mix.shard_permutation` order), so no process builds the whole
+epoch's permutation; 3, as 2 with a shuffle buffer that ramps up (the first samples
 leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
 blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
 whole before its first output; 1, whole shards one after another (before cross-rank
 shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
 saved under an older layout finishes its epoch under that layout."""
 
-LAYOUTS = (1, 2, 3)
+LAYOUTS = (1, 2, 3, 4)
 """Every layout a resume point may name."""
 
 
@@ -54,8 +58,11 @@ class PlanOptions:
     block: int
     buffer: int
     ramp: bool = True
-    """The shuffle buffer ramps up (plan layout 3; see :mod:`shardify.reader.plan.shuffle`);
+    """The shuffle buffer ramps up (plan layouts 3 and 4; see :mod:`shardify.reader.plan.shuffle`);
     False: it fills whole before its first output (layouts 1 and 2)."""
+    vectorised: bool = True
+    """A worker's order from :func:`~shardify.reader.plan.shuffle.array_order` (layout 4);
+    False: :func:`~shardify.reader.plan.shuffle.worker_order`'s buffer (layouts 1 to 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +80,17 @@ class Segment:
 
 def share_order(plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, worker: int,
                 segment: int = 0) -> tuple[list[int], list[int]]:
-    """``(read order, output order)`` of a worker's share (see :func:`worker_order`)."""
+    """``(read order, output order)`` of a worker's share (see :func:`worker_order` and
+    :func:`array_order`)."""
+    initial = ramp_start(opts.buffer) if opts.ramp else None
+    if opts.shuffle and opts.vectorised:
+        parts: tuple = ("stream", opts.seed, epoch, rank, worker) + (("segment", segment) if segment else ())
+        return array_order(plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer,
+                            initial=initial)
     rng: random.Random | None = None
     if opts.shuffle:
         rng = stream_rng(opts.seed, epoch, rank, worker, segment)
-    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer,
-                        initial=ramp_start(opts.buffer) if opts.ramp else None)
+    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer, initial=initial)
 
 
 def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions, *, epoch: int,
@@ -127,9 +139,10 @@ def remaining(sequence: Sequence[Range], mask: bytearray) -> tuple[Range, ...]:
     return tuple(out)
 
 
-def resumed_sequence(sequence: Sequence[Range], history: Sequence[Segment], opts: PlanOptions, *,
+def resumed_sequence(sequence: Sequence[Range] | BlockSequence, history: Sequence[Segment], opts: PlanOptions, *,
                      epoch: int) -> tuple[Range, ...]:
-    """What is left of the epoch's ``sequence`` after the segments of ``history``, in order."""
+    """What is left of the epoch's ``sequence`` after the segments of ``history``, in order (a
+    :class:`BlockSequence` is listed whole first: O(epoch), once per resume on another topology)."""
     seq = tuple(sequence)
     for i, segment in enumerate(history):
         seq = remaining(seq, consumed_mask(seq, segment, opts, epoch=epoch, index=i))

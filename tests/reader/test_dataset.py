@@ -180,8 +180,8 @@ def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
     import shardify.reader.dataset as dataset_module
 
     calls: list[int] = []
-    real = dataset_module.epoch_sequence
-    monkeypatch.setattr(dataset_module, "epoch_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
+    real = dataset_module.layout_sequence
+    monkeypatch.setattr(dataset_module, "layout_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
     ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
     first = run(ds)
     assert run(ds) == first

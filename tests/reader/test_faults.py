@@ -150,7 +150,7 @@ def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(coun
     import functools
 
     flag = tmp_path / "hung"
-    ds = counting(map=functools.partial(_hangs_once_on, value=41, flag=flag))
+    ds = counting(map=functools.partial(_hangs_once_on, value=49, flag=flag))  # in batch 7 of 15, mid-epoch
     baseline = snapshot()
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent, timeout=2)
     got: list[list[int]] = []

@@ -226,25 +226,28 @@ def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(image_data
     assert list(loader) == []
 
 
-def test_a_state_saved_before_the_buffer_ramp_resumes_on_its_own_order(counting_dataset):
-    """Loader states of plan layout 2 (saved before the shuffle buffer ramped up) finish their
-    epoch in layout 2's order; a new state (layout 3) in the ramped order."""
+def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
+    """Loader states of plan layout 2 (saved before the shuffle buffer ramped up) and 3 (blocks
+    in a permutation of the whole epoch) finish their epoch in their layout's order; a new state
+    (layout 4: blocks in a keyed order per worker) in the new order."""
     from shardify.reader.dataset import LAYOUT
-    from shardify.reader.plan.mix import epoch_sequence
+    from shardify.reader.plan.mix import block_sequence, epoch_sequence
     from shardify.reader.plan.simulate import rank_batches
 
     root = counting_dataset([7, 2, 13, 30, 1])
     ds = _counting(root, shuffle_buffer=40)  # a ramp from 2 samples to 40
     seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
+    keyed = block_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, block=3)
     start = [0, 7, 9, 22, 52]
     runs = {layout: [[start[s] + i for s, i, _ in b]
-                     for b in rank_batches(seq, ds.layout_options(layout), epoch=2, rank=0, world=1, workers=2)]
-            for layout in (2, 3)}
-    assert LAYOUT == 3 and runs[2][5:] != runs[3][5:]
+                     for b in rank_batches(keyed if layout == 4 else seq, ds.layout_options(layout), epoch=2,
+                                           rank=0, world=1, workers=2)]
+            for layout in (2, 3, 4)}
+    assert LAYOUT == 4 and runs[2][5:] != runs[3][5:] and runs[3] != runs[4]
     with make_loader(ds, num_workers=2) as loader:
         ds.set_epoch(2)
-        assert [cls.tolist() for cls, _ in loader] == runs[3]  # an epoch now: the ramped order
-    for layout in (2, 3):
+        assert [cls.tolist() for cls, _ in loader] == runs[4]  # an epoch now: the keyed block order
+    for layout in (2, 3, 4):
         with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
             loader.dataset.set_epoch(2)
             it = iter(loader)
@@ -255,5 +258,4 @@ def test_a_state_saved_before_the_buffer_ramp_resumes_on_its_own_order(counting_
             loader.load_state_dict(state)
             rest = [cls.tolist() for cls, _ in loader]
             assert loader.state_dict()["layout"] == layout
-        assert rest == runs[layout][5:]
-        assert head == runs[3][:5]
+        assert head == runs[4][:5] and rest == runs[layout][5:]  # the rest in the order the state names

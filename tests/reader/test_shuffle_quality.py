@@ -35,7 +35,8 @@ def _class_sorted_batches(*, world: int, ramp: bool, epoch: int, workers: int = 
     from shardify.reader.plan.resume import PlanOptions
     from shardify.reader.plan.simulate import rank_batches
 
-    o = PlanOptions(seed=0, shuffle=True, batch_size=batch_size, drop_last=False, block=4, buffer=1024, ramp=ramp)
+    o = PlanOptions(seed=0, shuffle=True, batch_size=batch_size, drop_last=False, block=4, buffer=1024, ramp=ramp,
+                    vectorised=False)  # layout 3's buffer: the figures below were measured on it
     seq = epoch_sequence([[1000] * 100], counts=None, seed=0, epoch=epoch, shuffle=True, block=4)
     batches = rank_batches(seq, o, epoch=epoch, rank=0, world=world, workers=workers)
     return [[(s * 1000 + i) // 1000 for s, i, _ in b] for b in batches if len(b) == batch_size]
