@@ -173,7 +173,10 @@ class ShardedDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (shard order, shuffle, augmentation).
 
-        A pending resume point (``resume_at``) survives only if it is for this same epoch.
+        A resume point (``resume_at``, or the loader's ``load_state_dict``) survives only if it
+        is for this same epoch; one that no iteration has started from yet is not dropped
+        silently: another epoch raises :class:`~shardify.errors.ResumeError` naming the saved
+        epoch and batches (the epoch after a finished one is allowed). ``clear_resume()`` drops it.
         """
         self._shared_epoch.set_epoch(epoch)
 
