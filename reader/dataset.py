@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -105,7 +106,7 @@ class ShardedDataset(IterableDataset):
         source: SourceLike | Source | Stream | Sequence[Stream],
         *,
         split: str | None = None,
-        batch_size: int,
+        batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
         transform: Callable[..., Any] | None = None,
@@ -122,7 +123,10 @@ class ShardedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         groups = with_defaults(apply_old_keywords(deprecated, dict(
-            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache)))
+            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache),
+            known=tuple(inspect.signature(ShardedDataset.__init__).parameters)))  # to name a misspelt one
+        if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
+            raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
         where = groups.pop("cache")  # the source's, not the workers'
         verify = groups["errors"].verify
         self.options = o = ReadOptions.from_groups(
