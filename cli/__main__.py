@@ -3,7 +3,7 @@
 ``python -m shardify.cli`` runs it; ``entrypoint`` is the ``shardify`` console script.
 
 The commands live one module per side of the library: :mod:`~shardify.cli.convert` (the
-writer), :mod:`~shardify.cli.inspect` (``info``, ``verify``, ``show``: a finished dataset),
+writer), :mod:`~shardify.cli.inspect` (``info``, ``verify``, ``keys``, ``show``: a finished dataset),
 :mod:`~shardify.cli.read` (``bench``: the reader) and :mod:`~shardify.cli.maintain` (``gc``).
 Each adds its parser and sets ``run``; only :func:`main` prints errors. Importing this module
 does not import torch: only ``bench`` and ``show`` load the reader.
@@ -12,6 +12,7 @@ does not import torch: only ``bench`` and ``show`` load the reader.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ __all__ = ["main", "entrypoint", "build_parser", "GROUPS"]
 
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("convert", ("convert",)),
-    ("inspect a finished dataset", ("info", "verify", "show")),
+    ("inspect a finished dataset", ("info", "verify", "keys", "show")),
     ("read it as training does", ("bench",)),
     ("maintain", ("gc",)),
 )
@@ -72,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; return the exit code (see :data:`shardify.cli.common.EXIT_OK`)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _command_parser(parser, args).error(_unrecognized(_command_parser(parser, args), unknown))
     try:
         code = args.run(args)
         sys.stdout.flush()  # here, so a closed pipe is met inside the try
@@ -92,6 +96,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shardify: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` ran, so an error shows that command's usage."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """argparse's message for arguments no option takes, with the closest option of each mistyped one."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for arg in unknown:
+        if arg.startswith("-"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(unknown)}" + ("; " + "; ".join(hints) if hints else "")
 
 
 def _error(message: str, code: int) -> int:

@@ -1,4 +1,4 @@
-"""What every command of the ``shardify`` CLI shares: exit codes, the usage error, sizes for people."""
+"""What every command of the ``shardify`` CLI shares: exit codes, the usage error, sizes and counts for people."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from shardify.errors import SplitRequiredError
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "UsageError", "human", "FORMATTER",
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "UsageError", "human", "count", "FORMATTER",
            "split_source"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
@@ -30,6 +30,11 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 shard``, ``2 shards``, ``0 samples``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def split_source(dataset: str | os.PathLike[str], split: str | None) -> Any:

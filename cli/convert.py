@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, human
+from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, count, human
 
 __all__ = ["add_parser", "run", "convert_options"]
 
@@ -32,7 +32,7 @@ labels); hidden files and folders are skipped, non-image files are counted and r
     "ids": """example:
   shardify convert ids data/ out/mydata --partition partition.json --labels labels.json
 
-partition.json: {"train": ["id1", "id2"], "validation": ["id3"]}
+partition.json: {"train": ["id1", "id2"], "validation": ["id3"]}  (the splits: no --split here)
 labels.json:    {"id1": 0, "id2": 1, "id3": 0}     (ints, or names: indices by sorted name)
 Each ID's files are data/<ID>.* (.pt, .npy, .jpg, .json, ...); all of them make one sample.
 With --pt-to-npy, data/<ID>.pt (one tensor each) is stored as field "npy"; read it with
@@ -53,10 +53,12 @@ function raises is skipped and listed in OUT/<split>.report.jsonl (--strict: sto
 }
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, split: bool = True) -> None:
+    """The options of imagefolder, ids and listing; ``split=False`` (ids, whose splits come from
+    --partition) leaves --split out of the help, and ``run`` refuses it naming --partition."""
     g = p.add_argument_group("output")
     g.add_argument("--split", default=None,
-                   help="split name (default: train; listing: for rows without a split; ids: not used)")
+                   help="split name (default: train; listing: for rows without a split)" if split else argparse.SUPPRESS)
     g.add_argument("--shard-size", default="256MB", help="bound on shard size, with units: 64MB, 1GiB (default: 256MB)")
     g.add_argument("--samples-per-shard", type=int, default=10_000,
                    help="bound on samples per shard (default: 10000, so that a reader starting mid-shard "
@@ -201,14 +203,14 @@ def run(args: argparse.Namespace) -> int:
     for s in result.splits.values():
         reused = f", {s.reused_shards} reused" if s.reused_shards else ""
         ignored = sum(s.ignored.values())
-        print(f"{s.split}: {s.samples} samples in {s.shards} shards ({human(s.bytes)}{reused}) "
+        print(f"{s.split}: {count(s.samples, 'sample')} in {count(s.shards, 'shard')} ({human(s.bytes)}{reused}) "
               f"in {s.seconds:.1f} s; {len(s.skipped)} skipped, {ignored} ignored", file=sys.stderr)
         for note in s.notes:
             print(f"  note: {note}", file=sys.stderr)
         for n in s.noted[:3]:
             print(f"  note: {n.path}: {n.reason}", file=sys.stderr)
         if len(s.noted) > 3:
-            print(f"  ... {len(s.noted) - 3} more inputs with decoder warnings", file=sys.stderr)
+            print(f"  ... {count(len(s.noted) - 3, 'more input')} with decoder warnings", file=sys.stderr)
         for p in s.skipped[:10]:
             print(f"  skipped {p.path}: {p.reason}", file=sys.stderr)
         if len(s.skipped) > 10:
@@ -237,7 +239,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--pt-to-npy", action="store_true",
                    help="store each .pt/.pth tensor file as .npy (field 'npy'): decoded ~80x faster than torch.load; "
                         "loaded with weights_only=True, a file holding anything but one tensor is skipped")
-    _common(p)
+    _common(p, split=False)
     p = kinds.add_parser("listing", help="a CSV or JSONL listing", epilog=_EXAMPLES["listing"], formatter_class=FORMATTER)
     p.add_argument("src", metavar="FILE")
     p.add_argument("out", metavar="OUT")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardify.cli.common import EXIT_OK, FORMATTER, human
+from shardify.cli.common import EXIT_OK, FORMATTER, count, human
 
 __all__ = ["add_parser", "run_gc"]
 
@@ -26,7 +26,7 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"{'would remove' if args.dry_run else 'removed'} {name}")
     for split, version in result.kept_in_progress.items():
         print(f"kept {split} version {version}: an unfinished conversion (rerun it to finish)")
-    print(f"{'would remove' if args.dry_run else 'removed'} {len(result.removed)} files ({human(result.bytes)})")
+    print(f"{'would remove' if args.dry_run else 'removed'} {count(len(result.removed), 'file')} ({human(result.bytes)})")
     return EXIT_OK
 
 

@@ -4,7 +4,8 @@
 epoch, from one source or weighted ``Stream``s, its rarer options in small groups
 (``ShuffleOptions``, ``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``ErrorOptions``,
 ``CacheOptions``); ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
-``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output).
+``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output); ``split_keys`` lists a
+split's sample keys in stored order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shardify.reader.streams import Stream
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
+from shardify.reader.keys import split_keys
 from shardify.reader.plan.shuffle import sample_rng
 
 __all__ = [
@@ -41,4 +43,5 @@ __all__ = [
     "default_collate",
     "pad_collate",
     "bucket_batches",
+    "split_keys",
 ]

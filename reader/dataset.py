@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -106,7 +107,7 @@ class ShardedDataset(IterableDataset):
         source: SourceLike | Source | Stream | Sequence[Stream],
         *,
         split: str | None = None,
-        batch_size: int,
+        batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
         transform: Callable[..., Any] | None = None,
@@ -123,7 +124,10 @@ class ShardedDataset(IterableDataset):
     ) -> None:
         super().__init__()
         groups = with_defaults(apply_old_keywords(deprecated, dict(
-            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache)))
+            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache),
+            known=tuple(inspect.signature(ShardedDataset.__init__).parameters)))  # to name a misspelt one
+        if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
+            raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
         where = groups.pop("cache")  # the source's, not the workers'
         verify = groups["errors"].verify
         self.options = o = ReadOptions.from_groups(
@@ -175,7 +179,10 @@ class ShardedDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (shard order, shuffle, augmentation).
 
-        A pending resume point (``resume_at``) survives only if it is for this same epoch.
+        A resume point (``resume_at``, or the loader's ``load_state_dict``) survives only if it
+        is for this same epoch; one that no iteration has started from yet is not dropped
+        silently: another epoch raises :class:`~shardify.errors.ResumeError` naming the saved
+        epoch and batches (the epoch after a finished one is allowed). ``clear_resume()`` drops it.
         """
         self._shared_epoch.set_epoch(epoch)
 
@@ -327,7 +334,10 @@ class ShardedDataset(IterableDataset):
         total = plan_worker(seq, rank=world.rank, world=world.world, worker=place.role, workers=world.workers,
                             batch_size=self.options.batch_size, drop_last=self.options.drop_last,
                             starts=starts).num_batches
-        return loaded_place(place, epoch=epoch, total=total)
+        o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
+        rank_batches = batches_per_rank(int(starts[-1]), world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
+        last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
+        return loaded_place(place, epoch=epoch, total=total, holds_last=last)
 
     # -- what runs in each worker --------------------------------------------------------------
 

@@ -8,8 +8,9 @@ this module, and the ``**deprecated`` of ``ShardedDataset.__init__``, in the rel
 
 from __future__ import annotations
 
+import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardify.reader.options import GROUPS
@@ -35,13 +36,16 @@ OLD_KEYWORDS: dict[str, tuple[str, str]] = {
 
 
 def apply_old_keywords(old: Mapping[str, Any], groups: Mapping[str, Any], *, owner: str = "ShardedDataset",
-                       stacklevel: int = 3) -> dict[str, Any]:
+                       stacklevel: int = 3, known: Sequence[str] = ()) -> dict[str, Any]:
     """``groups`` (group keyword -> the object given, or None) with the old keywords in ``old``
-    folded into new group objects. Raises ``TypeError`` for an unknown keyword or for an old
-    keyword given with its group; warns once, listing the new form of every old keyword used."""
+    folded into new group objects. Raises ``TypeError`` for an unknown keyword (with the closest
+    of ``known``, the owner's keywords, and the old ones) or for an old keyword given with its
+    group; warns once, listing the new form of every old keyword used."""
     unknown = sorted(set(old) - set(OLD_KEYWORDS))
     if unknown:
-        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
+        close = difflib.get_close_matches(unknown[0], [*known, *OLD_KEYWORDS], n=1, cutoff=0.6)
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}"
+                        + (f"; did you mean {close[0]}=?" if close else ""))
     out = dict(groups)
     fields: dict[str, dict[str, Any]] = {}
     for name, value in old.items():

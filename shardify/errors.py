@@ -23,6 +23,7 @@ __all__ = [
     "ObjectArrayError",
     "EncodeError",
     "DeviceDecodeError",
+    "ResumeError",
 ]
 
 
@@ -151,3 +152,8 @@ class EncodeError(ShardifyError, TypeError):
 
 class DeviceDecodeError(ShardifyError, RuntimeError):
     """Decoding on the device was asked for, but what it needs (CUDA, torchvision) is missing."""
+
+
+class ResumeError(ShardifyError, ValueError):
+    """A resume point loaded from a saved state would be dropped or misread: the message names
+    the saved epoch and batch count and the call that resumes there."""

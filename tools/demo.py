@@ -10,6 +10,7 @@ training-side loader with augmentation and prints what happened at each step.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -35,6 +36,7 @@ def run(work: Path, *, classes: int, per_class: int) -> None:
     from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
     from shardify.convert.verify import verify_dataset
+    from shardify.cli.common import count
 
     src, out = work / "images", work / "shards"
     t = time.perf_counter()
@@ -48,11 +50,12 @@ def run(work: Path, *, classes: int, per_class: int) -> None:
     t = time.perf_counter()
     result = convert_imagefolder(src, out, options=ConvertOptions(shard_size=1_000_000, progress=False))
     s = result.splits["train"]
-    print(f"2. converted: {s.samples} samples in {s.shards} shards ({s.bytes / 1e6:.1f} MB) "
+    print(f"2. converted: {count(s.samples, 'sample')} in {count(s.shards, 'shard')} ({s.bytes / 1e6:.1f} MB) "
           f"in {time.perf_counter() - t:.2f} s; skipped {len(s.skipped)}, ignored {sum(s.ignored.values())}")
     for p in s.skipped:
         print(f"   skipped {p.path}: {p.reason}")
-    print(f"   shards: {', '.join(sorted(p.name for p in out.glob('train-*.tar')))}")
+    names = sorted(p.name for p in out.glob("train-*.tar"))
+    print(f"   shards: {names[0]}" + (f" .. {names[-1]}" if len(names) > 1 else ""))
 
     report = verify_dataset(out, decode=True)
     print(f"3. verified (checksums, counts, key rules, every image decoded): {'ok' if report.ok else report.problems}")
@@ -94,9 +97,15 @@ def run(work: Path, *, classes: int, per_class: int) -> None:
     resumed = make_loader(resumed_ds, num_workers=2, device="cpu")
     resumed.load_state_dict(state)
     again = [labels.tolist() for _, labels in resumed]
-    print(f"5. checkpoint after {len(seen)} batches (state {state}), resumed in a new loader: "
-          f"{len(again)} batches, identical to the uninterrupted run: {again == rest}")
+    print(f"5. checkpoint after {count(len(seen), 'batch', 'batches')} ({state_summary(state)}), resumed in a new "
+          f"loader: {count(len(again), 'batch', 'batches')}, identical to the uninterrupted run: {again == rest}")
     print("done.")
+
+
+def state_summary(state: dict) -> str:
+    """A loader state in a few words (the dict itself, checksums included, is ~900 characters)."""
+    return (f"state: epoch {state['epoch']}, {state['batches']} batches done, "
+            f"{len(json.dumps(state))} bytes as JSON")
 
 
 if __name__ == "__main__":

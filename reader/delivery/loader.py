@@ -121,12 +121,14 @@ class Loader:
         self._resume_started = False
         self._history: tuple[tuple[Segment, ...], int] = ((), LAYOUT)
         self._live: Any = None  # the DataLoader iterator of the iteration under way
+        self._iteration: weakref.ref[Any] | None = None  # the generator of the last iteration (see _end_iteration)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def close(self) -> None:
         """Stop every worker process of this loader now (persistent ones too)."""
+        self._end_iteration()
         for workers in (self._live, getattr(self.dataloader, "_iterator", None)):
             if workers is not None:
                 self._shut_down(workers)
@@ -144,7 +146,17 @@ class Loader:
         except Exception:  # noqa: BLE001 - at interpreter exit, torch's own finaliser takes over
             pass
 
+    def _end_iteration(self) -> None:
+        """Close the generator of the last iteration if it is still suspended (a loop that kept its
+        iterator, or stopped by an error raised in its own body): its clean-up runs now, not at
+        interpreter shutdown, when the modules it needs are gone ("Exception ignored in ... _run")."""
+        gen = self._iteration() if self._iteration is not None else None
+        self._iteration = None
+        if gen is not None:
+            gen.close()
+
     def __iter__(self) -> Iterator[Any]:
+        self._end_iteration()
         ds = self.dataset
         if self._resume_started:  # an earlier iteration began from the resume point already
             ds.clear_resume()
@@ -154,7 +166,9 @@ class Loader:
         self._batches = point[1] if point is not None and point[0] == self._epoch else 0
         self._history = ds.resume_history if point is not None and point[0] == self._epoch else ((), LAYOUT)
         self._resume_started = point is not None
-        return self._run()
+        gen = self._run()
+        self._iteration = weakref.ref(gen)
+        return gen
 
     def _start(self) -> Any:
         """``iter(dataloader)``; new worker processes get a new batch channel (see batchpool).
@@ -265,6 +279,7 @@ class Loader:
         Same world and workers: exactly the batches the saved run had left. Another topology:
         every sample the saved run had not consumed, once over all ranks, in new batches.
         """
+        self._end_iteration()
         ds = self.dataset
         epoch, batches, history, layout = load_state(ds, state, world=detect_rank_world()[1],
                                                      workers=max(1, self.dataloader.num_workers))

@@ -6,6 +6,12 @@ or the main process without workers; the state itself is
 place loaded for the next one. A loaded place resumes only the process it was loaded in, and
 only an iteration of its own epoch: an iteration of another epoch drops it if its share was
 finished, and refuses it otherwise.
+
+A place saved after the epoch's last batch (its share finished, and that batch its own) met by
+an iteration of that same epoch is refused too, with :class:`~shardify.errors.ResumeError`: the
+process cannot tell a loop that asks for the (empty) rest of the epoch from one that means the
+next epoch (PyTorch Lightning checkpoints there, then iterates without setting the next epoch),
+and reading nothing would skip an epoch without a word. ``set_epoch(epoch + 1)`` goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from shardify.errors import ResumeError
 from shardify.reader.delivery.state import IterPosition
 
 __all__ = ["ProcessPlace", "loaded_place"]
@@ -53,12 +60,21 @@ class ProcessPlace:
         return place
 
 
-def loaded_place(place: IterPosition, *, epoch: int, total: int) -> IterPosition | None:
-    """``place`` for an iteration of ``epoch``, its share holding ``total`` batches: ``place``
-    when it is of that epoch; None (start afresh) when it finished its own; else raises."""
+def loaded_place(place: IterPosition, *, epoch: int, total: int, holds_last: bool = False) -> IterPosition | None:
+    """``place`` for an iteration of ``epoch``, its share holding ``total`` batches (``holds_last``:
+    the epoch's last batch among them): ``place`` when it is of that epoch, unless it ends the
+    epoch (raises ResumeError); None (start afresh) when it finished its own; else raises."""
     if place.batches > total:
         raise ValueError(f"the dataset state loaded has {place.batches} batches of epoch {place.epoch} taken by "
                          f"worker {place.role} of {place.workers}, whose share has {total}")
+    if place.epoch == epoch and holds_last and total and place.batches == total:
+        raise ResumeError(
+            f"the dataset state loaded was saved after the last batch of epoch {epoch} (worker {place.role} of "
+            f"{place.workers} had yielded all {total} of its batches, the epoch's last among them), and the dataset "
+            f"is set to epoch {epoch} again, whose rest is empty. Call set_epoch({epoch + 1}) before iterating, to "
+            f"go on with the next epoch. Under PyTorch Lightning (it checkpoints there, then iterates without "
+            f"on_train_epoch_start), return make_loader's loader from train_dataloader: it resumes such a "
+            f"checkpoint at the next epoch")
     if place.epoch == epoch:
         return place
     if place.batches < total:

@@ -67,8 +67,16 @@ class EpochReport:
         lines = [head]
         for (shard, key, reason), n in counts.items():
             where = reason if key is None else f"shard {shard}, key {key!r}: {reason}"
-            lines.append(f"  {where}" + (f" (x{n})" if n > 1 else ""))
+            lines.append(f"  {where}" + (_repeats(n, lost=key is None) if n > 1 else ""))
         return "\n".join(lines)
+
+
+def _repeats(n: int, *, lost: bool) -> str:
+    """What a repeated report line stands for: samples of a damaged shard, or one sample met again."""
+    if lost:
+        return (f" ({n} samples of this shard lost for this reason, of those counted above: each worker lists "
+                f"its first {_ENTRIES})")
+    return f" ({n} times: the epoch reads this sample {n} times, repeated by samples_per_epoch, weights or padding)"
 
 
 class SharedReport:

@@ -6,6 +6,12 @@ shared-memory tensor created with the dataset: the current epoch, the resume poi
 batches, plan layout) and the history of the resumed epoch (one
 :class:`~shardify.reader.plan.resume.Segment` per earlier topology, at most
 :data:`MAX_SEGMENTS`). Each process reads it when its iteration starts (:meth:`SharedEpoch.start`).
+
+A resume point no iteration has started from yet is *pending*: ``set_epoch`` to an epoch that
+would drop it (another than the saved one, or than the next one after a finished epoch) raises
+:class:`~shardify.errors.ResumeError` naming the saved epoch and batches, rather than read a
+whole epoch the caller did not mean to (a loop restarted from epoch 0 after loading a state).
+``clear_resume`` drops a point on purpose.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from shardify.errors import ResumeError
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, Segment
 
 __all__ = ["MAX_SEGMENTS", "SharedEpoch"]
@@ -21,8 +28,8 @@ __all__ = ["MAX_SEGMENTS", "SharedEpoch"]
 MAX_SEGMENTS = 16
 """Resumes of one epoch on another topology that a state can hold."""
 
-_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS = range(5)
-_HEADER = 5
+_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS, _PENDING = range(6)
+_HEADER = 6
 
 
 class SharedEpoch:
@@ -37,12 +44,31 @@ class SharedEpoch:
         return int(self._cells[_EPOCH])
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next iteration; a resume point of another epoch is dropped."""
+        """Select the epoch of the next iteration; a resume point of another epoch is dropped,
+        unless it is pending (see the module docstring): then this raises ResumeError."""
         if epoch < 0:
             raise ValueError(f"{epoch=} should be >= 0")
-        if int(self._cells[_RESUME_EPOCH]) != epoch:
+        saved = int(self._cells[_RESUME_EPOCH])
+        if saved != epoch and saved >= 0 and int(self._cells[_PENDING]):
+            self._refuse_drop(epoch, saved)
+        if saved != epoch:
             self.clear_resume()
         self._cells[_EPOCH] = epoch
+
+    def _refuse_drop(self, epoch: int, saved: int) -> None:
+        """Raise unless ``epoch`` is the one after ``saved``, a finished epoch stepped past."""
+        batches = int(self._cells[_RESUME_BATCHES])
+        if int(self._cells[_EPOCH]) == saved + 1:  # step_past: the saved epoch was read to its end
+            if epoch == saved + 1:
+                return
+            raise ResumeError(
+                f"the state loaded was saved at the end of epoch {saved} (after its last batch, {batches} batches): "
+                f"the next epoch is {saved + 1}, but set_epoch({epoch}) was called. Call set_epoch({saved + 1}) "
+                f"(or set_epoch({saved}) for its empty rest), or clear_resume() first to drop the state on purpose")
+        raise ResumeError(
+            f"the state loaded resumes epoch {saved} after {batches} batches, but set_epoch({epoch}) would drop it "
+            f"and read epoch {epoch} from its start. Call set_epoch({saved}) to resume there (start the epoch loop "
+            f"at the saved epoch, state['epoch']), or clear_resume() first to drop the state on purpose")
 
     def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
         """Select ``epoch`` and make its next iteration skip its first ``batches`` batches."""
@@ -60,6 +86,7 @@ class SharedEpoch:
         self._cells[_SEGMENTS] = len(history)
         for i, seg in enumerate(history):
             self._cells[_HEADER + 3 * i: _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
+        self._cells[_PENDING] = 1
 
     def step_past(self, epoch: int) -> None:
         """Select ``epoch + 1`` and keep the resume point (a resumed ``epoch`` read to its end)."""
@@ -72,6 +99,7 @@ class SharedEpoch:
         self._cells[_RESUME_BATCHES] = 0
         self._cells[_LAYOUT] = LAYOUT
         self._cells[_SEGMENTS] = 0
+        self._cells[_PENDING] = 0
 
     @property
     def resume_history(self) -> tuple[tuple[Segment, ...], int]:
@@ -90,7 +118,9 @@ class SharedEpoch:
 
     def start(self) -> tuple[int, int, tuple[Segment, ...], int]:
         """``(epoch, batches consumed, history, layout)`` of the iteration starting now: the
-        resume point's when it is of the current epoch, else the epoch from its start."""
+        resume point's when it is of the current epoch, else the epoch from its start. The
+        resume point is no longer pending (see the module docstring)."""
+        self._cells[_PENDING] = 0
         epoch = int(self._cells[_EPOCH])
         if int(self._cells[_RESUME_EPOCH]) != epoch:
             return epoch, 0, (), LAYOUT

@@ -73,7 +73,9 @@ def _stack(values: list, where: str) -> torch.Tensor:
         if t.shape != first.shape:
             raise ValueError(
                 f"{where}: cannot stack shapes {tuple(first.shape)} (sample 0) and {tuple(t.shape)} "
-                f"(sample {i}); use pad_collate for variable-size fields"
+                f"(sample {i}). Images of different sizes need a transform that gives them one size: "
+                f"transform=transforms.imagenet_eval(224) (resize and center crop) or imagenet_train(224) "
+                f"(from shardify.reader); for other variable-size fields use pad_collate"
             )
         if t.dtype != dtype:
             dtype = torch.promote_types(dtype, t.dtype)

@@ -12,6 +12,8 @@ nothing is checked until reading.
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,16 @@ def _images(held: Sequence[str], image_exts: frozenset[str]) -> list[str]:
     return [f for f in held if f in image_exts]  # as the pipeline matches "image": exactly
 
 
+def _name_to_use(spec: str, held: Sequence[str], image_exts: frozenset[str]) -> str:
+    """``; for the images use "image" ...`` (when the split holds images), else the closest held name."""
+    images = _images(held, image_exts)
+    if images:
+        return (f"; for the images use {IMAGE_FIELD!r} (any image extension: here "
+                f"{', '.join(repr(f) for f in images)}), e.g. fields=({IMAGE_FIELD!r}, 'cls')")
+    close = difflib.get_close_matches(spec, list(held), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where: str) -> tuple[str, ...]:
     """The output fields of a dataset whose split holds the extensions ``held`` (empty: unknown).
 
@@ -52,7 +64,7 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
                 if not set(field_spec(spec, IMAGE_EXTS)) & set(held):
                     raise FieldError(
                         f"{where}: no field {spec!r} in this split (its samples hold {', '.join(held)}); "
-                        f"choose fields among those")
+                        f"choose fields among those{_name_to_use(spec, held, IMAGE_EXTS)}")
         return tuple(requested)
     labels = ("cls",) if "cls" in held or not held else ()
     if not held or _images(held, IMAGE_EXTS):

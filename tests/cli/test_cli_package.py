@@ -25,7 +25,7 @@ def _dataset(root: Path, n: int = 12, per_shard: int = 4) -> Path:
 
 EXPECTED_GROUPS = [
     ("convert", ["convert"]),
-    ("inspect a finished dataset", ["info", "verify", "show"]),
+    ("inspect a finished dataset", ["info", "verify", "keys", "show"]),
     ("read it as training does", ["bench"]),
     ("maintain", ["gc"]),
 ]

@@ -58,11 +58,18 @@ def sdl_main(root: str, workers: str, state: str, out: str) -> None:
     """A new process: a new StatefulDataLoader loads ``state``, reads the rest of epoch 1, then epoch 2."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    from shardify.errors import ResumeError
+
     ds = dataset(Path(root))
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=int(workers))
     loader.load_state_dict(torch.load(state, weights_only=True))
     ds.set_epoch(1)
-    rest = take(loader)
+    try:
+        rest: Any = take(loader)
+    except ResumeError as e:  # saved after the epoch's last batch: its rest is refused, set_epoch(2) goes on
+        rest = str(e)
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=int(workers))
+        loader.load_state_dict(torch.load(state, weights_only=True))
     ds.set_epoch(2)
     torch.save({"rest": rest, "next": take(loader)}, out)
 

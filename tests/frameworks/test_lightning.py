@@ -89,3 +89,20 @@ def test_a_resumed_fit_trains_on_exactly_what_the_uninterrupted_one_had_left(
     for epoch in range(EPOCHS):  # each epoch: every sample once over the ranks
         keys = sorted(k for b, a in zip(before, after) for e, ks, _, _ in b + a if e == epoch for k in ks)
         assert keys == [f"img{i:03d}" for i in range(22)]
+
+
+def test_a_statefuldataloader_checkpoint_after_an_epochs_last_batch_fails_the_resumed_fit_loudly(images, tmp_path):
+    """Lightning checkpoints after the epoch's last batch, then iterates the restored loader as the
+    next epoch's without calling on_train_epoch_start: a StatefulDataLoader's workers cannot tell
+    that from a loop asking for the epoch's empty rest, so the resumed fit fails naming the way on,
+    instead of training the next epoch on 0 batches."""
+    common = ("--devices", "1", "--workers", "2", "--loader", "sdl")
+    ckpt = tmp_path / "end.ckpt"
+    fit(images, tmp_path / "before", *common, "--stop-at", str(len(jobs.dataset(images))), "--ckpt", str(ckpt))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, str(HERE / "lightning_job.py"), str(images), str(tmp_path / "after"),
+                           *common, "--resume", str(ckpt)], capture_output=True, text=True, timeout=240, env=env,
+                          cwd=tmp_path)
+    assert done.returncode != 0 and not (tmp_path / "after").exists(), "the resumed fit went on silently"
+    assert "ResumeError" in done.stderr and "after the last batch of epoch 0" in done.stderr
+    assert "set_epoch(1)" in done.stderr and "make_loader" in done.stderr
