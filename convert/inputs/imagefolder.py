@@ -86,7 +86,7 @@ def _scan_classes(jobs: list[_ClassJob], workers: int) -> Iterator[_ClassScan]:
 
 
 def _inside(real: str, real_root: str) -> bool:
-    return real == real_root or real.startswith(real_root)
+    return real == real_root or real.startswith(real_root + os.sep)
 
 
 def _link_allowed(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, problems: list[Ignored]) -> bool:

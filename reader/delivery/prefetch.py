@@ -157,6 +157,8 @@ class DevicePrefetcher:
         return batch
 
     def __iter__(self) -> Iterator[Any]:
+        if self._decode is not None:
+            return self._decoded()
         return self._moved()
 
     def _moved(self) -> Iterator[Any]:

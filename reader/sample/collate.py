@@ -143,7 +143,7 @@ def _collate(batch: list, where: str, leaf: Callable[[list, str], object], pad_h
     if type(elem) is PlannedImage:
         if not all(type(v) is PlannedImage for v in batch):
             raise ValueError(f"{where}: sample 0 holds an image planned for device decode but not every sample does")
-        return PlannedColumn(batch)
+        return leaf(batch, where) if pad_here(where) else PlannedColumn(batch)
     if _is_array(elem):
         if not all(_is_array(v) for v in batch):
             raise ValueError(f"{where}: sample 0 holds an array but not every sample does")

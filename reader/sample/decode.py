@@ -88,7 +88,7 @@ def _over_pixel_limit(width: int, height: int) -> str | None:
     up to twice that and decodes, so a 150 kB PNG could take 432 MB of RGB pixels.
     """
     limit = Image.MAX_IMAGE_PIXELS
-    if True:
+    if limit is None or width * height <= limit:
         return None
     return (f"decompression bomb: {width}x{height} = {width * height} pixels, over the limit of {limit} "
             "(PIL.Image.MAX_IMAGE_PIXELS)")
