@@ -2,7 +2,7 @@
 
 :func:`diagnose` turns an epoch's measurements (:mod:`shardify.reader.delivery.stats`) into a
 :class:`LoaderStats`. The rule: the training loop is limited by its input when it spends at
-least :data:`INPUT_BOUND` of its time (after the first batch) waiting for the next batch,
+least :data:`INPUT_BOUND` of its time (the wait for the first batch included) waiting for the next batch,
 else by its own compute. The dominant stage is the one with the most seconds on the side that
 the loop waits for: the device (copy, device decode) when waiting there is the larger part,
 else the workers' stages. :class:`Measured` gives the same to a loop over any DataLoader of a
@@ -127,8 +127,7 @@ def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_
     times = dataset.shared_report.stage_times(clock.epoch)
     stages = _stages(times, meter.main_stages(clock))
     wall = clock.wall()
-    steady = wall - clock.first_batch_s
-    wait_fraction = min(1.0, clock.wait / steady) if steady > 0 else 0.0
+    wait_fraction = min(1.0, clock.wait / wall) if wall > 0 else 0.0
     wait_workers = clock.wait_workers if split_waits else clock.wait
     wait_device = max(0.0, clock.wait - wait_workers)
     utilisation = times.busy / (max(1, context.workers) * wall) if wall > 0 else 0.0

@@ -132,7 +132,7 @@ class EpochClock:
     batch_size: int
     ended: float | None = None
     first_batch_s: float = 0.0
-    wait: float = 0.0  # inside next(), after the first batch
+    wait: float = 0.0  # inside next()
     wait_workers: float = 0.0  # of which inside the DataLoader's next()
     batches: int = 0
     samples: int = 0
@@ -164,32 +164,32 @@ class LoaderMeter:
     def workers(clock: EpochClock, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches`` from the DataLoader, the time in each ``next()`` counted as waiting on the workers."""
         it = iter(batches)
+        t = clock.started  # starting the workers is waiting on them
         while True:
-            t = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
                 return
-            if clock.batches:  # before the loop's first batch: startup (first_batch_s)
-                clock.wait_workers += time.perf_counter() - t
+            clock.wait_workers += time.perf_counter() - t
             yield batch
+            t = time.perf_counter()
 
     def loop(self, clock: EpochClock, batches: Iterator[Any], *, total: int | None = None) -> Iterator[Any]:
         """``batches`` as the training loop gets them: waits, batches and samples counted; a bar."""
-        bar = progress_bar(total=total, desc=f"epoch {clock.epoch}", unit="batch", enabled=self._progress)
-        shown = clock.started
+        bar = progress_bar(total=total, desc=f"epoch {clock.epoch}", unit="batch", enabled=self._progress,
+                           unit_scale=False)
+        shown = t = clock.started  # from the start: what the loop's first next() waited for
         try:
             while True:
-                t = time.perf_counter()
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    clock.wait += time.perf_counter() - t
                     break
                 now = time.perf_counter()
-                if clock.batches:
-                    clock.wait += now - t
-                else:
-                    clock.first_batch_s = now - clock.started
+                clock.wait += now - t
+                if not clock.batches:
+                    clock.first_batch_s = now - clock.started  # worker start included
                 clock.batches += 1
                 n = batch_samples(batch)
                 clock.samples += n if n is not None else clock.batch_size
@@ -199,6 +199,7 @@ class LoaderMeter:
                         shown = now
                         bar.set_postfix_str(_bar_text(clock, now), refresh=False)
                 yield batch
+                t = time.perf_counter()
             clock.ended = time.perf_counter()
             clock.main_end = self.main.values()
         finally:
@@ -211,7 +212,7 @@ class LoaderMeter:
 
 
 def _bar_text(clock: EpochClock, now: float) -> str:
-    steady = now - clock.started - clock.first_batch_s
-    waiting = clock.wait / steady if steady > 0 else 0.0
-    rate = clock.samples / (now - clock.started) if now > clock.started else 0.0
+    wall = now - clock.started
+    waiting = clock.wait / wall if wall > 0 else 0.0
+    rate = clock.samples / wall if wall > 0 else 0.0
     return f"{rate:,.0f} samples/s, waiting {waiting:.0%}"
