@@ -193,6 +193,8 @@ class LoaderMeter:
                 clock.batches += 1
                 n = batch_samples(batch)
                 clock.samples += n if n is not None else clock.batch_size
+                if clock.batches == total:  # a loop that stops at len() (Lightning) never asks for the end
+                    clock.ended, clock.main_end = now, self.main.values()
                 if bar is not None:
                     bar.update(1)
                     if now - shown >= _BAR_EVERY_S:
