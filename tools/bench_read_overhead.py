@@ -46,7 +46,7 @@ def main() -> None:
         ds.set_epoch(epoch)
         for labels in batches:
             n += len(labels)
-    print(f"{root}: {n} samples in 2 epochs, {(time.process_time() - start) / n * 1e6:.1f} us CPU per sample")
+    print(f"{root}: {n} samples in 2 epochs, {(time.process_time() - start) / n * 1e6:.2f} us CPU per sample")
 
 
 if __name__ == "__main__":
