@@ -215,7 +215,7 @@ def cut_processed(items: Iterator[Any], process: Callable[[Any], Any], sizes: Se
         t0 = time.perf_counter()
         group = [next(items) for _ in range(size)]
         t1 = time.perf_counter()
-        out = [process(x) for x in group]
+        out = list(map(process, group))
         clock.process += time.perf_counter() - t1
         clock.read += t1 - t0
         yield out
