@@ -59,7 +59,8 @@ def bookkeeping(n: int = 20_000) -> None:
     collate = _timed(len, "collate")
     plain = _best(lambda: drain(itertools.repeat(batch, n)))
     parts = {
-        "worker's timing and shared row": (_best(lambda: drain(table.timed(0, itertools.repeat(batch, n)))) - plain) / n,
+        "worker's timing and shared row":
+            (_best(lambda: drain(table.timed(0, itertools.repeat(batch, n)))) - plain) / n,
         "loader's wrappers (waits, samples)": (_best(meter) - plain) / n,
         "batch read whole, then processed": (_best(cuts(lambda: cut_processed(iter(items), int, [BATCH])))
                                              - _best(cuts(lambda: cut(map(int, iter(items)), [BATCH])))) / n,

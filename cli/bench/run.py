@@ -6,11 +6,11 @@ processes at once, each on its share, with no loader: what the machine's cores g
 together (shared caches, memory bandwidth and clock boost make it less than
 ``num_workers`` times (a)); (b) our loader with ``num_workers`` workers, its best epoch
 after the first, from the loader's own ``stats()`` (also where its time went: the loop's wait,
-the stage seconds in the workers, the bottleneck); (c) webdataset's pipeline doing the same work (PIL decode, the same crop
-and flip, uint8 batches) in the same DataLoader setup; (d) time to the first batch of a
-fresh loader; (e) memory (PSS) of the main process and its workers after each epoch; (f)
-shuffle quality, the mean distance in the original order between consecutive samples,
-against a full random permutation's (~N/3), here and for an ImageNet-size dataset
+the stage seconds in the workers, the bottleneck); (c) webdataset's pipeline doing the same
+work (PIL decode, the same crop and flip, uint8 batches) in the same DataLoader setup; (d) time
+to the first batch of a fresh loader; (e) memory (PSS) of the main process and its workers after
+each epoch; (f) shuffle quality, the mean distance in the original order between consecutive
+samples, against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
 on class-sorted shards relative to a full random permutation, at world 1, 2 and 8 ((f) and
 (g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). The CLI's ``shardify bench``

@@ -139,7 +139,8 @@ def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_
         epoch=clock.epoch, finished=clock.ended is not None, wall_s=wall, first_batch_s=clock.first_batch_s,
         wait_s=clock.wait, wait_workers_s=wait_workers, wait_device_s=wait_device, wait_fraction=wait_fraction,
         batches=clock.batches, samples=clock.samples,
-        batches_per_s=clock.batches / wall if wall > 0 else 0.0, samples_per_s=clock.samples / wall if wall > 0 else 0.0,
+        batches_per_s=clock.batches / wall if wall > 0 else 0.0,
+        samples_per_s=clock.samples / wall if wall > 0 else 0.0,
         stages=stages, workers=context.workers, cores=context.cores, worker_busy_s=times.busy,
         worker_utilisation=utilisation, bottleneck=bottleneck, dominant=dominant,
         advice=_advice(bottleneck, dominant, utilisation, wait_fraction, context))

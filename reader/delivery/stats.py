@@ -193,8 +193,10 @@ class LoaderMeter:
                 clock.batches += 1
                 n = batch_samples(batch)
                 clock.samples += n if n is not None else clock.batch_size
-                if clock.batches == total:  # a loop that stops at len() (Lightning) never asks for the end
-                    clock.ended, clock.main_end = now, self.main.values()
+                if clock.batches == total or clock.ended is not None:  # a loop that stops at len()
+                    ended = clock.batches == total  # (Lightning) never asks for the end; a replanned
+                    clock.ended = now if ended else None  # resume may hold more batches than that
+                    clock.main_end = self.main.values() if ended else None
                 if bar is not None:
                     bar.update(1)
                     if now - shown >= _BAR_EVERY_S:

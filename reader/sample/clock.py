@@ -11,9 +11,14 @@ Nothing is timed per sample on a path without images or ``map=``.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["StageClock", "CLOCK", "STAGES"]
+__all__ = ["StageClock", "CLOCK", "STAGES", "augmenting"]
+
+T = TypeVar("T")
 
 STAGES = ("read", "process", "augment", "collate", "transfer")
 """The clock's fields, in the order :meth:`StageClock.values` gives them."""
@@ -34,3 +39,12 @@ class StageClock:
 
 
 CLOCK = StageClock()
+
+
+def augmenting(fn: Callable[[], T]) -> T:
+    """``fn()``, its seconds added to :data:`CLOCK`'s ``augment`` (one image's augmentation)."""
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        CLOCK.augment += time.perf_counter() - start

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 from shardify.errors import SampleError
 from shardify.reader.plan.assign import Range, WorkerPlan
 from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
-from shardify.reader.sample.clock import CLOCK
+from shardify.reader.sample.clock import CLOCK, augmenting
 from shardify.reader.io.stream import Item, Lost, ShardReader
 
 if TYPE_CHECKING:
     from shardify.reader.options import ReadOptions
     from shardify.reader.streams import Stream
 
-__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut", "bucketed",
-           "cut_processed", "batches", "stream_processors", "share_batches"]
+__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut",
+           "cut_processed", "bucketed", "batches", "stream_processors", "share_batches"]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -168,11 +168,7 @@ class SampleProcessor:
             for ext in skip:
                 decoded[ext] = self._located(self._run_transform(self._transform, sample[ext], rng=rng), shard, key)
             decoded["__rng__"] = rng
-            t = time.perf_counter()
-            try:
-                return self._map(decoded)
-            finally:  # map= is the user's augmentation (see shardify.reader.sample.clock)
-                CLOCK.augment += time.perf_counter() - t
+            return augmenting(lambda: self._map(decoded))  # map= counts as augmentation
         out = []
         rng = None  # seeded only for a sample with an image to augment (~12 us per sample)
         for alternatives in self._fields:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -39,7 +38,7 @@ from .decode import (
     turbo_crop,
     turbo_jpeg_size,
 )
-from .clock import CLOCK
+from .clock import augmenting
 from .raw import raw_crop, raw_image, raw_pixels, raw_to_tensor
 
 __all__ = [
@@ -84,10 +83,7 @@ class Transform:
     def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
         """Decode ``data``, apply the transform and return a uint8 CHW tensor."""
         img = decode_image(data)
-        t = time.perf_counter()
-        out = pil_to_tensor(self(img, rng))
-        CLOCK.augment += time.perf_counter() - t
-        return out
+        return augmenting(lambda: pil_to_tensor(self(img, rng)))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -352,11 +348,9 @@ class Compose(Transform):
         planned = bool(ts) and isinstance(ts[0], _Geometric)
         # decoded alone, or with the first transform's crop and resize (the fast path)
         value = ts[0]._decode_planned(data, rng) if planned else decode_image(data)
-        start = time.perf_counter()
-        try:
-            return self._augmented(value, rng) if planned else _as_output(self(value, rng))  # type: ignore[arg-type]
-        finally:
-            CLOCK.augment += time.perf_counter() - start
+        if planned:
+            return augmenting(lambda: self._augmented(value, rng))
+        return augmenting(lambda: _as_output(self(value, rng)))  # type: ignore[arg-type]
 
     def _augmented(self, value: object, rng: random.Random) -> object:
         """The transforms after the first on its output (the fast path: tensors while they can)."""
@@ -405,8 +399,9 @@ def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.
     if fast is not None:
         return fast(data, rng)
     img = decode_image(data)
-    start = time.perf_counter()
-    _seed_globals(rng)
-    out = _as_output(transform(img))
-    CLOCK.augment += time.perf_counter() - start
-    return out
+
+    def augment() -> object:
+        _seed_globals(rng)
+        return _as_output(transform(img))
+
+    return augmenting(augment)
