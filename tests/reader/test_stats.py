@@ -56,6 +56,7 @@ def test_a_loop_that_does_nothing_is_input_bound(jpeg_dataset, workers):
     assert s.wait_fraction >= 0.8
     assert s.dominant in WORKER_STAGES
     assert s.stages["decode"] > 0 and s.stages["read"] > 0 and s.stages["collate"] > 0
+    assert 0 < s.stages["augment"] < s.stages["decode"]  # the flip, after the decode with its crop
     # the stages measured in the workers add up to the workers' busy time
     assert s.worker_busy_s > 0
     assert abs(worker_stage_sum(s) - s.worker_busy_s) <= 0.15 * s.worker_busy_s
@@ -155,3 +156,17 @@ def test_measured_any_dataloader(jpeg_dataset):
     s = loader.stats()
     assert s.finished and s.samples == IMAGES and s.bottleneck == "input"
     assert abs(worker_stage_sum(s) - s.worker_busy_s) <= 0.15 * s.worker_busy_s
+
+
+def test_worker_seconds_are_those_of_the_epoch_measured(jpeg_dataset):
+    """A worker's row still holding an earlier epoch (not started on this one yet) is left out."""
+    ds = dataset(jpeg_dataset)
+    for _ in ds:  # epoch 0, in this process
+        pass
+    ds.set_epoch(1)
+    before = Measured([], ds).stats()  # epoch 1, nothing read yet
+    assert before.epoch == 1 and before.worker_busy_s == 0 and sum(before.stages.values()) == 0
+    loader = Measured(ds, ds)  # the dataset iterated in-process
+    run(loader)
+    s = loader.stats()
+    assert s.epoch == 1 and s.worker_busy_s > 0 and s.batches == IMAGES // BATCH
