@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardify.reader.io.remote import is_remote
 from shardify.reader.delivery.stats import EpochClock, LoaderMeter, WorkerTimes
+from shardify.reader.io.remote import is_remote
 
 __all__ = ["INPUT_BOUND", "WORKER_STAGES", "STAGES", "LoaderStats", "LoaderContext", "diagnose", "loader_context",
            "Measured"]

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from shardify.reader.sample.clock import CLOCK
 
 from shardify.progress import progress_bar
-from shardify.reader.sample.clock import CLOCK
 
 __all__ = ["StageTable", "WorkerTimes", "MainClock", "EpochClock", "LoaderMeter", "batch_samples"]
 

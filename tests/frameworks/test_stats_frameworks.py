@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from shardify.reader import make_loader
 from shardify.reader.delivery.diagnosis import WORKER_STAGES, Measured
 

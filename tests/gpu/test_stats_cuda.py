@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 

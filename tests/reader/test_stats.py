@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.diagnosis import STAGES, WORKER_STAGES, Measured
