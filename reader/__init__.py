@@ -20,6 +20,7 @@ from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
 from shardify.reader.keys import split_keys
+from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.plan.shuffle import sample_rng
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
     "Loader",
     "DevicePrefetcher",
     "EpochReport",
+    "LoaderStats",
+    "Measured",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "sample_rng",

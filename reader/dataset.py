@@ -397,10 +397,10 @@ class ShardedDataset(IterableDataset):
         processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
-            for batch in share_batches(reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o,
-                                       epoch=epoch, rank=world.rank, worker=world.worker, processors=processors,
-                                       collate=collate, on_bad=functools.partial(self._report.record_bad, slot),
-                                       tag=tag):
+            for batch in self._report.stages.timed(slot, share_batches(
+                    reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o, epoch=epoch, rank=world.rank,
+                    worker=world.worker, processors=processors, collate=collate,
+                    on_bad=functools.partial(self._report.record_bad, slot), tag=tag)):
                 position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:

@@ -5,11 +5,12 @@ fast path, the better of two passes; and the plain PIL path), and ``num_workers`
 processes at once, each on its share, with no loader: what the machine's cores give
 together (shared caches, memory bandwidth and clock boost make it less than
 ``num_workers`` times (a)); (b) our loader with ``num_workers`` workers, its best epoch
-after the first; (c) webdataset's pipeline doing the same work (PIL decode, the same crop
-and flip, uint8 batches) in the same DataLoader setup; (d) time to the first batch of a
-fresh loader; (e) memory (PSS) of the main process and its workers after each epoch; (f)
-shuffle quality, the mean distance in the original order between consecutive samples,
-against a full random permutation's (~N/3), here and for an ImageNet-size dataset
+after the first, from the loader's own ``stats()`` (also where its time went: the loop's wait,
+the stage seconds in the workers, the bottleneck); (c) webdataset's pipeline doing the same
+work (PIL decode, the same crop and flip, uint8 batches) in the same DataLoader setup; (d) time
+to the first batch of a fresh loader; (e) memory (PSS) of the main process and its workers after
+each epoch; (f) shuffle quality, the mean distance in the original order between consecutive
+samples, against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
 on class-sorted shards relative to a full random permutation, at world 1, 2 and 8 ((f) and
 (g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). The CLI's ``shardify bench``
@@ -258,11 +259,22 @@ def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: 
     """(b), (d), (e): the loader's rate per epoch (best after the first), first batch, memory."""
     loader = make_loader(ds, num_workers=num_workers)
     memory: list[int] = []
-    rates, result["first_batch_s"] = _rate(loader, epochs, ds.set_epoch, memory, steps, "(b) loader")
-    result["loader_ips_per_epoch"] = rates
-    result["loader_ips"] = max(rates[1:] or rates)
-    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
+    stats = []
+    for epoch in range(epochs):  # the figures are the loader's own stats(), as a training loop sees them
+        ds.set_epoch(epoch)
+        for _ in loader:
+            pass
+        stats.append(loader.stats())
+        memory.append(process_memory())
+        steps.done(f"(b) loader epoch {epoch}")
     loader.close()
+    rates = [s.samples_per_s for s in stats]
+    best = max(range(1, len(rates)) or range(len(rates)), key=rates.__getitem__)
+    result["first_batch_s"] = stats[0].first_batch_s
+    result["loader_ips_per_epoch"] = rates
+    result["loader_ips"] = rates[best]
+    result["loader_stats"] = stats[best].as_dict()  # where its time went: waits, stages, bottleneck
+    result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
 
 
 def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,

@@ -32,6 +32,7 @@ def format_bench(r: dict[str, Any]) -> str:
     if "webdataset_ips" in r:
         rows.append((f"(c) webdataset, {w} workers", f"{r['webdataset_ips']:.0f} images/s; shardify = "
                      f"{r['loader_vs_webdataset']:.2f} x  (target >= 1.30)"))
+    rows += _where_the_time_went(r)
     rows += [
         ("(d) time to first batch", f"{r['first_batch_s']:.2f} s  (target < 1 s)"),
         ("(e) memory by epoch (PSS, MB)", " ".join(f"{m:.0f}" for m in r["memory_mb_per_epoch"])),
@@ -48,6 +49,19 @@ def format_bench(r: dict[str, Any]) -> str:
     return _table(rows)
 
 
+def _where_the_time_went(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """(b)'s epoch as ``loader.stats()`` saw it (see docs/bottleneck.md)."""
+    s = r.get("loader_stats")
+    if not s:
+        return []
+    stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in s["stages"].items() if v >= 0.005)
+    return [
+        ("    where its time went", f"the loop waited {s['wait_fraction']:.0%} of {s['wall_s']:.2f} s; workers busy "
+         f"{s['worker_utilisation']:.0%}; stage seconds over the workers: {stages or 'none'}"),
+        ("    bottleneck", f"{s['bottleneck']} ({s['dominant']}); {s['advice']}"),
+    ]
+
+
 def _table(rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -60,6 +74,7 @@ def _format_without_images(r: dict[str, Any]) -> str:
                     f"{r['num_workers']} workers, fields {', '.join(r['fields'])}"),
         ("not measured", r["not_measured"]),
         (f"(b) shardify loader, {r['num_workers']} workers", f"{r['loader_ips']:.0f} samples/s"),
+        *_where_the_time_went(r),
         ("(d) time to first batch", f"{r['first_batch_s']:.2f} s"),
         ("(e) memory by epoch (PSS, MB)", " ".join(f"{m:.0f}" for m in r["memory_mb_per_epoch"])),
         ("(f) shuffle: mean gap / (N/3)", f"{q['gap']:.2f}, {q['shards_per_batch']:.1f} shards per batch"),

@@ -34,6 +34,7 @@ import contextlib
 import os
 import random
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -44,6 +45,8 @@ import numpy as np
 import torch
 
 from shardify.errors import ShardifyError
+from shardify.reader.delivery.stats import MainClock
+from shardify.reader.sample.clock import CLOCK
 
 __all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
 
@@ -91,13 +94,14 @@ class BatchChannel:
         self.inline_bytes = INLINE_BYTES if inline_bytes is None else inline_bytes
         self._maps: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
         self._lock = threading.Lock()
+        self.clock: MainClock | None = None  # the loader's: unpacking and pinning add their seconds
 
     def __getstate__(self) -> dict[str, Any]:
         return {"id": self.id, "tokens": self.tokens, "inline_bytes": self.inline_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._maps, self._lock = {}, threading.Lock()
+        self._maps, self._lock, self.clock = {}, threading.Lock(), None
 
     def register(self) -> None:
         """Accept batches for this channel in this (the main) process."""
@@ -243,7 +247,10 @@ class SlotPool:
             raise
         finally:
             _ACTIVE = None
-        return self.pack(batch)
+        t = time.perf_counter()
+        packed = self.pack(batch)
+        CLOCK.transfer += time.perf_counter() - t
+        return packed
 
     def pack(self, batch: Any) -> Packed:
         """``batch`` ready to pickle: slot tensors as references, small tensors by value."""
@@ -348,6 +355,7 @@ class Received:
         if self._channel is None:
             raise ShardifyError(f"a batch arrived for batch channel {self._channel_id}, which is not open in this "
                                 f"process (its loader was closed)")
+        start = time.perf_counter()
         refs, self._refs = self._refs, ()
         slots = {}
         try:
@@ -364,13 +372,21 @@ class Received:
                 return x.tensor()
             return x
 
-        return _map_leaves(self._payload, decode)
+        batch = _map_leaves(self._payload, decode)
+        if self._channel.clock is not None:
+            self._channel.clock.add("transfer", time.perf_counter() - start)
+        return batch
 
     def pin_memory(self, device: Any = None) -> Any:
         """What DataLoader's pin-memory thread calls: the batch, copied to pinned memory."""
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return pin_memory(self.unpack())
+        batch = self.unpack()
+        start = time.perf_counter()
+        pinned = pin_memory(batch)
+        if self._channel is not None and self._channel.clock is not None:
+            self._channel.clock.add("pin", time.perf_counter() - start)
+        return pinned
 
     def __del__(self) -> None:
         if self._refs and self._tokens is not None:  # dropped unused: give the slots back

@@ -33,6 +33,8 @@ from torch.utils.data import DataLoader
 from shardify.errors import ShardifyError, WorkerError
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
+from shardify.reader.delivery.diagnosis import LoaderStats, diagnose, loader_context
+from shardify.reader.delivery.stats import LoaderMeter
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.plan.resume import LAYOUT, Segment
@@ -110,7 +112,7 @@ class Loader:
     """
 
     def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None,
-                 recycle_batches: bool = True) -> None:
+                 recycle_batches: bool = True, progress: bool = False) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
         self._prefetch = prefetch
@@ -122,6 +124,7 @@ class Loader:
         self._history: tuple[tuple[Segment, ...], int] = ((), LAYOUT)
         self._live: Any = None  # the DataLoader iterator of the iteration under way
         self._iteration: weakref.ref[Any] | None = None  # the generator of the last iteration (see _end_iteration)
+        self._meter = LoaderMeter(progress=progress)  # the epoch's waits and stages: stats()
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -188,6 +191,7 @@ class Loader:
         # a loop that keeps more gets fresh memory for the rest.
         slots = min(batchpool.MAX_SLOTS, (self.dataloader.prefetch_factor or 2) + 3)
         channel = BatchChannel(self.dataloader.num_workers, max_slots=slots)
+        channel.clock = self._meter.main
         channel.register()
         try:
             with self.dataset.batch_slots.attached(channel):  # the workers take it with their copy
@@ -200,9 +204,11 @@ class Loader:
         return workers
 
     def _run(self) -> Iterator[Any]:
+        clock = self._meter.begin(self._epoch, batch_size=self.dataset.options.batch_size)  # worker start included
         workers = self._start()  # workers read the epoch and resume point from here
         self._live = workers
         batches: Iterator[Any] = map(unpack, workers) if self._recycle else workers
+        batches = self._meter.workers(clock, batches)
         if self._prefetch is not None:
             options = dict(self._prefetch)
             if self.dataset.decode_device is not None:
@@ -213,7 +219,8 @@ class Loader:
                     report=self.dataset.shared_report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
             else:
                 options.pop("jpeg_decoder", None)
-            batches = iter(DevicePrefetcher(batches, **options))
+            batches = iter(DevicePrefetcher(batches, clock=self._meter.main, **options))
+        batches = self._meter.loop(clock, batches, total=len(self) - self._batches)
         batch = None
         try:
             for batch in batches:
@@ -260,6 +267,13 @@ class Loader:
             channel.close()
         if getattr(self.dataloader, "_iterator", None) is workers:
             self.dataloader._iterator = None
+
+    def stats(self) -> LoaderStats:
+        """The epoch under way so far, else the last one iterated: waits, rates, stage seconds and
+        the bottleneck (:mod:`shardify.reader.delivery.diagnosis`; ``.as_dict()`` for loggers)."""
+        device = str(self._prefetch["device"]) if self._prefetch is not None else None
+        return diagnose(self._meter, self.dataset,
+                        loader_context(self.dataset, workers=self.dataloader.num_workers, device=device))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands (see :mod:`shardify.reader.delivery.state`): small, versioned."""
@@ -309,6 +323,7 @@ def make_loader(
     recycle_batches: bool = True,
     jpeg_decoder: Any = None,
     timeout: float = 0,
+    progress: bool = False,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -325,6 +340,9 @@ def make_loader(
     DataLoader); past it the loader stops them and raises :class:`WorkerError`, and
     ``load_state_dict(state_dict())`` then a new iteration resumes exactly. Set it above the
     slowest batch (the first one of an epoch included).
+
+    ``progress``: one bar per epoch on stderr (when it is a terminal) with samples/s and the share
+    of time the loop waits for data; ``loader.stats()`` gives the figures (docs/bottleneck.md).
 
     A dataset made with ``DecodeOptions(device=...)`` is decoded there (``device`` defaults to it and must
     be it): ``jpeg_decoder`` (default: nvJPEG through torchvision, see
@@ -362,4 +380,4 @@ def make_loader(
     if target is not None:
         prefetch = {"device": target, "dtype": dtype, "normalize": normalize, "mean": tuple(mean),
                     "std": tuple(std), "channels_last": channels_last, "jpeg_decoder": jpeg_decoder}
-    return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches)
+    return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches, progress=progress)

@@ -25,6 +25,7 @@ decoding finishes first).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.device_plan import EncodedBatch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
@@ -68,6 +70,7 @@ class DevicePrefetcher:
         std: Sequence[float] = IMAGENET_STD,
         channels_last: bool = False,
         decode: Decode | None = None,
+        clock: MainClock | None = None,
     ) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"{dtype=} should be a floating point dtype")
@@ -85,6 +88,7 @@ class DevicePrefetcher:
         self._channels = channels
         self._cuda = self.device.type == "cuda"
         self._decode = decode
+        self._clock = clock  # gets the host seconds of each batch's copy, or of its device decode
 
     def _is_image(self, t: torch.Tensor) -> bool:
         return t.dtype == torch.uint8 and t.dim() == 4 and t.shape[1] == self._channels
@@ -141,11 +145,16 @@ class DevicePrefetcher:
     def _prepared_on(self, batch: Any, stream: Any) -> tuple[Any, Any]:
         """``batch`` prepared on ``stream`` (in whichever thread calls this), and the CUDA event
         that marks it done there (None without a stream)."""
+        start = time.perf_counter()
         if stream is None:
-            return self._prepared(batch), None
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            out = self._prepared(batch)
-            return out, stream.record_event()
+            out, event = self._prepared(batch), None
+        else:
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                out = self._prepared(batch)
+                event = stream.record_event()
+        if self._clock is not None:
+            self._clock.add("copy" if self._decode is None else "device_decode", time.perf_counter() - start)
+        return out, event
 
     def _hand_over(self, batch: Any, event: Any) -> Any:
         """Let the consumer's stream use ``batch`` once ``event`` (its preparation) is done."""

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shardify.reader.delivery.stats import StageTable, WorkerTimes
+
 if TYPE_CHECKING:
     from shardify.reader.sample.pipeline import Bad
 
@@ -86,6 +88,7 @@ class SharedReport:
         self._counts = torch.zeros(_SLOTS, 5, dtype=torch.int64).share_memory_()
         self._text = torch.zeros(_SLOTS, _ENTRIES, _ENTRY_BYTES, dtype=torch.uint8).share_memory_()
         self._workers = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.stages = StageTable(_SLOTS)  # each process's stage seconds (the loader's stats())
 
     @staticmethod
     def slot(worker: int, workers: int, *, in_worker: bool) -> int:
@@ -101,6 +104,7 @@ class SharedReport:
         self._counts[slot] = 0
         self._counts[slot, _STAMP] = epoch + 1
         self._workers[0] = workers
+        self.stages.start(slot, epoch=epoch)
 
     def begin(self, worker: int, workers: int, *, in_worker: bool, epoch: int) -> int:
         """The slot of this process's reading of ``epoch`` (see :meth:`slot`), reset for it."""
@@ -140,6 +144,11 @@ class SharedReport:
         report = self.read(epoch)
         if report:
             log.warning("%s", report)
+
+    def stage_times(self, epoch: int) -> WorkerTimes:
+        """The stage seconds of ``epoch`` summed over the slots of the last reading."""
+        workers = int(self._workers[0])
+        return self.stages.read([_IN_PROCESS] if workers == 0 else list(range(min(workers, MAX_WORKERS))), epoch=epoch)
 
     def read(self, epoch: int) -> EpochReport:
         """The report of ``epoch`` over the slots of the last reading (in-process or workers)."""

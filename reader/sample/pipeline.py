@@ -21,6 +21,7 @@ import bisect
 import itertools
 import os
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,14 +29,15 @@ from typing import TYPE_CHECKING, Any
 from shardify.errors import SampleError
 from shardify.reader.plan.assign import Range, WorkerPlan
 from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
+from shardify.reader.sample.clock import CLOCK, augmenting
 from shardify.reader.io.stream import Item, Lost, ShardReader
 
 if TYPE_CHECKING:
     from shardify.reader.options import ReadOptions
     from shardify.reader.streams import Stream
 
-__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut", "bucketed",
-           "batches", "stream_processors", "share_batches"]
+__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut",
+           "cut_processed", "bucketed", "batches", "stream_processors", "share_batches"]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -166,7 +168,7 @@ class SampleProcessor:
             for ext in skip:
                 decoded[ext] = self._located(self._run_transform(self._transform, sample[ext], rng=rng), shard, key)
             decoded["__rng__"] = rng
-            return self._map(decoded)
+            return augmenting(lambda: self._map(decoded))  # map= counts as augmentation
         out = []
         rng = None  # seeded only for a sample with an image to augment (~12 us per sample)
         for alternatives in self._fields:
@@ -199,6 +201,47 @@ def cut(outputs: Iterator[Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
     """Group ``outputs`` into lists of ``sizes``."""
     for size in sizes:
         yield [next(outputs) for _ in range(size)]
+
+
+def cut_processed(items: Iterator[Any], process: Callable[[Any], Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
+    """:func:`cut` of ``map(process, items)``, each group read whole, then processed: the
+    :data:`~shardify.reader.sample.clock.CLOCK` gets the reading and processing time per batch."""
+    clock = CLOCK
+    for size in sizes:
+        t0 = time.perf_counter()
+        group = [next(items) for _ in range(size)]
+        t1 = time.perf_counter()
+        out = list(map(process, group))
+        clock.process += time.perf_counter() - t1
+        clock.read += t1 - t0
+        yield out
+
+
+def _timed_items(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, the time taken by each added to the clock's reading (the bucketing path)."""
+    clock = CLOCK
+    while True:
+        t = time.perf_counter()
+        try:
+            x = next(items)
+        except StopIteration:
+            return
+        clock.read += time.perf_counter() - t
+        yield x
+
+
+def _timed(fn: Callable[[Any], Any], stage: str) -> Callable[[Any], Any]:
+    """``fn``, its time added to the clock's ``stage`` at each call."""
+    clock = CLOCK
+
+    def timed(x: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(x)
+        finally:
+            setattr(clock, stage, getattr(clock, stage) + time.perf_counter() - t)
+
+    return timed
 
 
 def bucketed(
@@ -307,12 +350,12 @@ def share_batches(
     items = read_positions(reader, plan.ranges, read, mask)
     if tag is not None:
         items = tag(items)
-    outputs = map(process, reorder(items, out[done:]))
     if o.bucket_length is None:
-        groups: Iterator[list[Any]] = cut(outputs, sizes)
-    else:
+        groups: Iterator[list[Any]] = cut_processed(reorder(items, out[done:]), process, sizes)
+    else:  # grouped by decoded length: timed per sample
+        outputs = map(_timed(process, "process"), _timed_items(reorder(items, out[done:])))
         groups = bucketed(outputs, batch_size=o.batch_size, length=o.bucket_length,
                           buffer_size=o.bucket_buffer or 16 * o.batch_size,
                           rng=random.Random(derive_seed("bucket", o.seed, epoch, rank, worker)))
         groups = itertools.islice(groups, skip, None)
-    return batches(groups, collate=collate, on_bad=on_bad)
+    return batches(groups, collate=_timed(collate, "collate"), on_bad=on_bad)

@@ -38,6 +38,7 @@ from .decode import (
     turbo_crop,
     turbo_jpeg_size,
 )
+from .clock import augmenting
 from .raw import raw_crop, raw_image, raw_pixels, raw_to_tensor
 
 __all__ = [
@@ -81,7 +82,8 @@ class Transform:
 
     def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
         """Decode ``data``, apply the transform and return a uint8 CHW tensor."""
-        return pil_to_tensor(self(decode_image(data), rng))
+        img = decode_image(data)
+        return augmenting(lambda: pil_to_tensor(self(img, rng)))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -343,10 +345,16 @@ class Compose(Transform):
 
     def apply_encoded(self, data: bytes, rng: random.Random) -> object:
         ts = self.transforms
-        if not ts or not isinstance(ts[0], _Geometric):
-            return _as_output(self(decode_image(data), rng))
-        value = ts[0]._decode_planned(data, rng)
-        for t in ts[1:]:
+        planned = bool(ts) and isinstance(ts[0], _Geometric)
+        # decoded alone, or with the first transform's crop and resize (the fast path)
+        value = ts[0]._decode_planned(data, rng) if planned else decode_image(data)
+        if planned:
+            return augmenting(lambda: self._augmented(value, rng))
+        return augmenting(lambda: _as_output(self(value, rng)))  # type: ignore[arg-type]
+
+    def _augmented(self, value: object, rng: random.Random) -> object:
+        """The transforms after the first on its output (the fast path: tensors while they can)."""
+        for t in self.transforms[1:]:
             if isinstance(value, torch.Tensor):  # our stand-in for the PIL image of the plain path
                 fn = getattr(t, "apply_tensor", None) if isinstance(t, Transform) else None
                 if fn is not None:
@@ -391,5 +399,9 @@ def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.
     if fast is not None:
         return fast(data, rng)
     img = decode_image(data)
-    _seed_globals(rng)
-    return _as_output(transform(img))
+
+    def augment() -> object:
+        _seed_globals(rng)
+        return _as_output(transform(img))
+
+    return augmenting(augment)

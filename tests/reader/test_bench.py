@@ -14,3 +14,7 @@ def test_run_bench_smoke(image_dataset):
     assert "(f) shuffle" in format_bench(r) and "(g) classes per batch" in format_bench(r)
     assert min(r["class_mixing"].values()) >= 0.9 > r["class_mixing_whole_shards"][8]
     assert process_memory() > 0
+    stats = r["loader_stats"]  # (b) is the loader's own stats() of its best epoch
+    assert stats["samples_per_s"] == r["loader_ips"] and stats["samples"] == 22
+    assert stats["bottleneck"] == "input"  # the bench's loop does nothing per batch
+    assert "where its time went" in format_bench(r) and "bottleneck" in format_bench(r)
