@@ -47,6 +47,10 @@ class LoaderContext:
     chunked: bool
 
 
+IDLE_WORKERS = 0.5
+"""Worker utilisation under which an input-bound epoch is not blamed on the workers' CPU."""
+
+
 @dataclass(frozen=True)
 class LoaderStats:
     """One epoch of a loader, so far (``finished`` False) or whole. Seconds and rates; see
@@ -177,7 +181,12 @@ def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, 
         tips.append("decoding on the CPU workers instead (no DecodeOptions(device=...)) or --raw-pixels S")
     elif dominant == "copy":
         tips.append("make_loader(device='cuda') (pinned memory, one batch ahead) and uint8 batches")
-    busy = "" if idle_cores > 0 or dominant not in WORKER_STAGES else "every core is busy; "
+    if dominant in WORKER_STAGES and c.workers > 1 and utilisation < IDLE_WORKERS:
+        # The loop waited while the workers were mostly idle: not their CPU but the epoch's start
+        # (every worker's first batch), too few batches per worker, or the main process.
+        tips.insert(0, f"longer epochs or persistent workers (the workers were busy {utilisation:.0%} of the time "
+                       "while the loop waited: the epoch's start, or few batches per worker, sets the pace)")
+    busy = "every core is busy; " if idle_cores <= 0 and utilisation >= IDLE_WORKERS else ""
     return f"try: {'; '.join(tips)} ({busy}the loop waits {waiting:.0%} of its time; {dominant} dominates)"
 
 

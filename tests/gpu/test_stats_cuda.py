@@ -58,6 +58,7 @@ def test_device_decode_is_measured_on_the_device_side(jpeg_dataset: Path, device
         for _ in loader:
             pass
         s = loader.stats()
-    assert s.stages["device_decode"] > 0 and s.stages["decode"] == 0
+    # The workers only parse each JPEG's header (timed as their decode): a small share of the work.
+    assert s.stages["device_decode"] > 0 and s.stages["decode"] < 0.1 * s.stages["device_decode"]
     assert s.wait_s == pytest.approx(s.wait_workers_s + s.wait_device_s)
     print(f"\n{s}")

@@ -169,3 +169,16 @@ def test_worker_seconds_are_those_of_the_epoch_measured(jpeg_dataset):
     run(loader)
     s = loader.stats()
     assert s.epoch == 1 and s.worker_busy_s > 0 and s.batches == IMAGES // BATCH
+
+
+def test_the_advice_blames_the_workers_cpu_only_when_they_were_busy() -> None:
+    """15 workers on 16 cores, input-bound: "every core is busy" only when the workers were; mostly
+    idle workers (an epoch of a few batches each, seen on a 16-core GPU host) point at the epoch's start."""
+    from shardify.reader.delivery.diagnosis import LoaderContext, _advice
+
+    ctx = LoaderContext(workers=15, cores=16, remote=False, cached=False, device="cuda", device_decode=False,
+                        chunked=False)
+    busy = _advice("input", "decode", 0.95, 1.0, ctx)
+    idle = _advice("input", "decode", 0.40, 1.0, ctx)
+    assert "every core is busy" in busy and "longer epochs" not in busy
+    assert "every core is busy" not in idle and "busy 40% of the time" in idle
