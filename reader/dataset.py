@@ -335,7 +335,8 @@ class ShardedDataset(IterableDataset):
                             batch_size=self.options.batch_size, drop_last=self.options.drop_last,
                             starts=starts).num_batches
         o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
-        rank_batches = batches_per_rank(int(starts[-1]), world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
+        samples = seq.total if starts is None else int(starts[-1])  # layout 4's sequence knows its length
+        rank_batches = batches_per_rank(samples, world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
         last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
         return loaded_place(place, epoch=epoch, total=total, holds_last=last)
 

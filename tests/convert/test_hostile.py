@@ -125,7 +125,7 @@ def test_symlinks_followed_inside_the_root_only_and_loops_end(tmp_path: Path, op
 AS_NOBODY = (
     "import os, sys\n"
     "from PIL import Image; Image.init()\n"
-    "import shardify.convert.write.run, shardify.cli, tqdm, json, hashlib, fcntl, shutil, codecs\n"
+    "import shardify.convert.write.run, shardify.cli, shardify.cli.__main__, tqdm, json, hashlib, fcntl, shutil, codecs\n"
     "for name in (\"ascii\", \"utf-8\", \"latin-1\"): codecs.lookup(name)\n"
     "if os.geteuid() == 0:\n"
     "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
