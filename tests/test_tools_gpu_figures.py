@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import importlib.util
 import sys
 from pathlib import Path
@@ -76,3 +77,18 @@ def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tm
     assert tool.verdict(slow)[1] == "NO"  # 1.125 > 1.05 for ResNet-50
     text = tool.report([feed, hang, broken, fast, slow], ["- machine"])
     assert "| hang |" in text and "timed out after 1 s" in text and "| fast |" in text and "img/s" in text
+
+
+def test_the_chart_is_drawn_from_the_tools_own_results(tool, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [{"figure": "feed", "status": "ok", "img_s": 8664.0, "decode": "device", "workers": 2},
+               {"figure": "feed", "status": "ok", "img_s": 4238.0, "decode": "workers", "workers": 15},
+               {"figure": "step", "status": "ok", "ratio": 1.30, "decode": "workers", "workers": 15, "model": "resnet50"},
+               {"figure": "broken", "status": "failed (exit 1)"}]
+    jsonl = tmp_path / "gpu_figures.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    png = tmp_path / "chart" / "figs.png"
+    assert tool.main(["--redraw", str(jsonl), "--chart", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no feed or step figure"):
+        tool.chart(records[3:], tmp_path / "none.png")

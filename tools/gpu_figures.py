@@ -3,6 +3,7 @@
     python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5-8 min
     python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
     python tools/gpu_figures.py --device cpu --quick --out /tmp/figs   # a check of the tool, on a CPU
+    python tools/gpu_figures.py --redraw figs/gpu_figures.jsonl --chart docs/img/gpu_figures.png  # the chart
 
 Groups, run in this order, each figure a process of its own with a time limit (a hang costs
 its limit, not the session):
@@ -182,6 +183,51 @@ def report(figs: list[Figure], header: list[str]) -> str:
     return "\n".join(["# GPU figures (tools/gpu_figures.py)", "", *header, "", *rows, "", *tables, ""])
 
 
+def chart(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+    """A PNG of the feed and step figures among ``records`` (gpu_figures.jsonl's lines): images per
+    second into the GPU by path and workers against the 10,000 target, and each step's ratio to
+    pre-staged batches against its target. Needs matplotlib (``pip install matplotlib``)."""
+    import matplotlib  # deferred: only this drawing needs it
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    feed = [r for r in records if r.get("status") == "ok" and "img_s" in r]
+    step = [r for r in records if r.get("status") == "ok" and "ratio" in r]
+    if not feed and not step:
+        raise ValueError(f"no feed or step figure with a result among {len(records)} records")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = [f"{'device' if r['decode'] == 'device' else 'CPU'}\n{r['workers']} workers" for r in feed]
+    left.bar(names, [r["img_s"] for r in feed],
+             color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in feed])
+    left.axhline(TARGET_IMG_S, color="black", linestyle="--", linewidth=1, label=f"target {TARGET_IMG_S:,}")
+    left.set_ylabel("images/s into the GPU")
+    left.set_title("feed: RandomResizedCrop 224, batch 256")
+    left.legend(loc="upper left")
+    names = [f"{r.get('model', 'convnet')}\n{'device' if r['decode'] == 'device' else 'CPU'}, {r['workers']} w"
+             for r in step]
+    right.bar(names, [r["ratio"] for r in step],
+              color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in step])
+    for model, ratio in TARGET_RATIO.items():
+        right.axhline(ratio, color="black", linestyle=":" if model == "convnet" else "--", linewidth=1,
+                      label=f"{model} target {ratio}x")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.set_ylabel("step time / pre-staged step time")
+    right.set_title("training step with the loader")
+    right.legend(loc="upper right")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
@@ -193,7 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=None,
                    help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
+    p.add_argument("--chart", type=Path, default=None, help="also draw the feed and step figures to this PNG")
+    p.add_argument("--redraw", type=Path, nargs="+", default=None, metavar="JSONL",
+                   help="run nothing: draw --chart from these gpu_figures.jsonl files")
+    p.add_argument("--title", default="", help="the chart's title (e.g. the GPU and the date)")
     args = p.parse_args(argv)
+    if args.redraw:
+        if args.chart is None:
+            p.error("--redraw draws a chart: give --chart PATH")
+        records = [r for path in args.redraw for r in _read_jsonl(path)]
+        print(f"chart: {chart(records, args.chart, title=args.title)}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(TOOLS))
     from bench_gpu_step import make_jpegs
@@ -213,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
     (args.out / "gpu_figures.md").write_text(report(todo, header))
     print(f"report: {args.out / 'gpu_figures.md'}")
+    if args.chart is not None:
+        print(f"chart: {chart(_read_jsonl(log), args.chart, title=args.title)}")
     return 0 if all(f.result.get("status") == "ok" or f.result.get("status", "").startswith("skipped") for f in todo) else 1
 
 
