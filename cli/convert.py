@@ -190,16 +190,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.kind == "ids" and args.split is not None:
         raise UsageError("convert ids takes its splits from --partition; --split is not used there")
-    options = convert_options(args) if args.kind != "python" else None
     if args.kind == "python":
         result = _convert_python(args)
-    elif args.kind == "imagefolder":
-        result = convert_run.convert_imagefolder(args.src, args.out, options=options)
-    elif args.kind == "ids":
-        result = convert_run.convert_ids(args.src, args.out, partition=args.partition, labels=args.labels,
-                                         options=options, pt_to_npy=args.pt_to_npy)
     else:
-        result = convert_run.convert_listing(args.src, args.out, root=args.root, fmt=args.fmt, options=options)
+        options = convert_options(args)
+        if args.kind == "imagefolder":
+            result = convert_run.convert_imagefolder(args.src, args.out, options=options)
+        elif args.kind == "ids":
+            result = convert_run.convert_ids(args.src, args.out, partition=args.partition, labels=args.labels,
+                                             options=options, pt_to_npy=args.pt_to_npy)
+        else:
+            result = convert_run.convert_listing(args.src, args.out, root=args.root, fmt=args.fmt, options=options)
     for s in result.splits.values():
         reused = f", {s.reused_shards} reused" if s.reused_shards else ""
         ignored = sum(s.ignored.values())

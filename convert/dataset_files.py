@@ -122,7 +122,7 @@ def _http_copy(url: str) -> BinaryIO:
         f.close()
         raise
     f.seek(0)
-    return f  # type: ignore[return-value]
+    return f
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def natural_image(width: int, height: int, *, seed: int) -> Image.Image:
     """An RGB image with low-frequency colour fields, shapes, edges and pixel noise."""
     rng = np.random.default_rng(seed)
     small = rng.integers(0, 256, size=(max(2, height // 48), max(2, width // 48), 3), dtype=np.uint8)
-    img = Image.fromarray(small, "RGB").resize((width, height), Image.BICUBIC)
+    img = Image.fromarray(small, "RGB").resize((width, height), Image.Resampling.BICUBIC)
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(4, 12))):
         x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from shardify.chunk import chunk_samples, decode_chunk
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
@@ -123,10 +123,12 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             continue
         with f:
             reader = _HashingReader(f)
+            # (of a stream that cannot seek, iter_members calls read() alone: all this one has)
+            stream = cast(BinaryIO, reader)
             count = units = 0
             offsets: list[int] = []  # of samples (chunks) 0, OFFSET_STRIDE, ...: what the index should list
             try:
-                for unit in iter_samples(iter_members(reader, shard=entry.url), shard=entry.url):
+                for unit in iter_samples(iter_members(stream, shard=entry.url), shard=entry.url):
                     if units % OFFSET_STRIDE == 0:
                         offsets.append(int(unit["__offset__"]))  # type: ignore[call-overload]
                     for sample in _unit_samples(unit, index, units, entry.nsamples, entry.url):

@@ -119,7 +119,7 @@ def _fit(img: Image.Image, tile: int) -> Image.Image:
     scale = tile / max(img.width, img.height)
     size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
     out = Image.new("RGB", (tile, tile), _BACKGROUND)
-    out.paste(img.resize(size, Image.BILINEAR), ((tile - size[0]) // 2, (tile - size[1]) // 2))
+    out.paste(img.resize(size, Image.Resampling.BILINEAR), ((tile - size[0]) // 2, (tile - size[1]) // 2))
     return out
 
 
@@ -159,8 +159,8 @@ def contact_sheet(
     if n < 1 or tile < 16 or views < 1:
         raise ValueError(f"{n=} should be >= 1, {tile=} >= 16 and {views=} >= 1")
     samples = _read(source, spread_positions(source.num_samples, n))
-    images = [(s, _image_field(s)) for s in samples]
-    images = [(s, d) for s, d in images if d is not None]
+    found = [(s, _image_field(s)) for s in samples]
+    images = [(s, d) for s, d in found if d is not None]
     if not images:
         return Sheet(image=None, text=_text_summary(source, samples))
     font = ImageFont.load_default()

@@ -256,7 +256,7 @@ def decode_chunk(members: Mapping[str, object], *, shard: str, key: str, count: 
     try:
         if count is None:
             count = _HEAD.unpack_from(raw)[1] if len(raw) >= _HEAD.size else 0
-        keys = chunk_keys(raw, count)  # type: ignore[arg-type]
+        keys = chunk_keys(raw, count)
         columns: dict[str, Stacked | Variable] = {}
         for ext, data in members.items():
             if ext.startswith("__") or ext == KEYS_EXT or not isinstance(data, (bytes, memoryview)):

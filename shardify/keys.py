@@ -12,6 +12,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
+from typing import overload
 
 import numpy as np
 
@@ -146,7 +147,11 @@ class KeyList(Sequence[str]):
     def __len__(self) -> int:
         return len(self._records)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # int -> str, slice -> list[str]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self._records[i].decode("ascii")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -77,7 +78,12 @@ class KeyedPermutation(Sequence[int]):
                 walking = walking[values >= n]
         return out.astype(np.int64)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # int -> int, slice -> ndarray
+    # (a slice is an int64 ndarray: a sequence at run time, which numpy's stubs don't say)
+    @overload  # type: ignore[override]
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> np.ndarray: ...
+    def __getitem__(self, i: int | slice) -> int | np.ndarray:
         if isinstance(i, slice):
             start, stop, step = i.indices(self._n)
             if step != 1:

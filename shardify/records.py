@@ -117,7 +117,7 @@ class Records:
         fd = self._files[1].fileno()  # type: ignore[index]
         if i == 0:
             return 0, _END.unpack(os.pread(fd, 8, 0))[0]
-        return _TWO_ENDS.unpack(os.pread(fd, 16, 8 * (i - 1)))  # type: ignore[return-value]
+        return _TWO_ENDS.unpack(os.pread(fd, 16, 8 * (i - 1)))
 
     def __getitem__(self, i: int) -> bytes | bytearray:
         n = len(self)

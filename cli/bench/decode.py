@@ -37,7 +37,10 @@ def fast_decode_figures(encoded: list[tuple[str, bytes]], image_size: int, *, pa
     for key, data in encoded:
         a = T.run_image_transform(exact, data, rng=sample_rng(0, 1, key))
         b = T.run_image_transform(fast, data, rng=sample_rng(0, 1, key))
-        d = (a.to(torch.int16) - b.to(torch.int16)).abs()  # type: ignore[union-attr]
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            raise TypeError(f"sample {key!r}: the transforms gave {type(a).__name__} and {type(b).__name__}, "
+                            f"not tensors")
+        d = (a.to(torch.int16) - b.to(torch.int16)).abs()
         total += int(d.sum())
         differ += int((d > 0).sum())
         count += d.numel()

@@ -116,9 +116,9 @@ class PlainCropFlip:
         from PIL import Image
 
         y, x, ch, cw = self._crop.crop_params(img.width, img.height, random)  # type: ignore[arg-type]
-        img = img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))
         if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).contiguous()
 
 

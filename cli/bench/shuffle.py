@@ -5,9 +5,12 @@ across ranks, each against a full random permutation's."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from shardify.reader.io.sources import ShardInfo, Source
+from shardify.reader.plan.assign import Range
+from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import block_sequence, epoch_sequence
 from shardify.reader.plan.resume import PlanOptions
 from shardify.reader.plan.simulate import Entry, rank_batches
@@ -19,6 +22,7 @@ def _rank0_batches(sizes: list[int], *, seed: int, epoch: int, batch_size: int, 
                    shuffle_block: int, rank: int = 0, world: int = 1, interleave: bool = True) -> list[list[Entry]]:
     opts = PlanOptions(seed=seed, shuffle=True, batch_size=batch_size, drop_last=False, block=shuffle_block,
                        buffer=shuffle_buffer, vectorised=interleave)
+    seq: Sequence[Range] | BlockSequence
     if interleave:  # the default layout's blocks across shards
         seq = block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=shuffle_block)
     else:

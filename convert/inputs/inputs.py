@@ -13,7 +13,7 @@ from collections import Counter
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, overload
+from typing import NamedTuple, cast, overload
 
 import numpy as np
 
@@ -103,10 +103,14 @@ class SampleTable(Sequence[SampleSpec]):
         self.payload_bytes += payload_bytes(spec)
         if label is not None and self.label_counts is not None:
             self.label_counts[label] += 1
-        self._records.append(pack_record(name, identity, label, label_name,
-                                         tuple(map(tuple, files)) if files else (), inline))
+        # plain tuples (marshal takes no NamedTuple); tuple() of a SourceFile types as
+        # tuple[object, ...], its fields are pack_record's 6-tuple
+        plain = cast("tuple[tuple[str, str, int, int, bool, str | None], ...]",
+                     tuple(map(tuple, files)) if files else ())
+        self._records.append(pack_record(name, identity, label, label_name, plain, inline))
 
-    def extend_records(self, data: bytes, ends: array, payload: int, labels: Counter[int] | None = None) -> None:
+    def extend_records(self, data: bytes, ends: array | np.ndarray, payload: int,
+                       labels: Counter[int] | None = None) -> None:
         """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
         ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the
         sum of their samples' :func:`payload_bytes`, ``labels`` their :attr:`label_counts`

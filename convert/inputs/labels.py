@@ -35,7 +35,9 @@ class LabelSpace:
     def resolve(self, raw: object) -> tuple[int, str | int]:
         """``(index, name)`` for a raw label; raises ValueError with the reason."""
         if self.by_int:
-            value = int(raw)  # type: ignore[arg-type]  # validated by label_space
+            if not isinstance(raw, (int, str)):  # (label_space admits no other kind)
+                raise ValueError(f"label {raw!r} should be an int")
+            value = int(raw)
             if value < 0 or (self.num_classes is not None and value >= self.num_classes):
                 limit = f"0..{self.num_classes - 1}" if self.num_classes is not None else ">= 0"
                 raise ValueError(f"label {value} out of range ({limit})")

@@ -13,7 +13,7 @@ import json
 import json.scanner
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 
 from shardify.convert.inputs.ids import stored_ext
@@ -27,7 +27,8 @@ __all__ = ["scan_rows", "inline_ext", "read_rows", "json_rows", "TwoPasses"]
 
 _RESERVED = {"path", "id", "label", "split"}
 _COLUMN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
+# (typeshed types the scanner's context as a make_scanner; it takes any JSONDecoder)
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 """JSON's own scanner: ``(value, end)`` for the value at an index, StopIteration if none."""
 
 
@@ -114,7 +115,7 @@ def scan_rows(
             yield split, n, str(e)
 
 
-def read_rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, object]]]:
+def read_rows(path: Path, fmt: str) -> Generator[tuple[int, dict[str, object]], None, None]:
     """The rows of the listing, with read errors as InputError naming it."""
     try:
         yield from _rows(path, fmt)

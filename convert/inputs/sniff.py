@@ -246,7 +246,7 @@ def transcode_jpeg(data: bytes, info: ImageInfo, *, max_side: int, quality: int)
         if img.format == "JPEG":
             img.draft("RGB", size)
         img = img.convert("RGB")
-        img = img.resize(size, Image.BICUBIC, reducing_gap=3.0)
+        img = img.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=quality, optimize=False)
     return out.getvalue()

@@ -174,7 +174,7 @@ def load_function(spec: str) -> Callable[[Any], Mapping[str, object] | None]:
             raise InputError(f"module {module!r} has no {name!r}", path=spec) from e
     if not callable(obj):
         raise InputError(f"{name!r} is a {type(obj).__name__}, not a function", path=spec)
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None],

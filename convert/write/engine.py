@@ -96,8 +96,8 @@ def run_local(
         pending: set[cf.Future[ShardResult]] = set()
         try:
             while True:
-                while len(pending) < 2 * workers and (task := next(queued, None)) is not None:
-                    pending.add(pool.submit(_run_task, task))
+                while len(pending) < 2 * workers and (submitted := next(queued, None)) is not None:
+                    pending.add(pool.submit(_run_task, submitted))
                 if not pending:
                     break
                 finished, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)

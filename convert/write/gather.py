@@ -77,7 +77,7 @@ class GatherFile:
         if self.closed:
             raise ValueError(f"{self.name}: write to a closed file")
         n = len(data) if type(data) is bytes else memoryview(data).nbytes
-        self._parts.append(data)  # type: ignore[arg-type]
+        self._parts.append(data)
         self._pending += n
         if self._pending >= GATHER_BYTES or len(self._parts) >= _GATHER_PARTS or type(data) is not bytes:
             self.flush()  # a buffer that may change (a memoryview of a reused slot) is written now

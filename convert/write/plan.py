@@ -17,9 +17,9 @@ import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -185,7 +185,7 @@ def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
     (4 bytes an entry; 8 past 2**32): the rule of splits below :data:`PERMUTE_MIN_SAMPLES`."""
     digest = hashlib.sha256(f"shardify-order:{seed}:{split}".encode()).digest()
     order = array("I" if n <= 1 << 32 and array("I").itemsize == 4 else "q", range(n))
-    random.Random(int.from_bytes(digest[:16], "big")).shuffle(order)  # type: ignore[arg-type]
+    random.Random(int.from_bytes(digest[:16], "big")).shuffle(order)
     return order
 
 
@@ -358,7 +358,13 @@ class _Column(Sequence[str]):
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
         if not 0 <= i < self.stop - self.start:
             raise IndexError(i)
         return getattr(self.specs[self.start + i], self.attr)

@@ -114,7 +114,7 @@ class BatchChannel:
             self._maps.clear()
 
     def _adopt(self, pool: int, slot: int, generation: int, storage: torch.UntypedStorage) -> None:
-        base = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),)).numpy()
+        base = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
         with self._lock:
             self._maps[(pool, slot)] = (generation, base)
 
@@ -217,9 +217,9 @@ class SlotPool:
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
         """A free slot's storage of at least ``nbytes`` for this batch, or None (use fresh memory)."""
         free = [i for i in range(len(self._slots)) if self._tokens[i] == 0 and i not in self._taken]
-        fits = [i for i in free if (s := self._slots[i]) is not None and nbytes <= s.capacity <= 4 * nbytes]
+        fits = [(i, s) for i in free if (s := self._slots[i]) is not None and nbytes <= s.capacity <= 4 * nbytes]
         if fits:
-            i = min(fits, key=lambda j: self._slots[j].capacity)  # type: ignore[union-attr]
+            i, slot = min(fits, key=lambda f: f[1].capacity)
         else:
             if len(self._slots) < len(self._tokens):
                 i = len(self._slots)
@@ -228,11 +228,11 @@ class SlotPool:
                 i = next((j for j in free if self._slots[j] is None), free[0])
             else:
                 return None
-            self._slots[i] = _Slot(*self._new_storage(nbytes))
+            slot = self._slots[i] = _Slot(*self._new_storage(nbytes))
         token = self._token()
         self._tokens[i] = token
         self._taken[i] = token
-        return self._slots[i].storage
+        return slot.storage
 
     def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Any:
         """``collate_fn(samples)`` with batch tensors drawn from this pool, packed for sending."""
@@ -263,7 +263,7 @@ class SlotPool:
             slot = by_pointer.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
             if slot is not None:
                 used.add(slot)
-                return _SlotRef(slot, x.dtype, tuple(x.shape), tuple(x.stride()), x.storage_offset())
+                return _SlotRef(slot, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()))
             if x.numel() * x.element_size() <= self.inline_bytes:
                 return _Inline.of(x)
             return x

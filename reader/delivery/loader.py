@@ -207,7 +207,8 @@ class Loader:
         clock = self._meter.begin(self._epoch, batch_size=self.dataset.options.batch_size)  # worker start included
         workers = self._start()  # workers read the epoch and resume point from here
         self._live = workers
-        batches: Iterator[Any] = map(unpack, workers) if self._recycle else workers
+        batches: Iterator[Any] | None  # (None once an error drops it: the traceback keeps this frame)
+        batches = map(unpack, workers) if self._recycle else workers
         batches = self._meter.workers(clock, batches)
         if self._prefetch is not None:
             options = dict(self._prefetch)

@@ -87,7 +87,8 @@ class StageTable:
         if not len(rows):
             return WorkerTimes()
         total = rows.sum(0).tolist()
-        return WorkerTimes(total[_BUSY], *total[_FIRST_STAGE:_BATCHES], batches=int(total[_BATCHES]))
+        read, process, augment, collate, transfer = total[_FIRST_STAGE:_BATCHES]  # (the clock's STAGES)
+        return WorkerTimes(total[_BUSY], read, process, augment, collate, transfer, batches=int(total[_BATCHES]))
 
 
 @dataclass

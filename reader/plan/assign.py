@@ -154,6 +154,11 @@ def sequence_starts(sequence: Sequence[Range] | BlockSequence) -> np.ndarray | N
     """
     if isinstance(sequence, BlockSequence):
         return None
+    return _range_starts(sequence)
+
+
+def _range_starts(sequence: Sequence[Range]) -> np.ndarray:
+    """:func:`sequence_starts` of a sequence of ranges (never None)."""
     flat = np.fromiter(itertools.chain.from_iterable(sequence), dtype=np.int64, count=3 * len(sequence))
     first, stop = flat[1::3], flat[2::3]
     lengths = stop - first
@@ -209,7 +214,7 @@ def plan_worker(
     if isinstance(sequence, BlockSequence):
         return _plan_blocks(sequence, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
                             drop_last=drop_last)
-    cum = sequence_starts(sequence) if starts is None else np.asarray(starts, dtype=np.int64)
+    cum = _range_starts(sequence) if starts is None else np.asarray(starts, dtype=np.int64)
     if len(cum) != len(sequence) + 1:
         raise ValueError(f"starts has {len(cum)} entries, should be {len(sequence) + 1}: one per range plus the end")
     total = int(cum[-1])

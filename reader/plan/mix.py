@@ -65,7 +65,8 @@ def _whole_arrays(sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: 
     return idx[keep] + offset, np.maximum(first, lo) - first, np.minimum(stops[keep], hi) - first
 
 
-def _whole(sizes: np.ndarray, order: Sequence[int], offset: int, lo: int, hi: int, out: list[Range]) -> None:
+def _whole(sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: int, lo: int, hi: int,
+           out: list[Range]) -> None:
     """:func:`_whole_arrays` appended to ``out`` as ranges: within one pass a shard appears
     once, so only its first range can continue the last one of ``out``."""
     if hi <= lo:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardify.reader.plan.assign import Range, plan_worker, resumed_role, sequence_starts
+from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.resume import PlanOptions, share_order
 
 __all__ = ["Entry", "rank_batches"]
@@ -15,8 +16,8 @@ Entry = tuple[int, int, bool]
 """``(shard, index, valid)``: a sample of a batch; ``valid`` is False for a padding repeat."""
 
 
-def rank_batches(sequence: Sequence[Range], opts: PlanOptions, *, epoch: int, rank: int, world: int, workers: int,
-                 consumed: int = 0, segment: int = 0) -> list[list[Entry]]:
+def rank_batches(sequence: Sequence[Range] | BlockSequence, opts: PlanOptions, *, epoch: int, rank: int, world: int,
+                 workers: int, consumed: int = 0, segment: int = 0) -> list[list[Entry]]:
     """Rank ``rank``'s batches of ``sequence`` after the first ``consumed``, in the order it yields them.
 
     DataLoader worker ``w`` plays plan worker ``(w + consumed) % workers`` (see ``resumed_role``)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -50,7 +50,8 @@ def _empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         storage = pool.take(nbytes)
     if storage is None:
         storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+    # (torch's stub wants a stride; left out, set_ takes the contiguous one)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))  # type: ignore[call-overload]
 
 
 def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -161,7 +162,10 @@ def _collate(batch: list, where: str, leaf: Callable[[list, str], object], pad_h
             if not isinstance(s, (tuple, list)) or len(s) != len(elem):
                 raise ValueError(f"{where}: sample {i} has {len(s)} items, sample 0 has {len(elem)}")
         columns = [_collate(list(col), f"{where}[{j}]", leaf, pad_here) for j, col in enumerate(zip(*batch))]
-        return type(elem)(*columns) if hasattr(elem, "_fields") else tuple(columns)
+        if hasattr(elem, "_fields"):  # a NamedTuple: its fields by position
+            named: Callable[..., Any] = type(elem)
+            return named(*columns)
+        return tuple(columns)
     if all(isinstance(v, (bool, np.bool_)) for v in batch):
         return torch.tensor([bool(v) for v in batch], dtype=torch.bool)
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in batch):

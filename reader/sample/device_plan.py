@@ -205,9 +205,10 @@ class DevicePlanner:
         for p in self._flips:
             if rng.random() < p:
                 flip = not flip
-        box = tuple(float(v) for v in box)
+        left, top, right, bottom = box
+        box = (float(left), float(top), float(right), float(bottom))
         bounds = box if self._crop_first else (0.0, 0.0, float(width), float(height))
-        return PlannedImage(data, box, bounds, size, flip)  # type: ignore[arg-type]
+        return PlannedImage(data, box, bounds, size, flip)
 
     def __repr__(self) -> str:
         return f"DevicePlanner({self.transform!r})"
@@ -232,10 +233,11 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
         if im.data is not None:
             buf[offsets[i]:offsets[i + 1]] = np.frombuffer(im.data, dtype=np.uint8)
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
+    decoded = [im.pixels for im in images if im.pixels is not None]
     w, h = size
     pixels = _empty_batch((len(rows), 3, h, w), torch.uint8) if rows else torch.empty((0, 3, h, w), dtype=torch.uint8)
-    for j, i in enumerate(rows):
-        pixels[j] = images[i].pixels
+    for j, row in enumerate(decoded):
+        pixels[j] = row
     return EncodedBatch(
         data=data, offsets=torch.from_numpy(offsets),
         boxes=torch.tensor([im.box for im in images], dtype=torch.float64),
@@ -279,9 +281,11 @@ class DeviceCollate:
         self.collate_fn = collate_fn
 
     def __call__(self, samples: list[Any]) -> Any:
-        collate = self.collate_fn
-        if collate is None:
+        collate: Callable[[list[Any]], Any]
+        if self.collate_fn is None:
             from shardify.reader.sample.collate import default_collate as collate
+        else:
+            collate = self.collate_fn
         try:
             batch = collate(samples)
         except Exception as e:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -208,7 +209,8 @@ class RandomResizedCrop(_Geometric):
 
     def _resample(self, img: Image.Image, box: Box, size: tuple[int, int]) -> Image.Image:
         # As torchvision: crop first, so the filter does not reach outside the crop.
-        return img.crop(tuple(int(v) for v in box)).resize(size, Image.Resampling.BILINEAR)
+        left, top, right, bottom = (int(v) for v in box)
+        return img.crop((left, top, right, bottom)).resize(size, Image.Resampling.BILINEAR)
 
 
 class ScaleJitter(_Geometric):
@@ -326,6 +328,8 @@ class Compose(Transform):
     fast path applies when the first item is RandomResizedCrop, ScaleJitter or ResizeCenterCrop.
     """
 
+    transforms: list[Callable]
+
     def __init__(self, transforms: Sequence[Callable]) -> None:
         flat: list[Callable] = []
         for i, t in enumerate(transforms):
@@ -337,20 +341,20 @@ class Compose(Transform):
                 raise ValueError(f"transforms[{i}]={t!r} should be callable")
         self.transforms = flat
 
-    def __call__(self, img: Image.Image, rng: random.Random) -> object:
+    # (Any: a Compose gives whatever its last item gives, an image or not)
+    def __call__(self, img: Image.Image, rng: random.Random) -> Any:
         value: object = img
         for t in self.transforms:
             value = _apply(t, value, rng)
         return value
 
-    def apply_encoded(self, data: bytes, rng: random.Random) -> object:
-        ts = self.transforms
-        planned = bool(ts) and isinstance(ts[0], _Geometric)
-        # decoded alone, or with the first transform's crop and resize (the fast path)
-        value = ts[0]._decode_planned(data, rng) if planned else decode_image(data)
-        if planned:
+    def apply_encoded(self, data: bytes, rng: random.Random) -> Any:
+        first = self.transforms[0] if self.transforms else None
+        if isinstance(first, _Geometric):  # decoded with the first transform's crop and resize (the fast path)
+            value = first._decode_planned(data, rng)
             return augmenting(lambda: self._augmented(value, rng))
-        return augmenting(lambda: _as_output(self(value, rng)))  # type: ignore[arg-type]
+        img = decode_image(data)
+        return augmenting(lambda: _as_output(self(img, rng)))
 
     def _augmented(self, value: object, rng: random.Random) -> object:
         """The transforms after the first on its output (the fast path: tensors while they can)."""

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from shardify.convert.inputs.imagefolder import scan_imagefolder
+from shardify.convert.inputs.labels import LabelSpace
 from shardify.convert.write.run import convert_ids, convert_imagefolder, convert_listing
 from shardify.errors import InputError
 
@@ -225,3 +226,13 @@ def test_small_trees_are_scanned_without_a_pool(tmp_path: Path, make_image, spy_
     started = spy_pools(imagefolder)
     assert len(scan_imagefolder(root, workers=4).samples) == 46
     assert started == []  # 9 images a class, 6 classes: far below POOL_MIN_FILES
+
+
+def test_int_label_space_refuses_other_kinds():
+    """An int label space resolves ints and decimal strings, and names any other value's kind as a
+    ValueError (the reason a scan records) instead of truncating it."""
+    space = LabelSpace(classes=(), by_int=True, num_classes=10)
+    assert space.resolve(3) == (3, 3) and space.resolve("7") == (7, 7)
+    for raw in (2.5, b"3", None):
+        with pytest.raises(ValueError, match="should be an int"):
+            space.resolve(raw)

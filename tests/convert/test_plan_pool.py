@@ -12,7 +12,7 @@ import pytest
 
 from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.imagefolder import scan_imagefolder
-from shardify.convert.inputs.inputs import Scan, payload_bytes
+from shardify.convert.inputs.inputs import SampleSpec, Scan, payload_bytes
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.write import plan as plan_mod
@@ -144,3 +144,13 @@ def test_planned_shard_bytes_are_the_bytes_written(tmp_path, make_image, imagefo
         index = json.loads((out / "train.json").read_text())
         assert [s["filesize"] for s in index["shardlist"]] == list(plan.shard_bytes)
         assert [s["nsamples"] for s in index["shardlist"]] == list(plan.shard_sizes)
+
+
+def test_sample_column_reads_indices_and_slices():
+    """The plan's lazy column of one sample attribute answers ints and slices, as a Sequence does."""
+    specs = [SampleSpec(name=f"n{i}", identity=f"id{i}", label=None, label_name=None) for i in range(5)]
+    column = plan_mod._Column(specs, "identity", 1, 4)
+    assert len(column) == 3 and column[0] == "id1" and column[2] == "id3"
+    assert column[1:] == ["id2", "id3"] and column[::2] == ["id1", "id3"]
+    with pytest.raises(IndexError):
+        column[3]
