@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardify.reader.delivery.batchpool import active_pool
-from shardify.reader.sample.device_plan import PlannedColumn, PlannedImage
+from shardify.reader.sample.planned import PlannedColumn, PlannedImage
 
 __all__ = ["default_collate", "pad_collate", "bucket_batches"]
 
@@ -33,7 +33,7 @@ S = TypeVar("S")
 _NUMERIC_KINDS = frozenset("biufc")
 
 
-def _empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor; in shared memory inside a DataLoader worker.
 
     Under ``make_loader`` that memory is a recycled slot of the worker's pool
@@ -82,7 +82,7 @@ def _stack(values: list, where: str) -> torch.Tensor:
             dtype = torch.promote_types(dtype, t.dtype)
     if first.device.type != "cpu":
         return torch.stack(tensors).to(dtype)
-    out = _empty_batch((len(tensors), *first.shape), dtype)
+    out = empty_batch((len(tensors), *first.shape), dtype)
     return torch.stack(tensors, out=out)
 
 
@@ -104,7 +104,7 @@ def _pad_planned(values: list[PlannedImage], where: str, multiple_of: int | None
                          f"does not pad: crop to a multiple of {multiple_of}, or leave the image field out of "
                          f"pad_collate's fields=")
     n = len(values)
-    mask = _empty_batch((n, h, w), torch.bool).fill_(True)
+    mask = empty_batch((n, h, w), torch.bool).fill_(True)
     return PlannedColumn(values), torch.tensor([[h, w]] * n, dtype=torch.int64), mask
 
 
@@ -130,8 +130,8 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
     for d in dims:
         longest = max(t.shape[d] for t in tensors)
         shape[d] = -(-longest // multiple_of) * multiple_of if multiple_of else longest
-    padded = _empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
-    mask = _empty_batch((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
+    padded = empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
+    mask = empty_batch((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
     lengths = torch.tensor([[t.shape[d] for d in dims] for t in tensors], dtype=torch.int64)
     for i, t in enumerate(tensors):
         padded[i][tuple(slice(0, n) for n in t.shape)] = t

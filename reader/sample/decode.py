@@ -80,7 +80,7 @@ class PickleRefusedError(DecodeError):
     """A pickle field was met without ``allow_pickle=True``: loading it could run code."""
 
 
-def _over_pixel_limit(width: int, height: int) -> str | None:
+def over_pixel_limit(width: int, height: int) -> str | None:
     """Why a ``width`` x ``height`` image is refused before decoding, or None.
 
     The limit is ``PIL.Image.MAX_IMAGE_PIXELS`` (Pillow's default 89,478,485; None lifts it),
@@ -97,13 +97,13 @@ def _over_pixel_limit(width: int, height: int) -> str | None:
 def open_image(data: bytes) -> Image.Image:
     """Open encoded bytes lazily: the header (size, format) is read, the pixels are not.
 
-    An image over the pixel limit (:func:`_over_pixel_limit`) raises DecodeError here,
+    An image over the pixel limit (:func:`over_pixel_limit`) raises DecodeError here,
     before any pixel is decoded."""
     try:
         img = Image.open(io.BytesIO(data))  # over the limit, Pillow warns (once): refused below
     except Exception as e:  # noqa: BLE001 - Pillow plugins raise OSError, SyntaxError, struct.error...
         raise DecodeError(f"cannot decode image ({len(data)} bytes): {e}") from e
-    too_big = _over_pixel_limit(img.width, img.height)
+    too_big = over_pixel_limit(img.width, img.height)
     if too_big is not None:
         img.close()
         raise DecodeError(f"cannot decode image ({len(data)} bytes): {too_big}")
@@ -165,7 +165,7 @@ def turbo_jpeg_size(data: bytes) -> tuple[int, int] | None:
         height, width, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
     except (ValueError, RuntimeError, TypeError):
         return None
-    if _over_pixel_limit(width, height) is not None:
+    if over_pixel_limit(width, height) is not None:
         return None  # Pillow's path refuses it, with the reason
     return (width, height) if colorspace in ("YCbCr", "RGB", "Gray") else None
 

@@ -27,6 +27,10 @@ import numpy as np
 import torch
 
 from shardify.errors import DeviceDecodeError
+from shardify.reader.sample.collate import default_collate, empty_batch
+from shardify.reader.sample.decode import over_pixel_limit
+from shardify.reader.sample.planned import PLACEHOLDER_HINT, EncodedBatch, PlannedColumn, PlannedImage
+from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
 __all__ = ["JpegFrame", "jpeg_frame", "PlannedImage", "PlannedColumn", "EncodedBatch", "DevicePlanner", "DeviceCollate",
            "pack_planned", "plan_on_device", "PLACEHOLDER_HINT"]
@@ -84,9 +88,7 @@ def device_decodable(data: bytes | memoryview, frame: JpegFrame | None) -> bool:
         return False
     if frame.adobe_transform == 0 or frame.width == 0 or frame.height == 0:  # 0: RGB stored as is
         return False
-    from shardify.reader.sample.decode import _over_pixel_limit
-
-    if _over_pixel_limit(frame.width, frame.height) is not None:
+    if over_pixel_limit(frame.width, frame.height) is not None:
         return False
     end = len(data)
     while end > 2 and data[end - 1] == 0:  # zero padding after EOI is harmless
@@ -94,76 +96,8 @@ def device_decodable(data: bytes | memoryview, frame: JpegFrame | None) -> bool:
     return data[end - 2:end] == b"\xff\xd9"
 
 
-@dataclasses.dataclass(slots=True)
-class PlannedImage:
-    """One image of a device-decoded batch: bytes and draws, or (CPU-decoded) ``pixels``.
-
-    ``box`` and ``bounds`` are (left, top, right, bottom) in original pixels: the crop is
-    resized to ``size`` (w, h) by a filter reading only inside ``bounds`` (the box itself for
-    RandomResizedCrop, which crops first; the whole image otherwise, as Pillow's
-    ``resize(box=...)``). ``flip``: mirrored left-right after resizing.
-    """
-
-    data: bytes | memoryview | None
-    box: tuple[float, float, float, float]
-    bounds: tuple[float, float, float, float]
-    size: tuple[int, int]
-    flip: bool
-    pixels: torch.Tensor | None = None
-    shard: str = ""
-    key: str = ""
-
-    @property
-    def shape(self) -> torch.Size:
-        """The shape of the image once decoded (as the CPU path's tensor): ``(3, h, w)``."""
-        return torch.Size((3, self.size[1], self.size[0]))
-
-    def locate(self, shard: str, key: str) -> None:
-        """Name the sample (for the messages and report of the device side)."""
-        self.shard, self.key = shard, key
-
-
-class EncodedBatch(NamedTuple):
-    """A batch's images as the device side takes them (``B`` images, ``F`` of them CPU-decoded).
-
-    ``data``: uint8 [total], the encoded bytes end to end; ``offsets``: int64 [B + 1] (a
-    CPU-decoded image has no bytes); ``boxes``, ``bounds``: float64 [B, 4]; ``flips``: bool [B];
-    ``pixels``: uint8 [F, 3, h, w] at rows ``pixel_rows`` (int64 [F]); ``size``: (h, w);
-    ``shards``, ``keys``: per row, for messages. ``column``: what the batch holds once decoded,
-    as the CPU path's collate would have made it: ``"stack"`` one ``[B, 3, h, w]`` tensor (the
-    collates of :mod:`~shardify.reader.sample.collate`), ``"list"``/``"tuple"`` the images one by one
-    (a custom collate that kept them in a list or tuple).
-    """
-
-    data: torch.Tensor
-    offsets: torch.Tensor
-    boxes: torch.Tensor
-    bounds: torch.Tensor
-    flips: torch.Tensor
-    pixels: torch.Tensor
-    pixel_rows: torch.Tensor
-    size: tuple[int, int]
-    shards: list[str]
-    keys: list[str]
-    column: str = "stack"
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        """A model or torch op given the undecoded batch: say what it is, rather than fail deep inside."""
-        name = getattr(func, "__name__", str(func))
-        raise TypeError(f"{name}() got a batch of JPEG bytes planned for device decode (EncodedBatch): a dataset "
-                        "made with DecodeOptions(device=...) is decoded by make_loader's prefetcher; iterate it "
-                        "through make_loader, or leave DecodeOptions.device unset to decode in the workers")
-
-
-class PlannedColumn(list):
-    """A batch's planned images that the CPU path's collate would have stacked into one tensor."""
-
-
 def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
     """(crop transform, flip probabilities) of a transform the device path can run, else ValueError."""
-    from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, _Geometric
-
     items = list(transform.transforms) if isinstance(transform, Compose) else [transform]
     if not items or not isinstance(items[0], _Geometric):
         raise ValueError(
@@ -186,8 +120,6 @@ class DevicePlanner:
     """
 
     def __init__(self, transform: Any) -> None:
-        from shardify.reader.sample.transforms import RandomResizedCrop
-
         self.transform = transform
         self._crop, self._flips = _split_transform(transform)
         self._crop_first = isinstance(self._crop, RandomResizedCrop)
@@ -216,8 +148,6 @@ class DevicePlanner:
 
 def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> EncodedBatch:
     """One :class:`EncodedBatch` of a batch's planned images (all of one output size)."""
-    from shardify.reader.sample.collate import _empty_batch
-
     size = images[0].size
     for i, im in enumerate(images):
         if im.size != size:
@@ -227,7 +157,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     lengths = np.fromiter((0 if im.data is None else len(im.data) for im in images), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = _empty_batch((int(offsets[-1]),), torch.uint8)
+    data = empty_batch((int(offsets[-1]),), torch.uint8)
     buf = data.numpy()
     for i, im in enumerate(images):
         if im.data is not None:
@@ -235,7 +165,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
     decoded = [im.pixels for im in images if im.pixels is not None]
     w, h = size
-    pixels = _empty_batch((len(rows), 3, h, w), torch.uint8) if rows else torch.empty((0, 3, h, w), dtype=torch.uint8)
+    pixels = empty_batch((len(rows), 3, h, w), torch.uint8) if rows else torch.empty((0, 3, h, w), dtype=torch.uint8)
     for j, row in enumerate(decoded):
         pixels[j] = row
     return EncodedBatch(
@@ -245,11 +175,6 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
         flips=torch.tensor([im.flip for im in images], dtype=torch.bool),
         pixels=pixels, pixel_rows=torch.tensor(rows, dtype=torch.int64), size=(h, w),
         shards=[im.shard for im in images], keys=[im.key for im in images], column=column)
-
-
-PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
-                    "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
-                    "as default_collate and pad_collate do, and compute on their pixels after the loader")
 
 
 def _pack_lists(obj: Any, where: str = "batch") -> Any:
@@ -281,11 +206,7 @@ class DeviceCollate:
         self.collate_fn = collate_fn
 
     def __call__(self, samples: list[Any]) -> Any:
-        collate: Callable[[list[Any]], Any]
-        if self.collate_fn is None:
-            from shardify.reader.sample.collate import default_collate as collate
-        else:
-            collate = self.collate_fn
+        collate = default_collate if self.collate_fn is None else self.collate_fn
         try:
             batch = collate(samples)
         except Exception as e:

@@ -25,7 +25,7 @@ from PIL import Image
 
 from shardify.pixels import rgb_view
 
-from .decode import Box, _over_pixel_limit, _whole_pixels
+from .decode import Box, _whole_pixels, over_pixel_limit
 
 __all__ = ["raw_pixels", "raw_crop", "raw_image", "raw_to_tensor"]
 
@@ -33,7 +33,7 @@ __all__ = ["raw_pixels", "raw_crop", "raw_image", "raw_to_tensor"]
 def raw_pixels(data: bytes | bytearray | memoryview) -> np.ndarray | None:
     """The ``H x W x 3`` uint8 view of a pre-decoded image's bytes, or None (decode it instead)."""
     hwc = rgb_view(data)
-    if hwc is None or _over_pixel_limit(hwc.shape[1], hwc.shape[0]) is not None:
+    if hwc is None or over_pixel_limit(hwc.shape[1], hwc.shape[0]) is not None:
         return None
     return hwc
 
