@@ -45,7 +45,8 @@ import json
 import os
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from shardify.reader.plan.assign import batches_per_rank, sequence_length
@@ -53,13 +54,39 @@ from shardify.reader.plan.resume import LAYOUTS, Segment
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
 
 if TYPE_CHECKING:
-    from shardify.reader.dataset import ShardedDataset
     from shardify.reader.io.sources import Source
+    from shardify.reader.options import ReadOptions
 
-__all__ = ["STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
+__all__ = ["StateSource", "STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
            "make_iter_state", "load_iter_state", "seal_state", "data_identity"]
 
 STATE_VERSION = 3
+
+
+class StateSource(Protocol):
+    """What a state is made from and checked against: the plan's inputs, not a dataset object
+    (:class:`~shardify.reader.dataset.ShardedDataset` is one; so can a test's plain value be)."""
+
+    options: ReadOptions
+
+    @property
+    def streams(self) -> Sequence[Any]: ...  # each with a ``.source`` (its data identity and name)
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def samples_per_epoch(self) -> int: ...
+
+    @property
+    def stream_counts(self) -> tuple[int, ...]: ...
+
+    @property
+    def stream_samples(self) -> tuple[int, ...]: ...
+
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = ...) -> Any: ...
+
+    def __len__(self) -> int: ...  # batches each rank yields per epoch
 
 _CHECKED = ("version", "epoch", "batches", "seed", "world", "workers", "num_batches", "history", "layout", "plan",
             "data")
@@ -70,7 +97,7 @@ _ITER_CHECKED = ("kind", "version", "epoch", "worker", "workers", "world", "batc
 """The fields of a dataset (per-process) state that its ``check`` covers."""
 
 
-def _plan_fields(ds: ShardedDataset, version: int = STATE_VERSION) -> dict[str, Any]:
+def _plan_fields(ds: StateSource, version: int = STATE_VERSION) -> dict[str, Any]:
     o = ds.options
     plan: dict[str, Any] = {"batch_size": o.batch_size, "drop_last": o.drop_last, "shuffle": o.shuffle,
                             "shuffle_block": o.shuffle_block, "shuffle_buffer": o.shuffle_buffer,
@@ -96,11 +123,11 @@ def data_identity(source: Source) -> dict[str, Any]:
 _IDENTITIES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
 
 
-def _identities(ds: ShardedDataset) -> list[dict[str, Any]]:
+def _identities(ds: StateSource) -> list[dict[str, Any]]:
     """Each stream's :func:`data_identity`, computed once per dataset object (in each process)."""
     cached = _IDENTITIES.get(ds)
     if cached is None:
-        cached = _IDENTITIES[ds] = [data_identity(st.source) for st in ds.streams]  # type: ignore[arg-type]
+        cached = _IDENTITIES[ds] = [data_identity(st.source) for st in ds.streams]
     return [dict(d) for d in cached]
 
 
@@ -118,7 +145,7 @@ def seal_state(state: dict[str, Any]) -> dict[str, Any]:
     return {**body, "check": {name: _field_check(name, body[name]) for name in names if name in body}}
 
 
-def make_state(ds: ShardedDataset, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int,
+def make_state(ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int,
                world: int, workers: int) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
     return seal_state({
@@ -161,13 +188,13 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
         raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 3 state")
 
 
-def _check_data(ds: ShardedDataset, saved: Any, what: str = "loader") -> None:
+def _check_data(ds: StateSource, saved: Any, what: str = "loader") -> None:
     """Refuse a state saved on other data: another dataset, conversion or version."""
     have = _identities(ds)
     if not isinstance(saved, list) or len(saved) != len(have):
         raise ValueError(f"{what} state field 'data' is {saved!r}; this loader reads {len(have)} stream(s): {have!r}")
     for i, (found, mine) in enumerate(zip(saved, have)):
-        name = ds.streams[i].source.name  # type: ignore[union-attr]
+        name = ds.streams[i].source.name
         if not isinstance(found, dict):
             raise ValueError(f"{what} state field 'data[{i}]' is {found!r}; want {{'version': ..., 'digest': ...}}")
         if found.get("version") != mine["version"]:
@@ -182,7 +209,7 @@ def _check_data(ds: ShardedDataset, saved: Any, what: str = "loader") -> None:
                 "checksums: another dataset or conversion)")
 
 
-def _check_part_passes(ds: ShardedDataset, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
+def _check_part_passes(ds: StateSource, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
     """A version 2 state mid-epoch where a stream reads part of a pass: that part changed since."""
     if not batches and not history:
         return
@@ -206,7 +233,7 @@ def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> in
     return value
 
 
-def _check_plan(ds: ShardedDataset, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
+def _check_plan(ds: StateSource, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
     """Refuse a state whose plan options (those that decide an epoch's batches) are not ``ds``'s."""
     saved = state.get("plan")
     if not isinstance(saved, dict):
@@ -229,7 +256,7 @@ def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segm
     return history, layout
 
 
-def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
+def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
     """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one)."""
     if history:  # plans the rest once here, so that a bad state fails now and not in a worker
         left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
@@ -238,7 +265,7 @@ def epoch_batches(ds: ShardedDataset, epoch: int, *, history: tuple[Segment, ...
     return batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
 
 
-def load_state(ds: ShardedDataset, state: dict[str, Any], *, world: int,
+def load_state(ds: StateSource, state: dict[str, Any], *, world: int,
                workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
     version = state.get("version")
@@ -300,7 +327,7 @@ class IterPosition:
     history: tuple[Segment, ...] = ()
 
 
-def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
+def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
     """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
     return seal_state({
         "kind": ITER_STATE_KIND,
@@ -318,7 +345,7 @@ def make_iter_state(ds: ShardedDataset, pos: IterPosition) -> dict[str, Any]:
     })
 
 
-def load_iter_state(ds: ShardedDataset, state: dict[str, Any], *, world: int, workers: int) -> IterPosition:
+def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, workers: int) -> IterPosition:
     """The position ``state`` (from :func:`make_iter_state`) holds, checked against ``ds`` here.
 
     It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
