@@ -130,7 +130,9 @@ class ShardedDataset(IterableDataset):
             fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None), map=map,
             **groups)
         self.streams = resolve_streams(source, split=split, cache_dir=where.dir, cache_limit_bytes=where.limit_bytes,
-                                       skip_unreadable=o.on_error == "skip")
+                                       skip_unreadable=o.on_error == "skip",
+                                       remote={"allow_locations": where.allow_locations, "ranged": where.ranged,
+                                               "requests": where.requests})
         sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]

@@ -1,0 +1,113 @@
+"""A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
+support (``bytes=a-b`` and ``bytes=a-``), counts the requests and body bytes it sends, and
+can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
+mid-body) or add a delay before every answer."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["Behaviour", "serve"]
+
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+@dataclass
+class Behaviour:
+    """What the server does; ``sent`` and ``gets`` count body bytes and GETs since :meth:`reset`."""
+
+    delay_s: float = 0.0
+    ignore_range: bool = False  # answer 200 with the whole file
+    short: int = 0  # answer a Range request with this many bytes fewer (honest Content-Range)
+    drop_after: int | None = None  # close the connection after this many body bytes (every GET)
+    faults_left: int | None = None  # how many GETs misbehave (None: all)
+    sent: int = 0
+    gets: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.sent = self.gets = 0
+
+    def _faulty(self) -> bool:
+        with self.lock:
+            if self.faults_left is None:
+                return True
+            if self.faults_left > 0:
+                self.faults_left -= 1
+                return True
+            return False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    timeout = 10
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        b: Behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        if b.delay_s:
+            time.sleep(b.delay_s)
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        path = (self.server.root / rel).resolve()  # type: ignore[attr-defined]
+        if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        faulty = (b.ignore_range or b.short or b.drop_after is not None) and b._faulty()
+        if m is None or (faulty and b.ignore_range):
+            status, start, stop = 200, 0, len(data)
+        else:
+            start = int(m.group(1))
+            stop = min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
+            if faulty and b.short:
+                stop = max(start, stop - b.short)
+            status = 206
+        body = data[start:stop]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+        self.end_headers()
+        if faulty and b.drop_after is not None:
+            body = body[:b.drop_after]
+            self.close_connection = True
+        self.wfile.write(body)
+        with b.lock:
+            b.sent += len(body)
+            b.gets += 1
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path, behaviour: Behaviour) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root, self.behaviour = root, behaviour
+
+
+@contextmanager
+def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
+    """``(base URL, behaviour)`` of a server for the files under ``root``, stopped on exit."""
+    b = behaviour or Behaviour()
+    httpd = _Server(Path(root), b)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", b
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
