@@ -45,6 +45,7 @@ from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
 from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
+from shardify.reader.io.ranged import range_fetcher
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
@@ -143,6 +144,7 @@ class ShardedDataset(IterableDataset):
 
             self.decode_device, self.options, self.streams = plan_on_device(groups["decoding"].device, self.options,
                                                                             self.streams)
+        self._sources = tuple(sources)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
@@ -338,7 +340,8 @@ class ShardedDataset(IterableDataset):
                                              max_member=self.options.max_member_bytes,
                                              offsets=[s.offsets for s in shards],
                                              filesizes=[s.filesize for s in shards],
-                                             chunks=[s.chunk for s in shards]))
+                                             chunks=[s.chunk for s in shards],
+                                             ranged=range_fetcher(self._sources)))
         return self._reader[1]
 
     def __iter__(self) -> Iterator[Any]:

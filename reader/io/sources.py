@@ -73,6 +73,8 @@ class ShardInfo:
     of chunks 0, OFFSET_STRIDE, ... in a chunked shard."""
     chunk: int | None = None
     """Samples per chunk of a chunked shard (the split index's ``chunk``); None: per-sample."""
+    samples: bytes = b""
+    """The index's per-sample table (:mod:`shardify.sampletable`; empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,8 @@ def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOpti
     for e in index.shards:
         check_location(index_at, _shard_location(index_at, e.url), allow=fetch.allow_locations)
     shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
-                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk)
+                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk,
+                             samples=e.samples)
                    for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
                   fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)

@@ -4,6 +4,7 @@ and servers that misbehave (tools/rangeserver.py on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import shutil
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert import ShardWriter
-from shardify.errors import LocationError
+from shardify.convert import ShardWriter, convert_items
+from shardify.errors import LocationError, ShardFormatError
+from shardify.reader import CacheOptions, ErrorOptions, ShardedDataset
+from shardify.sampletable import SampleTable, sample_digest
+from shardify.tarfmt import OFFSET_STRIDE
 from shardify.reader.io.remote import RetryPolicy
 from shardify.reader.io.sources import resolve_source
 
@@ -73,3 +77,74 @@ def test_a_local_index_stays_in_its_folder_and_relative_shards_still_resolve(www
                  ["shardlist"][1]["url"])
     with pytest.raises(LocationError, match="refuses to read"):
         resolve_source(www / "ds" / "train.json")
+
+
+def _epoch(spec, *, cache=None, epoch_of=None, **kw) -> list[tuple[str, ...]]:
+    ds = ShardedDataset(spec, batch_size=4, shuffle=True, seed=3, fields=("__key__", "txt"),
+                        cache=cache or CacheOptions(), **kw)
+    ds.set_epoch(1)
+    return [tuple(k for k in b[0]) for b in ds]
+
+
+def _table(entry: dict) -> SampleTable:
+    return SampleTable(base64.b64decode(entry["samples"]))
+
+
+@pytest.mark.parametrize("writer", ["ShardWriter", "convert_items"])
+def test_every_writer_lists_each_sample_s_length_and_digest(tmp_path, writer):
+    out = tmp_path / "ds"
+    if writer == "ShardWriter":
+        _dataset(out, n=21, per_shard=8)
+    else:
+        convert_items(range(21), lambda i: {"txt": "y" * (i * 53 % 900), "cls": i % 3}, out, samples_per_shard=8,
+                      workers=2, fsync=False, progress=False)
+    index = json.loads((out / "train.json").read_text())
+    assert [e["nsamples"] for e in index["shardlist"]] == [8, 8, 5]
+    for e in index["shardlist"]:
+        data = (out / e["url"]).read_bytes()
+        ranges = _table(e).ranges()
+        assert [a for a, _, _ in ranges][::OFFSET_STRIDE] == e["offsets"]
+        assert all(sample_digest(data[a:b]) == d for a, b, d in ranges)
+        assert ranges[-1][1] == len(data) - 1024  # the end-of-archive blocks follow the last sample
+
+
+def test_a_ranged_epoch_fetches_only_its_samples_and_equals_the_local_one(www, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    local = _epoch(www / "ds")
+    with rangeserver.serve(www) as (base, served):
+        served.reset()
+        remote = _epoch(f"{base}/ds")
+        index = json.loads((www / "ds" / "train.json").read_text())
+        sizes = [b - a for e in index["shardlist"] for a, b, _ in _table(e).ranges()]  # keys are 0, 1, ...
+    assert remote == local and 0 < len(local)
+    key_bytes = sum(sizes[int(k)] for b in local for k in b)
+    index_bytes = len((www / "ds" / "train.json").read_bytes()) + len((www / "ds" / "manifest.json").read_bytes())
+    assert served.sent - index_bytes <= 1.2 * key_bytes, (served.sent, index_bytes, key_bytes)
+
+
+def test_an_index_without_a_sample_table_reads_whole_shards_as_before(www):
+    index = www / "ds" / "train.json"
+    obj = json.loads(index.read_text())
+    for e in obj["shardlist"]:
+        del e["samples"]
+    index.write_text(json.dumps(obj))
+    local = _epoch(www / "ds" / "train.json", errors=ErrorOptions(verify=True))
+    with rangeserver.serve(www) as (base, served):
+        assert _epoch(f"{base}/ds/train.json", errors=ErrorOptions(verify=True)) == local
+    assert served.sent >= sum(e["filesize"] for e in obj["shardlist"])
+
+
+def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www):
+    index = json.loads((www / "ds" / "train.json").read_text())
+    entry = index["shardlist"][2]
+    a, b, _ = _table(entry).ranges()[3]
+    shard = www / "ds" / entry["url"]
+    data = bytearray(shard.read_bytes())
+    data[b - 600] ^= 1  # in the data of sample 3, not a header
+    shard.write_bytes(bytes(data))
+    with rangeserver.serve(www) as (base, _):
+        with pytest.raises(ShardFormatError) as e:
+            _epoch(f"{base}/ds")
+    assert e.value.shard.endswith(entry["url"]) and e.value.key == "%09d" % 19
+    assert "checksum" in str(e.value)
