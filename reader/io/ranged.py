@@ -17,7 +17,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from shardify.errors import KeyRuleError, ShardFormatError
@@ -169,11 +169,15 @@ class RangeFetcher:
             req.future.cancel()
 
     def cancel(self) -> None:
-        """Forget the planned reads (those in flight finish and are dropped)."""
+        """Forget the planned reads; waits for those in flight (they are not retried), so no
+        request outlives the reads it was made for."""
+        running = [req.future for req in self._ahead if req.future is not None]
         for req in self._ahead:
             self._drop(req)
         self._ahead.clear()
         self._planned.clear()
+        if running:
+            wait(running, timeout=max(f.retry.timeout_s for f in self._fetch))
 
     def close(self) -> None:
         self.cancel()

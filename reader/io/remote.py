@@ -335,8 +335,6 @@ def fetch_range(url: str, start: int, stop: int, *, retry: RetryPolicy,
     retry; when it says True, the fetch stops (its bytes are no longer wanted)."""
     failures = 0
     while True:
-        if failures and cancelled is not None and cancelled():
-            raise ShardFetchError(f"bytes {start}-{stop - 1}: no longer wanted, not retried", shard=url)
         try:
             if url.startswith(_HTTP):
                 return _http_range(url, start, stop, retry.timeout_s)
@@ -345,6 +343,9 @@ def fetch_range(url: str, start: int, stop: int, *, retry: RetryPolicy,
             raise ShardFetchError(f"cannot fetch bytes {start}-{stop - 1}: {e}", shard=url) from e
         except _Transient as e:
             failures += 1
+            if cancelled is not None and cancelled():
+                raise ShardFetchError(f"bytes {start}-{stop - 1}: {e}; no longer wanted, not retried",
+                                      shard=url) from e
             if failures > retry.retries:
                 raise ShardFetchError(f"bytes {start}-{stop - 1}: gave up after {failures} attempts; "
                                       f"last cause: {e}", shard=url) from e

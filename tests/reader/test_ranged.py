@@ -7,18 +7,21 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import multiprocessing
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardify.convert import ShardWriter, convert_items
 from shardify.errors import LocationError, ShardFormatError
-from shardify.reader import CacheOptions, ErrorOptions, ShardedDataset
+from shardify.reader import CacheOptions, ErrorOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.tarfmt import OFFSET_STRIDE
-from shardify.reader.io.remote import RetryPolicy
+from shardify.reader.io.remote import RetryPolicy, ShardFetchError
 from shardify.reader.io.sources import resolve_source
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")
@@ -148,3 +151,91 @@ def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www)
             _epoch(f"{base}/ds")
     assert e.value.shard.endswith(entry["url"]) and e.value.key == "%09d" % 19
     assert "checksum" in str(e.value)
+
+
+def _node(spec: str, rank: int, world: int, cache: str, stop_after: int | None, state: dict | None, out) -> None:
+    """One node (a process with its own cache folder): its keys, its loader state after
+    ``stop_after`` batches, and the bytes in its cache folder."""
+    try:
+        torch.set_num_threads(1)  # a forked child must not enter the OpenMP pool its parent started
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+        ds = ShardedDataset(spec, batch_size=4, shuffle=True, seed=3, fields=("__key__", "__valid__"),
+                            cache=CacheOptions(dir=cache, limit_bytes=4096), sampling=SamplingOptions(mark_repeats=True))
+        keys: list[str] = []
+        with make_loader(ds, num_workers=0) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for n, (batch, valid) in enumerate(loader):
+                keys.extend(k for k, ok in zip(batch, valid.tolist()) if ok)
+                if stop_after is not None and n + 1 == stop_after:
+                    break
+            saved = loader.state_dict()
+        out.put((keys, saved, sum(f.stat().st_size for f in Path(cache).rglob("*") if f.is_file())))
+    except BaseException as e:  # noqa: BLE001 - shown by the test
+        out.put(e)
+
+
+def _run_node(*args) -> tuple[list[str], dict, int]:
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_node, args=(*args, out))
+    p.start()
+    try:
+        got = out.get(timeout=60)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    finally:
+        p.join(timeout=30)
+
+
+def test_nodes_fetch_their_share_read_exactly_once_and_resume_on_another_world(www, tmp_path):
+    index = json.loads((www / "ds" / "train.json").read_text())
+    sizes = [b - a for e in index["shardlist"] for a, b, _ in _table(e).ranges()]  # keys are 0, 1, ...
+    meta = len((www / "ds" / "manifest.json").read_bytes()) + len((www / "ds" / "train.json").read_bytes())
+    dataset_bytes = sum(e["filesize"] for e in index["shardlist"])
+    with rangeserver.serve(www) as (base, served):
+        union: list[str] = []
+        for rank in range(3):  # a whole epoch on 3 nodes: each fetches about what it consumes
+            served.reset()
+            keys, _, cached = _run_node(f"{base}/ds", rank, 3, str(tmp_path / f"node{rank}"), None, None)
+            consumed = sum(sizes[int(k)] for k in set(keys))
+            assert served.sent - meta <= 1.2 * consumed, (rank, served.sent, meta, consumed)
+            assert cached < dataset_bytes / 10  # the node's cache holds no shards
+            union += keys
+        assert sorted(union) == [f"{i:09d}" for i in range(40)]
+        head, state = [], None
+        for rank in range(3):  # stopped after one batch on 3 nodes, resumed on 2
+            keys, state, _ = _run_node(f"{base}/ds", rank, 3, str(tmp_path / f"a{rank}"), 1, None)
+            head += keys
+        rest = []
+        for rank in range(2):
+            keys, _, _ = _run_node(f"{base}/ds", rank, 2, str(tmp_path / f"b{rank}"), None, state)
+            rest += keys
+    assert 8 <= len(head) <= 12 and sorted(head + rest) == [f"{i:09d}" for i in range(40)]
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    pytest.param({"short": 100}, "shorter range", id="short-range"),
+    pytest.param({"drop_after": 100}, "connection closed after 100 of", id="dropped-mid-range"),
+])
+def test_a_short_or_dropped_range_is_retried_then_refused(www, fault, message):
+    local = _epoch(www / "ds")
+    with rangeserver.serve(www) as (base, served):
+        source = resolve_source(f"{base}/ds", retry=FAST)
+        for key, value in fault.items():
+            setattr(served, key, value)
+        served.faults_left = 2  # the first two answers are wrong, their retries right
+        assert _epoch(source) == local
+        served.faults_left = None  # every answer wrong: refused once the retries are spent
+        with pytest.raises(ShardFetchError, match=message) as e:
+            _epoch(source)
+    assert "gave up after 3 attempts" in str(e.value) and e.value.shard.startswith(base)
+
+
+def test_a_server_that_ignores_range_is_refused_clearly_and_whole_shards_still_work(www):
+    local = _epoch(www / "ds")
+    with rangeserver.serve(www, rangeserver.Behaviour(ignore_range=True)) as (base, _):
+        with pytest.raises(ShardFetchError, match=r"ignores Range .*CacheOptions\(ranged=False\)"):
+            _epoch(f"{base}/ds")
+        assert _epoch(f"{base}/ds", cache=CacheOptions(ranged=False)) == local
