@@ -64,22 +64,24 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
             self.send_error(404)
             return
-        data = path.read_bytes()
+        total = path.stat().st_size
         m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
         faulty = (b.ignore_range or b.short or b.drop_after is not None) and b._faulty()
         if m is None or (faulty and b.ignore_range):
-            status, start, stop = 200, 0, len(data)
+            status, start, stop = 200, 0, total
         else:
             start = int(m.group(1))
-            stop = min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
+            stop = min(total, int(m.group(2)) + 1 if m.group(2) else total)
             if faulty and b.short:
                 stop = max(start, stop - b.short)
             status = 206
-        body = data[start:stop]
+        with open(path, "rb") as f:  # only the bytes asked for
+            f.seek(start)
+            body = f.read(stop - start)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
         self.end_headers()
         if faulty and b.drop_after is not None:
             body = body[:b.drop_after]
@@ -92,6 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # many requests in flight: the default backlog of 5 drops connections
 
     def __init__(self, root: Path, behaviour: Behaviour) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -111,3 +114,25 @@ def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tupl
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tools/rangeserver.py ROOT [--delay-ms 50]``: serve ROOT until killed; prints the base URL."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    with serve(args.root, Behaviour(delay_s=args.delay_ms / 1000)) as (base, _):
+        print(base, flush=True)
+        try:
+            sys.stdin.read()  # until the parent closes stdin
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
