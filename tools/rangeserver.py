@@ -32,11 +32,13 @@ class Behaviour:
     faults_left: int | None = None  # how many GETs misbehave (None: all)
     sent: int = 0
     gets: int = 0
+    active: int = 0
+    most_active: int = 0  # the most GETs answered at once
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
-            self.sent = self.gets = 0
+            self.sent = self.gets = self.most_active = 0
 
     def _faulty(self) -> bool:
         with self.lock:
@@ -57,6 +59,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         b: Behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        with b.lock:
+            b.active += 1
+            b.most_active = max(b.most_active, b.active)
+        try:
+            self._answer(b)
+        finally:
+            with b.lock:
+                b.active -= 1
+
+    def _answer(self, b: Behaviour) -> None:
         if b.delay_s:
             time.sleep(b.delay_s)
         rel = unquote(urlsplit(self.path).path).lstrip("/")

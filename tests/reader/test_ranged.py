@@ -239,3 +239,13 @@ def test_a_server_that_ignores_range_is_refused_clearly_and_whole_shards_still_w
         with pytest.raises(ShardFetchError, match=r"ignores Range .*CacheOptions\(ranged=False\)"):
             _epoch(f"{base}/ds")
         assert _epoch(f"{base}/ds", cache=CacheOptions(ranged=False)) == local
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+def test_requests_in_flight_per_worker_are_bounded_by_the_option(www, requests):
+    with rangeserver.serve(www, rangeserver.Behaviour(delay_s=0.02)) as (base, served):
+        source = resolve_source(f"{base}/ds", retry=FAST, requests=requests)
+        served.reset()
+        ds = ShardedDataset(source, batch_size=4, shuffle=True, seed=1, fields=("__key__", "cls"))
+        assert sum(len(b[0]) for b in ds) == 40
+    assert min(requests, 2) <= served.most_active <= requests  # fetched ahead, never more than asked at once
