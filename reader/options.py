@@ -120,7 +120,7 @@ class CacheOptions:
     dir: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None
     ranged: bool = True
-    requests: int = 16
+    requests: int = 64
     allow_locations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

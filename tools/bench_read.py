@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delays", type=float, nargs="*", default=[0, 20, 50], help="added ms per request")
     parser.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8], help="simulated node counts")
     parser.add_argument("--tiny", type=int, default=20000, help="tiny samples for the remote read rate")
-    parser.add_argument("--requests", type=int, default=16, help="ranged requests in flight per worker")
+    parser.add_argument("--requests", type=int, default=64, help="ranged requests in flight per worker")
     parser.add_argument("--tiny-block", type=int, default=64, help="shuffle block of the tiny samples")
     args = parser.parse_args(argv)
     if args.remote:

@@ -72,7 +72,7 @@ class FetchOptions:
     ranged: bool = True
     """Read only the byte ranges of the samples a worker reads, where the index allows it
     (:mod:`shardify.reader.io.ranged`); False: fetch whole shards into the cache."""
-    requests: int = 16
+    requests: int = 64
     """Ranged requests in flight per worker, ahead of use."""
 
     def __post_init__(self) -> None:

@@ -69,7 +69,7 @@ class RangeFetcher:
     here), fetched with ``fetch`` (its retry policy, storage options and ``requests``)."""
 
     def __init__(self, urls: Sequence[str], tables: Sequence[bytes], fetch: Sequence[FetchOptions], *,
-                 max_request_bytes: int = 4 << 20) -> None:
+                 max_request_bytes: int = 1 << 20) -> None:
         if not len(urls) == len(tables) == len(fetch):
             raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
         self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)

@@ -245,7 +245,7 @@ def resolve_source(
     storage_options: Mapping[str, Any] | None = None,
     allow_locations: Sequence[str] = (),
     ranged: bool = True,
-    requests: int = 16,
+    requests: int = 64,
 ) -> Source:
     """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once.
 
