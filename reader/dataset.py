@@ -47,6 +47,7 @@ from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
 from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike, is_gzip
+from shardify.reader.io.ranged import range_fetcher
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
@@ -135,7 +136,9 @@ class ShardedDataset(IterableDataset):
             fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None), map=map,
             **groups)
         self.streams = resolve_streams(source, split=split, cache_dir=where.dir, cache_limit_bytes=where.limit_bytes,
-                                       skip_unreadable=o.on_error == "skip")
+                                       skip_unreadable=o.on_error == "skip",
+                                       remote={"allow_locations": where.allow_locations, "ranged": where.ranged,
+                                               "requests": where.requests})
         sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
@@ -146,6 +149,7 @@ class ShardedDataset(IterableDataset):
 
             self.decode_device, self.options, self.streams = plan_on_device(groups["decoding"].device, self.options,
                                                                             self.streams)
+        self._sources = tuple(sources)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
         self._stream_sizes = tuple(tuple(s.sizes) for s in sources)
@@ -353,7 +357,8 @@ class ShardedDataset(IterableDataset):
                                              max_member=self.options.max_member_bytes,
                                              offsets=[s.offsets for s in shards],
                                              filesizes=[s.filesize for s in shards],
-                                             chunks=[s.chunk for s in shards]))
+                                             chunks=[s.chunk for s in shards],
+                                             ranged=range_fetcher(self._sources)))
         return self._reader[1]
 
     def __iter__(self) -> Iterator[Any]:

@@ -105,14 +105,30 @@ class ErrorOptions:
 
 @dataclass(frozen=True)
 class CacheOptions:
-    """Where remote shards are kept: ``dir`` (shared safely by the workers and ranks of a node;
-    default: two shards per process in a temporary folder), least recently used shards removed
-    above ``limit_bytes``."""
+    """How remote shards are read (docs/remote.md).
+
+    ``ranged`` (default True): each worker fetches only the byte ranges of the samples it
+    reads, checked against the index's per-sample checksums, ``requests`` ranged requests in
+    flight per worker ahead of use; shards whose index has no per-sample table (written by
+    an older shardify), gzip and chunked shards are fetched whole. ``ranged=False``: every
+    remote shard is fetched whole into ``dir`` (shared safely by the workers and ranks of a
+    node; default: two shards per process in a temporary folder), least recently used shards
+    removed above ``limit_bytes``; better when a node's cache holds the whole dataset for
+    many epochs. ``allow_locations``: URL or path prefixes a split index may send the reader
+    to besides its own folder (by default only there: no other host, no local path)."""
 
     dir: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None
+    ranged: bool = True
+    requests: int = 64
+    allow_locations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise ValueError(f"CacheOptions: requests={self.requests} should be >= 1")
+        if isinstance(self.allow_locations, str):
+            raise TypeError("CacheOptions: allow_locations should be a tuple of prefixes, not one string")
+        object.__setattr__(self, "allow_locations", tuple(self.allow_locations))
         if self.limit_bytes is not None and self.limit_bytes < 0:
             raise ValueError(f"CacheOptions: limit_bytes={self.limit_bytes} should be >= 0")
         if self.limit_bytes is not None and self.dir is None:

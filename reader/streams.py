@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import os
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, BinaryIO
 
@@ -57,9 +57,10 @@ class Stream:
 
 
 def resolve_streams(source: Any, *, split: str | None, cache_dir: str | os.PathLike[str] | None,
-                    cache_limit_bytes: int | None, skip_unreadable: bool = False) -> tuple[Stream, ...]:
+                    cache_limit_bytes: int | None, skip_unreadable: bool = False,
+                    remote: Mapping[str, Any] | None = None) -> tuple[Stream, ...]:
     """The dataset's ``source`` argument as streams whose ``source`` is a resolved :class:`Source`
-    (``skip_unreadable``: see :func:`~shardify.reader.io.sources.resolve_source`)."""
+    (``skip_unreadable`` and the ``remote`` keywords: see :func:`~shardify.reader.io.sources.resolve_source`)."""
     if isinstance(source, Stream):
         streams = [source]
     elif isinstance(source, (list, tuple)) and source and all(isinstance(s, Stream) for s in source):
@@ -73,7 +74,7 @@ def resolve_streams(source: Any, *, split: str | None, cache_dir: str | os.PathL
         if not isinstance(s.source, Source):
             s = dataclasses.replace(s, source=resolve_source(s.source, split=s.split, cache_dir=cache_dir,
                                                              cache_limit_bytes=cache_limit_bytes,
-                                                             skip_unreadable=skip_unreadable))
+                                                             skip_unreadable=skip_unreadable, **(remote or {})))
         out.append(s)
     return tuple(out)
 

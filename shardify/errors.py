@@ -9,6 +9,7 @@ __all__ = [
     "ShardifyError",
     "ManifestError",
     "SplitRequiredError",
+    "LocationError",
     "KeyRuleError",
     "ShardFormatError",
     "DatasetVersionError",
@@ -47,6 +48,11 @@ class SplitRequiredError(ManifestError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.where, self.splits))
+
+
+class LocationError(ManifestError):
+    """A manifest or split index points outside its own location (another scheme or host, a
+    local path from a remote index, ``../`` above its folder) and the user did not allow it."""
 
 
 class KeyRuleError(ShardifyError):

@@ -13,6 +13,8 @@ index before the top-level manifest, so a split exists only once it is complete.
 from __future__ import annotations
 
 import dataclasses
+import base64
+import binascii
 import hashlib
 import json
 import os
@@ -23,6 +25,7 @@ from typing import Any, BinaryIO
 
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.errors import ManifestError
+from shardify.sampletable import SampleTable
 from shardify.pixels import RAW_EXT, RAW_FORMAT, RAW_FORMAT_VERSION, RAW_SIDES
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
@@ -157,12 +160,17 @@ class ShardEntry:
     offsets: tuple[int, ...] = ()
     """Byte offset of the first header of samples 0, OFFSET_STRIDE, 2 * OFFSET_STRIDE, ...
     (empty: not recorded, as in indexes written before it was; readers then scan)."""
+    samples: bytes = b""
+    """The per-sample table (:mod:`shardify.sampletable`: each sample's length and digest),
+    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize,
                                "sha256": self.sha256}
         if self.offsets:
             out["offsets"] = list(self.offsets)
+        if self.samples:
+            out["samples"] = base64.b64encode(self.samples).decode("ascii")
         return out
 
     @classmethod
@@ -189,7 +197,22 @@ class ShardEntry:
             unit = "samples" if chunk is None else "chunks"
             raise ManifestError(f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
                                 f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}")
-        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets))
+        table = _sample_table(obj.get("samples", ""), where)
+        problem = SampleTable(table).problem(nsamples=nsamples, filesize=filesize) if table and chunk is None else None
+        if table and chunk is not None:
+            problem = "a chunked split has no per-sample table"
+        if problem is not None:
+            raise ManifestError(f"{where}: field 'samples' does not fit the shard: {problem}")
+        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
+
+
+def _sample_table(text: Any, where: str) -> bytes:
+    if not isinstance(text, str):
+        raise ManifestError(f"{where}: field 'samples' should be a base64 str, found {str(text)[:40]!r}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ManifestError(f"{where}: field 'samples' is not base64: {e}") from e
 
 
 @dataclass(frozen=True)

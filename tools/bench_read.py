@@ -1,4 +1,5 @@
-"""Reading benchmark, run by hand: ``python tools/bench_read.py [--images 2000] [--out bench-out]``.
+"""Reading benchmark, run by hand: ``python tools/bench_read.py [--images 2000] [--out bench-out]``;
+``--remote``: reading over HTTP with added latency, and bytes per simulated node (tools/bench_remote.py).
 
 Makes (once, under ``--out``) an ImageFolder of natural-looking ImageNet-size JPEGs, converts
 it with shardify's converter, warms the page cache, then prints :func:`run_bench`'s table:
@@ -58,7 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-limit", type=int, default=None, help="images timed in one process (all)")
     parser.add_argument("--no-webdataset", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--remote", action="store_true", help="remote figures instead (tools/bench_remote.py)")
+    parser.add_argument("--delays", type=float, nargs="*", default=[0, 20, 50], help="added ms per request")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8], help="simulated node counts")
+    parser.add_argument("--tiny", type=int, default=20000, help="tiny samples for the remote read rate")
+    parser.add_argument("--requests", type=int, default=64, help="ranged requests in flight per worker")
+    parser.add_argument("--tiny-block", type=int, default=64, help="shuffle block of the tiny samples")
     args = parser.parse_args(argv)
+    if args.remote:
+        return remote(args)
     dataset = args.dataset or build(args.out, args.images, args.per_shard)
     print(f"warmed {warm(dataset) / 2**20:.0f} MiB of shards", file=sys.stderr)
     result = run_bench(dataset, batch_size=args.batch_size, num_workers=args.workers, epochs=args.epochs,
@@ -66,6 +75,23 @@ def main(argv: list[str] | None = None) -> int:
     print(format_bench(result))
     if args.json:
         print(json.dumps(result, indent=1))
+    return 0
+
+
+def remote(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_remote
+
+    dataset = args.dataset or build(args.out, args.images, args.per_shard)
+    warm(dataset)
+    for what, ds, block, photos in (("photos", dataset, 4, True),
+                                    ("tiny", bench_remote.tiny_dataset(args.out, args.tiny), args.tiny_block, False)):
+        for row in bench_remote.read_rate(ds, delays_ms=args.delays, photos=photos, requests=args.requests,
+                                          block=block):
+            print(json.dumps({"samples": what, "block": block, "requests": args.requests, **row}))
+    if args.nodes:
+        for row in bench_remote.node_traffic(dataset, nodes=args.nodes, work=args.out / "nodes"):
+            print(json.dumps(row))
     return 0
 
 

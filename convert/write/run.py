@@ -360,7 +360,7 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
     index = SplitIndex(
         split=split,
         shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256,
-                                offsets=r.offsets) for r in ordered),
+                                offsets=r.offsets, samples=r.samples) for r in ordered),
         classes=tuple(classes),
         fields=tuple(sorted({f for r in ordered for f in r.fields})),
         converter=converter,

@@ -94,6 +94,7 @@ class ShardStream:
         self.flush()
         out = self._out or self._open()
         self._note_offset()
+        out.mark(self.nbytes - len(END_OF_ARCHIVE))
         try:
             write_members(out, key, members)
         except OSError as e:
@@ -117,9 +118,9 @@ class ShardStream:
             return
         if not self.fits(size):
             self.close_shard()
-        if self._out is None:
-            self._open()
+        out = self._out or self._open()
         self._note_offset()
+        out.mark(self.nbytes - len(END_OF_ARCHIVE))
         held = self._held
         if held is not None and held[0] is data and held[2] == start:
             self._held = (data, held[1], end)
@@ -205,6 +206,7 @@ class ShardStream:
         final = self._name()
         tmp = temp_name(self._name())
         try:
+            out.mark(out.size)
             out.write(END_OF_ARCHIVE)
             self.fs.finish_write(f, fsync=self.fsync)
             f.close()
@@ -219,7 +221,8 @@ class ShardStream:
             raise
         result = ShardResult(index=self.index, url=final, nsamples=self.samples, filesize=out.size,
                              sha256=out.hash.hexdigest(), fields=tuple(sorted(self.fields)),
-                             skipped=tuple(self.skipped), offsets=tuple(self.offsets))
+                             skipped=tuple(self.skipped), offsets=tuple(self.offsets),
+                             samples=out.table.table(self.samples) if self.chunk is None else b"")
         self._file = self._out = None
         self.index += 1
         self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []

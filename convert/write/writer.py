@@ -7,6 +7,7 @@ they are written, so finished shards are never read back.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from shardify.convert.inputs.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
 from shardify.pixels import RAW_EXT
+from shardify.sampletable import TableBuilder
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
 __all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "write_chunk", "member_parts", "split_members",
@@ -79,11 +81,14 @@ class ShardResult:
     """Inputs packed with decoder warnings (kind ``note``), for the report."""
     offsets: tuple[int, ...] = ()
     """Byte offset of samples 0, OFFSET_STRIDE, ... (see :data:`shardify.tarfmt.OFFSET_STRIDE`)."""
+    samples: bytes = b""
+    """The shard's per-sample table (:mod:`shardify.sampletable`); empty for a chunked shard."""
 
     def to_record(self) -> dict[str, Any]:
         """What a resume record keeps of this result (JSON-ready; :meth:`from_record` reads it)."""
         return {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize, "sha256": self.sha256,
-                "offsets": list(self.offsets), "fields": list(self.fields),
+                "offsets": list(self.offsets), "samples": base64.b64encode(self.samples).decode(),
+                "fields": list(self.fields),
                 "skipped": [[s.path, s.reason] for s in self.skipped],
                 "notes": [[s.path, s.reason] for s in self.notes]}
 
@@ -94,7 +99,7 @@ class ShardResult:
         return cls(index=index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"], sha256=r["sha256"],
                    fields=tuple(r["fields"]), skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
                    notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
-                   offsets=tuple(r["offsets"]))
+                   offsets=tuple(r["offsets"]), samples=base64.b64decode(r.get("samples", "")))
 
 
 def temp_name(final: str) -> str:
@@ -108,17 +113,24 @@ smaller pieces of a sample (headers, labels, padding) are joined into one write.
 
 
 class HashingWriter:
-    """Writes to a file and feeds the same bytes to SHA-256; counts them."""
+    """Writes to a file and feeds the same bytes to SHA-256 and to the shard's per-sample
+    table (:mod:`shardify.sampletable`; :meth:`mark` where samples start and the last ends); counts them."""
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.hash = hashlib.sha256()
         self.size = 0
+        self.table = TableBuilder()
 
     def write(self, data: bytes | memoryview) -> None:
         self.f.write(data)
         self.hash.update(data)
+        self.table.feed(data)
         self.size += len(data)
+
+    def mark(self, at: int) -> None:
+        """A sample starts (or the last one ends) at byte ``at`` of the shard."""
+        self.table.mark(at)
 
 
 def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes], int]:
@@ -348,6 +360,8 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                 else:
                     if members and written % OFFSET_STRIDE == 0:
                         offsets.append(out.size)
+                    if members:
+                        out.mark(out.size)
                     write_members(out, sample.key, members)
                     if members:
                         written += 1
@@ -357,6 +371,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
             if progress is not None and len(plan) > reported[0]:
                 progress(len(plan) - reported[0], out.size - reported[1])
             flush_chunk(out)
+            out.mark(out.size)
             out.write(END_OF_ARCHIVE)
             fs.finish_write(f, fsync=task.fsync)
         fs.replace(tmp, final)
@@ -368,7 +383,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
         raise
     return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
                        sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped),
-                       notes=tuple(notes), offsets=tuple(offsets))
+                       notes=tuple(notes), offsets=tuple(offsets), samples=out.table.table(written))
 
 
 def _discard(fs: OutputFS, name: str) -> None:

@@ -66,6 +66,14 @@ class FetchOptions:
     storage_options: Mapping[str, Any] | None = None
     """Options of the fsspec backend (``s3://``: ``key``, ``secret``, ``endpoint_url``, ...);
     default: the backend's usual places (environment, config files)."""
+    allow_locations: tuple[str, ...] = ()
+    """URL or path prefixes a split index may send the reader to besides its own folder
+    (:mod:`shardify.reader.io.locations`)."""
+    ranged: bool = True
+    """Read only the byte ranges of the samples a worker reads, where the index allows it
+    (:mod:`shardify.reader.io.ranged`); False: fetch whole shards into the cache."""
+    requests: int = 64
+    """Ranged requests in flight per worker, ahead of use."""
 
     def __post_init__(self) -> None:
         if self.cache_limit_bytes is not None and self.cache_limit_bytes < 0:
@@ -74,6 +82,8 @@ class FetchOptions:
             raise ValueError(f"{self.cache_limit_bytes=} needs cache_dir=...")
         if self.temp_shards < 1:
             raise ValueError(f"{self.temp_shards=} should be >= 1")
+        if self.requests < 1:
+            raise ValueError(f"{self.requests=} should be >= 1")
 
 
 class ShardCache:

@@ -7,6 +7,11 @@ exponential backoff within a :class:`RetryPolicy`, and resumes where it stopped:
 the range and answers 200 restarts the file from byte 0, what was received is discarded),
 fsspec with a seek. Sizes are checked against ``Content-Length`` and the manifest, the
 SHA-256 against the manifest when it is known.
+
+:func:`fetch_range` fetches one byte range (``Range: bytes=a-b``, fsspec ``cat_file``) and
+returns exactly those bytes: a server that answers 200 with the whole file (it ignores
+Range) is refused at once, a shorter range or a connection dropped mid-range is retried
+within the policy, then refused; never are other bytes returned.
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from shardify import __version__
 from shardify.errors import ShardFormatError
 
-__all__ = ["RetryPolicy", "ShardFetchError", "is_remote", "join_url", "download", "fetch_bytes"]
+__all__ = ["RetryPolicy", "ShardFetchError", "is_remote", "join_url", "download", "fetch_bytes", "fetch_range"]
 
 log = logging.getLogger("shardify.reader")
 
@@ -320,3 +325,82 @@ def fetch_bytes(url: str, *, retry: RetryPolicy, max_bytes: int = 256 << 20,
     buf = io.BytesIO()
     download(url, buf, retry=retry, max_bytes=max_bytes, storage_options=storage_options)
     return buf.getvalue()
+
+
+def fetch_range(url: str, start: int, stop: int, *, retry: RetryPolicy,
+                storage_options: Mapping[str, Any] | None = None,
+                cancelled: Callable[[], bool] | None = None) -> bytes:
+    """Bytes ``start..stop-1`` of the file at ``url``, exactly (see the module); raises
+    :class:`ShardFetchError` naming ``url`` and the range. ``cancelled``: asked before each
+    retry; when it says True, the fetch stops (its bytes are no longer wanted)."""
+    failures = 0
+    while True:
+        try:
+            if url.startswith(_HTTP):
+                return _http_range(url, start, stop, retry.timeout_s)
+            return _fsspec_range(url, start, stop, storage_options)
+        except _Permanent as e:
+            raise ShardFetchError(f"cannot fetch bytes {start}-{stop - 1}: {e}", shard=url) from e
+        except _Transient as e:
+            failures += 1
+            if cancelled is not None and cancelled():
+                raise ShardFetchError(f"bytes {start}-{stop - 1}: {e}; no longer wanted, not retried",
+                                      shard=url) from e
+            if failures > retry.retries:
+                raise ShardFetchError(f"bytes {start}-{stop - 1}: gave up after {failures} attempts; "
+                                      f"last cause: {e}", shard=url) from e
+            wait = retry.delay(failures)
+            log.warning("%s: bytes %d-%d: %s; retry %d of %d in %.2f s", url, start, stop - 1, e, failures,
+                        retry.retries, wait)
+            time.sleep(wait)
+
+
+def _http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
+    headers = {"Accept-Encoding": "identity", "User-Agent": f"shardify/{__version__}",
+               "Range": f"bytes={start}-{stop - 1}"}
+    try:
+        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as e:
+        e.close()
+        raise _http_error(e, 0) from e
+    except Exception as e:
+        raise _classify(e) from e
+    try:
+        if resp.status == 200:
+            raise _Permanent("the server ignores Range (it answered 200 with the whole file); read this dataset "
+                             "with CacheOptions(ranged=False), which fetches whole shards")
+        if resp.status != 206:
+            raise _Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
+        found = resp.headers.get("Content-Range", "")
+        m = _CONTENT_RANGE.fullmatch(found.strip())
+        if m is None or int(m.group(1)) != start or int(m.group(2)) > stop - 1:
+            raise _Permanent(f"asked for bytes {start}-{stop - 1}, the server answered Content-Range {found!r}")
+        if int(m.group(2)) < stop - 1:
+            raise _Transient(f"asked for bytes {start}-{stop - 1}, the server sent a shorter range {found!r}")
+        try:
+            data = resp.read(stop - start + 1)
+        except Exception as e:
+            raise _classify(e) from e
+    finally:
+        resp.close()
+    if len(data) != stop - start:
+        raise _Transient(f"connection closed after {len(data)} of {stop - start} bytes")
+    return data
+
+
+def _fsspec_range(url: str, start: int, stop: int, storage_options: Mapping[str, Any] | None) -> bytes:
+    try:
+        import fsspec  # deferred: an optional dependency, needed only for non-HTTP URLs
+    except ImportError as e:
+        raise _Permanent(f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'") from e
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except (ImportError, ValueError) as e:
+        raise _Permanent(f"no fsspec backend for this URL: {e}") from e
+    try:
+        data = bytes(fs.cat_file(path, start=start, end=stop))
+    except Exception as e:
+        raise _classify(e) from e
+    if len(data) != stop - start:
+        raise _Transient(f"got {len(data)} of {stop - start} bytes")
+    return data

@@ -32,6 +32,7 @@ import braceexpand
 from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError, SplitRequiredError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.reader.io.cache import FetchOptions, open_remote
+from shardify.reader.io.locations import check_location
 from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
 from shardify.tario import scan_sample_offsets
 
@@ -72,6 +73,8 @@ class ShardInfo:
     of chunks 0, OFFSET_STRIDE, ... in a chunked shard."""
     chunk: int | None = None
     """Samples per chunk of a chunked shard (the split index's ``chunk``); None: per-sample."""
+    samples: bytes = b""
+    """The index's per-sample table (:mod:`shardify.sampletable`; empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,9 @@ def resolve_source(
     temp_shards: int = 2,
     skip_unreadable: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    allow_locations: Sequence[str] = (),
+    ranged: bool = True,
+    requests: int = 64,
 ) -> Source:
     """Resolve ``spec`` into a :class:`Source`; shard lists are counted here, once.
 
@@ -251,10 +257,14 @@ def resolve_source(
     folder holding the last ``temp_shards``; ``retry`` bounds the attempts, backoff and timeouts.
     ``storage_options`` go to the fsspec backend of ``s3://`` and other URLs (credentials,
     endpoint); by default it takes them from its usual places (``AWS_*`` variables, ``~/.aws``).
+    A manifest or split index may name files only under its own folder, and under the
+    ``allow_locations`` prefixes (:mod:`shardify.reader.io.locations`). ``ranged`` and
+    ``requests``: see :class:`~shardify.reader.io.cache.FetchOptions`.
     """
     fetch = FetchOptions(retry=retry or RetryPolicy(), cache_limit_bytes=cache_limit_bytes,
                          cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-                         temp_shards=temp_shards, storage_options=storage_options)
+                         temp_shards=temp_shards, storage_options=storage_options,
+                         allow_locations=tuple(allow_locations), ranged=ranged, requests=requests)
     if not isinstance(spec, (str, os.PathLike)):
         return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads,
                             fetch=fetch, skip_unreadable=skip_unreadable)
@@ -347,6 +357,7 @@ def _from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
     if split not in manifest.splits:
         raise ManifestError(f"{top}: no split {split!r}; splits: {sorted(manifest.splits)}")
     index_url = join_url(top, manifest.splits[split].index)
+    check_location(top, index_url, allow=fetch.allow_locations)
     index = SplitIndex.from_json(_fetch_json(index_url, fetch, "split index"), source=index_url)
     manifest.check_index(split, index, source=index_url)
     return _from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
@@ -361,8 +372,11 @@ def _shard_location(index_at: str, relative: str) -> str:
 
 def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions,
                 dataset: str | None = None) -> Source:
+    for e in index.shards:
+        check_location(index_at, _shard_location(index_at, e.url), allow=fetch.allow_locations)
     shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
-                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk)
+                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk,
+                             samples=e.samples)
                    for e in index.shards)
     return Source(name=name, split=index.split, shards=shards, classes=index.classes,
                   fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -40,6 +40,7 @@ from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
 from shardify.reader.io.chunked import ChunkSlicer
+from shardify.reader.io.ranged import RangeFetcher, parse_sample
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
 from shardify.tarfmt import OFFSET_STRIDE
@@ -147,7 +148,9 @@ class ShardReader:
     offsets are trusted as the index's sample counts are: ``verify`` (the reader's checksums)
     proves the shard's bytes are those the index was written for, ``shardify verify`` checks
     the offsets themselves. ``chunks``: per shard, its samples per chunk (None: a per-sample
-    shard); ``sizes`` stay sample counts, ``offsets`` are then those of chunks."""
+    shard); ``sizes`` stay sample counts, ``offsets`` are then those of chunks. ``ranged``:
+    reads the shards it covers in checked byte ranges (:mod:`shardify.reader.io.ranged`);
+    :meth:`plan` tells it the reads to come."""
 
     def __init__(
         self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
@@ -158,6 +161,7 @@ class ShardReader:
         offsets: Sequence[Sequence[int]] | None = None,
         filesizes: Sequence[int | None] | None = None,
         chunks: Sequence[int | None] | None = None,
+        ranged: RangeFetcher | None = None,
     ) -> None:
         self._opener = opener
         self._urls = list(urls)
@@ -187,6 +191,12 @@ class ShardReader:
         self._windows: OrderedDict[tuple[int, int], ShardLayout | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
         self._cursor: _Cursor | None = None
+        self._ranged = ranged
+
+    def plan(self, runs: Iterable[tuple[int, int, int]]) -> None:
+        """The ``(shard, start, stop)`` reads to come, in order: ranged shards fetch ahead."""
+        if self._ranged is not None:
+            self._ranged.plan(runs)
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Yield the ``stop - start`` items at positions ``start..stop-1`` of shard ``shard``."""
@@ -197,6 +207,9 @@ class ShardReader:
     def _read_units(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Tar samples ``start..stop-1`` of ``shard`` (chunks, in a chunked shard)."""
         url = self._urls[shard]
+        if self._ranged is not None and self._ranged.covers(shard):  # every range checked on arrival
+            yield from self._read_ranged(self._ranged, shard, start, stop)
+            return
         mismatch = self._verify(shard)
         if mismatch is not None:
             if not self._skip:
@@ -361,6 +374,19 @@ class ShardReader:
                 raise error from e
         for i in range(index, stop):
             yield Lost(url, i, str(error))
+
+    def _read_ranged(self, ranged: RangeFetcher, shard: int, start: int, stop: int) -> Iterator[Item]:
+        url, index = self._urls[shard], start
+        try:
+            for data in ranged.samples(shard, start, stop):
+                yield parse_sample(data, url=url, offset=ranged.offset(shard, index), keep=self._keep,
+                                   max_member=self._max_member)
+                index += 1
+        except (ShardFormatError, *_ReadErrors) as e:
+            if not self._skip:
+                raise _damage(url, e) from e
+            for i in range(index, stop):
+                yield Lost(url, i, str(_damage(url, e)))
 
     def _read_forward(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         url = self._urls[shard]

@@ -56,7 +56,22 @@ class Bad:
 def read_positions(
     reader: ShardReader, ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
 ) -> Iterator[tuple[int, Item]]:
-    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones."""
+    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones.
+    The reader is told all the reads first (:meth:`ShardReader.plan`), so remote ranges are fetched ahead."""
+    runs = list(_runs(ranges, order, consumed))
+    reader.plan((shard, first, first + count) for _, shard, first, count in runs)
+    try:
+        for p, shard, first, count in runs:
+            for k, item in enumerate(reader.read(shard, first, first + count)):
+                yield p + k, item
+    finally:
+        reader.plan(())  # stopped early (an error, a break): what was fetched ahead is not wanted
+
+
+def _runs(ranges: Sequence[Range], order: Sequence[int],
+          consumed: bytearray | None) -> Iterator[tuple[int, int, int, int]]:
+    """``(position, shard, first sample, count)`` of each read, in order: consecutive positions
+    in one shard range are read together."""
     starts = [0]
     for _, a, b in ranges:
         starts.append(starts[-1] + b - a)
@@ -73,9 +88,7 @@ def read_positions(
                and not (consumed is not None and consumed[order[j]])):
             j += 1
         shard, a, _ = ranges[r]
-        first = a + p - starts[r]
-        for k, item in enumerate(reader.read(shard, first, first + (j - i))):
-            yield p + k, item
+        yield p, shard, a + p - starts[r], j - i
         i = j
 
 

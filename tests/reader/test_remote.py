@@ -73,13 +73,15 @@ class _Handler(BaseHTTPRequestHandler):
         rel = unquote(urlsplit(self.path).path).lstrip("/")
         name, rng = rel.rsplit("/", 1)[-1], self.headers.get("Range")
         path = self.server.root / rel  # type: ignore[attr-defined]
-        status, start = 200, 0
+        status, start, end = 200, 0, None
         if name in faults.fail:
             status = faults.fail[name]
         elif not path.is_file():
             status = 404
         elif rng and not faults.ignore_range:
-            status, start = 206, int(re.fullmatch(r"bytes=(\d+)-", rng).group(1))  # type: ignore[union-attr]
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
+            status, start = 206, int(m.group(1))  # type: ignore[union-attr]
+            end = int(m.group(2)) + 1 if m.group(2) else None  # type: ignore[union-attr]
             start -= faults.wrong_range
         with faults.lock:
             faults.requests.append((name, rng, status))
@@ -87,10 +89,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(status)
             return
         data = path.read_bytes()
+        total = len(data)
+        if end is not None:
+            data = data[:end]
         self.send_response(status)
         self.send_header("Content-Length", str(len(data) - start))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{total}")
         self.end_headers()
         body = data[start:]
         with faults.lock:
@@ -170,7 +175,7 @@ def test_an_epoch_over_http_matches_the_local_one_batch_for_batch(dataset, serve
     assert len(local) == len(remote) == 5
     for (li, ll), (ri, rl) in zip(local, remote):
         assert li.shape == ri.shape and bool((li == ri).all()) and ll.tolist() == rl.tolist()
-    assert all(status == 200 for _, _, status in faults.requests)
+    assert all(status in (200, 206) for _, _, status in faults.requests)
 
 
 @pytest.mark.parametrize("spec", ["{url}", "{url}/", "{url}/manifest.json", "{url}/train.json"])
@@ -399,7 +404,8 @@ def test_options_are_checked():
 def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset, server, tmp_path):
     url, faults = server
     ds = ShardedDataset(url, split="train", batch_size=4, shuffle=True, seed=0, shuffling=ShuffleOptions(block=2),
-                        transform=T.ResizeCenterCrop(resize=24, crop=16), cache=CacheOptions(dir=tmp_path / "cache"))
+                        transform=T.ResizeCenterCrop(resize=24, crop=16),
+                        cache=CacheOptions(dir=tmp_path / "cache", ranged=False))
     loader = make_loader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)

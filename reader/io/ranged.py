@@ -1,0 +1,214 @@
+"""Ranged reads of remote shards: each process fetches only the bytes of the samples it reads.
+
+A split index written by this shardify lists, per shard, each sample's length and digest
+(:mod:`shardify.sampletable`). Given the reads a worker will make, in order (the plan knows
+them), :class:`RangeFetcher` coalesces reads that touch in the same shard into one request
+(up to ``max_request_bytes``), fetches them with at most ``requests`` requests in flight
+ahead of use (:func:`~shardify.reader.io.remote.fetch_range`: exact ranges, retried), and
+checks every sample's bytes against the index's digest on arrival: a mismatch raises
+:class:`~shardify.errors.ShardFormatError` naming the shard and the sample's key. Memory
+holds at most ``requests`` requests' bytes. A read that was not planned is fetched alone.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.keys import split_member_name
+from shardify.tario import KeepMember, iter_members, iter_samples
+from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.remote import fetch_range, is_remote
+from shardify.reader.io.sources import Source, is_gzip
+from shardify.sampletable import SampleTable, sample_digest
+
+__all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher"]
+
+log = logging.getLogger("shardify.reader")
+
+Run = tuple[int, int, int]
+"""``(shard, start, stop)``: samples ``start..stop-1`` of a shard, read in one go."""
+
+
+@dataclass
+class RangeStats:
+    """What one process fetched: ``requests`` made and body ``bytes`` received."""
+
+    requests: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class _Request:
+    shard: int
+    first: int  # first sample
+    last: int  # one past the last sample
+    start: int  # bytes
+    stop: int
+    future: Future[bytes] | None = None
+    dropped: bool = False
+    runs: deque[Run] = field(default_factory=deque)
+
+
+def _key_of(data: bytes) -> str | None:
+    """The sample key in a tar header's name field (None when it cannot be read)."""
+    try:
+        return split_member_name(data[:100].split(b"\0", 1)[0].decode("utf-8"))[0]
+    except (UnicodeDecodeError, KeyRuleError):
+        return None
+
+
+class RangeFetcher:
+    """Sample bytes of the shards ``urls`` that have a table in ``tables`` (empty: not read
+    here), fetched with ``fetch`` (its retry policy, storage options and ``requests``)."""
+
+    def __init__(self, urls: Sequence[str], tables: Sequence[bytes], fetch: Sequence[FetchOptions], *,
+                 max_request_bytes: int = 1 << 20) -> None:
+        if not len(urls) == len(tables) == len(fetch):
+            raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
+        self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)
+        self._ranges: dict[int, list[tuple[int, int, bytes]]] = {}
+        self._max = max_request_bytes
+        self._planned: deque[_Request] = deque()
+        self._ahead: deque[_Request] = deque()  # submitted, in plan order
+        self._pool: ThreadPoolExecutor | None = None
+        self._requests = max((f.requests for f in self._fetch), default=1)
+        self.stats = RangeStats()
+        self._lock = threading.Lock()
+
+    def covers(self, shard: int) -> bool:
+        """Whether ``shard`` is read in ranges here."""
+        return bool(self._tables[shard])
+
+    def offset(self, shard: int, i: int) -> int:
+        """The byte offset of sample ``i`` of ``shard``."""
+        return self._sample_ranges(shard)[i][0]
+
+    def _sample_ranges(self, shard: int) -> list[tuple[int, int, bytes]]:
+        found = self._ranges.get(shard)
+        if found is None:
+            found = self._ranges[shard] = SampleTable(self._tables[shard]).ranges()
+        return found
+
+    def plan(self, runs: Iterable[Run]) -> None:
+        """The reads to come, in order (those of shards not read here are passed over)."""
+        self.cancel()
+        for shard, a, b in runs:
+            if b <= a or not self.covers(shard):
+                continue
+            ranges = self._sample_ranges(shard)
+            last = self._planned[-1] if self._planned else None
+            if (last is not None and last.shard == shard and last.last == a
+                    and ranges[b - 1][1] - last.start <= self._max):
+                last.last, last.stop = b, ranges[b - 1][1]
+            else:
+                last = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1])
+                self._planned.append(last)
+            last.runs.append((shard, a, b))
+
+    def samples(self, shard: int, start: int, stop: int) -> list[bytes]:
+        """The checked bytes of samples ``start..stop-1`` of ``shard``."""
+        self._top_up()
+        while self._ahead:
+            req = self._ahead[0]
+            if req.runs and req.runs[0] == (shard, start, stop):
+                req.runs.popleft()
+                data = self._result(req)
+                if not req.runs:
+                    self._ahead.popleft()
+                    self._top_up()
+                return self._slice(req, data, start, stop)
+            self._drop(self._ahead.popleft())  # read out of plan (a resume, an error): forget it
+            self._top_up()
+        ranges = self._sample_ranges(shard)
+        req = _Request(shard, start, stop, ranges[start][0], ranges[stop - 1][1])
+        return self._slice(req, self._get(req), start, stop)
+
+    def _result(self, req: _Request) -> bytes:
+        return req.future.result() if req.future is not None else self._get(req)
+
+    def _slice(self, req: _Request, data: bytes, start: int, stop: int) -> list[bytes]:
+        ranges = self._sample_ranges(req.shard)
+        return [data[ranges[i][0] - req.start:ranges[i][1] - req.start] for i in range(start, stop)]
+
+    def _top_up(self) -> None:
+        while self._planned and len(self._ahead) < self._requests:
+            req = self._planned.popleft()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._requests, thread_name_prefix="shardify-ranges")
+            req.future = self._pool.submit(self._get, req)
+            self._ahead.append(req)
+
+    def _get(self, req: _Request) -> bytes:
+        """Fetch ``req`` and check each of its samples against the index (in a pool thread)."""
+        url, fetch = self._urls[req.shard], self._fetch[req.shard]
+        data = fetch_range(url, req.start, req.stop, retry=fetch.retry, storage_options=fetch.storage_options,
+                           cancelled=lambda: req.dropped)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.bytes += len(data)
+        ranges = self._sample_ranges(req.shard)
+        for i in range(req.first, req.last):
+            a, b, digest = ranges[i]
+            if sample_digest(memoryview(data)[a - req.start:b - req.start]) != digest:
+                raise ShardFormatError(f"sample {i} (bytes {a}-{b - 1}) does not match the index's checksum "
+                                       "(corrupt or replaced on the server)", shard=url,
+                                       key=_key_of(data[a - req.start:b - req.start]))
+        return data
+
+    @staticmethod
+    def _drop(req: _Request) -> None:
+        req.dropped = True
+        if req.future is not None:
+            req.future.cancel()
+
+    def cancel(self) -> None:
+        """Forget the planned reads; waits for those in flight (they are not retried), so no
+        request outlives the reads it was made for."""
+        running = [req.future for req in self._ahead if req.future is not None]
+        for req in self._ahead:
+            self._drop(req)
+        self._ahead.clear()
+        self._planned.clear()
+        if running:
+            wait(running, timeout=max(f.retry.timeout_s for f in self._fetch))
+
+    def close(self) -> None:
+        self.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None,
+                 max_member: int) -> dict[str, object]:
+    """The sample dict of one sample's tar bytes ``data`` (found at byte ``offset`` of the
+    shard ``url``): exactly one sample, or :class:`ShardFormatError`."""
+    members = iter_members(io.BytesIO(data), shard=url, keep=keep, max_member=max_member)
+    found = list(iter_samples(members, shard=url))
+    if len(found) != 1:
+        raise ShardFormatError(f"bytes {offset}-{offset + len(data) - 1} hold {len(found)} samples, the index "
+                               "says one", shard=url, key=str(found[0]["__key__"]) if found else None)
+    sample = found[0]
+    sample["__offset__"] = offset
+    return sample
+
+
+def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:
+    """A fetcher for the shards of ``sources`` (in order, as the dataset numbers them) read in
+    ranges: remote, plain tar with a per-sample table, of a source whose ``fetch.ranged`` is on;
+    None when there is none (every shard is read whole, as local files or through the cache)."""
+    urls, tables, fetch = [], [], []
+    for src in sources:
+        for sh in src.shards:
+            ranged = src.fetch.ranged and is_remote(sh.url) and sh.chunk is None and not is_gzip(sh.url)
+            urls.append(sh.url)
+            tables.append(sh.samples if ranged else b"")
+            fetch.append(src.fetch)
+    return RangeFetcher(urls, tables, fetch) if any(tables) else None

@@ -1,0 +1,113 @@
+"""A shard's per-sample table: where each sample's bytes are and what they hash to.
+
+A split index may list, per shard, one record per sample: the length of the sample's tar
+bytes (its members' headers, data and padding, from its first header to the next sample's)
+as a little-endian ``uint32``, then the first :data:`DIGEST_BYTES` bytes of their SHA-256.
+Sample ``i`` starts where sample ``i - 1`` ends (sample 0 at byte 0). In the JSON index the
+table is the shard's ``samples`` field, base64. It lets a reader fetch exactly the byte
+ranges of the samples it reads (HTTP ``Range``) and check every range on arrival, without
+the whole shard. Shards of a chunked split, and samples of 4 GiB or more, have no table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleTable", "TableBuilder"]
+
+DIGEST_BYTES = 16
+"""Bytes of each sample's SHA-256 kept (128 bits)."""
+RECORD = struct.Struct(f"<I{DIGEST_BYTES}s")
+_MAX_SIZE = (1 << 32) - 1
+
+
+def sample_digest(data: bytes | memoryview) -> bytes:
+    """What the table keeps of ``data``'s SHA-256."""
+    return hashlib.sha256(data).digest()[:DIGEST_BYTES]
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """The decoded table of one shard: ``starts[i]`` and ``sizes[i]`` of sample ``i`` in bytes."""
+
+    raw: bytes
+
+    def __len__(self) -> int:
+        return len(self.raw) // RECORD.size
+
+    def records(self) -> Iterator[tuple[int, bytes]]:
+        return (r for r in RECORD.iter_unpack(self.raw))
+
+    def ranges(self) -> list[tuple[int, int, bytes]]:
+        """``(start, stop, digest)`` of every sample, in bytes of the shard."""
+        out, at = [], 0
+        for size, digest in RECORD.iter_unpack(self.raw):
+            out.append((at, at + size, digest))
+            at += size
+        return out
+
+    def problem(self, *, nsamples: int, filesize: int) -> str | None:
+        """Why this table cannot be the shard's (None: it fits its count and size; each range
+        is checked against its digest when it is read)."""
+        if len(self.raw) != nsamples * RECORD.size:
+            return f"{len(self.raw)} bytes, want {RECORD.size} per sample ({nsamples} samples)"
+        ranges = self.ranges()
+        if ranges and ranges[-1][1] > filesize:
+            return f"its samples end at byte {ranges[-1][1]}, past the shard's {filesize} bytes"
+        if any(a == b for a, b, _ in ranges):
+            return "a sample of 0 bytes"
+        return None
+
+
+class TableBuilder:
+    """Builds a shard's table from the bytes written to it: :meth:`mark` where each sample
+    starts and where the last ends, :meth:`feed` every byte in order."""
+
+    def __init__(self) -> None:
+        self._marks: list[int] = []
+        self._hash: hashlib._Hash | None = None
+        self._start = 0
+        self._pos = 0
+        self._records = bytearray()
+        self.broken = False
+        """A sample was too large for the table: it is dropped (:meth:`table` is empty)."""
+
+    def mark(self, at: int) -> None:
+        """A sample starts (or the last one ends) at byte ``at`` (not before what was fed)."""
+        if at == self._pos:
+            self._cut()
+        else:
+            self._marks.append(at)
+
+    def feed(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while self._marks and self._marks[0] < self._pos + len(view):
+            n = self._marks.pop(0) - self._pos
+            self._update(view[:n])
+            view = view[n:]
+            self._cut()
+        self._update(view)
+
+    def _update(self, view: memoryview) -> None:
+        if self._hash is not None and len(view):
+            self._hash.update(view)
+        self._pos += len(view)
+
+    def _cut(self) -> None:
+        if self._hash is not None:
+            size = self._pos - self._start
+            if size > _MAX_SIZE:
+                self.broken = True
+            else:
+                self._records += RECORD.pack(size, self._hash.digest()[:DIGEST_BYTES])
+        self._hash, self._start = hashlib.sha256(), self._pos
+
+    def table(self, nsamples: int) -> bytes:
+        """The table, once the last sample's end was marked; empty if it does not hold
+        ``nsamples`` records (a chunked shard, never marked) or a sample was too large."""
+        if self.broken or len(self._records) != nsamples * RECORD.size:
+            return b""
+        return bytes(self._records)

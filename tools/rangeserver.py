@@ -1,0 +1,150 @@
+"""A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
+support (``bytes=a-b`` and ``bytes=a-``), counts the requests and body bytes it sends, and
+can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
+mid-body) or add a delay before every answer."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["Behaviour", "serve"]
+
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+@dataclass
+class Behaviour:
+    """What the server does; ``sent`` and ``gets`` count body bytes and GETs since :meth:`reset`."""
+
+    delay_s: float = 0.0
+    ignore_range: bool = False  # answer 200 with the whole file
+    short: int = 0  # answer a Range request with this many bytes fewer (honest Content-Range)
+    drop_after: int | None = None  # close the connection after this many body bytes (every GET)
+    faults_left: int | None = None  # how many GETs misbehave (None: all)
+    sent: int = 0
+    gets: int = 0
+    active: int = 0
+    most_active: int = 0  # the most GETs answered at once
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.sent = self.gets = self.most_active = 0
+
+    def _faulty(self) -> bool:
+        with self.lock:
+            if self.faults_left is None:
+                return True
+            if self.faults_left > 0:
+                self.faults_left -= 1
+                return True
+            return False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    timeout = 10
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        b: Behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        with b.lock:
+            b.active += 1
+            b.most_active = max(b.most_active, b.active)
+        try:
+            self._answer(b)
+        finally:
+            with b.lock:
+                b.active -= 1
+
+    def _answer(self, b: Behaviour) -> None:
+        if b.delay_s:
+            time.sleep(b.delay_s)
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        path = (self.server.root / rel).resolve()  # type: ignore[attr-defined]
+        if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
+            self.send_error(404)
+            return
+        total = path.stat().st_size
+        m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        faulty = (b.ignore_range or b.short or b.drop_after is not None) and b._faulty()
+        if m is None or (faulty and b.ignore_range):
+            status, start, stop = 200, 0, total
+        else:
+            start = int(m.group(1))
+            stop = min(total, int(m.group(2)) + 1 if m.group(2) else total)
+            if faulty and b.short:
+                stop = max(start, stop - b.short)
+            status = 206
+        with open(path, "rb") as f:  # only the bytes asked for
+            f.seek(start)
+            body = f.read(stop - start)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
+        self.end_headers()
+        if faulty and b.drop_after is not None:
+            body = body[:b.drop_after]
+            self.close_connection = True
+        self.wfile.write(body)
+        with b.lock:
+            b.sent += len(body)
+            b.gets += 1
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # many requests in flight: the default backlog of 5 drops connections
+
+    def __init__(self, root: Path, behaviour: Behaviour) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root, self.behaviour = root, behaviour
+
+
+@contextmanager
+def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
+    """``(base URL, behaviour)`` of a server for the files under ``root``, stopped on exit."""
+    b = behaviour or Behaviour()
+    httpd = _Server(Path(root), b)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", b
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tools/rangeserver.py ROOT [--delay-ms 50]``: serve ROOT until killed; prints the base URL."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    with serve(args.root, Behaviour(delay_s=args.delay_ms / 1000)) as (base, _):
+        print(base, flush=True)
+        try:
+            sys.stdin.read()  # until the parent closes stdin
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
