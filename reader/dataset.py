@@ -34,13 +34,15 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardify.reader.plan.assign import batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_starts
+from shardify.reader.plan.assign import (batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_length,
+                                         sequence_starts)
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
-from shardify.reader.delivery.batchpool import WorkerSlots
+from shardify.reader.delivery.batchpool import SlotPool, WorkerSlots
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
+from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches, stream_processors
 from shardify.reader.delivery.report import EpochReport, SharedReport
@@ -339,7 +341,8 @@ class ShardedDataset(IterableDataset):
                             batch_size=self.options.batch_size, drop_last=self.options.drop_last,
                             starts=starts).num_batches
         o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
-        samples = seq.total if starts is None else int(starts[-1])  # layout 4's sequence knows its length
+        samples = seq.total if isinstance(seq, BlockSequence) else int(starts[-1]) if starts is not None \
+            else sequence_length(seq)
         rank_batches = batches_per_rank(samples, world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
         last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
         return loaded_place(place, epoch=epoch, total=total, holds_last=last)
@@ -391,9 +394,7 @@ class ShardedDataset(IterableDataset):
             return
         read, out = share_order(plan, self.layout_options(layout), epoch=epoch, rank=world.rank,
                                 worker=world.worker, segment=len(history))
-        collate = o.collate_fn
-        if collate is None:
-            from shardify.reader.sample.collate import default_collate as collate
+        collate: Callable[[list[Any]], Any] = default_collate if o.collate_fn is None else o.collate_fn
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
         tag = None

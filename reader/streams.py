@@ -15,7 +15,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import Item
@@ -99,7 +99,7 @@ def epoch_counts(streams: Sequence[Stream], *, samples_per_epoch: int | None) ->
     if samples_per_epoch is None and not weighted:
         return None
     if samples_per_epoch is None:
-        samples_per_epoch = sum(s.source.num_samples for s in streams)  # type: ignore[union-attr]
+        samples_per_epoch = sum(cast(Source, s.source).num_samples for s in streams)  # resolved by now
     return tuple(stream_counts(samples_per_epoch, stream_weights(streams)))
 
 

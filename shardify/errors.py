@@ -5,6 +5,8 @@ Messages name the file or shard and, where there is one, the sample key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = [
     "ShardifyError",
     "ManifestError",
@@ -70,10 +72,10 @@ class _Located(ShardifyError):
         self.reason = message
         for name, value in where.items():
             setattr(self, name, value)
-        super().__init__(self._format(message, **where) if any(v is not None for v in where.values()) else message)
+        super().__init__(self._format(message, where) if any(v is not None for v in where.values()) else message)
 
     @staticmethod
-    def _format(message: str, **where: str | None) -> str:  # pragma: no cover - overridden
+    def _format(message: str, where: Mapping[str, str | None]) -> str:  # pragma: no cover - overridden
         return message
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -90,9 +92,9 @@ class _AtShard(_Located):
         super().__init__(message, shard=shard, key=key)
 
     @staticmethod
-    def _format(message: str, *, shard: str | None = None, key: str | None = None) -> str:
-        where = f"shard {shard}" + (f", key {key!r}" if key is not None else "")
-        return f"{where}: {message}"
+    def _format(message: str, where: Mapping[str, str | None]) -> str:
+        key = where.get("key")
+        return f"shard {where.get('shard')}" + (f", key {key!r}" if key is not None else "") + f": {message}"
 
 
 class ShardFormatError(_AtShard):
@@ -120,8 +122,9 @@ class InputError(_Located):
         super().__init__(message, path=path, key=key)
 
     @staticmethod
-    def _format(message: str, *, path: str | None = None, key: str | None = None) -> str:
-        return f"{path}" + (f" (key {key!r})" if key is not None else "") + f": {message}"
+    def _format(message: str, where: Mapping[str, str | None]) -> str:
+        key = where.get("key")
+        return f"{where.get('path')}" + (f" (key {key!r})" if key is not None else "") + f": {message}"
 
 
 class SampleError(_AtShard):

@@ -385,7 +385,7 @@ class _Tasks(Sequence[ShardTask]):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return replace(self.template, plan=self.plan.shard(self.shards[i]))

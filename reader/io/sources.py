@@ -180,7 +180,7 @@ def open_shard(
 class _ForwardOnly:
     """A forward-only view of a stream, so skips read through instead of seeking (gzip)."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO | gzip.GzipFile) -> None:
         self._f = f
 
     def read(self, n: int = -1) -> bytes:

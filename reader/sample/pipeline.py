@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from shardify.errors import SampleError
 from shardify.reader.plan.assign import Range, WorkerPlan
@@ -178,10 +178,12 @@ class SampleProcessor:
             rng = self._rng(shard, key)
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
-            for ext in skip:
-                decoded[ext] = self._located(self._run_transform(self._transform, sample[ext], rng=rng), shard, key)
+            for image_ext in skip:
+                decoded[image_ext] = self._located(self._run_transform(self._transform, sample[image_ext], rng=rng),
+                                                   shard, key)
             decoded["__rng__"] = rng
-            return augmenting(lambda: self._map(decoded))  # map= counts as augmentation
+            map_fn = self._map
+            return augmenting(lambda: map_fn(decoded))  # map= counts as augmentation
         out = []
         rng = None  # seeded only for a sample with an image to augment (~12 us per sample)
         for alternatives in self._fields:
@@ -359,7 +361,7 @@ def share_batches(
     process: Callable[[Item], Any] = processors[0]
     if len(processors) > 1:
         def process(item: Item) -> Any:
-            return processors[item["__stream__"] if type(item) is dict else 0](item)  # type: ignore[index]
+            return processors[cast(int, item["__stream__"]) if isinstance(item, dict) else 0](item)
     items = read_positions(reader, plan.ranges, read, mask)
     if tag is not None:
         items = tag(items)
