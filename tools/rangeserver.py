@@ -62,9 +62,17 @@ class _Handler(BaseHTTPRequestHandler):
         with b.lock:
             b.active += 1
             b.most_active = max(b.most_active, b.active)
+        self._counted = True
         try:
             self._answer(b)
         finally:
+            self._finished(b)
+
+    def _finished(self, b: Behaviour) -> None:
+        """This GET no longer counts as active (once, before its last byte leaves: a client that
+        has the whole answer may send its next request at once, and that one must not overlap)."""
+        if self._counted:
+            self._counted = False
             with b.lock:
                 b.active -= 1
 
@@ -98,10 +106,12 @@ class _Handler(BaseHTTPRequestHandler):
         if faulty and b.drop_after is not None:
             body = body[:b.drop_after]
             self.close_connection = True
-        self.wfile.write(body)
+        self.wfile.write(body[:-1])
         with b.lock:
             b.sent += len(body)
             b.gets += 1
+        self._finished(b)
+        self.wfile.write(body[-1:])
 
 
 class _Server(ThreadingHTTPServer):

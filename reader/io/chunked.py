@@ -18,7 +18,7 @@ sample positions ``[start, stop)`` chunk by chunk:
 
 A chunk that cannot be read, or whose members are not as the writer makes them (damaged),
 is damage of its shard: a :class:`ShardFormatError` naming the shard and the chunk's key,
-or under ``skip_damaged`` a :class:`~shardify.reader.io.stream.Lost` for each of its
+or under ``skip_damaged`` a :class:`~shardify.reader.io.items.Lost` for each of its
 positions, so a range still yields exactly ``stop - start`` items.
 """
 
@@ -27,16 +27,33 @@ from __future__ import annotations
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 
 from shardify.chunk import (KEYS_EXT, Chunk, MemberLayout, Stacked, Variable, chunk_keys, chunk_samples, decode_chunk,
                             head_bytes, member_layout)
 from shardify.errors import ShardFormatError
+from shardify.reader.io.items import Item, Lost, damage
 
-if TYPE_CHECKING:
-    from shardify.reader.io.stream import Item, Lost, ShardReader
+__all__ = ["ChunkSlicer", "ShardFiles"]
 
-__all__ = ["ChunkSlicer"]
+
+class ShardFiles(Protocol):
+    """What the slicer takes from the shard reader it helps (:class:`~shardify.reader.io.stream.ShardReader`
+    is one): its shards' files, checks, member layouts and damage policy."""
+
+    _urls: list[str]
+    _skip: bool
+    _fields: frozenset[str] | None
+
+    def _open(self, shard: int) -> BinaryIO: ...
+
+    def _verify(self, shard: int) -> ShardFormatError | None: ...
+
+    def _read_units(self, shard: int, start: int, stop: int) -> Iterator[Item]: ...
+
+    def _unit_members(self, shard: int, i: int) -> tuple[str, int, list[tuple[str, int, int]]] | None: ...
+
+    def close(self) -> None: ...
 
 _MAX_INDEXED_SAMPLES = 1 << 18
 """Chunk layouts kept per reader, counted in their samples (keys and offsets: ~100 B each)."""
@@ -59,7 +76,7 @@ class ChunkSlicer:
     """Reads sample ranges of the chunked shards of ``reader`` (its helper: it uses the
     reader's checksums, files, layouts and damage policy). ``sizes``: samples per shard."""
 
-    def __init__(self, reader: ShardReader, sizes: list[int], chunks: list[int | None]) -> None:
+    def __init__(self, reader: ShardFiles, sizes: list[int], chunks: list[int | None]) -> None:
         self._r = reader
         self._sizes = sizes
         self._chunks = chunks
@@ -69,8 +86,6 @@ class ChunkSlicer:
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Yield the ``stop - start`` items at sample positions ``start..stop-1`` of ``shard``."""
-        from shardify.reader.io.stream import Lost, _damage
-
         if start >= stop:
             return
         url = self._r._urls[shard]
@@ -88,7 +103,7 @@ class ChunkSlicer:
             try:
                 block = self._block(shard, c, lo - c * n, hi - c * n)
             except (ShardFormatError, *_ReadErrors) as e:
-                error = _damage(url, e)
+                error = damage(url, e)
                 self._r.close()
                 if not self._r._skip:
                     raise error from e
@@ -179,8 +194,6 @@ class ChunkSlicer:
         yield from self._slice(shard, c, decoded, offset, start, stop)
 
     def _decode(self, shard: int, c: int, item: Item) -> tuple[Chunk | Lost, int]:
-        from shardify.reader.io.stream import Lost
-
         url = self._r._urls[shard]
         if isinstance(item, Lost):
             return item, -1
@@ -199,8 +212,6 @@ class ChunkSlicer:
     def _slice(self, shard: int, c: int, decoded: Chunk | Lost, offset: int, start: int,
                stop: int) -> Iterator[Item]:
         """The items of chunk ``c`` that fall in ``start..stop-1``."""
-        from shardify.reader.io.stream import Lost
-
         n = self._chunks[shard] or 1
         base = c * n
         lo, hi = max(start, base), min(stop, base + n)

@@ -32,7 +32,6 @@ import functools
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import BinaryIO
 
 from shardify.chunk import KEYS_EXT, chunk_count
@@ -40,6 +39,7 @@ from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.manifest import file_sha256
 from shardify.reader.io.chunked import ChunkSlicer
+from shardify.reader.io.items import Item, Lost, damage
 from shardify.reader.io.ranged import RangeFetcher, parse_sample
 from shardify.reader.io.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
@@ -52,25 +52,6 @@ __all__ = ["Lost", "Item", "ShardReader"]
 _MAX_CACHED_SHARDS = 1024
 _MAX_CACHED_WINDOWS = 16384
 _ReadErrors = (OSError, EOFError, zlib.error)
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    """Position ``index`` of shard ``shard`` could not be read; ``reason`` says why."""
-
-    shard: str
-    index: int
-    reason: str
-
-
-Item = dict[str, object] | Lost
-"""A sample dict (``__key__``, ``__shard__``, ``__offset__``, ext -> bytes) or a :class:`Lost`."""
-
-
-def _damage(url: str, e: BaseException) -> ShardFormatError:
-    if isinstance(e, ShardFormatError):
-        return e
-    return ShardFormatError(f"cannot read: {type(e).__name__}: {e}", shard=url)
 
 
 def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str,
@@ -109,7 +90,7 @@ class _Cursor:
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
-        self.error = _damage(self.url, e)
+        self.error = damage(self.url, e)
         self.close()
 
     def next(self) -> dict[str, object] | None:
@@ -317,7 +298,7 @@ class ShardReader:
                     f.seek(0)
                     found = file_sha256(f)
             except (ShardFormatError, *_ReadErrors) as e:  # unreadable, or a fetch that failed
-                return _damage(url, e)  # not remembered: the next read tries again
+                return damage(url, e)  # not remembered: the next read tries again
             else:
                 self._verified[shard] = None if found == expected else ShardFormatError(
                     f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
@@ -348,7 +329,7 @@ class ShardReader:
                     f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
         except (ShardFormatError, *_ReadErrors) as e:
             if not self._skip:
-                raise _damage(url, e) from e
+                raise damage(url, e) from e
             found = None  # damaged: read forward and keep what comes before the damage
         self._layouts[shard] = found
         if len(self._layouts) > _MAX_CACHED_SHARDS:
@@ -368,7 +349,7 @@ class ShardReader:
                 yield sample
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
-            error = _damage(url, e)
+            error = damage(url, e)
             self.close()
             if not self._skip:
                 raise error from e
@@ -384,9 +365,9 @@ class ShardReader:
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
             if not self._skip:
-                raise _damage(url, e) from e
+                raise damage(url, e) from e
             for i in range(index, stop):
-                yield Lost(url, i, str(_damage(url, e)))
+                yield Lost(url, i, str(damage(url, e)))
 
     def _read_forward(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         url = self._urls[shard]
