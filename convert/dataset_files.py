@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from shardify.convert.write.outfs import backend_reason
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
+from shardify.remote import RetryPolicy, ShardFetchError, download, fetch_bytes
 
 __all__ = ["DatasetFiles", "LocatedDataset", "locate_dataset"]
 
@@ -62,8 +63,6 @@ class DatasetFiles:
             if self._fs is not None:
                 return bytes(self._fs.cat_file(f"{self._path}/{name}"))
             if self.remote:
-                from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes
-
                 try:
                     return fetch_bytes(where, retry=RetryPolicy(retries=2))
                 except ShardFetchError as e:
@@ -113,8 +112,6 @@ class DatasetFiles:
 
 def _http_copy(url: str) -> BinaryIO:
     """A shard fetched over HTTP into a temporary file (retried and resumed by the reader's fetcher)."""
-    from shardify.reader.io.remote import RetryPolicy, ShardFetchError, download
-
     f = tempfile.TemporaryFile()
     try:
         download(url, f, retry=RetryPolicy())

@@ -80,7 +80,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/reader/test_untrusted.py::test_tampered_shard_reads_silently_without_verify_and_fails_with_it",
        "tests/reader/test_checksums.py::test_user_checksums_pass_intact_shards_and_catch_a_tampered_one")),
     M("M09", "remote shards are checked against the manifest's SHA-256 as they are fetched",
-      "reader/io/remote.py",
+      "shardify/remote.py",
       "if self.hasher is not None and self.hasher.hexdigest() != self.want_sha:", "if False:",
       ("tests/reader/test_remote.py::test_corrupt_copy_on_the_server_fails_the_checksum",
        "tests/reader/test_checksums.py::test_a_shard_list_over_http_is_checked_against_a_sidecar_over_http")),

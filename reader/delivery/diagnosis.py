@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardify.reader.delivery.stats import EpochClock, LoaderMeter, WorkerTimes
-from shardify.reader.io.remote import is_remote
+from shardify.remote import is_remote
 
 __all__ = ["INPUT_BOUND", "WORKER_STAGES", "STAGES", "LoaderStats", "LoaderContext", "diagnose", "loader_context",
            "Measured"]

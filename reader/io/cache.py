@@ -16,7 +16,7 @@ How processes share a folder (also across machines, where ``flock`` works on it)
   to a process that has it open, and the next open fetches it again;
 - a download that fails on the local disk (full: ``ENOSPC``, over quota: ``EDQUOT``, at the
   write, the flush or the fsync) removes its ``.part`` file and raises
-  :class:`~shardify.reader.io.remote.ShardFetchError` naming the shard and the cache folder;
+  :class:`~shardify.remote.ShardFetchError` naming the shard and the cache folder;
   nothing is left under the final name, so the next open (with room) fetches it again.
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from shardify.reader.io.remote import RetryPolicy, ShardFetchError, download
+from shardify.remote import RetryPolicy, ShardFetchError, download
 
 __all__ = ["FetchOptions", "ShardCache", "shard_cache", "open_remote"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shardify.errors import ManifestError
-from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
+from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
 from shardify.reader.io.sources import Source
 
 __all__ = ["ChecksumSpec", "parse_sha256sums", "load_checksums", "with_checksums", "source_checksums"]

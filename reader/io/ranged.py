@@ -4,7 +4,7 @@ A split index written by this shardify lists, per shard, each sample's length an
 (:mod:`shardify.sampletable`). Given the reads a worker will make, in order (the plan knows
 them), :class:`RangeFetcher` coalesces reads that touch in the same shard into one request
 (up to ``max_request_bytes``), fetches them with at most ``requests`` requests in flight
-ahead of use (:func:`~shardify.reader.io.remote.fetch_range`: exact ranges, retried), and
+ahead of use (:func:`~shardify.remote.fetch_range`: exact ranges, retried), and
 checks every sample's bytes against the index's digest on arrival: a mismatch raises
 :class:`~shardify.errors.ShardFormatError` naming the shard and the sample's key. Memory
 holds at most ``requests`` requests' bytes. A read that was not planned is fetched alone.
@@ -24,7 +24,7 @@ from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.tario import KeepMember, iter_members, iter_samples
 from shardify.reader.io.cache import FetchOptions
-from shardify.reader.io.remote import fetch_range, is_remote
+from shardify.remote import fetch_range, is_remote
 from shardify.reader.io.sources import Source, is_gzip
 from shardify.sampletable import SampleTable, sample_digest
 

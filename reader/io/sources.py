@@ -3,7 +3,7 @@
 Local paths, ``file://``, ``http(s)://`` and any fsspec URL (``s3://``, ``gs://``, ...) work
 for the dataset and its shards; a shard's ``url`` in a split index is relative to the index.
 Shards are opened only through :func:`open_shard`: a remote shard is first fetched whole
-into a local file (streamed, retried, resumed; see :mod:`shardify.reader.io.remote` and
+into a local file (streamed, retried, resumed; see :mod:`shardify.remote` and
 :mod:`shardify.reader.io.cache`), which the reader then seeks in like a local shard.
 Shards without a manifest (a list, or a brace pattern such as ``data-{000..099}.tar``;
 ``.tar``, ``.tar.gz`` and ``.tgz``, written by shardify, webdataset or GNU tar) are counted by
@@ -33,7 +33,7 @@ from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.reader.io.cache import FetchOptions, open_remote
 from shardify.reader.io.locations import check_location
-from shardify.reader.io.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
+from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
 from shardify.tario import scan_sample_offsets
 
 __all__ = [
@@ -170,7 +170,7 @@ def open_shard(
 
     A remote shard is fetched into a local copy first (``fetch``: retries and cache folder;
     ``filesize`` and ``sha256`` are checked when given); failures raise
-    :class:`~shardify.reader.io.remote.ShardFetchError` naming the URL.
+    :class:`~shardify.remote.ShardFetchError` naming the URL.
     """
     if is_remote(url):
         return open_remote(url, options=fetch or FetchOptions(), size=filesize, sha256=sha256)

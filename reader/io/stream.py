@@ -41,7 +41,7 @@ from shardify.manifest import file_sha256
 from shardify.reader.io.chunked import ChunkSlicer
 from shardify.reader.io.items import Item, Lost, damage
 from shardify.reader.io.ranged import RangeFetcher, parse_sample
-from shardify.reader.io.remote import is_remote
+from shardify.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
 from shardify.tarfmt import OFFSET_STRIDE
 from shardify.tario import (DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout,

@@ -14,7 +14,7 @@ import pytest
 
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.reader import ErrorOptions, ShardedDataset, make_loader
-from shardify.reader.io.remote import RetryPolicy, ShardFetchError
+from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.reader.io.sources import resolve_source
 
 TIME_LIMIT_S = 60

@@ -21,7 +21,7 @@ from shardify.errors import LocationError, ShardFormatError
 from shardify.reader import CacheOptions, ErrorOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.tarfmt import OFFSET_STRIDE
-from shardify.reader.io.remote import RetryPolicy, ShardFetchError
+from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.reader.io.sources import resolve_source
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")

@@ -46,7 +46,7 @@ def test_split_is_required_when_there_are_several(tmp_path, shards):
     pytest.param("notes.txt", id="not-a-dataset"),
 ])
 def test_unusable_sources_say_why(spec, tmp_path):
-    from shardify.reader.io.remote import RetryPolicy
+    from shardify.remote import RetryPolicy
 
     no_retries = RetryPolicy(retries=0, timeout_s=5.0)  # no waiting on a machine without DNS
     with pytest.raises(ManifestError, match="example.invalid|notes.txt"):
