@@ -57,12 +57,16 @@ def _grouped_commands(sub: argparse._SubParsersAction) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardify`` parser: each command's own, its ``run`` in ``set_defaults``."""
-    parser = argparse.ArgumentParser(prog="shardify", usage="%(prog)s [-h] [--version] COMMAND ...",
-                                     description="Pack datasets into tar shards; stream them into PyTorch.",
-                                     formatter_class=FORMATTER)
+    parser = argparse.ArgumentParser(
+        prog="shardify",
+        usage="%(prog)s [-h] [--version] COMMAND ...",
+        description="Pack datasets into tar shards; stream them into PyTorch.",
+        formatter_class=FORMATTER,
+    )
     parser.add_argument("--version", action="version", version=f"shardify {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS,
-                                prog="shardify")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS, prog="shardify"
+    )
     convert.add_parser(sub)
     inspect.add_parsers(sub)
     read.add_parser(sub)

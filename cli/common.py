@@ -8,8 +8,17 @@ from typing import Any
 
 from shardify.errors import SplitRequiredError
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "UsageError", "human", "count", "FORMATTER",
-           "split_source"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXIT_SKIPPED",
+    "UsageError",
+    "human",
+    "count",
+    "FORMATTER",
+    "split_source",
+]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 """0 done; 1 error (nothing marked finished); 2 bad usage; 3 done, but some inputs were skipped

@@ -9,8 +9,16 @@ from typing import Any
 
 from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, count, human, split_source
 
-__all__ = ["add_parsers", "run_info", "run_verify", "run_keys", "run_show", "labels_text", "field_bytes_text",
-           "CHUNK_ADVICE_SHARE"]
+__all__ = [
+    "add_parsers",
+    "run_info",
+    "run_verify",
+    "run_keys",
+    "run_show",
+    "labels_text",
+    "field_bytes_text",
+    "CHUNK_ADVICE_SHARE",
+]
 
 _EXAMPLES = {
     "info": """examples:
@@ -63,14 +71,18 @@ def run_info(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{info['path']} (format {info['format_version']})")
     for split, s in info["splits"].items():
-        print(f"  {split}: {count(s['samples'], 'sample')}, {count(s['shards'], 'shard')}, {human(s['bytes'])}, "
-              f"{labels_text(s)}; fields {', '.join(s['fields'])}")
+        print(
+            f"  {split}: {count(s['samples'], 'sample')}, {count(s['shards'], 'shard')}, {human(s['bytes'])}, "
+            f"{labels_text(s)}; fields {', '.join(s['fields'])}"
+        )
         if s.get("chunk"):
             print(f"    chunked: {s['chunk']} samples a chunk (format 3; other readers see one sample per chunk)")
         if s.get("raw_pixels"):
             raw = s["raw_pixels"]
-            print(f"    images pre-decoded: field {raw['field']} ({raw['format']} v{raw['version']}), "
-                  f"{raw['side']} side at most {raw['size']} pixels")
+            print(
+                f"    images pre-decoded: field {raw['field']} ({raw['format']} v{raw['version']}), "
+                f"{raw['side']} side at most {raw['size']} pixels"
+            )
         if s["skipped"]:
             print(f"    skipped at conversion: {s['skipped']}")
         if "field_bytes" in s:
@@ -113,12 +125,23 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
         rows.append((name, _bytes(f["data"]), _bytes(f["headers"]), _bytes(f["padding"]), f"{100 * f['present']:.0f}%"))
     data = sum(f["data"] for f in fields.values())
     framing = sum(f["headers"] + f["padding"] for f in fields.values())
-    rows.append(("all", _bytes(data), _bytes(sum(f["headers"] for f in fields.values())),
-                 _bytes(sum(f["padding"] for f in fields.values())), ""))
+    rows.append(
+        (
+            "all",
+            _bytes(data),
+            _bytes(sum(f["headers"] for f in fields.values())),
+            _bytes(sum(f["padding"] for f in fields.values())),
+            "",
+        )
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{indent}bytes per sample by field, from the {fb['source']}:"]
-    lines += [(indent + "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                         for i, (c, w) in enumerate(zip(r, widths)))).rstrip() for r in rows]
+    lines += [
+        (
+            indent + "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        ).rstrip()
+        for r in rows
+    ]
     total = data + framing
     if total:
         share = framing / total
@@ -127,10 +150,14 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
         elif share >= CHUNK_ADVICE_SHARE:
             hint = "one member per field for many samples, --chunk N, would save most of it"
         else:
-            hint = (f"under {100 * CHUNK_ADVICE_SHARE:.0f}%: --chunk would save little, and other readers than "
-                    "shardify see one sample per chunk; keep one member per sample")
-        lines.append(f"{indent}  tar headers and padding: {100 * framing / total:.1f}% of the shard bytes "
-                     f"({_bytes(framing)} per sample; {hint})")
+            hint = (
+                f"under {100 * CHUNK_ADVICE_SHARE:.0f}%: --chunk would save little, and other readers than "
+                "shardify see one sample per chunk; keep one member per sample"
+            )
+        lines.append(
+            f"{indent}  tar headers and padding: {100 * framing / total:.1f}% of the shard bytes "
+            f"({_bytes(framing)} per sample; {hint})"
+        )
     return "\n".join(lines)
 
 
@@ -139,8 +166,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
     report = verify_dataset(args.dataset, splits=args.split, decode=args.decode, progress=not args.quiet)
     if args.json:
-        print(json.dumps({"ok": report.ok, "checked": report.checked, "problems": [str(p) for p in report.problems]},
-                         indent=1))
+        print(
+            json.dumps(
+                {"ok": report.ok, "checked": report.checked, "problems": [str(p) for p in report.problems]}, indent=1
+            )
+        )
     else:
         for split, c in report.checked.items():
             print(f"{split}: {count(c['shards'], 'shard')}, {count(c['samples'], 'sample')} checked")
@@ -177,35 +207,59 @@ def run_show(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     """Add ``info``, ``verify``, ``keys`` and ``show`` to the subcommands ``sub``."""
-    p = sub.add_parser("info", help="describe a dataset: splits, samples, shards, bytes per field, classes",
-                       epilog=_EXAMPLES["info"], formatter_class=FORMATTER)
+    p = sub.add_parser(
+        "info",
+        help="describe a dataset: splits, samples, shards, bytes per field, classes",
+        epilog=_EXAMPLES["info"],
+        formatter_class=FORMATTER,
+    )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--sample-shards", type=int, default=None, metavar="N",
-                   help=f"read the headers of N shards per split for bytes per field (default: {_SAMPLE_SHARDS}, "
-                        "0 for a remote dataset; 0: skip)")
+    p.add_argument(
+        "--sample-shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"read the headers of N shards per split for bytes per field (default: {_SAMPLE_SHARDS}, "
+        "0 for a remote dataset; 0: skip)",
+    )
     p.set_defaults(run=run_info)
-    p = sub.add_parser("verify", help="check checksums, counts and naming of every shard",
-                       epilog=_EXAMPLES["verify"], formatter_class=FORMATTER)
+    p = sub.add_parser(
+        "verify",
+        help="check checksums, counts and naming of every shard",
+        epilog=_EXAMPLES["verify"],
+        formatter_class=FORMATTER,
+    )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", action="append", default=None, help="only this split (repeatable)")
     p.add_argument("--decode", action="store_true", help="also decode every image and parse every label")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar (none either when stderr is not a terminal)")
     p.set_defaults(run=run_verify)
-    p = sub.add_parser("keys", help="list a split's sample keys, one per line, in stored order",
-                       epilog=_EXAMPLES["keys"], formatter_class=FORMATTER)
+    p = sub.add_parser(
+        "keys",
+        help="list a split's sample keys, one per line, in stored order",
+        epilog=_EXAMPLES["keys"],
+        formatter_class=FORMATTER,
+    )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", default=None, help="default: the only split, or train")
     p.set_defaults(run=run_keys)
-    p = sub.add_parser("show", help="draw samples of a dataset into a PNG contact sheet (labels, keys, augmentation)",
-                       epilog=_EXAMPLES["show"], formatter_class=FORMATTER)
+    p = sub.add_parser(
+        "show",
+        help="draw samples of a dataset into a PNG contact sheet (labels, keys, augmentation)",
+        epilog=_EXAMPLES["show"],
+        formatter_class=FORMATTER,
+    )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--split", default=None, help="default: the only split, or train")
     p.add_argument("-n", type=int, default=64, help="samples to show, spread over the split (default: 64)")
     p.add_argument("-o", "--output", default="sheet.png", help="PNG to write (default: sheet.png)")
-    p.add_argument("--augment", action="store_true",
-                   help="also show the training transform's views (RandomResizedCrop --size + flip)")
+    p.add_argument(
+        "--augment",
+        action="store_true",
+        help="also show the training transform's views (RandomResizedCrop --size + flip)",
+    )
     p.add_argument("--views", type=int, default=4, help="augmented views per sample with --augment (default: 4)")
     p.add_argument("--size", type=int, default=224, help="crop size of the augmentation (default: 224)")
     p.add_argument("--tile", type=int, default=128, help="pixels per image in the sheet (default: 128)")

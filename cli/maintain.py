@@ -26,16 +26,22 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"{'would remove' if args.dry_run else 'removed'} {name}")
     for split, version in result.kept_in_progress.items():
         print(f"kept {split} version {version}: an unfinished conversion (rerun it to finish)")
-    print(f"{'would remove' if args.dry_run else 'removed'} {count(len(result.removed), 'file')} ({human(result.bytes)})")
+    print(
+        f"{'would remove' if args.dry_run else 'removed'} {count(len(result.removed), 'file')} ({human(result.bytes)})"
+    )
     return EXIT_OK
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("gc", help="remove earlier versions of a dataset's splits, once no reader uses them",
-                       description="Remove the files of earlier versions of each split (kept by `convert "
-                                   "--overwrite` for readers that opened them) and leftovers of killed runs. "
-                                   "A reader still on a removed version raises DatasetVersionError.",
-                       epilog=_EXAMPLES, formatter_class=FORMATTER)
+    p = sub.add_parser(
+        "gc",
+        help="remove earlier versions of a dataset's splits, once no reader uses them",
+        description="Remove the files of earlier versions of each split (kept by `convert "
+        "--overwrite` for readers that opened them) and leftovers of killed runs. "
+        "A reader still on a removed version raises DatasetVersionError.",
+        epilog=_EXAMPLES,
+        formatter_class=FORMATTER,
+    )
     p.add_argument("dataset", metavar="OUT")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p.set_defaults(run=run_gc)

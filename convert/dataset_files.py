@@ -35,7 +35,7 @@ class DatasetFiles:
         self._fs: Any = None
         self._path = ""
         if folder.startswith("file://"):
-            self.folder = folder[len("file://"):]
+            self.folder = folder[len("file://") :]
         elif "://" in folder and not folder.startswith(_HTTP):
             try:
                 import fsspec
@@ -165,7 +165,7 @@ def locate_dataset(spec: str | os.PathLike[str], *, storage_options: dict[str, A
     """The dataset named by ``spec``: a folder, ``manifest.json`` or a split index, local or a URL."""
     text = os.fspath(spec)
     is_url = "://" in text and not text.startswith("file://")
-    local = text[len("file://"):] if text.startswith("file://") else text
+    local = text[len("file://") :] if text.startswith("file://") else text
     name = text.rstrip("/").rsplit("/", 1)[-1]
     if is_url:
         named_file = name.endswith(".json")

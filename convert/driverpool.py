@@ -56,14 +56,23 @@ class Ahead(Generic[C, H]):
         return [self._drawn] if self._drawn is not None else []
 
 
-def map_in_order(fn: Callable[..., T], calls: Iterable[tuple[Any, ...]], *, workers: int, method: str,
-                 what: str, initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = (), ahead: int = 2) -> Iterator[T]:
+def map_in_order(
+    fn: Callable[..., T],
+    calls: Iterable[tuple[Any, ...]],
+    *,
+    workers: int,
+    method: str,
+    what: str,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
+    ahead: int = 2,
+) -> Iterator[T]:
     """``fn(*args)`` for each ``args`` of ``calls``, in order, by ``workers`` processes
     started with ``method`` (``fork``: ``initargs`` reach them without pickling), at most
     ``ahead`` calls a worker submitted before the caller takes their results."""
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method),
-                                initializer=initializer, initargs=initargs) as pool:
+    with cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=mp.get_context(method), initializer=initializer, initargs=initargs
+    ) as pool:
         window = Ahead(calls, ahead * workers + 1, lambda args: pool.submit(fn, *args))
         try:
             for _, future in window:

@@ -55,8 +55,12 @@ class SplitFieldBytes:
         return sum(f.data for f in self.fields.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "samples": self.samples, "chunk": self.chunk,
-                "fields": {k: asdict(v) for k, v in self.fields.items()}}
+        return {
+            "source": self.source,
+            "samples": self.samples,
+            "chunk": self.chunk,
+            "fields": {k: asdict(v) for k, v in self.fields.items()},
+        }
 
 
 def spread(n: int, k: int) -> list[int]:
@@ -94,9 +98,16 @@ def field_bytes(files: DatasetFiles, index: SplitIndex, *, shards: int = 2) -> S
         units += len(layout)
         samples += index.shards[i].nsamples if index.chunk is not None else len(layout)
     n, u = max(samples, 1), max(units, 1)
-    out = {name: FieldBytes(data=data[name] / n, headers=members[name] * BLOCK / n, padding=padding[name] / n,
-                            present=holding[name] / u)
-           for name in sorted(data, key=lambda k: -data[k])}
+    out = {
+        name: FieldBytes(
+            data=data[name] / n, headers=members[name] * BLOCK / n, padding=padding[name] / n, present=holding[name] / u
+        )
+        for name in sorted(data, key=lambda k: -data[k])
+    }
     read = f"{samples} samples" if index.chunk is None else f"{samples} samples in {units} chunks"
-    return SplitFieldBytes(source=f"headers of {len(picked)} of {len(index.shards)} shards ({read})",
-                           samples=samples, fields=out, chunk=index.chunk)
+    return SplitFieldBytes(
+        source=f"headers of {len(picked)} of {len(index.shards)} shards ({read})",
+        samples=samples,
+        fields=out,
+        chunk=index.chunk,
+    )

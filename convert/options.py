@@ -8,8 +8,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ConvertOptions", "parse_size", "worker_count", "check_chunk", "MAX_CHUNK", "DEFAULT_SHARD_SIZE", "DEFAULT_MAX_IMAGE_BYTES",
-           "DEFAULT_SAMPLES_PER_SHARD", "MIN_SMALL_SHARD"]
+__all__ = [
+    "ConvertOptions",
+    "parse_size",
+    "worker_count",
+    "check_chunk",
+    "MAX_CHUNK",
+    "DEFAULT_SHARD_SIZE",
+    "DEFAULT_MAX_IMAGE_BYTES",
+    "DEFAULT_SAMPLES_PER_SHARD",
+    "MIN_SMALL_SHARD",
+]
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 """Default shard size bound: 256 MB (ImageNet train gives ~550 shards: enough to spread
@@ -27,9 +36,22 @@ its tar headers first (two or three per sample), so small samples get shards of 
 MIN_SMALL_SHARD = 16 * 1000**2
 """Shards are never shrunk below this for ``min_shards`` (16 MB: still few files to list)."""
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
-          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
-          "gib": 1024**3, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*\Z")
 
 
@@ -144,8 +166,10 @@ class ConvertOptions:
             if type(self.raw_pixels) is not int or self.raw_pixels < 8:
                 raise ValueError(f"raw_pixels={self.raw_pixels!r} should be an int >= 8 (pixels)")
             if self.max_side is not None or self.image_format != "keep":
-                raise ValueError(f"raw_pixels={self.raw_pixels} stores decoded pixels: it cannot be combined with "
-                                 f"max_side={self.max_side!r} or image_format={self.image_format!r}")
+                raise ValueError(
+                    f"raw_pixels={self.raw_pixels} stores decoded pixels: it cannot be combined with "
+                    f"max_side={self.max_side!r} or image_format={self.image_format!r}"
+                )
         if self.raw_side not in ("shorter", "longer"):
             raise ValueError(f"raw_side={self.raw_side!r} should be 'shorter' or 'longer'")
         if self.metadata not in ("auto", "always"):

@@ -2,9 +2,11 @@
 
 The dataset is named as the reader names it (a folder, ``manifest.json`` or a split index;
 a path or a URL: see :mod:`shardify.convert.dataset_files`). Verify reads every shard once:
-its checksum and size against the index, its members against the format (names, adjacency, key rules, unique keys, counts), and with
+its checksum and size against the index, its members against the format (names, adjacency, key rules, unique keys,
+counts), and with
 ``decode`` every image decoded and every label parsed. A chunked split's chunks are checked
-as the reader decodes them (keys, counts, offsets tables), then each of their samples as above. It reports every problem it finds
+as the reader decodes them (keys, counts, offsets tables), then each of their samples as above. It reports every
+problem it finds
 with the shard and key, rather than stopping at the first.
 """
 
@@ -13,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
 from shardify.chunk import chunk_samples, decode_chunk
@@ -72,9 +74,14 @@ class _HashingReader:
         return False
 
 
-def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = None,
-                   decode: bool = False, storage_options: dict[str, Any] | None = None,
-                   progress: bool = False) -> VerifyReport:
+def verify_dataset(
+    root: str | os.PathLike[str],
+    *,
+    splits: list[str] | None = None,
+    decode: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> VerifyReport:
     """Check every shard of ``splits`` (default: all) of the dataset at ``root``: a folder, its
     ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``).
     ``progress``: a bar of shard bytes checked on stderr (only when it is a terminal)."""
@@ -86,8 +93,9 @@ def verify_dataset(root: str | os.PathLike[str], *, splits: list[str] | None = N
             indexes.append(dataset.load_split(split))
         except ManifestError as e:
             report.problems.append(Problem(split, None, None, str(e)))
-    bar = progress_bar(total=sum(e.filesize for index in indexes for e in index.shards), desc="verify", unit="B",
-                       enabled=progress)
+    bar = progress_bar(
+        total=sum(e.filesize for index in indexes for e in index.shards), desc="verify", unit="B", enabled=progress
+    )
     try:
         for index in indexes:
             _verify_split(dataset.files, index, decode, report, bar)
@@ -114,8 +122,9 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
     problems = report.problems
     for i, entry in enumerate(_counted(index.shards, bar)):
         if entry.url != shard_name(split, i, index.version):
-            problems.append(Problem(split, entry.url, None,
-                                    f"shard {i} should be named {shard_name(split, i, index.version)}"))
+            problems.append(
+                Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i, index.version)}")
+            )
         try:
             f = files.open_stream(entry.url)
         except ShardifyError as e:
@@ -136,8 +145,14 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
                         try:
                             _check_sample(split, entry.url, sample, index, keys, decode, problems)
                         except Exception as e:  # any sample, however hostile, is a reported problem
-                            problems.append(Problem(split, entry.url, str(sample.get("__key__")),
-                                                    f"cannot check the sample: {describe_error(e)}"))
+                            problems.append(
+                                Problem(
+                                    split,
+                                    entry.url,
+                                    str(sample.get("__key__")),
+                                    f"cannot check the sample: {describe_error(e)}",
+                                )
+                            )
                     units += 1
                 while reader.read(1 << 20):
                     pass
@@ -152,10 +167,16 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
         elif entry.offsets and list(entry.offsets) != offsets:
             wrong = next(k for k, (a, b) in enumerate(zip(entry.offsets, offsets)) if a != b)
-            problems.append(Problem(split, entry.url, None,
-                                    f"the index's offset of {'chunk' if index.chunk else 'sample'} "
-                                    f"{wrong * OFFSET_STRIDE} is {entry.offsets[wrong]}, "
-                                    f"the shard's is {offsets[wrong]}"))
+            problems.append(
+                Problem(
+                    split,
+                    entry.url,
+                    None,
+                    f"the index's offset of {'chunk' if index.chunk else 'sample'} "
+                    f"{wrong * OFFSET_STRIDE} is {entry.offsets[wrong]}, "
+                    f"the shard's is {offsets[wrong]}",
+                )
+            )
     for name in files.names() or ():
         found = shard_of_split(name, split)
         if found is not None and found[0] == index.version and found[1] >= len(index.shards):
@@ -175,8 +196,15 @@ def _unit_samples(unit: dict[str, Any], index: SplitIndex, n: int, nsamples: int
     return [chunk.sample(i) for i in range(len(chunk.keys))]
 
 
-def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIndex, keys: set[str],
-                  decode: bool, problems: list[Problem]) -> None:
+def _check_sample(
+    split: str,
+    shard: str,
+    sample: dict[str, Any],
+    index: SplitIndex,
+    keys: set[str],
+    decode: bool,
+    problems: list[Problem],
+) -> None:
     key = str(sample["__key__"])
     try:
         check_key(key)
@@ -189,7 +217,9 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
         try:
             label = int(sample["cls"])
             if label < 0 or (index.classes and label >= len(index.classes)):
-                problems.append(Problem(split, shard, key, f"label {label} out of range for {len(index.classes)} classes"))
+                problems.append(
+                    Problem(split, shard, key, f"label {label} out of range for {len(index.classes)} classes")
+                )
         except ValueError:
             problems.append(Problem(split, shard, key, f"cls {sample['cls'][:20]!r} is not an int"))
     if "json" in sample:
@@ -210,8 +240,9 @@ def _check_sample(split: str, shard: str, sample: dict[str, Any], index: SplitIn
                     problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
 
 
-def dataset_info(root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
-                 sample_shards: int = 0) -> dict[str, Any]:
+def dataset_info(
+    root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None, sample_shards: int = 0
+) -> dict[str, Any]:
     """A JSON-able description of a dataset (a folder, ``manifest.json`` or split index, a path
     or a URL): splits, samples, shards, bytes, classes; with ``sample_shards``, each split's
     bytes per sample by field, from the headers of that many of its shards

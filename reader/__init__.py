@@ -10,18 +10,25 @@ split's sample keys in stored order.
 
 from __future__ import annotations
 
-from shardify.reader.sample import transforms
-from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
 from shardify.reader.dataset import ShardedDataset
-from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
-                                     SamplingOptions, ShuffleOptions)
-from shardify.reader.streams import Stream
+from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
 from shardify.reader.keys import split_keys
-from shardify.reader.delivery.diagnosis import LoaderStats, Measured
+from shardify.reader.options import (
+    BatchOptions,
+    CacheOptions,
+    DecodeOptions,
+    ErrorOptions,
+    ReadOptions,
+    SamplingOptions,
+    ShuffleOptions,
+)
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample import transforms
+from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
+from shardify.reader.streams import Stream
 
 __all__ = [
     "ShardedDataset",

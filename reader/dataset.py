@@ -34,28 +34,42 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardify.reader.plan.assign import (batches_per_rank, plan_worker, resumed_role, samples_per_rank, sequence_length,
-                                         sequence_starts)
+from shardify.reader.delivery.batchpool import SlotPool, WorkerSlots
+from shardify.reader.delivery.place import ProcessPlace, loaded_place
+from shardify.reader.delivery.report import EpochReport, SharedReport
+from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
+from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
+from shardify.reader.deprecated import apply_old_keywords
+from shardify.reader.io.checksums import source_checksums, with_checksums
+from shardify.reader.io.ranged import range_fetcher
+from shardify.reader.io.sources import Source, SourceLike, is_gzip
+from shardify.reader.io.stream import ShardReader
+from shardify.reader.options import (
+    BatchOptions,
+    CacheOptions,
+    DecodeOptions,
+    ErrorOptions,
+    ReadOptions,
+    SamplingOptions,
+    ShuffleOptions,
+    with_defaults,
+)
+from shardify.reader.plan.assign import (
+    batches_per_rank,
+    plan_worker,
+    resumed_role,
+    samples_per_rank,
+    sequence_length,
+    sequence_starts,
+)
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
-from shardify.reader.delivery.batchpool import SlotPool, WorkerSlots
-from shardify.reader.delivery.place import ProcessPlace, loaded_place
-from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
+from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches, stream_processors
-from shardify.reader.delivery.report import EpochReport, SharedReport
-from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
-from shardify.reader.io.checksums import source_checksums, with_checksums
-from shardify.reader.io.sources import Source, SourceLike, is_gzip
-from shardify.reader.io.ranged import range_fetcher
-from shardify.reader.io.stream import ShardReader
-from shardify.reader.deprecated import apply_old_keywords
-from shardify.reader.options import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions,
-                                     SamplingOptions, ShuffleOptions, with_defaults)
 from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
-from shardify.reader.plan.world import World, detect_rank_world, detect_world
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
 
@@ -126,21 +140,42 @@ class ShardedDataset(IterableDataset):
         **deprecated: Any,
     ) -> None:
         super().__init__()
-        groups = with_defaults(apply_old_keywords(deprecated, dict(
-            shuffling=shuffling, batching=batching, sampling=sampling, decoding=decoding, errors=errors, cache=cache),
-            known=tuple(inspect.signature(ShardedDataset.__init__).parameters)))  # to name a misspelt one
+        groups = with_defaults(
+            apply_old_keywords(
+                deprecated,
+                dict(
+                    shuffling=shuffling,
+                    batching=batching,
+                    sampling=sampling,
+                    decoding=decoding,
+                    errors=errors,
+                    cache=cache,
+                ),
+                known=tuple(inspect.signature(ShardedDataset.__init__).parameters),
+            )
+        )  # to name a misspelt one
         if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
             raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
         where = groups.pop("cache")  # the source's, not the workers'
         verify = groups["errors"].verify
         self.options = o = ReadOptions.from_groups(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
-            fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None), map=map,
-            **groups)
-        self.streams = resolve_streams(source, split=split, cache_dir=where.dir, cache_limit_bytes=where.limit_bytes,
-                                       skip_unreadable=o.on_error == "skip",
-                                       remote={"allow_locations": where.allow_locations, "ranged": where.ranged,
-                                               "requests": where.requests})
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            transform=transform,
+            fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None),
+            map=map,
+            **groups,
+        )
+        self.streams = resolve_streams(
+            source,
+            split=split,
+            cache_dir=where.dir,
+            cache_limit_bytes=where.limit_bytes,
+            skip_unreadable=o.on_error == "skip",
+            remote={"allow_locations": where.allow_locations, "ranged": where.ranged, "requests": where.requests},
+        )
         sources: list[Source] = [s.source for s in self.streams]  # type: ignore[misc]
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
@@ -149,8 +184,9 @@ class ShardedDataset(IterableDataset):
         if groups["decoding"].device is not None:  # workers only plan; batches are decoded there (make_loader)
             from shardify.reader.sample.device_plan import plan_on_device
 
-            self.decode_device, self.options, self.streams = plan_on_device(groups["decoding"].device, self.options,
-                                                                            self.streams)
+            self.decode_device, self.options, self.streams = plan_on_device(
+                groups["decoding"].device, self.options, self.streams
+            )
         self._sources = tuple(sources)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
@@ -164,8 +200,12 @@ class ShardedDataset(IterableDataset):
         wanted = {f for fields in self._stream_fields for f in fields}
         if "__valid__" in wanted and not o.mark_repeats:
             raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
-        self._tag_stream = len(sources) > 1 or "__stream__" in wanted or map is not None or any(
-            s.map is not None for s in self.streams)
+        self._tag_stream = (
+            len(sources) > 1
+            or "__stream__" in wanted
+            or map is not None
+            or any(s.map is not None for s in self.streams)
+        )
         self._checksums = source_checksums(self.source) if o.verify else None
         self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
         self._report = SharedReport()
@@ -255,25 +295,42 @@ class ShardedDataset(IterableDataset):
         """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp;
         before 4: the buffer simulated in Python)."""
         o = self.options
-        return PlanOptions(seed=o.seed, shuffle=o.shuffle, batch_size=o.batch_size, drop_last=o.drop_last,
-                           block=o.shuffle_block, buffer=o.shuffle_buffer, ramp=layout >= 3, vectorised=layout >= 4)
+        return PlanOptions(
+            seed=o.seed,
+            shuffle=o.shuffle,
+            batch_size=o.batch_size,
+            drop_last=o.drop_last,
+            block=o.shuffle_block,
+            buffer=o.shuffle_buffer,
+            ramp=layout >= 3,
+            vectorised=layout >= 4,
+        )
 
-    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (),
-                       layout: int = LAYOUT) -> tuple | BlockSequence:
+    def epoch_sequence(
+        self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT
+    ) -> tuple | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
         under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
         return self._sequence(epoch, tuple(history), layout)[0]
 
-    def _sequence(self, epoch: int, history: tuple[Segment, ...],
-                  layout: int) -> tuple[tuple | BlockSequence, np.ndarray | None]:
+    def _sequence(
+        self, epoch: int, history: tuple[Segment, ...], layout: int
+    ) -> tuple[tuple | BlockSequence, np.ndarray | None]:
         """``(sequence, sequence_starts)`` of an epoch, planned once per process and epoch: a
         process's workers, its next iteration and a resume check reuse them (pure functions)."""
         o = self.options
-        key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last,
-               o.shuffle_buffer)
+        key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last, o.shuffle_buffer)
         if self._planned is None or self._planned[0] != key:
-            seq = layout_sequence(self._stream_sizes, counts=self._counts, seed=o.seed, epoch=epoch,
-                                  shuffle=o.shuffle, block=o.shuffle_block, layout=layout, blocks=self._blocks)
+            seq = layout_sequence(
+                self._stream_sizes,
+                counts=self._counts,
+                seed=o.seed,
+                epoch=epoch,
+                shuffle=o.shuffle,
+                block=o.shuffle_block,
+                layout=layout,
+                blocks=self._blocks,
+            )
             if history:
                 seq = resumed_sequence(seq, history, self.layout_options(layout), epoch=epoch)
             self._planned = (key, seq, sequence_starts(seq))
@@ -316,8 +373,9 @@ class ShardedDataset(IterableDataset):
         place = self._place.saved()
         if place is None:
             world = detect_world(self._rank_world if get_worker_info() is not None else None)
-            place = IterPosition(epoch=self.epoch, role=world.worker, workers=world.workers, world=world.world,
-                                 batches=0, layout=LAYOUT)
+            place = IterPosition(
+                epoch=self.epoch, role=world.worker, workers=world.workers, world=world.world, batches=0, layout=LAYOUT
+            )
         return make_iter_state(self, place)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -337,12 +395,24 @@ class ShardedDataset(IterableDataset):
         if place is None:
             return None
         seq, starts = self._sequence(place.epoch, place.history, place.layout)
-        total = plan_worker(seq, rank=world.rank, world=world.world, worker=place.role, workers=world.workers,
-                            batch_size=self.options.batch_size, drop_last=self.options.drop_last,
-                            starts=starts).num_batches
+        total = plan_worker(
+            seq,
+            rank=world.rank,
+            world=world.world,
+            worker=place.role,
+            workers=world.workers,
+            batch_size=self.options.batch_size,
+            drop_last=self.options.drop_last,
+            starts=starts,
+        ).num_batches
         o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
-        samples = seq.total if isinstance(seq, BlockSequence) else int(starts[-1]) if starts is not None \
+        samples = (
+            seq.total
+            if isinstance(seq, BlockSequence)
+            else int(starts[-1])
+            if starts is not None
             else sequence_length(seq)
+        )
         rank_batches = batches_per_rank(samples, world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
         last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
         return loaded_place(place, epoch=epoch, total=total, holds_last=last)
@@ -353,15 +423,22 @@ class ShardedDataset(IterableDataset):
         pid = os.getpid()
         if self._reader is None or self._reader[0] != pid:  # a forked copy must not share files
             shards = self.source.shards
-            self._reader = (pid, ShardReader([s.url for s in shards], [s.nsamples for s in shards],
-                                             skip_damaged=self.options.on_error == "skip",
-                                             checksums=self._checksums, opener=self._opener,
-                                             fields=loaded_fields(self._stream_fields),
-                                             max_member=self.options.max_member_bytes,
-                                             offsets=[s.offsets for s in shards],
-                                             filesizes=[s.filesize for s in shards],
-                                             chunks=[s.chunk for s in shards],
-                                             ranged=range_fetcher(self._sources)))
+            self._reader = (
+                pid,
+                ShardReader(
+                    [s.url for s in shards],
+                    [s.nsamples for s in shards],
+                    skip_damaged=self.options.on_error == "skip",
+                    checksums=self._checksums,
+                    opener=self._opener,
+                    fields=loaded_fields(self._stream_fields),
+                    max_member=self.options.max_member_bytes,
+                    offsets=[s.offsets for s in shards],
+                    filesizes=[s.filesize for s in shards],
+                    chunks=[s.chunk for s in shards],
+                    ranged=range_fetcher(self._sources),
+                ),
+            )
         return self._reader[1]
 
     def __iter__(self) -> Iterator[Any]:
@@ -376,38 +453,79 @@ class ShardedDataset(IterableDataset):
         if loaded is not None:
             role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
         pool = self.batch_slots.pool(world.worker) if in_worker else None
-        self._place.position = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world,
-                                            batches=skip, history=history, layout=layout)
-        return self._run(World(world.rank, world.world, role, world.workers), slot, position=self._place.position,
-                         log_report=not in_worker, pool=pool)
+        self._place.position = IterPosition(
+            epoch=epoch,
+            role=role,
+            workers=world.workers,
+            world=world.world,
+            batches=skip,
+            history=history,
+            layout=layout,
+        )
+        return self._run(
+            World(world.rank, world.world, role, world.workers),
+            slot,
+            position=self._place.position,
+            log_report=not in_worker,
+            pool=pool,
+        )
 
-    def _run(self, world: World, slot: int, *, position: IterPosition, log_report: bool,
-             pool: SlotPool | None) -> Iterator[Any]:
+    def _run(
+        self, world: World, slot: int, *, position: IterPosition, log_report: bool, pool: SlotPool | None
+    ) -> Iterator[Any]:
         """The batches of ``world.worker``'s share (its plan role) from ``position``, counted there."""
         o = self.options
         epoch, skip, history, layout = position.epoch, position.batches, position.history, position.layout
         seq, starts = self._sequence(epoch, history, layout)
-        plan = plan_worker(seq, rank=world.rank, world=world.world, worker=world.worker,
-                           workers=world.workers, batch_size=o.batch_size, drop_last=o.drop_last, starts=starts)
+        plan = plan_worker(
+            seq,
+            rank=world.rank,
+            world=world.world,
+            worker=world.worker,
+            workers=world.workers,
+            batch_size=o.batch_size,
+            drop_last=o.drop_last,
+            starts=starts,
+        )
         sizes = plan.batch_sizes()[skip:]
         if not sizes:
             return
-        read, out = share_order(plan, self.layout_options(layout), epoch=epoch, rank=world.rank,
-                                worker=world.worker, segment=len(history))
+        read, out = share_order(
+            plan, self.layout_options(layout), epoch=epoch, rank=world.rank, worker=world.worker, segment=len(history)
+        )
         collate: Callable[[list[Any]], Any] = default_collate if o.collate_fn is None else o.collate_fn
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
         tag = None
         if self._tag_stream or o.mark_repeats:
-            tag = functools.partial(tag_samples, plan=plan, streams=self._stream_sizes if self._tag_stream else None,
-                                    mark_repeats=o.mark_repeats)
+            tag = functools.partial(
+                tag_samples,
+                plan=plan,
+                streams=self._stream_sizes if self._tag_stream else None,
+                mark_repeats=o.mark_repeats,
+            )
         processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
-            for batch in self._report.stages.timed(slot, share_batches(
-                    reader, plan, read=read, out=out, sizes=sizes, skip=skip, options=o, epoch=epoch, rank=world.rank,
-                    worker=world.worker, processors=processors, collate=collate,
-                    on_bad=functools.partial(self._report.record_bad, slot), tag=tag)):
+            for batch in self._report.stages.timed(
+                slot,
+                share_batches(
+                    reader,
+                    plan,
+                    read=read,
+                    out=out,
+                    sizes=sizes,
+                    skip=skip,
+                    options=o,
+                    epoch=epoch,
+                    rank=world.rank,
+                    worker=world.worker,
+                    processors=processors,
+                    collate=collate,
+                    on_bad=functools.partial(self._report.record_bad, slot),
+                    tag=tag,
+                ),
+            ):
                 position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:

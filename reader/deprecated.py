@@ -35,8 +35,14 @@ OLD_KEYWORDS: dict[str, tuple[str, str]] = {
 """Old keyword -> (group keyword, field of the group)."""
 
 
-def apply_old_keywords(old: Mapping[str, Any], groups: Mapping[str, Any], *, owner: str = "ShardedDataset",
-                       stacklevel: int = 3, known: Sequence[str] = ()) -> dict[str, Any]:
+def apply_old_keywords(
+    old: Mapping[str, Any],
+    groups: Mapping[str, Any],
+    *,
+    owner: str = "ShardedDataset",
+    stacklevel: int = 3,
+    known: Sequence[str] = (),
+) -> dict[str, Any]:
     """``groups`` (group keyword -> the object given, or None) with the old keywords in ``old``
     folded into new group objects. Raises ``TypeError`` for an unknown keyword (with the closest
     of ``known``, the owner's keywords, and the old ones) or for an old keyword given with its
@@ -44,21 +50,31 @@ def apply_old_keywords(old: Mapping[str, Any], groups: Mapping[str, Any], *, own
     unknown = sorted(set(old) - set(OLD_KEYWORDS))
     if unknown:
         close = difflib.get_close_matches(unknown[0], [*known, *OLD_KEYWORDS], n=1, cutoff=0.6)
-        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}"
-                        + (f"; did you mean {close[0]}=?" if close else ""))
+        raise TypeError(
+            f"{owner}() got an unexpected keyword argument {unknown[0]!r}"
+            + (f"; did you mean {close[0]}=?" if close else "")
+        )
     out = dict(groups)
     fields: dict[str, dict[str, Any]] = {}
     for name, value in old.items():
         group, field = OLD_KEYWORDS[name]
         if groups.get(group) is not None:
-            raise TypeError(f"{owner}(): pass {name}=... or {group}={GROUPS[group].__name__}(...), not both "
-                            f"(move it into the group: {group}={GROUPS[group].__name__}({field}=...))")
+            raise TypeError(
+                f"{owner}(): pass {name}=... or {group}={GROUPS[group].__name__}(...), not both "
+                f"(move it into the group: {group}={GROUPS[group].__name__}({field}=...))"
+            )
         fields.setdefault(group, {})[field] = value
     for group, values in fields.items():
         out[group] = GROUPS[group](**values)
     if old:
-        new = ", ".join(f"{name}= -> {OLD_KEYWORDS[name][0]}={GROUPS[OLD_KEYWORDS[name][0]].__name__}"
-                        f"({OLD_KEYWORDS[name][1]}=...)" for name in old)
-        warnings.warn(f"{owner}: these keywords are deprecated and will be removed in the next release; "
-                      f"pass their groups instead: {new}", DeprecationWarning, stacklevel=stacklevel)
+        new = ", ".join(
+            f"{name}= -> {OLD_KEYWORDS[name][0]}={GROUPS[OLD_KEYWORDS[name][0]].__name__}({OLD_KEYWORDS[name][1]}=...)"
+            for name in old
+        )
+        warnings.warn(
+            f"{owner}: these keywords are deprecated and will be removed in the next release; "
+            f"pass their groups instead: {new}",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
     return out

@@ -24,8 +24,17 @@ from typing import Any, Literal
 from shardify.reader.io.checksums import ChecksumSpec
 from shardify.tario import DEFAULT_MAX_MEMBER
 
-__all__ = ["ReadOptions", "ShuffleOptions", "BatchOptions", "SamplingOptions", "DecodeOptions", "ErrorOptions",
-           "CacheOptions", "GROUPS", "with_defaults"]
+__all__ = [
+    "ReadOptions",
+    "ShuffleOptions",
+    "BatchOptions",
+    "SamplingOptions",
+    "DecodeOptions",
+    "ErrorOptions",
+    "CacheOptions",
+    "GROUPS",
+    "with_defaults",
+]
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,20 @@ class CacheOptions:
         if self.limit_bytes is not None and self.limit_bytes < 0:
             raise ValueError(f"CacheOptions: limit_bytes={self.limit_bytes} should be >= 0")
         if self.limit_bytes is not None and self.dir is None:
-            raise ValueError(f"CacheOptions: limit_bytes={self.limit_bytes} needs dir=... (without it, each process "
-                             "keeps two shards in a temporary folder)")
+            raise ValueError(
+                f"CacheOptions: limit_bytes={self.limit_bytes} needs dir=... (without it, each process "
+                "keeps two shards in a temporary folder)"
+            )
 
 
-GROUPS: dict[str, type] = {"shuffling": ShuffleOptions, "batching": BatchOptions, "sampling": SamplingOptions,
-                           "decoding": DecodeOptions, "errors": ErrorOptions, "cache": CacheOptions}
+GROUPS: dict[str, type] = {
+    "shuffling": ShuffleOptions,
+    "batching": BatchOptions,
+    "sampling": SamplingOptions,
+    "decoding": DecodeOptions,
+    "errors": ErrorOptions,
+    "cache": CacheOptions,
+}
 """Each group keyword of ``ShardedDataset`` and its class."""
 
 
@@ -186,23 +203,51 @@ class ReadOptions:
     def groups(self) -> dict[str, Any]:
         """The option groups this record was built from (:meth:`from_groups`'s keywords; ``verify``
         as a bool, a checksum spec having been applied to the sources already)."""
-        return {"shuffling": ShuffleOptions(buffer=self.shuffle_buffer, block=self.shuffle_block),
-                "batching": BatchOptions(collate_fn=self.collate_fn, bucket_length=self.bucket_length,
-                                         bucket_buffer=self.bucket_buffer),
-                "sampling": SamplingOptions(samples_per_epoch=self.samples_per_epoch, mark_repeats=self.mark_repeats),
-                "decoding": DecodeOptions(allow_pickle=self.allow_pickle, max_member_bytes=self.max_member_bytes),
-                "errors": ErrorOptions(on_error=self.on_error, verify=self.verify)}
+        return {
+            "shuffling": ShuffleOptions(buffer=self.shuffle_buffer, block=self.shuffle_block),
+            "batching": BatchOptions(
+                collate_fn=self.collate_fn, bucket_length=self.bucket_length, bucket_buffer=self.bucket_buffer
+            ),
+            "sampling": SamplingOptions(samples_per_epoch=self.samples_per_epoch, mark_repeats=self.mark_repeats),
+            "decoding": DecodeOptions(allow_pickle=self.allow_pickle, max_member_bytes=self.max_member_bytes),
+            "errors": ErrorOptions(on_error=self.on_error, verify=self.verify),
+        }
 
     @classmethod
-    def from_groups(cls, *, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                    transform: Callable[..., Any] | None, fields: tuple[str, ...] | None,
-                    map: Callable[[dict[str, Any]], Any] | None, shuffling: ShuffleOptions, batching: BatchOptions,
-                    sampling: SamplingOptions, decoding: DecodeOptions, errors: ErrorOptions) -> ReadOptions:
+    def from_groups(
+        cls,
+        *,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        transform: Callable[..., Any] | None,
+        fields: tuple[str, ...] | None,
+        map: Callable[[dict[str, Any]], Any] | None,
+        shuffling: ShuffleOptions,
+        batching: BatchOptions,
+        sampling: SamplingOptions,
+        decoding: DecodeOptions,
+        errors: ErrorOptions,
+    ) -> ReadOptions:
         """The flat record of the dataset's keywords and groups (the cache is the source's, not here)."""
-        return cls(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform,
-                   fields=fields, map=map, collate_fn=batching.collate_fn, shuffle_buffer=shuffling.buffer,
-                   shuffle_block=shuffling.block, bucket_length=batching.bucket_length,
-                   bucket_buffer=batching.bucket_buffer, on_error=errors.on_error,
-                   allow_pickle=decoding.allow_pickle, verify=errors.verify is not False,
-                   samples_per_epoch=sampling.samples_per_epoch, mark_repeats=sampling.mark_repeats,
-                   max_member_bytes=decoding.max_member_bytes)
+        return cls(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            transform=transform,
+            fields=fields,
+            map=map,
+            collate_fn=batching.collate_fn,
+            shuffle_buffer=shuffling.buffer,
+            shuffle_block=shuffling.block,
+            bucket_length=batching.bucket_length,
+            bucket_buffer=batching.bucket_buffer,
+            on_error=errors.on_error,
+            allow_pickle=decoding.allow_pickle,
+            verify=errors.verify is not False,
+            samples_per_epoch=sampling.samples_per_epoch,
+            mark_repeats=sampling.mark_repeats,
+            max_member_bytes=decoding.max_member_bytes,
+        )

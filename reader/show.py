@@ -58,8 +58,13 @@ def _read(source: Source, positions: list[int]) -> list[dict[str, object]]:
     starts = [0]
     for s in source.sizes:
         starts.append(starts[-1] + s)
-    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True, opener=source.open_tar,
-                         chunks=[s.chunk for s in source.shards])
+    reader = ShardReader(
+        [s.url for s in source.shards],
+        source.sizes,
+        skip_damaged=True,
+        opener=source.open_tar,
+        chunks=[s.chunk for s in source.shards],
+    )
     out = []
     try:
         shard = 0
@@ -104,11 +109,15 @@ def describe_value(ext: str, data: bytes) -> str:
 
 
 def _text_summary(source: Source, samples: list[dict[str, object]]) -> str:
-    lines = [f"{source.name} split {source.split!r}: {source.num_samples} samples in {len(source.shards)} shards; "
-             f"fields {', '.join(source.fields) or '(not listed)'}; no images, so no picture: "
-             f"{len(samples)} samples spread over the split:"]
+    lines = [
+        f"{source.name} split {source.split!r}: {source.num_samples} samples in {len(source.shards)} shards; "
+        f"fields {', '.join(source.fields) or '(not listed)'}; no images, so no picture: "
+        f"{len(samples)} samples spread over the split:"
+    ]
     for s in samples:
-        fields = [f"{k}={describe_value(k, v)}" for k, v in s.items() if not k.startswith("__") and isinstance(v, bytes)]
+        fields = [
+            f"{k}={describe_value(k, v)}" for k, v in s.items() if not k.startswith("__") and isinstance(v, bytes)
+        ]
         lines.append(f"  {s['__key__']}: " + "; ".join(fields))
     return "\n".join(lines)
 
@@ -188,6 +197,8 @@ def contact_sheet(
         draw.text((x0, y0 + tile + 1 + line), label[:chars], fill=_TEXT, font=font)
         cells.append((key, label))
     views_text = f", each with {views} augmented views (epochs 0..{views - 1})" if transform is not None else ""
-    text = (f"{source.name} split {source.split!r}: {len(images)} of {source.num_samples} samples in a "
-            f"{rows}x{cols} grid{views_text}")
+    text = (
+        f"{source.name} split {source.split!r}: {len(images)} of {source.num_samples} samples in a "
+        f"{rows}x{cols} grid{views_text}"
+    )
     return Sheet(image=sheet, text=text, cells=cells)

@@ -22,8 +22,7 @@ from shardify.reader.io.stream import Item
 from shardify.reader.plan.assign import WorkerPlan
 from shardify.reader.plan.mix import stream_counts
 
-__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "epoch_counts",
-           "tag_samples"]
+__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "epoch_counts", "tag_samples"]
 
 
 @dataclass(frozen=True)
@@ -56,9 +55,15 @@ class Stream:
             object.__setattr__(self, "fields", tuple(self.fields))
 
 
-def resolve_streams(source: Any, *, split: str | None, cache_dir: str | os.PathLike[str] | None,
-                    cache_limit_bytes: int | None, skip_unreadable: bool = False,
-                    remote: Mapping[str, Any] | None = None) -> tuple[Stream, ...]:
+def resolve_streams(
+    source: Any,
+    *,
+    split: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit_bytes: int | None,
+    skip_unreadable: bool = False,
+    remote: Mapping[str, Any] | None = None,
+) -> tuple[Stream, ...]:
     """The dataset's ``source`` argument as streams whose ``source`` is a resolved :class:`Source`
     (``skip_unreadable`` and the ``remote`` keywords: see :func:`~shardify.reader.io.sources.resolve_source`)."""
     if isinstance(source, Stream):
@@ -72,9 +77,17 @@ def resolve_streams(source: Any, *, split: str | None, cache_dir: str | os.PathL
     out = []
     for s in streams:
         if not isinstance(s.source, Source):
-            s = dataclasses.replace(s, source=resolve_source(s.source, split=s.split, cache_dir=cache_dir,
-                                                             cache_limit_bytes=cache_limit_bytes,
-                                                             skip_unreadable=skip_unreadable, **(remote or {})))
+            s = dataclasses.replace(
+                s,
+                source=resolve_source(
+                    s.source,
+                    split=s.split,
+                    cache_dir=cache_dir,
+                    cache_limit_bytes=cache_limit_bytes,
+                    skip_unreadable=skip_unreadable,
+                    **(remote or {}),
+                ),
+            )
         out.append(s)
     return tuple(out)
 
@@ -86,8 +99,9 @@ def stream_weights(streams: Sequence[Stream]) -> list[float]:
         return [float(s.source.num_samples) for s in streams]  # type: ignore[union-attr]
     if any(w is None for w in given):
         missing = next(s.source for s in streams if s.weight is None)
-        raise ValueError(f"give every stream a weight or none; the stream of {getattr(missing, 'name', missing)} "
-                         "has none")
+        raise ValueError(
+            f"give every stream a weight or none; the stream of {getattr(missing, 'name', missing)} has none"
+        )
     return [float(w) for w in given]  # type: ignore[arg-type]
 
 
@@ -108,9 +122,14 @@ def mixed_source(sources: Sequence[Source]) -> Source:
     if len(sources) == 1:
         return sources[0]
     fields = sorted({f for s in sources for f in s.fields}) if all(s.fields for s in sources) else []
-    return Source(name=" + ".join(s.name for s in sources), split=None,
-                  shards=tuple(sh for s in sources for sh in s.shards), fields=tuple(fields),
-                  unique_keys=False, fetch=sources[0].fetch)
+    return Source(
+        name=" + ".join(s.name for s in sources),
+        split=None,
+        shards=tuple(sh for s in sources for sh in s.shards),
+        fields=tuple(fields),
+        unique_keys=False,
+        fetch=sources[0].fetch,
+    )
 
 
 class MixedOpener:
@@ -124,8 +143,9 @@ class MixedOpener:
         return self._sources[self._owner[url]].open_tar(url)
 
 
-def tag_samples(items: Iterator[tuple[int, Item]], plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None,
-                mark_repeats: bool) -> Iterator[tuple[int, Item]]:
+def tag_samples(
+    items: Iterator[tuple[int, Item]], plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None, mark_repeats: bool
+) -> Iterator[tuple[int, Item]]:
     """Add ``__stream__`` (when ``streams``, each stream's shard sizes, is given) and, with
     ``mark_repeats``, ``__valid__`` to each sample dict of a worker's ``(position, item)``s."""
     of = array.array("i")

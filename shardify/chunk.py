@@ -140,7 +140,7 @@ class Variable:
     def value(self, i: int) -> bytes | None:
         if self.present is not None and not self.present[i]:
             return None
-        return bytes(self.data[self.base + self.ends[i]:self.base + self.ends[i + 1]])
+        return bytes(self.data[self.base + self.ends[i] : self.base + self.ends[i + 1]])
 
 
 def head_bytes(n: int, head: bytes | None = None) -> int:
@@ -186,8 +186,9 @@ class MemberLayout:
         """The column of samples ``lo..hi-1`` from ``data``, the bytes of :meth:`span` (no copy)."""
         if self.ends is None:
             dtype: np.dtype = self.dtype  # type: ignore[assignment]  # set for stacked members
-            array = np.frombuffer(data, dtype=dtype, count=(hi - lo) * (self.row // dtype.itemsize)
-                                  if dtype.itemsize else 0)
+            array = np.frombuffer(
+                data, dtype=dtype, count=(hi - lo) * (self.row // dtype.itemsize) if dtype.itemsize else 0
+            )
             return Stacked(array.reshape((hi - lo, *self.shape)), lo)
         return Variable(data, -self.ends[lo], self.ends, self.present)
 
@@ -198,8 +199,10 @@ def member_layout(head: bytes | memoryview, size: int, n: int, what: str) -> Mem
     if bytes(head[:6]) == b"\x93NUMPY":
         dtype, shape, fortran, nbytes, offset = npy_layout(head)
         if dtype.hasobject or fortran or not shape or shape[0] != n or offset + nbytes != size:
-            raise ValueError(f"{what}: stacked array {dtype} {shape} of {nbytes} bytes at {offset} "
-                             f"in a member of {size}, the chunk has {n} samples")
+            raise ValueError(
+                f"{what}: stacked array {dtype} {shape} of {nbytes} bytes at {offset} "
+                f"in a member of {size}, the chunk has {n} samples"
+            )
         return MemberLayout(start=offset, ends=None, dtype=dtype, shape=tuple(shape[1:]))
     if len(head) < _HEAD.size:
         raise ValueError(f"{what}: {size} bytes, too short for a chunk member")
@@ -215,8 +218,7 @@ def member_layout(head: bytes | memoryview, size: int, n: int, what: str) -> Mem
     ends = np.frombuffer(head, dtype="<u8", count=count + 1, offset=_HEAD.size)
     if ends[0] != 0 or np.any(ends[1:] < ends[:-1]) or int(ends[-1]) != size - base:
         raise ValueError(f"{what}: offsets are not increasing from 0 to the {size - base} data bytes")
-    return MemberLayout(start=base, ends=ends.tolist(),
-                        present=bytes(head[at:base]) if flags & _HAS_PRESENCE else None)
+    return MemberLayout(start=base, ends=ends.tolist(), present=bytes(head[at:base]) if flags & _HAS_PRESENCE else None)
 
 
 def chunk_keys(data: bytes | memoryview, n: int) -> list[str]:
@@ -225,7 +227,7 @@ def chunk_keys(data: bytes | memoryview, n: int) -> list[str]:
     if layout.ends is None or layout.present is not None:
         raise ValueError(f"field {KEYS_EXT!r}: not a list of {n} keys")
     s = layout.start
-    return [bytes(data[s + a:s + b]).decode("ascii") for a, b in zip(layout.ends, layout.ends[1:])]
+    return [bytes(data[s + a : s + b]).decode("ascii") for a, b in zip(layout.ends, layout.ends[1:])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +264,7 @@ def decode_chunk(members: Mapping[str, object], *, shard: str, key: str, count: 
             if ext.startswith("__") or ext == KEYS_EXT or not isinstance(data, (bytes, memoryview)):
                 continue
             layout = member_layout(data, len(data), len(keys), f"field {ext!r}")
-            columns[ext] = layout.column(memoryview(data)[layout.start:], 0, len(keys))
+            columns[ext] = layout.column(memoryview(data)[layout.start :], 0, len(keys))
     except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
         raise ShardFormatError(f"damaged chunk: {e}", shard=shard, key=key) from e
     if not keys:

@@ -193,8 +193,9 @@ def _check_all(keys: KeyList, *, chunk: int = 1 << 16) -> None:
         lo += len(ends)
 
 
-def assign_keys(names: Sequence[str], *, identities: Sequence[str] | None = None,
-                candidates: Iterable[Sequence[str]] | None = None) -> KeyList:
+def assign_keys(
+    names: Sequence[str], *, identities: Sequence[str] | None = None, candidates: Iterable[Sequence[str]] | None = None
+) -> KeyList:
     """Keys for ``names`` (relative paths or IDs without extension): valid, unique, stable.
 
     ``identities`` (default: ``names``) are the full original names hashed into rewritten
@@ -256,7 +257,5 @@ def _check_unique(names: Sequence[str], keys: KeyList, hashes: Repeats) -> None:
     for j in hashes.repeated():
         key, name = keys[j], names[j]
         if key in owner:
-            raise KeyRuleError(
-                f"names {owner[key]!r} and {name!r} map to the same key {key!r}; rename one"
-            )
+            raise KeyRuleError(f"names {owner[key]!r} and {name!r} map to the same key {key!r}; rename one")
         owner[key] = name

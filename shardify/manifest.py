@@ -12,9 +12,9 @@ index before the top-level manifest, so a split exists only once it is complete.
 
 from __future__ import annotations
 
-import dataclasses
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,8 +25,8 @@ from typing import Any, BinaryIO
 
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.errors import ManifestError
-from shardify.sampletable import SampleTable
 from shardify.pixels import RAW_EXT, RAW_FORMAT, RAW_FORMAT_VERSION, RAW_SIDES
+from shardify.sampletable import SampleTable
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
 __all__ = [
@@ -144,9 +144,7 @@ READ_VERSION = max(FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
 
 def _check_version(version: int, source: str) -> None:
     if version < 1 or version > READ_VERSION:
-        raise ManifestError(
-            f"{source}: field 'format_version' is {version}, this shardify reads 1..{READ_VERSION}"
-        )
+        raise ManifestError(f"{source}: field 'format_version' is {version}, this shardify reads 1..{READ_VERSION}")
 
 
 @dataclass(frozen=True)
@@ -165,8 +163,12 @@ class ShardEntry:
     ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits)."""
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize,
-                               "sha256": self.sha256}
+        out: dict[str, Any] = {
+            "url": self.url,
+            "nsamples": self.nsamples,
+            "filesize": self.filesize,
+            "sha256": self.sha256,
+        }
         if self.offsets:
             out["offsets"] = list(self.offsets)
         if self.samples:
@@ -191,12 +193,24 @@ class ShardEntry:
         offsets = obj.get("offsets", [])
         units = nsamples if chunk is None else -(-nsamples // chunk)
         expected = -(-units // OFFSET_STRIDE)
-        if (not isinstance(offsets, list) or not all(type(o) is int for o in offsets)
-                or (offsets and (len(offsets) != expected or offsets[0] != 0
-                                 or any(b <= a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= filesize))):
+        if (
+            not isinstance(offsets, list)
+            or not all(type(o) is int for o in offsets)
+            or (
+                offsets
+                and (
+                    len(offsets) != expected
+                    or offsets[0] != 0
+                    or any(b <= a for a, b in zip(offsets, offsets[1:]))
+                    or offsets[-1] >= filesize
+                )
+            )
+        ):
             unit = "samples" if chunk is None else "chunks"
-            raise ManifestError(f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
-                                f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}")
+            raise ManifestError(
+                f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
+                f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}"
+            )
         table = _sample_table(obj.get("samples", ""), where)
         problem = SampleTable(table).problem(nsamples=nsamples, filesize=filesize) if table and chunk is None else None
         if table and chunk is not None:
@@ -231,8 +245,13 @@ class RawPixels:
     version: int = RAW_FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": self.format, "version": self.version, "field": self.field, "size": self.size,
-                "side": self.side}
+        return {
+            "format": self.format,
+            "version": self.version,
+            "field": self.field,
+            "size": self.size,
+            "side": self.side,
+        }
 
     @classmethod
     def from_json(cls, obj: Any, *, source: str) -> RawPixels:
@@ -361,8 +380,10 @@ def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:
     if chunk is None and version < CHUNKED_FORMAT_VERSION:
         return None
     if version < CHUNKED_FORMAT_VERSION or type(chunk) is not int or chunk < 1:
-        raise ManifestError(f"{source}: field 'chunk' should be a positive int in a format-{CHUNKED_FORMAT_VERSION} "
-                            f"(chunked) index, found {chunk!r} with format_version {version}")
+        raise ManifestError(
+            f"{source}: field 'chunk' should be a positive int in a format-{CHUNKED_FORMAT_VERSION} "
+            f"(chunked) index, found {chunk!r} with format_version {version}"
+        )
     return chunk
 
 
@@ -372,7 +393,9 @@ def _version_token(obj: dict[str, Any], source: str) -> str | None:
         return None
     token = obj["version"]
     if not isinstance(token, str) or len(token) != VERSION_CHARS or token.strip("0123456789abcdef"):
-        raise ManifestError(f"{source}: field 'version' should be {VERSION_CHARS} lowercase hex digits, found {token!r}")
+        raise ManifestError(
+            f"{source}: field 'version' should be {VERSION_CHARS} lowercase hex digits, found {token!r}"
+        )
     return token
 
 
@@ -451,9 +474,7 @@ class Manifest:
     def load_split(self, directory: str | os.PathLike[str], split: str) -> SplitIndex:
         """Load the index of ``split``; the error lists the splits there are."""
         if split not in self.splits:
-            raise ManifestError(
-                f"{Path(directory) / MANIFEST_NAME}: no split {split!r}; splits: {sorted(self.splits)}"
-            )
+            raise ManifestError(f"{Path(directory) / MANIFEST_NAME}: no split {split!r}; splits: {sorted(self.splits)}")
         ref = self.splits[split]
         index = SplitIndex.load(Path(directory) / ref.index)
         self.check_index(split, index, source=str(Path(directory) / ref.index))
@@ -465,18 +486,24 @@ class Manifest:
         if index.split != split:
             raise ManifestError(f"{source}: field 'split' is {index.split!r}, the manifest lists it as {split!r}")
         if index.version != ref.version:
-            raise ManifestError(f"{source}: field 'version' is {index.version!r}, the manifest lists "
-                                f"version {ref.version!r} for split {split!r}")
+            raise ManifestError(
+                f"{source}: field 'version' is {index.version!r}, the manifest lists "
+                f"version {ref.version!r} for split {split!r}"
+            )
 
     def with_split(self, split: str, index: SplitIndex) -> Manifest:
         """The manifest with ``split`` switched to ``index`` (its versioned index file)."""
-        ref = SplitRef(index=index_name(split, index.version), samples=index.num_samples,
-                       shards=len(index.shards), bytes=index.num_bytes, version=index.version)
+        ref = SplitRef(
+            index=index_name(split, index.version),
+            samples=index.num_samples,
+            shards=len(index.shards),
+            bytes=index.num_bytes,
+            version=index.version,
+        )
         return Manifest(splits={**self.splits, split: ref}, format_version=FORMAT_VERSION)
 
     def without_split(self, split: str) -> Manifest:
-        return Manifest(splits={k: v for k, v in self.splits.items() if k != split},
-                        format_version=self.format_version)
+        return Manifest(splits={k: v for k, v in self.splits.items() if k != split}, format_version=self.format_version)
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         write_json_atomic(Path(directory) / MANIFEST_NAME, self.to_json())

@@ -64,8 +64,22 @@ RAW_VIEWS: dict[str, str] = {
 
 _NATIVE_KINDS = frozenset("biufcSUmM")
 """numpy kinds stored as they are: bool, ints, floats, complex, bytes, str, datetimes."""
-_TORCH_NATIVE = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-                 "float16", "float32", "float64", "complex64", "complex128")
+_TORCH_NATIVE = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
 """Torch dtypes with a numpy twin of the same name."""
 
 _MAX_CACHED_HEADERS = 4096
@@ -92,8 +106,10 @@ def _stored_dtype(dtype: np.dtype[Any]) -> tuple[np.dtype[Any], str]:
     if dtype.hasobject:
         raise ObjectArrayError(f"cannot store an object array (dtype {dtype}) as .npy: it would need pickle")
     if dtype.kind not in _NATIVE_KINDS or dtype.names is not None or dtype.subdtype is not None:
-        raise ArrayFormatError(f"cannot store dtype {dtype} as .npy: only numbers, bools, strings, datetimes "
-                               f"and the raw views {sorted(RAW_VIEWS)} are stored")
+        raise ArrayFormatError(
+            f"cannot store dtype {dtype} as .npy: only numbers, bools, strings, datetimes "
+            f"and the raw views {sorted(RAW_VIEWS)} are stored"
+        )
     stored = dtype if dtype.byteorder == "|" else dtype.newbyteorder("<")
     return stored, repr(stored.str)
 
@@ -104,15 +120,18 @@ def encode_array(array: np.ndarray) -> bytes:
         raise ArrayFormatError(f"encode_array wants a numpy array, got {type(array).__name__}")
     dtype, descr = _stored_dtype(array.dtype)
     header = npy_header(descr, tuple(int(n) for n in array.shape))
-    data = np.ascontiguousarray(array).astype(dtype, copy=False) if array.dtype.names is None else (
-        np.ascontiguousarray(array).view(dtype))
+    data = (
+        np.ascontiguousarray(array).astype(dtype, copy=False)
+        if array.dtype.names is None
+        else (np.ascontiguousarray(array).view(dtype))
+    )
     return header + data.tobytes()
 
 
 def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     """The format-1.0 ``.npy`` header (magic included) of a C-order array: ``descr`` is the
     dtype's literal as the header writes it (``"'<u2'"``), padded to 64 bytes."""
-    header = "{'descr': %s, 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    header = f"{{'descr': {descr}, 'fortran_order': False, 'shape': {shape!r}, }}"
     pad = -(len(MAGIC) + 4 + len(header) + 1) % ALIGN
     text = (header + " " * pad + "\n").encode("latin1")
     if len(text) > 0xFFFF:
@@ -129,8 +148,11 @@ def _parse_header(text: bytes, major: int) -> tuple[np.dtype[Any], tuple[int, ..
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
         raise ArrayFormatError(f".npy header should be a dict of descr, fortran_order, shape: {text[:80]!r}")
     shape, fortran = d["shape"], d["fortran_order"]
-    if (not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape)
-            or not isinstance(fortran, bool)):
+    if (
+        not isinstance(shape, tuple)
+        or not all(isinstance(n, int) and n >= 0 for n in shape)
+        or not isinstance(fortran, bool)
+    ):
         raise ArrayFormatError(f".npy header has a bad shape or fortran_order: {text[:80]!r}")
     try:
         dtype = np.lib.format.descr_to_dtype(d["descr"])
@@ -181,7 +203,8 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
         if not allow_pickle:
             raise ObjectArrayError(
                 f"object array (dtype {dtype}): loading it would unpickle, refused with allow_pickle=False; "
-                "pass allow_pickle=True only for data you trust")
+                "pass allow_pickle=True only for data you trust"
+            )
         return np.load(io.BytesIO(bytes(view)), allow_pickle=True)
     arr = _view(view, dtype, shape, fortran, nbytes, offset)
     native = dtype if dtype.isnative else dtype.newbyteorder("=")
@@ -200,11 +223,11 @@ def view_array(data: bytes | memoryview) -> np.ndarray:
     return _view(view, dtype, shape, fortran, nbytes, offset)
 
 
-def _view(view: bytes | memoryview, dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, nbytes: int,
-          offset: int) -> np.ndarray:
+def _view(
+    view: bytes | memoryview, dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, nbytes: int, offset: int
+) -> np.ndarray:
     if len(view) - offset != nbytes:
-        raise ArrayFormatError(f".npy data is {len(view) - offset} bytes, its header says {nbytes} "
-                               f"({dtype} {shape})")
+        raise ArrayFormatError(f".npy data is {len(view) - offset} bytes, its header says {nbytes} ({dtype} {shape})")
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     flat = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
@@ -218,8 +241,10 @@ def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
     if not isinstance(tensor, torch.Tensor):
         raise ArrayFormatError(f"tensor_to_array wants a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
-        raise ArrayFormatError(f"cannot store a {tensor.layout} / quantized / nested tensor as .npy; "
-                               "store a dense tensor (tensor.to_dense())")
+        raise ArrayFormatError(
+            f"cannot store a {tensor.layout} / quantized / nested tensor as .npy; "
+            "store a dense tensor (tensor.to_dense())"
+        )
     name = str(tensor.dtype).removeprefix("torch.")
     t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
     if name in _TORCH_NATIVE:
@@ -227,8 +252,10 @@ def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
     if name in RAW_VIEWS:
         raw = t.reshape(-1).view(torch.uint8).numpy()
         return raw.view(np.dtype([(name, RAW_VIEWS[name])])).reshape(tuple(t.shape))
-    raise ArrayFormatError(f"cannot store dtype {tensor.dtype} as .npy: numpy has no twin and no raw view "
-                           f"is defined for it (raw views: {sorted(RAW_VIEWS)})")
+    raise ArrayFormatError(
+        f"cannot store dtype {tensor.dtype} as .npy: numpy has no twin and no raw view "
+        f"is defined for it (raw views: {sorted(RAW_VIEWS)})"
+    )
 
 
 def array_to_tensor(array: np.ndarray) -> torch.Tensor:
@@ -240,8 +267,11 @@ def array_to_tensor(array: np.ndarray) -> torch.Tensor:
         if not hasattr(torch, name):
             raise ArrayFormatError(f"this torch has no dtype {name}, which the array was stored as")
         flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        return torch.from_numpy(flat.copy() if not flat.flags.writeable else flat).view(
-            getattr(torch, name)).reshape(array.shape)
+        return (
+            torch.from_numpy(flat.copy() if not flat.flags.writeable else flat)
+            .view(getattr(torch, name))
+            .reshape(array.shape)
+        )
     if array.dtype.name not in _TORCH_NATIVE:
         raise ArrayFormatError(f"torch has no dtype for a numpy {array.dtype} array")
     if not array.dtype.isnative:

@@ -24,8 +24,16 @@ def wants_bar(enabled: bool, stream: TextIO | None = None) -> bool:
         return False
 
 
-def progress_bar(*, total: float | None, desc: str, unit: str, enabled: bool = True, initial: float = 0,
-                 unit_scale: bool = True, stream: TextIO | None = None) -> Any:
+def progress_bar(
+    *,
+    total: float | None,
+    desc: str,
+    unit: str,
+    enabled: bool = True,
+    initial: float = 0,
+    unit_scale: bool = True,
+    stream: TextIO | None = None,
+) -> Any:
     """A tqdm bar of ``total`` ``unit``s (rate and ETA) on ``stream`` (default: stderr), or
     None when :func:`wants_bar` says no; callers do ``if bar is not None: bar.update(n)``."""
     stream = sys.stderr if stream is None else stream
@@ -33,5 +41,13 @@ def progress_bar(*, total: float | None, desc: str, unit: str, enabled: bool = T
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale, file=stream,
-                dynamic_ncols=True, smoothing=0.1)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit_scale,
+        file=stream,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )

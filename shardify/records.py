@@ -34,8 +34,10 @@ class SpillError(OutputError):
 
     def __init__(self, cause: OSError) -> None:
         folder = spill_dir() or tempfile.gettempdir()
-        super().__init__(f"cannot write the converter's temporary files in {folder}: {cause.strerror or cause}; "
-                         "set SHARDIFY_SPILL_DIR to a folder with room (about 130 bytes a listing row)")
+        super().__init__(
+            f"cannot write the converter's temporary files in {folder}: {cause.strerror or cause}; "
+            "set SHARDIFY_SPILL_DIR to a folder with room (about 130 bytes a listing row)"
+        )
 
 
 def spill_dir() -> str | None:
@@ -99,12 +101,15 @@ class Records:
         try:
             if self._files is None:
                 folder = spill_dir()
-                self._files = (tempfile.TemporaryFile(prefix="shardify-records-", dir=folder),
-                               tempfile.TemporaryFile(prefix="shardify-ends-", dir=folder))
+                self._files = (
+                    tempfile.TemporaryFile(prefix="shardify-records-", dir=folder),
+                    tempfile.TemporaryFile(prefix="shardify-ends-", dir=folder),
+                )
             data_file, ends_file = self._files
             _pwrite_all(data_file.fileno(), self._data, self._flushed_bytes)
-            _pwrite_all(ends_file.fileno(), np.frombuffer(self._ends, dtype=np.int64).astype("<i8").tobytes(),
-                        8 * self._flushed)
+            _pwrite_all(
+                ends_file.fileno(), np.frombuffer(self._ends, dtype=np.int64).astype("<i8").tobytes(), 8 * self._flushed
+            )
         except OSError as e:
             raise SpillError(e) from e
         self._flushed += len(self._ends)
@@ -139,7 +144,7 @@ class Records:
             for i in indices:
                 yield data[ends[i - 1] if i else 0 : ends[i]]
             return
-        pread, two, one = os.pread, _TWO_ENDS.unpack, _END.unpack
+        pread, two = os.pread, _TWO_ENDS.unpack
         data_fd, ends_fd = self._files[0].fileno(), self._files[1].fileno()
         flushed, get = self._flushed, self.__getitem__
         for i in indices:
@@ -149,8 +154,9 @@ class Records:
             else:
                 yield get(i)
 
-    def spans(self, start: int = 0, stop: int | None = None, *, chunk: int = 1 << 14
-              ) -> Iterator[tuple[bytes | bytearray, np.ndarray]]:
+    def spans(
+        self, start: int = 0, stop: int | None = None, *, chunk: int = 1 << 14
+    ) -> Iterator[tuple[bytes | bytearray, np.ndarray]]:
         """Records ``start..stop`` (default: all) read in order, ``chunk`` at a time: each
         span is ``(data, ends)``, its records back to back and where each ends in ``data``."""
         stop = len(self) if stop is None else min(stop, len(self))
@@ -196,8 +202,7 @@ class Records:
         for chunk, chunk_ends in self.spans():
             ends.frombytes((chunk_ends + len(data)).tobytes())
             data += chunk
-        return {"_limit": self._limit, "_data": data, "_ends": ends, "_files": None, "_flushed": 0,
-                "_flushed_bytes": 0}
+        return {"_limit": self._limit, "_data": data, "_ends": ends, "_files": None, "_flushed": 0, "_flushed_bytes": 0}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -232,8 +237,9 @@ class Repeats:
             if 8 * len(self._values) > self._limit:
                 try:
                     folder = spill_dir()
-                    self._buckets = [tempfile.TemporaryFile(prefix="shardify-hashes-", dir=folder)
-                                     for _ in range(1 << _BUCKET_BITS)]
+                    self._buckets = [
+                        tempfile.TemporaryFile(prefix="shardify-hashes-", dir=folder) for _ in range(1 << _BUCKET_BITS)
+                    ]
                     held, self._values = self._values, array("q")
                     self._spill(np.frombuffer(held, dtype=np.int64), 0)
                 except OSError as e:

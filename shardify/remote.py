@@ -134,8 +134,9 @@ class _HttpBody:
             m = _CONTENT_RANGE.fullmatch(found.strip())
             if m is None or int(m.group(1)) != start:
                 self.close()
-                raise _Permanent(f"asked for Range bytes={start}-, the server answered 206 with "
-                                 f"Content-Range {found!r}")
+                raise _Permanent(
+                    f"asked for Range bytes={start}-, the server answered 206 with Content-Range {found!r}"
+                )
             self.start = start
             self.total = int(m.group(3)) if m.group(3) != "*" else None
         elif resp.status == 200:
@@ -169,8 +170,9 @@ class _FsspecBody:
         try:
             import fsspec
         except ImportError as e:
-            raise _Permanent(f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: "
-                             "pip install 'shardify[remote]'") from e
+            raise _Permanent(
+                f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'"
+            ) from e
         try:
             fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except (ImportError, ValueError) as e:
@@ -191,8 +193,9 @@ class _FsspecBody:
         self._f.close()
 
 
-def _open_body(url: str, start: int, timeout: float,
-               storage_options: Mapping[str, Any] | None) -> _HttpBody | _FsspecBody:
+def _open_body(
+    url: str, start: int, timeout: float, storage_options: Mapping[str, Any] | None
+) -> _HttpBody | _FsspecBody:
     if url.startswith(_HTTP):
         return _HttpBody(url, start, timeout)
     return _FsspecBody(url, start, storage_options)
@@ -279,16 +282,19 @@ def download(
         except _Transient as e:
             failures += 1
             if failures > retry.retries:
-                raise ShardFetchError(f"gave up after {failures} attempts ({done.pos} bytes received); "
-                                      f"last cause: {e}", shard=url) from e
+                raise ShardFetchError(
+                    f"gave up after {failures} attempts ({done.pos} bytes received); last cause: {e}", shard=url
+                ) from e
             wait = retry.delay(failures)
-            log.warning("%s: %s; retry %d of %d in %.2f s from byte %d", url, e, failures,
-                        retry.retries, wait, done.pos)
+            log.warning(
+                "%s: %s; retry %d of %d in %.2f s from byte %d", url, e, failures, retry.retries, wait, done.pos
+            )
             time.sleep(wait)
 
 
-def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None,
-             storage_options: Mapping[str, Any] | None) -> None:
+def _attempt(
+    done: _Progress, *, retry: RetryPolicy, size: int | None, storage_options: Mapping[str, Any] | None
+) -> None:
     """One request from byte ``done.pos`` to the end of the file."""
     url = done.url
     try:
@@ -299,8 +305,7 @@ def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None,
         raise _classify(e) from e
     try:
         if body.start != done.pos:
-            log.warning("%s: the server ignored Range bytes=%d- (answered 200); restarting from byte 0",
-                        url, done.pos)
+            log.warning("%s: the server ignored Range bytes=%d- (answered 200); restarting from byte 0", url, done.pos)
             done.restart()
         total = body.total
         if size is not None and total is not None and total != size:
@@ -322,17 +327,24 @@ def _attempt(done: _Progress, *, retry: RetryPolicy, size: int | None,
         raise _Permanent(f"received {done.pos} bytes, expected {want}")
 
 
-def fetch_bytes(url: str, *, retry: RetryPolicy, max_bytes: int = 256 << 20,
-                storage_options: Mapping[str, Any] | None = None) -> bytes:
+def fetch_bytes(
+    url: str, *, retry: RetryPolicy, max_bytes: int = 256 << 20, storage_options: Mapping[str, Any] | None = None
+) -> bytes:
     """The whole content of a small file at ``url`` (a manifest or split index)."""
     buf = io.BytesIO()
     download(url, buf, retry=retry, max_bytes=max_bytes, storage_options=storage_options)
     return buf.getvalue()
 
 
-def fetch_range(url: str, start: int, stop: int, *, retry: RetryPolicy,
-                storage_options: Mapping[str, Any] | None = None,
-                cancelled: Callable[[], bool] | None = None) -> bytes:
+def fetch_range(
+    url: str,
+    start: int,
+    stop: int,
+    *,
+    retry: RetryPolicy,
+    storage_options: Mapping[str, Any] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> bytes:
     """Bytes ``start..stop-1`` of the file at ``url``, exactly (see the module); raises
     :class:`ShardFetchError` naming ``url`` and the range. ``cancelled``: asked before each
     retry; when it says True, the fetch stops (its bytes are no longer wanted)."""
@@ -347,20 +359,24 @@ def fetch_range(url: str, start: int, stop: int, *, retry: RetryPolicy,
         except _Transient as e:
             failures += 1
             if cancelled is not None and cancelled():
-                raise ShardFetchError(f"bytes {start}-{stop - 1}: {e}; no longer wanted, not retried",
-                                      shard=url) from e
+                raise ShardFetchError(f"bytes {start}-{stop - 1}: {e}; no longer wanted, not retried", shard=url) from e
             if failures > retry.retries:
-                raise ShardFetchError(f"bytes {start}-{stop - 1}: gave up after {failures} attempts; "
-                                      f"last cause: {e}", shard=url) from e
+                raise ShardFetchError(
+                    f"bytes {start}-{stop - 1}: gave up after {failures} attempts; last cause: {e}", shard=url
+                ) from e
             wait = retry.delay(failures)
-            log.warning("%s: bytes %d-%d: %s; retry %d of %d in %.2f s", url, start, stop - 1, e, failures,
-                        retry.retries, wait)
+            log.warning(
+                "%s: bytes %d-%d: %s; retry %d of %d in %.2f s", url, start, stop - 1, e, failures, retry.retries, wait
+            )
             time.sleep(wait)
 
 
 def _http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
-    headers = {"Accept-Encoding": "identity", "User-Agent": f"shardify/{__version__}",
-               "Range": f"bytes={start}-{stop - 1}"}
+    headers = {
+        "Accept-Encoding": "identity",
+        "User-Agent": f"shardify/{__version__}",
+        "Range": f"bytes={start}-{stop - 1}",
+    }
     try:
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as e:
@@ -370,8 +386,10 @@ def _http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
         raise _classify(e) from e
     try:
         if resp.status == 200:
-            raise _Permanent("the server ignores Range (it answered 200 with the whole file); read this dataset "
-                             "with CacheOptions(ranged=False), which fetches whole shards")
+            raise _Permanent(
+                "the server ignores Range (it answered 200 with the whole file); read this dataset "
+                "with CacheOptions(ranged=False), which fetches whole shards"
+            )
         if resp.status != 206:
             raise _Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
         found = resp.headers.get("Content-Range", "")
@@ -395,7 +413,9 @@ def _fsspec_range(url: str, start: int, stop: int, storage_options: Mapping[str,
     try:
         import fsspec  # deferred: an optional dependency, needed only for non-HTTP URLs
     except ImportError as e:
-        raise _Permanent(f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'") from e
+        raise _Permanent(
+            f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'"
+        ) from e
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except (ImportError, ValueError) as e:

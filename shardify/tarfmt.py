@@ -43,8 +43,8 @@ _SHARD_RE = re.compile(r"(?P<split>[A-Za-z0-9][A-Za-z0-9_-]*)-(?P<index>\d{6,})\
 _SPLIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 VERSION_CHARS = 12
 """Hex digits of a dataset version token (the start of the conversion's plan fingerprint)."""
-_VERSION_RE = re.compile(r"[0-9a-f]{%d}\Z" % VERSION_CHARS)
-_TAIL_RE = re.compile(r"(?:(?P<version>[0-9a-f]{%d})-)?(?P<index>\d{6,})\.tar\Z" % VERSION_CHARS)
+_VERSION_RE = re.compile(rf"[0-9a-f]{{{VERSION_CHARS}}}\Z")
+_TAIL_RE = re.compile(rf"(?:(?P<version>[0-9a-f]{{{VERSION_CHARS}}})-)?(?P<index>\d{{6,}})\.tar\Z")
 
 
 def check_split_name(split: str) -> str:

@@ -193,8 +193,15 @@ def iter_members(
     through in chunks). On a gzip stream, or any stream that cannot seek (a pipe), the end
     of the archive is followed by :func:`read_to_end`, so gzip checks its CRC trailer.
     """
-    return _walk(f, shard=shard, max_member=max_member, on_bad_member=on_bad_member,
-                 start_offset=start_offset, read_data=True, keep=keep)
+    return _walk(
+        f,
+        shard=shard,
+        max_member=max_member,
+        on_bad_member=on_bad_member,
+        start_offset=start_offset,
+        read_data=True,
+        keep=keep,
+    )
 
 
 def _read_to_end_needed(f: BinaryIO) -> bool:
@@ -223,8 +230,9 @@ def read_to_end(f: BinaryIO, *, shard: str) -> int:
                 return done
             done += len(chunk)
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-        raise CompressedDataError(f"corrupt compressed data after the end of the archive: "
-                               f"{type(e).__name__}: {e}", shard=shard) from e
+        raise CompressedDataError(
+            f"corrupt compressed data after the end of the archive: {type(e).__name__}: {e}", shard=shard
+        ) from e
 
 
 def _walk(
@@ -274,8 +282,9 @@ def _walk(
                 first_header = member_offset
             if size > _MAX_EXT_HEADER:
                 raise ShardFormatError(
-                    f"extension header at byte {member_offset} declares {size} bytes "
-                    f"(limit {_MAX_EXT_HEADER})", shard=shard)
+                    f"extension header at byte {member_offset} declares {size} bytes (limit {_MAX_EXT_HEADER})",
+                    shard=shard,
+                )
             data = _read_exact(f, size, shard=shard, what=f"extension header at byte {member_offset}")
             skip = -size % BLOCK
             if skip and skip_bytes(f, skip) != skip:
@@ -307,12 +316,14 @@ def _walk(
             total = data_len + (-data_len % BLOCK)
             if problem:
                 if on_bad_member is None:
-                    raise ShardFormatError(f"{problem} (member {name!r} at byte {member_offset})", shard=shard,
-                                           key=_key_of(name))
+                    raise ShardFormatError(
+                        f"{problem} (member {name!r} at byte {member_offset})", shard=shard, key=_key_of(name)
+                    )
                 on_bad_member(name, problem)
             if skip_bytes(f, total) != total:
-                raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
-                                       key=_key_of(name))
+                raise ShardFormatError(
+                    f"truncated: member {name!r} at byte {member_offset}", shard=shard, key=_key_of(name)
+                )
             offset += total
             continue
         total = size + (-size % BLOCK)
@@ -324,16 +335,16 @@ def _walk(
             data = _read_exact(f, size, shard=shard, what=f"member {name!r}", key=_key_of(name))
             skip = total - size
         if skip and skip_bytes(f, skip) != skip:
-            raise ShardFormatError(f"truncated: member {name!r} at byte {member_offset}", shard=shard,
-                                   key=_key_of(name))
+            raise ShardFormatError(
+                f"truncated: member {name!r} at byte {member_offset}", shard=shard, key=_key_of(name)
+            )
         offset += total
         yield Member(name, data, member_offset, data_offset, size, skipped)
 
 
 _ZERO_BLOCK = bytes(BLOCK)
 _NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")
-_KINDS = {b"1": "hard link", b"2": "symbolic link", b"3": "character device",
-          b"4": "block device", b"6": "FIFO"}
+_KINDS = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device", b"6": "FIFO"}
 
 
 def _member_problem(name: str, typeflag: bytes, size: int, max_member: int) -> str | None:
@@ -380,8 +391,14 @@ def _grouped(
             if last is not None:
                 yield None
                 last = None
-            problem = ("key appears again after other keys (duplicate or non-adjacent members; "
-                       "GNU tar keeps a sample's members together with `tar --sort=name`)") if key in seen else None
+            problem = (
+                (
+                    "key appears again after other keys (duplicate or non-adjacent members; "
+                    "GNU tar keeps a sample's members together with `tar --sort=name`)"
+                )
+                if key in seen
+                else None
+            )
         if problem is not None:
             if on_bad_member is None:
                 raise ShardFormatError(problem, shard=shard, key=key)
@@ -455,7 +472,7 @@ class ShardLayout:
         return len(self.offsets)
 
     def key(self, i: int) -> str:
-        return self.key_text[self.key_ends[i - 1] if i else 0:self.key_ends[i]].decode("utf-8", "surrogateescape")
+        return self.key_text[self.key_ends[i - 1] if i else 0 : self.key_ends[i]].decode("utf-8", "surrogateescape")
 
     def fields(self, i: int) -> Iterator[tuple[str, int, int]]:
         """``(field, data offset, size)`` of each member of sample ``i``, in shard order."""
@@ -529,8 +546,15 @@ def _scan_plain(f: BinaryIO, *, max_member: int) -> ShardLayout | None:
     return layout
 
 
-def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None, filesize: int | None = None,
-                max_member: int = DEFAULT_MAX_MEMBER) -> ShardLayout | None:
+def scan_window(
+    f: BinaryIO,
+    *,
+    start: int,
+    count: int,
+    next_start: int | None,
+    filesize: int | None = None,
+    max_member: int = DEFAULT_MAX_MEMBER,
+) -> ShardLayout | None:
     """The layout of the ``count`` samples whose headers begin at byte ``start`` of a plain
     shardify shard (offsets as the split index lists them, see ``OFFSET_STRIDE``).
 
@@ -560,8 +584,9 @@ def scan_window(f: BinaryIO, *, start: int, count: int, next_start: int | None, 
     return layout if not at_end and pos == next_start else None
 
 
-def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
-                  count: int | None = None) -> tuple[ShardLayout, int, bool] | None:
+def _plain_layout(
+    f: BinaryIO, end: int, max_member: int, *, start: int = 0, count: int | None = None
+) -> tuple[ShardLayout, int, bool] | None:
     """``(layout, offset where the scan stopped, whether at the end of the archive)``, from
     ``start``, reading no byte at or past ``end``; stops before sample ``count`` when given.
     None: not a plain shard here."""
@@ -598,7 +623,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
             if len(buf) < BLOCK:
                 return None
         at = pos - buf_at
-        header = buf[at:at + BLOCK]
+        header = buf[at : at + BLOCK]
         if header == _ZERO_BLOCK:
             at_end = True
             break
@@ -615,7 +640,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
         if length > max_member or dot <= 0 or not raw.isascii() or b"/" in raw or b"\\" in raw:
             return None
         name = raw.decode("ascii")
-        key, field = name[:dot], name[dot + 1:].lower()
+        key, field = name[:dot], name[dot + 1 :].lower()
         if key == last:
             if field in fields:
                 return None
@@ -643,9 +668,7 @@ def _plain_layout(f: BinaryIO, end: int, max_member: int, *, start: int = 0,
     return ShardLayout(offsets, first, ext, data, size, tuple(exts), bytes(key_text), key_ends), pos, at_end
 
 
-def scan_sample_offsets(
-    f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER
-) -> list[tuple[str, int]]:
+def scan_sample_offsets(f: BinaryIO, *, shard: str, max_member: int = DEFAULT_MAX_MEMBER) -> list[tuple[str, int]]:
     """``[(key, offset of its first header)]`` for each sample, reading headers only
     (see :func:`scan_layout`, which it checks the same way)."""
     layout = scan_layout(f, shard=shard, max_member=max_member)

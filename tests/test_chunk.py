@@ -148,8 +148,11 @@ def test_a_reader_of_formats_1_to_2_refuses_a_chunked_split_by_name(tmp_path: Pa
     root = _chunked_index(tmp_path)
     assert Manifest.load(root).load_split(root, "train").chunk == 3
     monkeypatch.setattr(manifest_module, "READ_VERSION", 2)  # what the format-2 reader had
-    with pytest.raises(ManifestError, match=r"train-[0-9a-f]{12}\.json \[shardify\]: field 'format_version' is 3, "
-                                            r"this shardify reads 1\.\.2"):
+    with pytest.raises(
+        ManifestError,
+        match=r"train-[0-9a-f]{12}\.json \[shardify\]: field 'format_version' is 3, "
+        r"this shardify reads 1\.\.2",
+    ):
         Manifest.load(root).load_split(root, "train")
 
 

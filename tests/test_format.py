@@ -67,7 +67,10 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 def test_reader_groups_samples_and_finds_offsets() -> None:
     raw = _tar([("a.cls", b"1"), ("a.jpg", b"x" * 700), ("b.cls", b"2")])
     samples = list(iter_samples(iter_members(io.BytesIO(raw), shard="s"), shard="s"))
-    assert [(s["__key__"], s.get("cls"), s.get("jpg", b"")[:1]) for s in samples] == [("a", b"1", b"x"), ("b", b"2", b"")]
+    assert [(s["__key__"], s.get("cls"), s.get("jpg", b"")[:1]) for s in samples] == [
+        ("a", b"1", b"x"),
+        ("b", b"2", b""),
+    ]
     assert scan_sample_offsets(io.BytesIO(raw), shard="s") == [("a", 0), ("b", (512 + 512) + (512 + 1024))]
 
 
@@ -94,15 +97,18 @@ def _with_type(name: str, typeflag: bytes) -> bytes:
     return bytes(h)
 
 
-@pytest.mark.parametrize("raw, match", [
-    (_tar([("a.jpg", b"x" * 2000)])[:1500], "truncated"),
-    (_tar([("a.jpg", b"x")])[:300], "partial header"),
-    (b"\x01" * 512 + END_OF_ARCHIVE, "checksum"),
-    (_with_type("link.jpg", b"2") + END_OF_ARCHIVE, "symbolic link"),
-    (_with_type("dev.jpg", b"3") + END_OF_ARCHIVE, "character device"),
-    (_tar([("../evil.jpg", b"x")]), r"\.\."),
-    (_tar([("/abs.jpg", b"x")]), "absolute"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        (_tar([("a.jpg", b"x" * 2000)])[:1500], "truncated"),
+        (_tar([("a.jpg", b"x")])[:300], "partial header"),
+        (b"\x01" * 512 + END_OF_ARCHIVE, "checksum"),
+        (_with_type("link.jpg", b"2") + END_OF_ARCHIVE, "symbolic link"),
+        (_with_type("dev.jpg", b"3") + END_OF_ARCHIVE, "character device"),
+        (_tar([("../evil.jpg", b"x")]), r"\.\."),
+        (_tar([("/abs.jpg", b"x")]), "absolute"),
+    ],
+)
 def test_reader_errors_name_the_shard(raw: bytes, match: str) -> None:
     with pytest.raises(ShardFormatError, match=rf"shard bad\.tar.*{match}|{match}.*") as info:
         list(iter_members(io.BytesIO(raw), shard="bad.tar"))
@@ -135,7 +141,9 @@ def test_duplicate_and_non_adjacent_keys_are_errors() -> None:
 
 
 def _index(**over: object) -> dict:
-    idx = SplitIndex(split="train", shards=(ShardEntry("train-000000.tar", 2, 3072, "ab"),), classes=("a", "b")).to_json()
+    idx = SplitIndex(
+        split="train", shards=(ShardEntry("train-000000.tar", 2, 3072, "ab"),), classes=("a", "b")
+    ).to_json()
     idx["shardify"].update(over)
     return idx
 
@@ -148,12 +156,15 @@ def test_manifest_round_trip(tmp_path: Path) -> None:
     assert Manifest.load(tmp_path) == m
 
 
-@pytest.mark.parametrize("over, match", [
-    ({"format_version": 99}, "format_version"),
-    ({"classes": "ab"}, "'classes' should be list"),
-    ({"num_samples": 5}, "'num_samples' is 5"),
-    ({"split": 3}, "'split' should be str"),
-])
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"format_version": 99}, "format_version"),
+        ({"classes": "ab"}, "'classes' should be list"),
+        ({"num_samples": 5}, "'num_samples' is 5"),
+        ({"split": 3}, "'split' should be str"),
+    ],
+)
 def test_bad_index_names_the_field_and_file(over: dict, match: str) -> None:
     with pytest.raises(ManifestError, match=rf"t\.json.*{match}"):
         SplitIndex.from_json(_index(**over), source="t.json")
@@ -215,7 +226,9 @@ def test_every_key_is_checked_and_the_first_bad_one_named(bad: str, where: int) 
     _check_all(ok)
 
 
-@given(st.lists(st.integers(min_value=-3, max_value=3) | st.integers(min_value=-2**63, max_value=2**63 - 1), max_size=40))
+@given(
+    st.lists(st.integers(min_value=-3, max_value=3) | st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=40)
+)
 @settings(max_examples=200, deadline=None)
 def test_repeated_finds_exactly_the_values_seen_twice(values: list[int]) -> None:
     from array import array
@@ -240,12 +253,13 @@ def _key_rule(name: str, identity: str | None = None) -> tuple[str, bool]:
     rewritten = rewritten or len(safe) > MAX_KEY_LENGTH
     if rewritten:
         digest = hashlib.sha1((name if identity is None else identity).encode("utf-8", "surrogateescape")).hexdigest()
-        safe = safe[:MAX_KEY_LENGTH - 11] + "-" + digest[:10]
+        safe = safe[: MAX_KEY_LENGTH - 11] + "-" + digest[:10]
     return safe, rewritten
 
 
 _PATHS = st.text(alphabet="ab0_-/\\. é", max_size=90) | st.lists(
-    st.text(alphabet="aZ9_-", min_size=1, max_size=30), min_size=1, max_size=4).map("/".join)
+    st.text(alphabet="aZ9_-", min_size=1, max_size=30), min_size=1, max_size=4
+).map("/".join)
 
 
 @given(_PATHS)
@@ -255,8 +269,24 @@ def test_key_from_name_follows_its_rule(name: str) -> None:
     assert key_from_name(name, identity="x/" + name) == _key_rule(name, "x/" + name)
 
 
-@pytest.mark.parametrize("name", ["a/b", "a/", "/a", "a//b", "a/b/", "a\\b", "_a/b", "a/_b", "a/b.c",
-                                  "x" * 39 + "/" + "y" * 39, "x" * 40 + "/" + "y" * 39, "0/-", "-/0"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a/b",
+        "a/",
+        "/a",
+        "a//b",
+        "a/b/",
+        "a\\b",
+        "_a/b",
+        "a/_b",
+        "a/b.c",
+        "x" * 39 + "/" + "y" * 39,
+        "x" * 40 + "/" + "y" * 39,
+        "0/-",
+        "-/0",
+    ],
+)
 def test_key_from_name_edges_of_the_path_fast_path(name: str) -> None:
     assert key_from_name(name) == _key_rule(name)
 

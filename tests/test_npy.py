@@ -13,8 +13,27 @@ from shardify.errors import ArrayFormatError, ObjectArrayError
 from shardify.npy import array_to_tensor, decode_array, encode_array, encode_tensor, tensor_to_array
 
 SHAPES = [(), (0,), (7,), (3, 32, 32), (2, 0, 3), (1, 1, 1, 5)]
-NUMPY_DTYPES = ["bool", "uint8", "int8", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8",
-                "<c8", "<c16", "S3", "<U2", "<M8[s]", "<m8[ms]", "S0"]
+NUMPY_DTYPES = [
+    "bool",
+    "uint8",
+    "int8",
+    "<i2",
+    "<i4",
+    "<i8",
+    "<u2",
+    "<u4",
+    "<u8",
+    "<f2",
+    "<f4",
+    "<f8",
+    "<c8",
+    "<c16",
+    "S3",
+    "<U2",
+    "<M8[s]",
+    "<m8[ms]",
+    "S0",
+]
 
 
 def _values(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -105,13 +124,14 @@ def _v1(header: bytes) -> bytes:
         pytest.param(encode_array(np.arange(10, dtype="<i4")) + b"\0", "header says 40", id="trailing-data"),
         pytest.param(encode_array(np.arange(10, dtype="<i4"))[:40], "truncated", id="truncated-header"),
         pytest.param(_v1(b"{'a': 1}"), "descr, fortran_order, shape", id="wrong-keys"),
-        pytest.param(b"\x93NUMPY\x02\x00" + (10**6).to_bytes(4, "little") + b" " * 10**6, "exceeds 10000",
-                     id="huge-header"),
+        pytest.param(
+            b"\x93NUMPY\x02\x00" + (10**6).to_bytes(4, "little") + b" " * 10**6, "exceeds 10000", id="huge-header"
+        ),
         pytest.param(_v1(b"__import__('os')"), "unreadable", id="code-in-header"),
-        pytest.param(_v1(b"{'descr': '<i4', 'fortran_order': False, 'shape': (-1,), }"), "bad shape",
-                     id="negative-shape"),
-        pytest.param(_v1(b"{'descr': 'zz', 'fortran_order': False, 'shape': (1,), }"), "bad descr",
-                     id="bad-descr"),
+        pytest.param(
+            _v1(b"{'descr': '<i4', 'fortran_order': False, 'shape': (-1,), }"), "bad shape", id="negative-shape"
+        ),
+        pytest.param(_v1(b"{'descr': 'zz', 'fortran_order': False, 'shape': (1,), }"), "bad descr", id="bad-descr"),
     ],
 )
 def test_bad_bytes_raise_array_format_error(data: bytes, match: str) -> None:
@@ -130,11 +150,35 @@ def test_the_header_is_parsed_once_per_distinct_header(monkeypatch: pytest.Monke
     assert len(calls) == 2
 
 
-TORCH_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-                torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bfloat16, torch.complex32]
-TORCH_DTYPES += [getattr(torch, n) for n in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
-                                              "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
-                 if hasattr(torch, n)]
+TORCH_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.bfloat16,
+    torch.complex32,
+]
+TORCH_DTYPES += [
+    getattr(torch, n)
+    for n in (
+        "uint16",
+        "uint32",
+        "uint64",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    )
+    if hasattr(torch, n)
+]
 
 
 def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

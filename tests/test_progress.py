@@ -53,8 +53,8 @@ def test_the_conversion_bar_follows_the_same_rule(monkeypatch):
 
 
 def test_verify_shows_a_bar_of_bytes_on_a_terminal_only(tmp_path, monkeypatch):
-    from shardify.convert.verify import verify_dataset
     from shardify.convert import ShardWriter
+    from shardify.convert.verify import verify_dataset
 
     root = tmp_path / "ds"
     with ShardWriter(root, split="train", samples_per_shard=5) as w:

@@ -65,14 +65,19 @@ def test_a_spilled_store_holds_its_budget_in_memory_and_the_rest_on_disk() -> No
     assert not unspilled.spilled
 
 
-@given(st.lists(st.integers(min_value=-3, max_value=3) | st.integers(min_value=-2**63, max_value=2**63 - 1),
-                max_size=60), st.sampled_from([0, 16, 80, 1 << 20]), st.integers(1, 7))
+@given(
+    st.lists(
+        st.integers(min_value=-3, max_value=3) | st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=60
+    ),
+    st.sampled_from([0, 16, 80, 1 << 20]),
+    st.integers(1, 7),
+)
 @settings(max_examples=40, deadline=None)
 def test_repeats_finds_the_values_seen_twice_in_memory_or_in_buckets(values, spill_bytes, chunk) -> None:
     counts = Counter(values)
     found = Repeats(spill_bytes=spill_bytes)
     for lo in range(0, len(values), chunk):
-        found.extend(values[lo:lo + chunk])
+        found.extend(values[lo : lo + chunk])
     want = [j for j, v in enumerate(values) if counts[v] > 1]
     assert found.repeated() == want == repeated(array("q", values))
     assert len(found) == len(values)
@@ -86,7 +91,7 @@ def test_repeats_spills_what_it_held_in_slices_with_the_right_indices(monkeypatc
     counts = Counter(values)
     found = Repeats(spill_bytes=8 * 300)
     for lo in range(0, 1000, 64):
-        found.extend(values[lo:lo + 64])
+        found.extend(values[lo : lo + 64])
     assert found.repeated() == [j for j, v in enumerate(values) if counts[v] > 1]
 
 

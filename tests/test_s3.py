@@ -26,9 +26,9 @@ pytest.importorskip("moto.server")
 
 from shardify.cli import main  # noqa: E402
 from shardify.convert.options import ConvertOptions  # noqa: E402
-from shardify.convert.write.run import convert_imagefolder  # noqa: E402
 from shardify.convert.synth import make_imagefolder  # noqa: E402
 from shardify.convert.verify import dataset_info, verify_dataset  # noqa: E402
+from shardify.convert.write.run import convert_imagefolder  # noqa: E402
 from shardify.errors import ManifestError, OutputError  # noqa: E402
 from shardify.reader import BatchOptions, CacheOptions  # noqa: E402
 
@@ -55,8 +55,12 @@ def _free_port() -> int:
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server on a free port of 127.0.0.1, stopped after the module."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     try:
         while True:
@@ -87,9 +91,15 @@ def _clear_s3fs_cache() -> None:
 def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
     """Credentials and endpoint in the environment (inherited by CLI subprocesses), with no
     config file or instance metadata to fall back on."""
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": s3_endpoint, "AWS_EC2_METADATA_DISABLED": "true",
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
@@ -119,7 +129,7 @@ def _s3_tree(prefix: str) -> dict[str, bytes]:
     import s3fs
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
-    return {p[len(prefix) + 1:]: fs.cat_file(p) for p in fs.find(prefix)}
+    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
 
 
 def test_cli_convert_to_s3_is_byte_identical_to_local(bucket: str, source: Path, tmp_path: Path) -> None:
@@ -129,18 +139,24 @@ def test_cli_convert_to_s3_is_byte_identical_to_local(bucket: str, source: Path,
     assert _s3_tree(f"{bucket}/ds") == _tree_bytes(local)
 
 
-def test_killed_conversion_to_s3_resumes_byte_identical(bucket: str, source: Path, tmp_path: Path,
-                                                        ) -> None:
+def test_killed_conversion_to_s3_resumes_byte_identical(
+    bucket: str,
+    source: Path,
+    tmp_path: Path,
+) -> None:
     local = tmp_path / "local"
     assert main(["convert", "imagefolder", str(source), str(local), *OPTS]) == 0
     url = f"s3://{bucket}/ds"
-    slow = [sys.executable, "-c",
-            "import sys, time\n"
-            "import shardify.convert.write.writer as w\n"
-            "check = w.check_image\n"
-            "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
-            "from shardify.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n"]
+    slow = [
+        sys.executable,
+        "-c",
+        "import sys, time\n"
+        "import shardify.convert.write.writer as w\n"
+        "check = w.check_image\n"
+        "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
+        "from shardify.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n",
+    ]
     proc = subprocess.Popen([*slow, "convert", "imagefolder", str(source), url, *OPTS], start_new_session=True)
     import s3fs
 
@@ -158,8 +174,12 @@ def test_killed_conversion_to_s3_resumes_byte_identical(bucket: str, source: Pat
     assert 2 <= len(before) < 5, "the kill should land mid-run"
     assert not fs.exists(f"{bucket}/ds/manifest.json"), "a killed run must not look finished"
 
-    rerun = subprocess.run([sys.executable, "-m", "shardify.convert", "convert", "imagefolder", str(source), url,
-                            *OPTS], capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "shardify.convert", "convert", "imagefolder", str(source), url, *OPTS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert re.search(r"\b[234] reused\b", rerun.stderr), rerun.stderr
     assert _s3_tree(f"{bucket}/ds") == _tree_bytes(local)
@@ -198,7 +218,8 @@ def test_verify_finds_a_damaged_shard_on_s3(bucket: str, source: Path) -> None:
 
 
 def test_reader_epoch_from_s3_equals_local_with_two_workers_sharing_the_cache(
-        bucket: str, source: Path, tmp_path: Path) -> None:
+    bucket: str, source: Path, tmp_path: Path
+) -> None:
     import torch
 
     from shardify.reader import ShardedDataset
@@ -210,8 +231,9 @@ def test_reader_epoch_from_s3_equals_local_with_two_workers_sharing_the_cache(
     convert_imagefolder(source, url, options=options)
 
     def epoch(spec: str, **kw) -> list[list[tuple[str, int]]]:
-        ds = ShardedDataset(spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label,
-                            batching=BatchOptions(collate_fn=list), **kw)
+        ds = ShardedDataset(
+            spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label, batching=BatchOptions(collate_fn=list), **kw
+        )
         return list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
 
     cache = tmp_path / "cache"
@@ -222,8 +244,9 @@ def test_reader_epoch_from_s3_equals_local_with_two_workers_sharing_the_cache(
     assert cached == [f"{i:06d}.tar" for i in range(5)], "each shard fetched once into the shared cache"
 
 
-def test_storage_options_carry_credentials_and_endpoint(s3_endpoint: str, bucket: str, source: Path,
-                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_storage_options_carry_credentials_and_endpoint(
+    s3_endpoint: str, bucket: str, source: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from shardify.reader.io.sources import resolve_source
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
@@ -233,8 +256,9 @@ def test_storage_options_carry_credentials_and_endpoint(s3_endpoint: str, bucket
     url = f"s3://{bucket}/ds"
     options = ConvertOptions(samples_per_shard=4, workers=2, progress=False, fsync=False, storage_options=storage)
     convert_imagefolder(source, url, options=options)
-    convert_imagefolder(source, tmp_path / "local", options=ConvertOptions(samples_per_shard=4, workers=1,
-                                                                          progress=False, fsync=False))
+    convert_imagefolder(
+        source, tmp_path / "local", options=ConvertOptions(samples_per_shard=4, workers=1, progress=False, fsync=False)
+    )
     assert verify_dataset(url, storage_options=storage).ok
     src = resolve_source(url, storage_options=storage, cache_dir=tmp_path / "cache")
     assert src.num_samples == 18
@@ -243,9 +267,9 @@ def test_storage_options_carry_credentials_and_endpoint(s3_endpoint: str, bucket
 
 
 @pytest.mark.parametrize("problem", ["no-credentials", "no-bucket"])
-def test_missing_credential_or_bucket_is_a_quick_clear_error(problem: str, bucket: str, source: Path,
-                                                             monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_credential_or_bucket_is_a_quick_clear_error(
+    problem: str, bucket: str, source: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardify.reader import ShardedDataset
 
     url = f"s3://{bucket}/ds"
@@ -282,8 +306,11 @@ def test_docs_s3_example_runs(bucket: str, source: Path, tmp_path: Path, monkeyp
     code = block.split("```python\n", 1)[1].split("```", 1)[0]
 
     def local(text: str) -> str:
-        return (text.replace("my-bucket", bucket).replace("~/data/train", str(source))
-                .replace("/local/ssd/shardify-cache", str(tmp_path / "cache")))
+        return (
+            text.replace("my-bucket", bucket)
+            .replace("~/data/train", str(source))
+            .replace("/local/ssd/shardify-cache", str(tmp_path / "cache"))
+        )
 
     for line in shell.splitlines():
         words = shlex.split(local(line.split("#", 1)[0]))
@@ -306,8 +333,9 @@ def _py_sample(i: int) -> dict[str, object]:
     return {"npy": np.arange(i + 1, dtype=np.int16), "cls": i % 3, "txt": f"row {i}"}
 
 
-def test_python_writers_to_s3_are_byte_identical_to_local(s3_endpoint: str, bucket: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_writers_to_s3_are_byte_identical_to_local(
+    s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ShardWriter and convert_items to an s3:// URL, credentials and endpoint in storage_options only."""
     from shardify.convert import ShardWriter, convert_items
     from shardify.convert.verify import verify_dataset
@@ -320,12 +348,21 @@ def test_python_writers_to_s3_are_byte_identical_to_local(s3_endpoint: str, buck
         with ShardWriter(out, split="train", samples_per_shard=4, fsync=False, storage_options=options) as w:
             for i in range(10):
                 w.write(_py_sample(i))
-        convert_items(range(10), _py_sample, out, split="val", samples_per_shard=4, workers=2,
-                      fsync=False, progress=False, storage_options=options)
+        convert_items(
+            range(10),
+            _py_sample,
+            out,
+            split="val",
+            samples_per_shard=4,
+            workers=2,
+            fsync=False,
+            progress=False,
+            storage_options=options,
+        )
     import s3fs
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **storage)
-    remote = {p[len(bucket) + 4:]: fs.cat_file(p) for p in fs.find(f"{bucket}/py")}
+    remote = {p[len(bucket) + 4 :]: fs.cat_file(p) for p in fs.find(f"{bucket}/py")}
     assert remote == _tree_bytes(tmp_path / "local")
     assert sum(name.endswith(".tar") for name in remote) == 6
     assert verify_dataset(f"s3://{bucket}/py", storage_options=storage).ok

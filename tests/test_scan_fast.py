@@ -40,15 +40,22 @@ class _Unseekable:
 
 
 def _eq(a: tario.ShardLayout, b: tario.ShardLayout) -> bool:
-    return all(getattr(a, k) == getattr(b, k) for k in ("offsets", "first", "ext", "data", "size", "exts",
-                                                         "key_text", "key_ends"))
+    return all(
+        getattr(a, k) == getattr(b, k)
+        for k in ("offsets", "first", "ext", "data", "size", "exts", "key_text", "key_ends")
+    )
 
 
-@pytest.mark.parametrize("members", [
-    pytest.param([(f"k{i:05d}.{e}", bytes(i % 700)) for i in range(3000) for e in ("cls", "txt")], id="3000-samples"),
-    pytest.param([("a.jpg", b"x" * 5000), ("a.json", b"{}"), ("b.JPG", b"y"), ("c.seg.png", b"")], id="mixed"),
-    pytest.param([], id="empty"),
-])
+@pytest.mark.parametrize(
+    "members",
+    [
+        pytest.param(
+            [(f"k{i:05d}.{e}", bytes(i % 700)) for i in range(3000) for e in ("cls", "txt")], id="3000-samples"
+        ),
+        pytest.param([("a.jpg", b"x" * 5000), ("a.json", b"{}"), ("b.JPG", b"y"), ("c.seg.png", b"")], id="mixed"),
+        pytest.param([], id="empty"),
+    ],
+)
 def test_fast_scan_equals_the_full_parser(members) -> None:
     fast, full = _layouts(_shard(members))
     assert fast is not None and _eq(fast, full)
@@ -66,8 +73,11 @@ class _Counting(io.BytesIO):
 
 
 # photo-like samples: a small label, a large image (big and small members alternate)
-_PHOTOS = [(f"p{i:04d}.{e}", (b"%d" % i) if e == "cls" else bytes([i % 251]) * (60_000 + 977 * i))
-           for i in range(40) for e in ("cls", "jpg")]
+_PHOTOS = [
+    (f"p{i:04d}.{e}", (b"%d" % i) if e == "cls" else bytes([i % 251]) * (60_000 + 977 * i))
+    for i in range(40)
+    for e in ("cls", "jpg")
+]
 
 
 def test_fast_scan_of_large_members_equals_the_full_parser() -> None:
@@ -96,14 +106,17 @@ def _corrupt_checksum(raw: bytes, header_at: int) -> bytes:
     return bytes(b)
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param(_corrupt_checksum(_shard([("a.cls", b"1"), ("b.cls", b"2")]), 1024), id="bad-checksum"),
-    pytest.param(_shard([("a.cls", b"1"), ("a.cls", b"2")]), id="field-twice"),
-    pytest.param(_shard([("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"3")]), id="key-again"),
-    pytest.param(_shard([("nodot", b"1")]), id="no-dot"),
-    pytest.param(_shard([("d/a.cls", b"1")]), id="folder-name"),
-    pytest.param(_shard([("a.cls", b"x" * 3000)])[:1536], id="truncated-data"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(_corrupt_checksum(_shard([("a.cls", b"1"), ("b.cls", b"2")]), 1024), id="bad-checksum"),
+        pytest.param(_shard([("a.cls", b"1"), ("a.cls", b"2")]), id="field-twice"),
+        pytest.param(_shard([("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"3")]), id="key-again"),
+        pytest.param(_shard([("nodot", b"1")]), id="no-dot"),
+        pytest.param(_shard([("d/a.cls", b"1")]), id="folder-name"),
+        pytest.param(_shard([("a.cls", b"x" * 3000)])[:1536], id="truncated-data"),
+    ],
+)
 def test_anything_unusual_goes_to_the_full_parser(raw: bytes) -> None:
     assert tario._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER) is None
 

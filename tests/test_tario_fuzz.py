@@ -22,8 +22,9 @@ from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, MAX_MEMBER_SIZE, padding, ust
 from shardify.tario import iter_members, iter_samples, scan_layout, scan_sample_offsets
 
 SHARD = "fuzz-000007.tar"
-FUZZ = settings(max_examples=500, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=500, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 TIME_LIMIT_S = 60
@@ -45,18 +46,28 @@ class ForwardOnly(io.RawIOBase):
 
 # -- building shards -----------------------------------------------------------------------------
 
+
 def member(name: str, data: bytes) -> bytes:
     return ustar_header(name, len(data)) + data + padding(len(data))
 
 
 def good_shard(n: int = 4) -> bytes:
     """``n`` samples of two members each (``k{i}.cls``, ``k{i}.txt``)."""
-    return b"".join(member(f"k{i}.cls", str(i).encode()) + member(f"k{i}.txt", b"x" * (100 * i))
-                    for i in range(n)) + END_OF_ARCHIVE
+    return (
+        b"".join(member(f"k{i}.cls", str(i).encode()) + member(f"k{i}.txt", b"x" * (100 * i)) for i in range(n))
+        + END_OF_ARCHIVE
+    )
 
 
-def raw_header(name: bytes = b"a.txt", size: bytes | None = None, typeflag: bytes = b"0", *,
-               prefix: bytes = b"", magic: bytes = b"ustar\x0000", checksum: bool = True) -> bytes:
+def raw_header(
+    name: bytes = b"a.txt",
+    size: bytes | None = None,
+    typeflag: bytes = b"0",
+    *,
+    prefix: bytes = b"",
+    magic: bytes = b"ustar\x0000",
+    checksum: bool = True,
+) -> bytes:
     """A header with any field values; ``checksum=False`` leaves the checksum field wrong."""
     h = bytearray(BLOCK)
     h[0:100] = name[:100].ljust(100, b"\0")
@@ -84,8 +95,14 @@ def pax_records(records: dict[bytes, bytes]) -> bytes:
 def pax_member(records: dict[bytes, bytes], name: bytes = b"k9.txt", data: bytes = b"hi") -> bytes:
     """A PAX extended header with ``records``, then a regular member ``name``."""
     p = pax_records(records)
-    return (raw_header(b"PaxHeader/x", b"%011o\0" % len(p), b"x") + p + padding(len(p))
-            + raw_header(name, b"%011o\0" % len(data)) + data + padding(len(data)))
+    return (
+        raw_header(b"PaxHeader/x", b"%011o\0" % len(p), b"x")
+        + p
+        + padding(len(p))
+        + raw_header(name, b"%011o\0" % len(data))
+        + data
+        + padding(len(data))
+    )
 
 
 def tarfile_member(info: tarfile.TarInfo, data: bytes = b"", fmt: int = tarfile.USTAR_FORMAT) -> bytes:
@@ -100,7 +117,7 @@ def tarfile_member(info: tarfile.TarInfo, data: bytes = b"", fmt: int = tarfile.
 def _strip_end(archive: bytes) -> bytes:
     """``archive`` without its end-of-archive zero blocks (and tarfile's record padding)."""
     end = len(archive)
-    while end >= BLOCK and archive[end - BLOCK:end] == bytes(BLOCK):
+    while end >= BLOCK and archive[end - BLOCK : end] == bytes(BLOCK):
         end -= BLOCK
     return archive[:end]
 
@@ -115,6 +132,7 @@ def info(name: str, kind: bytes = tarfile.REGTYPE, **kw: object) -> tarfile.TarI
 
 # -- reading -------------------------------------------------------------------------------------
 
+
 def from_layout(data: bytes, **kw: object) -> list[dict[str, object]]:
     """The samples of ``data`` rebuilt from its scanned layout: one slice per field."""
     layout = scan_layout(io.BytesIO(data), shard=SHARD, **kw)
@@ -122,7 +140,7 @@ def from_layout(data: bytes, **kw: object) -> list[dict[str, object]]:
     for i in range(len(layout)):
         sample: dict[str, object] = {"__key__": layout.key(i), "__shard__": SHARD, "__offset__": layout.offsets[i]}
         for field, at, size in layout.fields(i):
-            sample[field] = data[at:at + size]
+            sample[field] = data[at : at + size]
         out.append(sample)
     return out
 
@@ -160,6 +178,7 @@ def assert_error(data: bytes, pattern: str, **kw: object) -> None:
 
 
 # -- fuzzing -------------------------------------------------------------------------------------
+
 
 @FUZZ
 @given(st.binary(max_size=4 * BLOCK))
@@ -202,8 +221,21 @@ def test_truncation_and_byte_flips(cut: int, flips: list[tuple[int, int]]) -> No
 
 _names = st.one_of(
     st.binary(max_size=110),
-    st.sampled_from([b"k.txt", b"k.cls", b"../k.txt", b"/etc/k.txt", b"a/../../k.txt", b"a\\..\\k.txt",
-                     b"\xff\xfe.txt", b"noext", b".txt", b"dir/", b"a/b.c.d"]),
+    st.sampled_from(
+        [
+            b"k.txt",
+            b"k.cls",
+            b"../k.txt",
+            b"/etc/k.txt",
+            b"a/../../k.txt",
+            b"a\\..\\k.txt",
+            b"\xff\xfe.txt",
+            b"noext",
+            b".txt",
+            b"dir/",
+            b"a/b.c.d",
+        ]
+    ),
 )
 _sizes = st.one_of(
     st.integers(0, MAX_MEMBER_SIZE).map(lambda n: b"%011o\0" % n),
@@ -214,8 +246,11 @@ _sizes = st.one_of(
 _types = st.sampled_from([b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"g", b"K", b"S", b"V", b"Z"])
 _pax = st.dictionaries(
     st.sampled_from([b"path", b"size", b"linkpath", b"mtime", b"uname"]),
-    st.one_of(st.binary(max_size=40), st.integers(0, 10**40).map(lambda n: str(n).encode()),
-              st.sampled_from([b"9" * 5000, b"-5", b"../../k.txt", b"/abs.txt", b"\xff.txt", b""])),
+    st.one_of(
+        st.binary(max_size=40),
+        st.integers(0, 10**40).map(lambda n: str(n).encode()),
+        st.sampled_from([b"9" * 5000, b"-5", b"../../k.txt", b"/abs.txt", b"\xff.txt", b""]),
+    ),
     max_size=3,
 )
 
@@ -226,19 +261,29 @@ def _hostile_member(draw: st.DrawFn) -> bytes:
     out = b""
     if draw(st.booleans()):
         out += pax_member(draw(_pax))
-    header = raw_header(draw(_names), draw(_sizes), draw(_types), prefix=draw(st.binary(max_size=20)),
-                        checksum=draw(st.integers(0, 9)) > 0)
+    header = raw_header(
+        draw(_names),
+        draw(_sizes),
+        draw(_types),
+        prefix=draw(st.binary(max_size=20)),
+        checksum=draw(st.integers(0, 9)) > 0,
+    )
     return out + header + data + padding(len(data))
 
 
 @FUZZ
-@given(st.lists(st.one_of(_hostile_member(), st.sampled_from([member("k1.cls", b"1"), member("k2.cls", b"2")])),
-                max_size=5), st.booleans())
+@given(
+    st.lists(
+        st.one_of(_hostile_member(), st.sampled_from([member("k1.cls", b"1"), member("k2.cls", b"2")])), max_size=5
+    ),
+    st.booleans(),
+)
 def test_corrupted_headers_with_valid_and_invalid_checksums(members: list[bytes], ended: bool) -> None:
     read_all(b"".join(members) + (END_OF_ARCHIVE if ended else b""))
 
 
 # -- each hostile kind, with the message it gives ---------------------------------------------------
+
 
 def _hostile_cases() -> list[object]:
     before = member("k0.cls", b"0")
@@ -247,14 +292,22 @@ def _hostile_cases() -> list[object]:
         "dotdot": (tarfile_member(info("../evil.txt"), b"x"), "member name contains '..'"),
         "dotdot_inside": (tarfile_member(info("a/../../evil.txt"), b"x"), "member name contains '..'"),
         "absolute": (tarfile_member(info("/etc/evil.txt"), b"x"), "absolute member name"),
-        "symlink": (tarfile_member(info("k1.txt", tarfile.SYMTYPE, linkname="/etc/passwd")),
-                    "symbolic link, not a regular file"),
-        "hardlink": (tarfile_member(info("k1.txt", tarfile.LNKTYPE, linkname="k0.cls")),
-                     "hard link, not a regular file"),
-        "chardev": (tarfile_member(info("k1.txt", tarfile.CHRTYPE, devmajor=1, devminor=3)),
-                    "character device, not a regular file"),
-        "blockdev": (tarfile_member(info("k1.txt", tarfile.BLKTYPE, devmajor=8, devminor=0)),
-                     "block device, not a regular file"),
+        "symlink": (
+            tarfile_member(info("k1.txt", tarfile.SYMTYPE, linkname="/etc/passwd")),
+            "symbolic link, not a regular file",
+        ),
+        "hardlink": (
+            tarfile_member(info("k1.txt", tarfile.LNKTYPE, linkname="k0.cls")),
+            "hard link, not a regular file",
+        ),
+        "chardev": (
+            tarfile_member(info("k1.txt", tarfile.CHRTYPE, devmajor=1, devminor=3)),
+            "character device, not a regular file",
+        ),
+        "blockdev": (
+            tarfile_member(info("k1.txt", tarfile.BLKTYPE, devmajor=8, devminor=0)),
+            "block device, not a regular file",
+        ),
         "fifo": (tarfile_member(info("k1.txt", tarfile.FIFOTYPE)), "FIFO, not a regular file"),
         "non_utf8": (tarfile_member(info("k\udcff\udcfe.txt"), b"x"), "member name is not UTF-8"),
         "pax_non_utf8_path": (pax_member({b"path": b"k\xff.txt"}), "member name is not UTF-8"),
@@ -264,19 +317,23 @@ def _hostile_cases() -> list[object]:
         "pax_size_5000_digits": (pax_member({b"size": b"9" * 5000}), "size is not a number"),
         "pax_negative_size": (pax_member({b"size": b"-5"}), "negative size"),
         "pax_huge_path": (pax_member({b"path": b"a" * 600_000 + b".txt"}), ""),  # allowed: < 1 MiB header
-        "pax_header_over_1mib": (raw_header(b"PaxHeader", b"%011o\0" % (2 << 20), b"x") + bytes(BLOCK),
-                                 "extension header at byte 1024 declares 2097152 bytes"),
-        "pax_bad_record": (raw_header(b"PaxHeader", b"%011o\0" % 10, b"x") + b"zz path=x\n".ljust(BLOCK, b"\0"),
-                           "corrupt PAX header"),
-        "size_8gib_ustar": (raw_header(b"k1.bin", b"%011o\0" % MAX_MEMBER_SIZE) + b"x" * BLOCK,
-                            "over the limit"),
-        "size_base256_huge": (raw_header(b"k1.bin", b"\x80" + (10**25).to_bytes(11, "big")) + b"x" * BLOCK,
-                              "over the limit"),
+        "pax_header_over_1mib": (
+            raw_header(b"PaxHeader", b"%011o\0" % (2 << 20), b"x") + bytes(BLOCK),
+            "extension header at byte 1024 declares 2097152 bytes",
+        ),
+        "pax_bad_record": (
+            raw_header(b"PaxHeader", b"%011o\0" % 10, b"x") + b"zz path=x\n".ljust(BLOCK, b"\0"),
+            "corrupt PAX header",
+        ),
+        "size_8gib_ustar": (raw_header(b"k1.bin", b"%011o\0" % MAX_MEMBER_SIZE) + b"x" * BLOCK, "over the limit"),
+        "size_base256_huge": (
+            raw_header(b"k1.bin", b"\x80" + (10**25).to_bytes(11, "big")) + b"x" * BLOCK,
+            "over the limit",
+        ),
         "size_past_end": (raw_header(b"k1.bin", b"%011o\0" % (1 << 30)) + b"x" * BLOCK, "truncated"),
         "size_not_octal": (raw_header(b"k1.bin", b"12345678z01\0"), "not octal"),
         "bad_checksum": (raw_header(b"k1.bin", checksum=False), "checksum mismatch"),
-        "checksum_not_octal": (raw_header(b"k1.bin")[:148] + b"zzzzzz\0 " + raw_header(b"k1.bin")[156:],
-                               "not octal"),
+        "checksum_not_octal": (raw_header(b"k1.bin")[:148] + b"zzzzzz\0 " + raw_header(b"k1.bin")[156:], "not octal"),
         "duplicate_field": (member("k0.cls", b"again"), "field 'cls' appears twice"),
         "duplicate_key": (member("k1.cls", b"1") + member("k0.txt", b"again"), "key appears again"),
         "no_extension": (member("k1", b"x"), "has no key and extension"),
@@ -298,21 +355,33 @@ def test_each_hostile_member_gives_a_clear_error(shard: bytes, pattern: str) -> 
     assert pattern in str(got) and SHARD in str(got)
 
 
-@pytest.mark.parametrize(("shard", "pattern"), [p for p in _hostile_cases()
-                                               if p.id in {"dotdot", "absolute", "symlink", "hardlink", "chardev",
-                                                           "fifo", "non_utf8"}])
+@pytest.mark.parametrize(
+    ("shard", "pattern"),
+    [
+        p
+        for p in _hostile_cases()
+        if p.id in {"dotdot", "absolute", "symlink", "hardlink", "chardev", "fifo", "non_utf8"}
+    ],
+)
 def test_well_framed_bad_members_can_be_reported_and_skipped(shard: bytes, pattern: str) -> None:
     skipped: list[tuple[str, str]] = []
-    samples = list(iter_samples(iter_members(io.BytesIO(shard), shard=SHARD,
-                                             on_bad_member=lambda n, r: skipped.append((n, r))), shard=SHARD))
+    samples = list(
+        iter_samples(
+            iter_members(io.BytesIO(shard), shard=SHARD, on_bad_member=lambda n, r: skipped.append((n, r))), shard=SHARD
+        )
+    )
     assert [s["__key__"] for s in samples] == ["k0"]
     assert len(skipped) == 1 and pattern in skipped[0][1]
 
 
 def test_directories_and_global_pax_headers_are_passed_over() -> None:
-    shard = (tarfile_member(info("somedir", tarfile.DIRTYPE)) + member("k0.cls", b"0")
-             + tarfile_member(info("glob", tarfile.XGLTYPE, pax_headers={"comment": "x"}))
-             + member("k0.txt", b"t") + END_OF_ARCHIVE)
+    shard = (
+        tarfile_member(info("somedir", tarfile.DIRTYPE))
+        + member("k0.cls", b"0")
+        + tarfile_member(info("glob", tarfile.XGLTYPE, pax_headers={"comment": "x"}))
+        + member("k0.txt", b"t")
+        + END_OF_ARCHIVE
+    )
     got = read_all(shard)
     assert isinstance(got, list) and got[0]["cls"] == b"0" and got[0]["txt"] == b"t"
 
@@ -325,6 +394,7 @@ def test_long_names_from_other_tools_are_read(fmt: int) -> None:
 
 
 # -- memory never follows a declared size ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("forward", [False, True], ids=["seekable", "forward_only"])
 @pytest.mark.parametrize("declared", [MAX_MEMBER_SIZE, 1 << 40], ids=["8GiB", "1TiB_pax"])
@@ -355,6 +425,7 @@ def test_scan_catches_a_duplicate_key_a_reader_starting_mid_shard_would_miss() -
 
 # -- empty files and compressed streams -----------------------------------------------------------
 
+
 def test_an_empty_file_is_not_an_archive() -> None:
     """0 bytes is no tar archive (GNU tar and tarfile refuse it); 1024 zero bytes is an empty one."""
     assert_error(b"", "empty file (0 bytes): not a tar archive")
@@ -368,6 +439,7 @@ def test_unwanted_members_are_passed_over_unread() -> None:
     for make in (io.BytesIO, ForwardOnly):
         members = list(iter_members(make(shard), shard=SHARD, keep=lambda name: name.endswith(".cls")))
         assert [(m.name, m.data, m.skipped) for m in members if m.name.endswith(".txt")] == [
-            (f"k{i}.txt", b"", True) for i in range(3)]
+            (f"k{i}.txt", b"", True) for i in range(3)
+        ]
         samples = list(iter_samples(iter(members), shard=SHARD))
         assert [sorted(s) for s in samples] == [["__key__", "__offset__", "__shard__", "cls"]] * 3

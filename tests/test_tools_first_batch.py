@@ -10,16 +10,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_system_gives_a_first_batch_of_the_same_shards(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_first_batch.py"), "--data", str(tmp_path),
-                           "--photos", "40", "--arrays", "200", "--repeat", "1", "--workers", "1",
-                           "--batch-size", "4", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_first_batch.py"),
+            "--data",
+            str(tmp_path),
+            "--photos",
+            "40",
+            "--arrays",
+            "200",
+            "--repeat",
+            "1",
+            "--workers",
+            "1",
+            "--batch-size",
+            "4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("photos", "arrays"))]
-    assert rows == [["photos", "shardify"], ["photos", "webdataset"], ["photos", "folder"],
-                    ["arrays", "shardify"], ["arrays", "webdataset"]]
+    assert rows == [
+        ["photos", "shardify"],
+        ["photos", "webdataset"],
+        ["photos", "folder"],
+        ["arrays", "shardify"],
+        ["arrays", "webdataset"],
+    ]
     import json
 
-    runs = json.loads(proc.stdout[proc.stdout.index("{"):])
-    assert all(r["batch"] == 4 and r["iter_first_s"] > 0 and r["setup_first_s"] >= r["iter_first_s"]
-               for rs in runs.values() for r in rs)
+    runs = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert all(
+        r["batch"] == 4 and r["iter_first_s"] > 0 and r["setup_first_s"] >= r["iter_first_s"]
+        for rs in runs.values()
+        for r in rs
+    )
     assert (tmp_path / "photos-40-shards" / "train.json").exists() and (tmp_path / "arrays-200" / "train.json").exists()

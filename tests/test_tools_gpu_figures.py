@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -25,13 +25,22 @@ def tool(monkeypatch: pytest.MonkeyPatch):
 def test_the_full_list_is_every_gpu_figure(tool, tmp_path: Path) -> None:
     figs = tool.figures(tmp_path, device="cuda", quick=False)
     names = [f.name for f in figs]
-    assert names == ["tests/gpu", "per-stage profile", "device side of device decode, per batch",
-                     "feed, CPU path, 8 workers", "feed, CPU path, 15 workers",
-                     "feed, device decode, 2 workers", "feed, device decode, 4 workers", "feed, device decode, 8 workers",
-                     "convnet step, workers decode, 15 workers", "convnet step, device decode, 8 workers",
-                     "resnet50 step, workers decode, 15 workers", "resnet50 step, device decode, 8 workers"]
+    assert names == [
+        "tests/gpu",
+        "per-stage profile",
+        "device side of device decode, per batch",
+        "feed, CPU path, 8 workers",
+        "feed, CPU path, 15 workers",
+        "feed, device decode, 2 workers",
+        "feed, device decode, 4 workers",
+        "feed, device decode, 8 workers",
+        "convnet step, workers decode, 15 workers",
+        "convnet step, device decode, 8 workers",
+        "resnet50 step, workers decode, 15 workers",
+        "resnet50 step, device decode, 8 workers",
+    ]
     profile = figs[1].argv
-    assert profile[profile.index("--workers") + 1:profile.index("--workers") + 5] == ["1", "4", "8", "15"]
+    assert profile[profile.index("--workers") + 1 : profile.index("--workers") + 5] == ["1", "4", "8", "15"]
     assert "--device" in profile and "cuda" in profile
     resnet = figs[-1].argv
     assert {"--bf16", "--channels-last", "resnet50"} <= set(resnet)
@@ -59,17 +68,28 @@ def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tm
     from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]
 
     dataset = make_jpegs(tmp_path, 24)
-    feed = next(f for f in tool.figures(dataset, device="cpu", quick=True) if f.name == "feed, device decode, 1 workers")
+    feed = next(
+        f for f in tool.figures(dataset, device="cpu", quick=True) if f.name == "feed, device decode, 1 workers"
+    )
     tool.run(feed)
     assert feed.result["status"] == "ok" and feed.result["img_s"] > 0 and feed.result["decode"] == "device"
     assert tool.verdict(feed)[1] == "NO"  # a CPU is far from 10,000 img/s
 
     hang = tool.Figure("feed", "hang", [sys.executable, "-c", "import time; time.sleep(30)"], limit_s=1)
     broken = tool.Figure("feed", "broken", [sys.executable, "-c", "raise SystemExit(3)"])
-    fast = tool.Figure("step", "fast", [], "<= 1.3x pre-staged",
-                       result={"status": "ok", "loader_ms": 26.0, "prestaged_ms": 24.0, "ratio": 26 / 24, "model": "convnet"})
-    slow = tool.Figure("step", "slow", [], result={"status": "ok", "loader_ms": 90.0, "prestaged_ms": 80.0,
-                                                     "ratio": 1.125, "model": "resnet50"})
+    fast = tool.Figure(
+        "step",
+        "fast",
+        [],
+        "<= 1.3x pre-staged",
+        result={"status": "ok", "loader_ms": 26.0, "prestaged_ms": 24.0, "ratio": 26 / 24, "model": "convnet"},
+    )
+    slow = tool.Figure(
+        "step",
+        "slow",
+        [],
+        result={"status": "ok", "loader_ms": 90.0, "prestaged_ms": 80.0, "ratio": 1.125, "model": "resnet50"},
+    )
     tool.run(hang)
     tool.run(broken)
     assert hang.result["status"] == "timed out after 1 s" and broken.result["status"] == "failed (exit 3)"
@@ -81,10 +101,12 @@ def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tm
 
 def test_the_chart_is_drawn_from_the_tools_own_results(tool, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    records = [{"figure": "feed", "status": "ok", "img_s": 8664.0, "decode": "device", "workers": 2},
-               {"figure": "feed", "status": "ok", "img_s": 4238.0, "decode": "workers", "workers": 15},
-               {"figure": "step", "status": "ok", "ratio": 1.30, "decode": "workers", "workers": 15, "model": "resnet50"},
-               {"figure": "broken", "status": "failed (exit 1)"}]
+    records = [
+        {"figure": "feed", "status": "ok", "img_s": 8664.0, "decode": "device", "workers": 2},
+        {"figure": "feed", "status": "ok", "img_s": 4238.0, "decode": "workers", "workers": 15},
+        {"figure": "step", "status": "ok", "ratio": 1.30, "decode": "workers", "workers": 15, "model": "resnet50"},
+        {"figure": "broken", "status": "failed (exit 1)"},
+    ]
     jsonl = tmp_path / "gpu_figures.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     png = tmp_path / "chart" / "figs.png"

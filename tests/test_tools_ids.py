@@ -12,8 +12,13 @@ TIME_LIMIT_S = 180
 
 
 def test_demo_trains_two_epochs_and_names_every_validation_id(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "demo_ids.py"), "--dir", str(tmp_path),
-                           "--samples", "100"], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "demo_ids.py"), "--dir", str(tmp_path), "--samples", "100"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "exit code 0" in out and "epoch 0: 80 samples" in out and "epoch 1: 80 samples" in out
@@ -27,8 +32,13 @@ def test_demo_trains_two_epochs_and_names_every_validation_id(tmp_path: Path) ->
 
 
 def test_bench_runs_both_recipes_and_checks_the_same_tensors() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_ids.py"), "--samples", "200", "--epochs", "1"],
-                          capture_output=True, text=True, timeout=150, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_ids.py"), "--samples", "200", "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "same tensors and labels for all 200 IDs" in proc.stdout
     assert "map-style torch.load" in proc.stdout and "shardify npy" in proc.stdout and "ratio:" in proc.stdout

@@ -51,11 +51,19 @@ def test_the_rewritten_calls_read_as_the_old_ones(tmp_path):
             w.write({"cls": i})
     script = tmp_path / "train.py"
     script.write_text(OLD)
-    check = subprocess.run([sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--check", str(script)],
-                           capture_output=True, text=True)
-    assert check.returncode == 1 and script.read_text() == OLD and "1 call(s) to rewrite" in check.stdout  # mine() needs --also
-    subprocess.run([sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--also", "mine", str(script)],
-                   check=True, capture_output=True)
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--check", str(script)],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        check.returncode == 1 and script.read_text() == OLD and "1 call(s) to rewrite" in check.stdout
+    )  # mine() needs --also
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "upgrade_options.py"), "--also", "mine", str(script)],
+        check=True,
+        capture_output=True,
+    )
     new = script.read_text()
     assert "shuffling=ShuffleOptions(buffer=8, block=2)" in new
     assert 'errors=ErrorOptions(on_error="skip")' in new and "batching=BatchOptions(collate_fn=list)" in new
@@ -81,8 +89,12 @@ def _upgrade_source() -> Callable[..., tuple[str, int]]:
 
 def _bound(src: str) -> dict[str, str]:
     """Each name a top-level ``from shardify... import`` binds -> its module."""
-    return {a.asname or a.name: n.module for n in ast.parse(src).body
-            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("shardify") for a in n.names}
+    return {
+        a.asname or a.name: n.module
+        for n in ast.parse(src).body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("shardify")
+        for a in n.names
+    }
 
 
 LOCAL = '''"""A script that imports shardify only where it reads."""
@@ -132,8 +144,11 @@ def test_groups_already_imported_are_not_imported_again_and_strings_are_left_alo
     new, calls = _upgrade_source()(IMPORTED)
     assert calls == 1 and 'shuffling=ShuffleOptions(buffer=8), errors=ErrorOptions(on_error="skip")' in new
     compile(new, "imported.py", "exec")
-    assert _bound(new) == {"ShardedDataset": "shardify.reader", "ShuffleOptions": "shardify.reader",
-                           "ErrorOptions": "shardify.reader"}
+    assert _bound(new) == {
+        "ShardedDataset": "shardify.reader",
+        "ShuffleOptions": "shardify.reader",
+        "ErrorOptions": "shardify.reader",
+    }
     assert new.count("import ShardedDataset") == 1 and new.count("ShuffleOptions)") == 1
     assert 'CHILD = textwrap.dedent("""\nfrom shardify.reader import ShardedDataset\nprint(ShardedDataset)\n""")' in new
     assert new.index("from shardify.reader import ErrorOptions\n") < new.index("CHILD")
@@ -167,8 +182,11 @@ def test_no_test_tool_or_doc_example_calls_shardeddataset_with_an_old_keyword():
     tests skipped here (GPU, S3), the tools and the examples in README.md and docs/, by asking the
     upgrade tool what it would rewrite (a keyword passed in a dict is the filter's to catch)."""
     upgrade = _upgrade_source()
-    files = [p for p in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "tools").glob("*.py")])
-             if str(p.relative_to(ROOT)) not in DEPRECATION_TESTS]
+    files = [
+        p
+        for p in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "tools").glob("*.py")])
+        if str(p.relative_to(ROOT)) not in DEPRECATION_TESTS
+    ]
     files += [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     assert len(files) > 100
     old = [where for path in files for where, src in _scripts(path) if upgrade(src)[1]]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 240
@@ -26,14 +26,32 @@ TIMEOUT = 240
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("torchrun")
     make_imagefolder(base / "src", classes=3, per_class=8, sizes=((80, 64), (64, 80)))
-    convert_imagefolder(base / "src", base / "ds", options=ConvertOptions(samples_per_shard=10, workers=1, progress=False))
+    convert_imagefolder(
+        base / "src", base / "ds", options=ConvertOptions(samples_per_shard=10, workers=1, progress=False)
+    )
     return base / "ds"
 
 
 def _train(dataset: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tools" / "train_imagenet.py"), "--data", str(dataset), "--batch-size", "4",
-           "--workers", "2", "--size", "32", "--log-keys", str(tmp / "keys"), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tools" / "train_imagenet.py"),
+        "--data",
+        str(dataset),
+        "--batch-size",
+        "4",
+        "--workers",
+        "2",
+        "--size",
+        "32",
+        "--log-keys",
+        str(tmp / "keys"),
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -51,7 +69,9 @@ def test_two_ranks_same_steps_union_is_the_dataset(dataset: Path, tmp_path: Path
     assert "rank 0: epoch 0: 3 steps" in proc.stdout and "rank 1: epoch 0: 3 steps" in proc.stdout
     keys = [k for rank in (0, 1) for entry in _log(tmp_path, rank) for k in entry["keys"]]
     assert len(keys) == 24 and len(set(keys)) == 24
-    with_tar = subprocess.run(["tar", "tf", str(dataset / index["shardlist"][0]["url"])], capture_output=True, text=True)
+    with_tar = subprocess.run(
+        ["tar", "tf", str(dataset / index["shardlist"][0]["url"])], capture_output=True, text=True
+    )
     assert with_tar.returncode == 0
 
 
@@ -61,8 +81,9 @@ def test_checkpoint_and_resume_continue_batch_for_batch(dataset: Path, tmp_path:
     parts.mkdir()
     _train(dataset, full, "--epochs", "2")
     ckpt = str(parts / "ckpt.pt")
-    stopped = _train(dataset, parts, "--epochs", "2", "--checkpoint", ckpt, "--checkpoint-every", "2",
-                     "--max-steps", "4")
+    stopped = _train(
+        dataset, parts, "--epochs", "2", "--checkpoint", ckpt, "--checkpoint-every", "2", "--max-steps", "4"
+    )
     assert "stopping at step 4" in stopped.stdout
     resumed = _train(dataset, parts, "--epochs", "2", "--checkpoint", ckpt, "--checkpoint-every", "100")
     assert "resumed at epoch 1, batch 1, step 4" in resumed.stdout
@@ -70,7 +91,7 @@ def test_checkpoint_and_resume_continue_batch_for_batch(dataset: Path, tmp_path:
         assert [e["keys"] for e in _log(parts, rank)] == [e["keys"] for e in _log(full, rank)]
 
 
-MIX_SCRIPT = '''
+MIX_SCRIPT = """
 import json, sys
 import torch.distributed as dist
 from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, Stream, make_loader
@@ -101,7 +122,7 @@ for batch in loader:
 json.dump({"rows": rows, "steps": steps}, open(f"{out}.rank{rank}.json", "w"))
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
 
 def _tar_shard(path: Path, keys: list[str]) -> str:
@@ -117,12 +138,25 @@ def _tar_shard(path: Path, keys: list[str]) -> str:
     return str(path)
 
 
-def _mix(tmp: Path, web: Path, extra: str, tag: str, *, procs: int, workers: int, stop: int = 0,
-         state: str = "-") -> list[dict]:
+def _mix(
+    tmp: Path, web: Path, extra: str, tag: str, *, procs: int, workers: int, stop: int = 0, state: str = "-"
+) -> list[dict]:
     script = tmp / "mix.py"
     script.write_text(MIX_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", str(script),
-           str(web), extra, str(tmp / tag), str(workers), str(stop), state]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={procs}",
+        str(script),
+        str(web),
+        extra,
+        str(tmp / tag),
+        str(workers),
+        str(stop),
+        state,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp / f"{tag}.rank{r}.json").read_text()) for r in range(procs)]

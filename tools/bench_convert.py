@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import IMAGENET_SIZES, jpeg_bytes, natural_image
+from shardify.convert.write.run import convert_imagefolder
 
 
 def _make_one(args: tuple[Path, int, int]) -> int:
@@ -70,8 +70,11 @@ def main() -> None:
     data, out = Path(args.data), Path(args.out)
     t = time.perf_counter()
     nbytes = make_data(data, args.images, args.classes)
-    print(f"data: {args.images} JPEGs, {nbytes / 1e6:.0f} MB ({nbytes / args.images / 1e3:.0f} KB avg) "
-          f"in {data} (made/checked in {time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    print(
+        f"data: {args.images} JPEGs, {nbytes / 1e6:.0f} MB ({nbytes / args.images / 1e3:.0f} KB avg) "
+        f"in {data} (made/checked in {time.perf_counter() - t:.1f} s)",
+        file=sys.stderr,
+    )
     warm(data)
 
     def fresh() -> Path:
@@ -94,8 +97,14 @@ def main() -> None:
         with wds.ShardWriter(pattern, maxsize=256 * 1000**2, verbose=0) as sink:
             for label, c in enumerate(classes):
                 for p in sorted((data / c).iterdir()):
-                    sink.write({"__key__": f"{c}__{p.stem}", "jpg": p.read_bytes(), "cls": label,
-                                "json": {"path": f"{c}/{p.name}", "label": c}})
+                    sink.write(
+                        {
+                            "__key__": f"{c}__{p.stem}",
+                            "jpg": p.read_bytes(),
+                            "cls": label,
+                            "json": {"path": f"{c}/{p.name}", "label": c},
+                        }
+                    )
 
     rows = [
         ("GNU tar cf", best(tar_cf, args.repeat)),

@@ -17,8 +17,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -52,21 +53,32 @@ def _encoded(batch: Any) -> EncodedBatch:
 
 def measure(dataset: str | Path, *, device: str, batch_size: int, size: int, reps: int) -> dict[str, Any]:
     dev = torch.device(device)
-    ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                        transform=T.imagenet_train(size), decoding=DecodeOptions(device=dev))
+    ds = ShardedDataset(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        transform=T.imagenet_train(size),
+        decoding=DecodeOptions(device=dev),
+    )
     batch = _encoded(next(iter(ds)))
     offsets = batch.offsets.tolist()
     rows = [i for i in range(len(batch.keys)) if offsets[i + 1] > offsets[i]]
-    encoded = [batch.data[offsets[i]:offsets[i + 1]] for i in rows]
+    encoded = [batch.data[offsets[i] : offsets[i + 1]] for i in rows]
     jpeg = nvjpeg_decoder() if dev.type == "cuda" else pil_decoder
     decoded = jpeg(encoded, dev)
     idx = torch.tensor(rows)
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                           "batch_size": batch_size, "size": size, "jpegs": len(encoded),
-                           "megapixels": sum(im.shape[1] * im.shape[2] for im in decoded) / 1e6}
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "batch_size": batch_size,
+        "size": size,
+        "jpegs": len(encoded),
+        "megapixels": sum(im.shape[1] * im.shape[2] for im in decoded) / 1e6,
+    }
     out["decode"] = _timed(lambda: jpeg(encoded, dev), dev, reps)
-    out["augment"] = _timed(lambda: augment_batch(decoded, batch.boxes[idx], batch.bounds[idx], batch.flips[idx],
-                                                  batch.size), dev, reps)
+    out["augment"] = _timed(
+        lambda: augment_batch(decoded, batch.boxes[idx], batch.bounds[idx], batch.flips[idx], batch.size), dev, reps
+    )
     whole = DeviceDecoder(dev, jpeg_decoder=jpeg)
     out["whole"] = _timed(lambda: whole(batch), dev, reps)
     out["img_s_one_thread"] = batch_size / (out["whole"]["best_ms"] / 1000)

@@ -74,15 +74,28 @@ def main() -> None:
                 samples += len(batch["__key__"]) if isinstance(batch, dict) else len(batch[0])
             seconds = time.perf_counter() - t0
             workers = {pid: _status_kb(pid) for pid in _children(os.getpid())}
-            row = {"epoch": epoch, "samples": samples, "seconds": round(seconds, 1),
-                   "main_rss_mb": round(_status_kb(os.getpid())["VmRSS"] / 1024),
-                   "worker_rss_mb": [round(w["VmRSS"] / 1024) for w in workers.values()],
-                   "worker_peak_mb": [round(w["VmHWM"] / 1024) for w in workers.values()]}
+            row = {
+                "epoch": epoch,
+                "samples": samples,
+                "seconds": round(seconds, 1),
+                "main_rss_mb": round(_status_kb(os.getpid())["VmRSS"] / 1024),
+                "worker_rss_mb": [round(w["VmRSS"] / 1024) for w in workers.values()],
+                "worker_peak_mb": [round(w["VmHWM"] / 1024) for w in workers.values()],
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     first, last = rows[0]["worker_rss_mb"], rows[-1]["worker_rss_mb"]
-    print(json.dumps({"rows": args.rows, "rank": args.rank, "world": args.world, "workers": args.workers,
-                      "worker_rss_growth_mb_first_to_last_epoch": [b - a for a, b in zip(first, last)]}))
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "rank": args.rank,
+                "world": args.world,
+                "workers": args.workers,
+                "worker_rss_growth_mb_first_to_last_epoch": [b - a for a, b in zip(first, last)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

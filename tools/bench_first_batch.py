@@ -138,8 +138,9 @@ def _use_code(code: str) -> None:
             if name not in places:
                 return None
             folder = os.path.join(code, places[name])
-            return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
-                                                          submodule_search_locations=[folder])
+            return importlib.util.spec_from_file_location(
+                name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+            )
 
     sys.meta_path.insert(0, Finder())
 
@@ -160,13 +161,24 @@ def child(spec: dict) -> dict:
             os.environ["RANK"], os.environ["WORLD_SIZE"] = str(spec["rank"]), str(spec["world"])
         t1 = time.perf_counter()
         if corpus == "photos":
-            ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0,
-                                transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+            ds = ShardedDataset(
+                spec["dataset"],
+                batch_size=bs,
+                shuffle=True,
+                seed=0,
+                transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
+            )
         elif corpus == "arrays":
             ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("npy", "cls"))
         else:
-            ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("cls", "txt"),
-                                batching=BatchOptions(collate_fn=list))
+            ds = ShardedDataset(
+                spec["dataset"],
+                batch_size=bs,
+                shuffle=True,
+                seed=0,
+                fields=("cls", "txt"),
+                batching=BatchOptions(collate_fn=list),
+            )
         loader = make_loader(ds, num_workers=workers)
     elif system == "webdataset":
         import webdataset as wds
@@ -195,10 +207,12 @@ def child(spec: dict) -> dict:
         class Folder(Dataset):
             def __init__(self, root: str) -> None:
                 classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-                self.samples = [(os.path.join(dirpath, n), label)
-                                for label, c in enumerate(classes)
-                                for dirpath, _, names in sorted(os.walk(os.path.join(root, c)))
-                                for n in sorted(names)]
+                self.samples = [
+                    (os.path.join(dirpath, n), label)
+                    for label, c in enumerate(classes)
+                    for dirpath, _, names in sorted(os.walk(os.path.join(root, c)))
+                    for n in sorted(names)
+                ]
 
             def __len__(self) -> int:
                 return len(self.samples)
@@ -209,8 +223,9 @@ def child(spec: dict) -> dict:
                     return crop_flip(Image.open(f).convert("RGB")), label
 
         t1 = time.perf_counter()
-        loader = DataLoader(Folder(spec["folder"]), batch_size=bs, shuffle=True, num_workers=workers,
-                            persistent_workers=workers > 0)
+        loader = DataLoader(
+            Folder(spec["folder"]), batch_size=bs, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+        )
     t2 = time.perf_counter()
     it = iter(loader)
     batch = next(it)
@@ -220,8 +235,7 @@ def child(spec: dict) -> dict:
     if hasattr(loader, "close"):
         loader.close()
     torch.set_num_threads(1)
-    return {"import_s": t1 - t0, "setup_s": t2 - t1, "iter_first_s": t3 - t2, "setup_first_s": t3 - t1,
-            "batch": n}
+    return {"import_s": t1 - t0, "setup_s": t2 - t1, "iter_first_s": t3 - t2, "setup_first_s": t3 - t1, "batch": n}
 
 
 def run_child(spec: dict) -> dict:
@@ -253,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-rows", type=int, default=1_300_000)
     ap.add_argument("--rank", type=int, default=3)
     ap.add_argument("--world", type=int, default=64)
-    ap.add_argument("--old-code", type=Path, action="append", default=[],
-                    help="a checkout of shardify to time beside this one (repeatable)")
+    ap.add_argument(
+        "--old-code",
+        type=Path,
+        action="append",
+        default=[],
+        help="a checkout of shardify to time beside this one (repeatable)",
+    )
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -282,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         for system in systems:
             if system == "folder" and corpus != "photos":
                 continue
-            for code, label in (codes if system == "shardify" else [("", system)]):
-                runs.append((f"{corpus:7s} {label}", {**base, **paths, "system": system, "corpus": corpus,
-                                                     "code": code}))
+            for code, label in codes if system == "shardify" else [("", system)]:
+                runs.append(
+                    (f"{corpus:7s} {label}", {**base, **paths, "system": system, "corpus": corpus, "code": code})
+                )
     if args.scale or args.scale_only:
         sys.path.insert(0, str(HERE))
         from bench_start import converted_listing
@@ -292,20 +312,36 @@ def main(argv: list[str] | None = None) -> int:
         dataset = converted_listing(args.data, args.scale_rows)
         warm(dataset)
         for code, label in codes:
-            runs.append((f"{args.scale_rows} samples, rank {args.rank}/{args.world}, batch 256: {label}",
-                         {**base, "batch_size": 256, "dataset": str(dataset), "system": "shardify",
-                          "corpus": "scale", "code": code, "rank": args.rank, "world": args.world}))
+            runs.append(
+                (
+                    f"{args.scale_rows} samples, rank {args.rank}/{args.world}, batch 256: {label}",
+                    {
+                        **base,
+                        "batch_size": 256,
+                        "dataset": str(dataset),
+                        "system": "shardify",
+                        "corpus": "scale",
+                        "code": code,
+                        "rank": args.rank,
+                        "world": args.world,
+                    },
+                )
+            )
     results: dict[str, list[dict]] = {label: [] for label, _ in runs}
     load = os.getloadavg()[0]
     for _ in range(args.repeat):
         for label, spec in runs:  # alternating, so that a busy moment slows every system alike
             results[label].append(run_child(spec))
-    print(f"{args.workers} workers, batch {args.batch_size}, shuffle on, {args.repeat} fresh processes each "
-          f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f}); seconds, min / median")
+    print(
+        f"{args.workers} workers, batch {args.batch_size}, shuffle on, {args.repeat} fresh processes each "
+        f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f}); seconds, min / median"
+    )
     print(f"{'':60s} {'iter->first':>15s} {'setup+first':>15s} {'imports':>8s}")
     for label, rs in results.items():
-        print(f"{label:60s} {_summary([r['iter_first_s'] for r in rs]):>15s} "
-              f"{_summary([r['setup_first_s'] for r in rs]):>15s} {statistics.median(r['import_s'] for r in rs):8.2f}")
+        print(
+            f"{label:60s} {_summary([r['iter_first_s'] for r in rs]):>15s} "
+            f"{_summary([r['setup_first_s'] for r in rs]):>15s} {statistics.median(r['import_s'] for r in rs):8.2f}"
+        )
     if args.json:
         print(json.dumps(results, indent=1))
     return 0

@@ -46,11 +46,21 @@ from shardify.reader.delivery.prefetch import DevicePrefetcher
 
 def small_convnet(width: int = 32, classes: int = 1000) -> nn.Module:
     """A ResNet-like stack of strided conv blocks (no torchvision needed)."""
-    layers: list[nn.Module] = [nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
     c = width
     for _ in range(4):
-        layers += [nn.Conv2d(c, 2 * c, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * c), nn.ReLU(),
-                   nn.Conv2d(2 * c, 2 * c, 3, padding=1, bias=False), nn.BatchNorm2d(2 * c), nn.ReLU()]
+        layers += [
+            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(2 * c),
+            nn.ReLU(),
+            nn.Conv2d(2 * c, 2 * c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(2 * c),
+            nn.ReLU(),
+        ]
         c *= 2
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
     return nn.Sequential(*layers)
@@ -82,8 +92,15 @@ class _Waited:
             yield batch
 
 
-def _steps(model: nn.Module, opt: torch.optim.Optimizer, batches: Any, steps: int, device: torch.device,
-           warmup: int, bf16: bool = False) -> float:
+def _steps(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Any,
+    steps: int,
+    device: torch.device,
+    warmup: int,
+    bf16: bool = False,
+) -> float:
     """Seconds per step over ``steps`` steps after ``warmup`` (batches cycled as needed)."""
     loss_fn = nn.CrossEntropyLoss()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
@@ -113,14 +130,23 @@ def _model(name: str, width: int) -> nn.Module:
     return small_convnet(width)
 
 
-def feed_rate(dataset: str | Path, *, device: str = "cuda", batch_size: int = 256, image_size: int = 224,
-              workers: int = 8, steps: int = 50, warmup: int = 5, decode: str = "workers") -> dict[str, float]:
+def feed_rate(
+    dataset: str | Path,
+    *,
+    device: str = "cuda",
+    batch_size: int = 256,
+    image_size: int = 224,
+    workers: int = 8,
+    steps: int = 50,
+    warmup: int = 5,
+    decode: str = "workers",
+) -> dict[str, float]:
     """``{"img_s"}``: images per second out of the loader into ``device``, no model."""
     dev = torch.device(device)
     ds = _dataset(dataset, batch_size, image_size, decode, dev)
     with make_loader(ds, num_workers=workers, device=dev, **_decoder(decode, dev)) as loader:
         done, t0 = 0, 0.0
-        for images, _ in epochs(loader, ds):
+        for _images, _ in epochs(loader, ds):
             done += 1
             if done == warmup:
                 _sync(dev)
@@ -129,8 +155,14 @@ def feed_rate(dataset: str | Path, *, device: str = "cuda", batch_size: int = 25
                 break
         _sync(dev)
     seconds = time.perf_counter() - t0
-    return {"img_s": steps * batch_size / seconds, "batch_size": batch_size, "image_size": image_size,
-            "workers": workers, "steps": steps, "decode": decode}
+    return {
+        "img_s": steps * batch_size / seconds,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "workers": workers,
+        "steps": steps,
+        "decode": decode,
+    }
 
 
 def _decoder(decode: str, dev: torch.device) -> dict[str, Any]:
@@ -143,14 +175,31 @@ def _decoder(decode: str, dev: torch.device) -> dict[str, Any]:
 
 
 def _dataset(dataset: str | Path, batch_size: int, image_size: int, decode: str, dev: torch.device) -> ShardedDataset:
-    return ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                          transform=T.imagenet_train(image_size), decoding=DecodeOptions(device=dev if decode == "device" else None))
+    return ShardedDataset(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        transform=T.imagenet_train(image_size),
+        decoding=DecodeOptions(device=dev if decode == "device" else None),
+    )
 
 
-def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 64, image_size: int = 224,
-               workers: int = 4, steps: int = 50, warmup: int = 5, width: int = 32,
-               channels_last: bool = False, model_name: str = "convnet", bf16: bool = False,
-               decode: str = "workers") -> dict[str, float]:
+def step_times(
+    dataset: str | Path,
+    *,
+    device: str = "cuda",
+    batch_size: int = 64,
+    image_size: int = 224,
+    workers: int = 4,
+    steps: int = 50,
+    warmup: int = 5,
+    width: int = 32,
+    channels_last: bool = False,
+    model_name: str = "convnet",
+    bf16: bool = False,
+    decode: str = "workers",
+) -> dict[str, float]:
     """``{"prestaged_ms", "loader_ms", "ratio"}``: see the module docstring."""
     dev = torch.device(device)
     ds = _dataset(dataset, batch_size, image_size, "workers", dev)
@@ -170,10 +219,18 @@ def step_times(dataset: str | Path, *, device: str = "cuda", batch_size: int = 6
         loader.close()
     # wait_ms: host time per step the loop spent in next(loader) (for the loader's batch, the
     # workers or the decode thread); near 0 with the step slower: the GPU is the limit.
-    return {"prestaged_ms": 1000 * prestaged, "loader_ms": 1000 * fed, "ratio": fed / prestaged,
-            "wait_ms": 1000 * waited.seconds / max(1, steps - 1),
-            "batch_size": batch_size, "image_size": image_size, "workers": workers, "steps": steps,
-            "model": model_name, "decode": decode}
+    return {
+        "prestaged_ms": 1000 * prestaged,
+        "loader_ms": 1000 * fed,
+        "ratio": fed / prestaged,
+        "wait_ms": 1000 * waited.seconds / max(1, steps - 1),
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "workers": workers,
+        "steps": steps,
+        "model": model_name,
+        "decode": decode,
+    }
 
 
 def epochs(loader: Any, ds: ShardedDataset) -> Any:
@@ -199,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=None, help="model width (default: 64 on CUDA, 16 on the CPU)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--decode", choices=["workers", "device"], default="workers",
-                   help="device: DecodeOptions(device=--device) (nvJPEG on CUDA, needs torchvision)")
+    p.add_argument(
+        "--decode",
+        choices=["workers", "device"],
+        default="workers",
+        help="device: DecodeOptions(device=--device) (nvJPEG on CUDA, needs torchvision)",
+    )
     p.add_argument("--model", choices=["convnet", "resnet50"], default="convnet")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the model")
     p.add_argument("--feed", action="store_true", help="no model: img/s of the loader into the device")
@@ -209,22 +270,43 @@ def main(argv: list[str] | None = None) -> int:
     dataset = args.dataset or make_jpegs(args.out, args.images, args.copies)
     name = torch.cuda.get_device_name() if cuda else "CPU"
     if args.feed:
-        f = feed_rate(dataset, device=args.device, batch_size=args.batch_size or (256 if cuda else 16),
-                      image_size=args.size or (224 if cuda else 96), workers=args.workers, steps=args.steps,
-                      decode=args.decode)
-        print(json.dumps(f) if args.json else
-              f"{name}: {f['img_s']:.0f} img/s into the device ({args.decode} decode, {args.workers} workers, "
-              f"batch {f['batch_size']} x {f['image_size']}px)")
+        f = feed_rate(
+            dataset,
+            device=args.device,
+            batch_size=args.batch_size or (256 if cuda else 16),
+            image_size=args.size or (224 if cuda else 96),
+            workers=args.workers,
+            steps=args.steps,
+            decode=args.decode,
+        )
+        print(
+            json.dumps(f)
+            if args.json
+            else f"{name}: {f['img_s']:.0f} img/s into the device ({args.decode} decode, {args.workers} workers, "
+            f"batch {f['batch_size']} x {f['image_size']}px)"
+        )
         return 0
-    r = step_times(dataset, device=args.device, batch_size=args.batch_size or (128 if cuda else 16),
-                   image_size=args.size or (224 if cuda else 96), workers=args.workers, steps=args.steps,
-                   width=args.width or (64 if cuda else 16), channels_last=args.channels_last,
-                   model_name=args.model, bf16=args.bf16, decode=args.decode)
-    print(json.dumps(r) if args.json else
-          f"{name}: batch {r['batch_size']} x {r['image_size']}px, {r['workers']} workers, {r['steps']} steps\n"
-          f"  pre-staged device batches: {r['prestaged_ms']:.1f} ms/step\n"
-          f"  shardify loader:           {r['loader_ms']:.1f} ms/step  = {r['ratio']:.2f} x pre-staged\n"
-          f"  of which waiting for the next batch: {r['wait_ms']:.1f} ms/step (host time in next(loader))")
+    r = step_times(
+        dataset,
+        device=args.device,
+        batch_size=args.batch_size or (128 if cuda else 16),
+        image_size=args.size or (224 if cuda else 96),
+        workers=args.workers,
+        steps=args.steps,
+        width=args.width or (64 if cuda else 16),
+        channels_last=args.channels_last,
+        model_name=args.model,
+        bf16=args.bf16,
+        decode=args.decode,
+    )
+    print(
+        json.dumps(r)
+        if args.json
+        else f"{name}: batch {r['batch_size']} x {r['image_size']}px, {r['workers']} workers, {r['steps']} steps\n"
+        f"  pre-staged device batches: {r['prestaged_ms']:.1f} ms/step\n"
+        f"  shardify loader:           {r['loader_ms']:.1f} ms/step  = {r['ratio']:.2f} x pre-staged\n"
+        f"  of which waiting for the next batch: {r['wait_ms']:.1f} ms/step (host time in next(loader))"
+    )
     return 0
 
 
@@ -235,8 +317,8 @@ def make_jpegs(out: Path, images: int, copies: int = 1) -> Path:
     folder): an epoch long enough for every worker to make many batches, at the cost of making
     ``images`` JPEGs. An epoch of a few batches measures the epoch's start, not the steady rate."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
 
     tag = f"{images}" if copies == 1 else f"{images}x{copies}"
     dataset = out / f"gpu-step-{tag}"
@@ -248,8 +330,9 @@ def make_jpegs(out: Path, images: int, copies: int = 1) -> Path:
                 link = path.with_name(f"{path.stem}-copy{k}{path.suffix}")
                 if not link.exists():
                     os.link(path, link)
-        convert_imagefolder(src, dataset, options=ConvertOptions(samples_per_shard=100, shard_size=None,
-                                                                 progress=False, fsync=False))
+        convert_imagefolder(
+            src, dataset, options=ConvertOptions(samples_per_shard=100, shard_size=None, progress=False, fsync=False)
+        )
     return dataset
 
 

@@ -64,7 +64,7 @@ def _epoch(loader: Iterable[Any]) -> tuple[int, float]:
     """Samples and seconds of one pass, consuming each batch like a training loop would."""
     t = time.perf_counter()
     n = 0
-    for x, y in loader:
+    for _x, y in loader:
         n += int(y.shape[0])
     return n, time.perf_counter() - t
 
@@ -87,8 +87,10 @@ def _check_same(src: Path, out: Path, ids: list[str], labels: dict[str, int], *,
         for i, ident in enumerate(idents):
             mine, label = ours.pop(ident)
             if mine.dtype != x.dtype or mine.shape != x[i].shape or not torch.equal(mine, x[i]) or label != int(y[i]):
-                raise SystemExit(f"ID {ident}: shardify gives {mine.dtype} {tuple(mine.shape)} label {label}, "
-                                 f"torch.load {x.dtype} {tuple(x[i].shape)} label {int(y[i])}")
+                raise SystemExit(
+                    f"ID {ident}: shardify gives {mine.dtype} {tuple(mine.shape)} label {label}, "
+                    f"torch.load {x.dtype} {tuple(x[i].shape)} label {int(y[i])}"
+                )
             checked += 1
     if ours:
         raise SystemExit(f"shardify gave {len(ours)} IDs the map-style recipe does not have")
@@ -102,16 +104,27 @@ def run(work: Path, *, samples: int, workers: int, epochs: int, batch_size: int)
 
     src = make_source(work, samples=samples)
     out = work / "shards"
-    convert_ids(src["src"], out, partition=src["partition"], labels=src["labels"], pt_to_npy=True,
-                options=ConvertOptions(progress=False, workers=workers, samples_per_shard=1000))
+    convert_ids(
+        src["src"],
+        out,
+        partition=src["partition"],
+        labels=src["labels"],
+        pt_to_npy=True,
+        options=ConvertOptions(progress=False, workers=workers, samples_per_shard=1000),
+    )
     ids = json.loads(src["partition"].read_text())["train"]
     labels = json.loads(src["labels"].read_text())
     for p in [*src["src"].iterdir(), *out.iterdir()]:  # warm the page cache
         if p.is_file():
             p.read_bytes()
 
-    theirs = DataLoader(TensorFiles(src["src"], ids, labels), batch_size=batch_size, shuffle=True,
-                        num_workers=workers, persistent_workers=workers > 0)
+    theirs = DataLoader(
+        TensorFiles(src["src"], ids, labels),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
     ds = ShardedDataset(out, split="train", batch_size=batch_size, shuffle=True, fields=("npy", "cls"))
     times: dict[str, list[float]] = {"map-style torch.load": [], "shardify npy": []}
     with make_loader(ds, num_workers=workers) as ours:
@@ -125,9 +138,18 @@ def run(work: Path, *, samples: int, workers: int, epochs: int, batch_size: int)
     del theirs
     checked = _check_same(src["src"], out, ids, labels, workers=workers)
     best = {name: samples / min(t) for name, t in times.items()}
-    return {"samples": samples, "workers": workers, "batch_size": batch_size, "epochs": epochs,
-            "samples_per_s": best, "epoch_seconds": times, "ratio": best["shardify npy"] / best["map-style torch.load"],
-            "same_tensors_checked": checked, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+    return {
+        "samples": samples,
+        "workers": workers,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "samples_per_s": best,
+        "epoch_seconds": times,
+        "ratio": best["shardify npy"] / best["map-style torch.load"],
+        "same_tensors_checked": checked,
+        "loadavg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -140,14 +162,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardify-bench-ids-"))
     try:
-        result = run(work, samples=args.samples, workers=args.workers, epochs=args.epochs,
-                     batch_size=args.batch_size)
+        result = run(work, samples=args.samples, workers=args.workers, epochs=args.epochs, batch_size=args.batch_size)
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{result['samples']} tensors 3x32x32 float32, batch {result['batch_size']}, "
-          f"{result['workers']} workers, best epoch of {result['epochs']} (warm cache); "
-          f"load average {result['loadavg'][0]:.1f} on {result['cpus']} CPUs")
+    print(
+        f"{result['samples']} tensors 3x32x32 float32, batch {result['batch_size']}, "
+        f"{result['workers']} workers, best epoch of {result['epochs']} (warm cache); "
+        f"load average {result['loadavg'][0]:.1f} on {result['cpus']} CPUs"
+    )
     for name, rate in result["samples_per_s"].items():
         epochs = ", ".join(f"{result['samples'] / s:.0f}" for s in result["epoch_seconds"][name])
         print(f"  {name:22s} {rate:8.0f} samples/s   (epochs: {epochs})")

@@ -6,12 +6,14 @@
 Makes (once, under ``--out``) an ImageFolder of natural-looking ImageNet-size JPEGs (the
 corpus ``tools/bench_read.py`` uses, :func:`shardify.convert.synth.make_imagefolder`) and
 converts it as is and with ``--raw-pixels S`` for each S. Then, one core (one process, torch
-on one thread, warm page cache), it times (CPU time of the process, and wall-clock) one epoch of ``ShardedDataset`` (read, crop, resize,
+on one thread, warm page cache), it times (CPU time of the process, and wall-clock) one epoch of ``ShardedDataset``
+(read, crop, resize,
 flip, collate into uint8 batches of 64) with ``imagenet_train(224)`` (RandomResizedCrop 224 +
 flip) and with ``imagenet_eval(224)`` on every split, rounds alternating between the splits,
 so a machine shared with other jobs slows all of them alike: compare the ratios within a
 round. The rate per core is images per CPU second of the process (other jobs on a shared
-machine steal wall-clock time, far less CPU time). Prints the bytes on disk, each split's images/s (best and median over rounds) and the
+machine steal wall-clock time, far less CPU time). Prints the bytes on disk, each split's images/s (best and median
+over rounds) and the
 raw/JPEG ratio of each round.
 """
 
@@ -49,8 +51,9 @@ def build(out: Path, images: int, sizes: list[int]) -> dict[str, tuple[Path, flo
         dataset = out / f"{name}-{images}"
         t0 = time.perf_counter()
         if not (dataset / "manifest.json").exists():
-            options = ConvertOptions(samples_per_shard=125, shard_size=None, workers=1, progress=False, fsync=False,
-                                     raw_pixels=raw)
+            options = ConvertOptions(
+                samples_per_shard=125, shard_size=None, workers=1, progress=False, fsync=False, raw_pixels=raw
+            )
             convert_imagefolder(src, dataset, options=options)
         made[name] = (dataset, time.perf_counter() - t0)
     return made
@@ -73,8 +76,9 @@ def epoch_rate(dataset: Path, preset: str, epoch: int) -> tuple[float, float]:
     """(images per CPU second, images per wall second) of one epoch read in this process (no
     workers, torch on one thread): the first is the rate per core, which other jobs on a
     shared machine disturb far less than the second."""
-    ds = ShardedDataset(dataset, batch_size=64, shuffle=preset == "train", seed=0, transform=PRESETS[preset](),
-                        drop_last=False)
+    ds = ShardedDataset(
+        dataset, batch_size=64, shuffle=preset == "train", seed=0, transform=PRESETS[preset](), drop_last=False
+    )
     ds.set_epoch(epoch)
     n = 0
     cpu, wall = time.process_time(), time.perf_counter()
@@ -97,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.images} ImageNet-size JPEGs (synthetic photo-like), one core, batches of 64")
     for name, (dataset, seconds) in made.items():
         b = disk_bytes(dataset)
-        print(f"  {name:8s} {b / 1e6:8.1f} MB on disk ({b / args.images / 1e3:6.1f} KB/image, {b / base:4.2f}x JPEG)"
-              + (f", converted in {seconds:.1f} s" if seconds > 0.5 else ""))
-    for name, (dataset, _) in made.items():
+        print(
+            f"  {name:8s} {b / 1e6:8.1f} MB on disk ({b / args.images / 1e3:6.1f} KB/image, {b / base:4.2f}x JPEG)"
+            + (f", converted in {seconds:.1f} s" if seconds > 0.5 else "")
+        )
+    for dataset, _ in made.values():
         warm(dataset)
         epoch_rate(dataset, args.presets[0], epoch=0)  # a warm-up pass: imports, caches
     for preset in args.presets:
@@ -110,13 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{preset} ({PRESETS[preset]()!r}), images/s per core (CPU time); wall-clock in brackets:")
         for name, values in rates.items():
             cpu, wall = [v[0] for v in values], [v[1] for v in values]
-            line = (f"  {name:8s} median {statistics.median(cpu):6.0f} (best {max(cpu):6.0f}) "
-                    f"[wall median {statistics.median(wall):6.0f}]")
+            line = (
+                f"  {name:8s} median {statistics.median(cpu):6.0f} (best {max(cpu):6.0f}) "
+                f"[wall median {statistics.median(wall):6.0f}]"
+            )
             if name != "jpeg":
                 ratios = [a[0] / b[0] for a, b in zip(values, rates["jpeg"])]
                 walls = [a[1] / b[1] for a, b in zip(values, rates["jpeg"])]
-                line += (f"; x JPEG per round: {', '.join(f'{x:.2f}' for x in ratios)} (median "
-                         f"{statistics.median(ratios):.2f}) [wall median {statistics.median(walls):.2f}]")
+                line += (
+                    f"; x JPEG per round: {', '.join(f'{x:.2f}' for x in ratios)} (median "
+                    f"{statistics.median(ratios):.2f}) [wall median {statistics.median(walls):.2f}]"
+                )
             print(line)
     return 0
 

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from shardify.convert.synth import make_imagefolder
 from shardify.cli.bench import format_bench, run_bench
+from shardify.convert.synth import make_imagefolder
 
 
 def build(out: Path, images: int, per_shard: int) -> Path:
@@ -70,8 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         return remote(args)
     dataset = args.dataset or build(args.out, args.images, args.per_shard)
     print(f"warmed {warm(dataset) / 2**20:.0f} MiB of shards", file=sys.stderr)
-    result = run_bench(dataset, batch_size=args.batch_size, num_workers=args.workers, epochs=args.epochs,
-                       single_limit=args.single_limit, compare_webdataset=not args.no_webdataset)
+    result = run_bench(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        epochs=args.epochs,
+        single_limit=args.single_limit,
+        compare_webdataset=not args.no_webdataset,
+    )
     print(format_bench(result))
     if args.json:
         print(json.dumps(result, indent=1))
@@ -84,10 +90,13 @@ def remote(args: argparse.Namespace) -> int:
 
     dataset = args.dataset or build(args.out, args.images, args.per_shard)
     warm(dataset)
-    for what, ds, block, photos in (("photos", dataset, 4, True),
-                                    ("tiny", bench_remote.tiny_dataset(args.out, args.tiny), args.tiny_block, False)):
-        for row in bench_remote.read_rate(ds, delays_ms=args.delays, photos=photos, requests=args.requests,
-                                          block=block):
+    for what, ds, block, photos in (
+        ("photos", dataset, 4, True),
+        ("tiny", bench_remote.tiny_dataset(args.out, args.tiny), args.tiny_block, False),
+    ):
+        for row in bench_remote.read_rate(
+            ds, delays_ms=args.delays, photos=photos, requests=args.requests, block=block
+        ):
             print(json.dumps({"samples": what, "block": block, "requests": args.requests, **row}))
     if args.nodes:
         for row in bench_remote.node_traffic(dataset, nodes=args.nodes, work=args.out / "nodes"):

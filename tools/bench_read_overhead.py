@@ -59,13 +59,18 @@ def bookkeeping(n: int = 20_000) -> None:
     collate = _timed(len, "collate")
     plain = _best(lambda: drain(itertools.repeat(batch, n)))
     parts = {
-        "worker's timing and shared row":
-            (_best(lambda: drain(table.timed(0, itertools.repeat(batch, n)))) - plain) / n,
+        "worker's timing and shared row": (_best(lambda: drain(table.timed(0, itertools.repeat(batch, n)))) - plain)
+        / n,
         "loader's wrappers (waits, samples)": (_best(meter) - plain) / n,
-        "batch read whole, then processed": (_best(cuts(lambda: cut_processed(iter(items), int, [BATCH])))
-                                             - _best(cuts(lambda: cut(map(int, iter(items)), [BATCH])))) / n,
-        "collate timer": (_best(lambda: [collate(items) for _ in range(n)])
-                          - _best(lambda: [len(items) for _ in range(n)])) / n,
+        "batch read whole, then processed": (
+            _best(cuts(lambda: cut_processed(iter(items), int, [BATCH])))
+            - _best(cuts(lambda: cut(map(int, iter(items)), [BATCH])))
+        )
+        / n,
+        "collate timer": (
+            _best(lambda: [collate(items) for _ in range(n)]) - _best(lambda: [len(items) for _ in range(n)])
+        )
+        / n,
     }
     for name, s in parts.items():
         print(f"  {name:36s} {s * 1e6:6.2f} us per batch")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import subprocess
-import sys
-from collections.abc import Iterator
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,19 @@ from shardify.sampletable import SampleTable
 __all__ = ["read_rate", "node_traffic", "tiny_dataset"]
 
 
-def _epoch_seconds(spec: Any, *, transform: Any, fields: tuple[str, ...], requests: int, block: int) -> tuple[float, int]:
-    ds = ShardedDataset(spec, batch_size=64, shuffle=True, seed=0, transform=transform, fields=fields,
-                        shuffling=ShuffleOptions(block=block), cache=CacheOptions(requests=requests))
+def _epoch_seconds(
+    spec: Any, *, transform: Any, fields: tuple[str, ...], requests: int, block: int
+) -> tuple[float, int]:
+    ds = ShardedDataset(
+        spec,
+        batch_size=64,
+        shuffle=True,
+        seed=0,
+        transform=transform,
+        fields=fields,
+        shuffling=ShuffleOptions(block=block),
+        cache=CacheOptions(requests=requests),
+    )
     ds.set_epoch(0)
     t0 = time.perf_counter()
     n = sum(len(b[-1]) for b in ds)
@@ -48,8 +58,9 @@ def read_rate(dataset: Path, *, delays_ms: list[float], photos: bool, requests: 
     for delay in delays_ms:  # local and remote back to back, so that a busy machine slows both alike
         local_s, n = _epoch_seconds(dataset, transform=transform, fields=fields, requests=requests, block=block)
         with _server_process(dataset.parent, delay) as base:
-            s, m = _epoch_seconds(f"{base}/{dataset.name}", transform=transform, fields=fields, requests=requests,
-                                  block=block)
+            s, m = _epoch_seconds(
+                f"{base}/{dataset.name}", transform=transform, fields=fields, requests=requests, block=block
+            )
         rows.append({"delay_ms": delay, "local_per_s": n / local_s, "http_per_s": m / s, "ratio": local_s / s})
     return rows
 
@@ -57,8 +68,12 @@ def read_rate(dataset: Path, *, delays_ms: list[float], photos: bool, requests: 
 @contextlib.contextmanager
 def _server_process(root: Path, delay_ms: float) -> Iterator[str]:
     """The server in its own process, so that it does not share the reader's interpreter."""
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("rangeserver.py")), str(root),
-                             "--delay-ms", str(delay_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("rangeserver.py")), str(root), "--delay-ms", str(delay_ms)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield proc.stdout.readline().strip()  # type: ignore[union-attr]
     finally:
@@ -71,8 +86,9 @@ def _node(spec: str, rank: int, world: int, cache: str, out: Any) -> None:
     import torch
 
     torch.set_num_threads(1)
-    ds = ShardedDataset(spec, batch_size=64, shuffle=True, seed=0, fields=("__key__", "cls"),
-                        cache=CacheOptions(dir=cache))
+    ds = ShardedDataset(
+        spec, batch_size=64, shuffle=True, seed=0, fields=("__key__", "cls"), cache=CacheOptions(dir=cache)
+    )
     ds.set_epoch(0)
     out.put([k for keys, _ in ds for k in keys])
 
@@ -93,15 +109,22 @@ def node_traffic(dataset: Path, *, nodes: list[int], work: Path) -> list[dict]:
             for rank in range(world):
                 served.reset()
                 q = ctx.Queue()
-                p = ctx.Process(target=_node, args=(f"{base}/{dataset.name}", rank, world,
-                                                    str(work / f"n{world}-{rank}"), q))
+                p = ctx.Process(
+                    target=_node, args=(f"{base}/{dataset.name}", rank, world, str(work / f"n{world}-{rank}"), q)
+                )
                 p.start()
                 keys = q.get(timeout=600)
                 p.join()
                 share = sum(size[k] for k in set(keys))
                 ratios.append((served.sent - meta) / share)
-            rows.append({"nodes": world, "max_over_share": max(ratios), "mean_over_share": sum(ratios) / world,
-                         "index_bytes_per_node": meta})
+            rows.append(
+                {
+                    "nodes": world,
+                    "max_over_share": max(ratios),
+                    "mean_over_share": sum(ratios) / world,
+                    "index_bytes_per_node": meta,
+                }
+            )
     return rows
 
 

@@ -79,7 +79,7 @@ def _kids_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]") -> None:
+def _stage(kind: str, src: str, workers: int, out: mp.Queue[dict[str, float]]) -> None:
     """Scan then plan in this (fresh) process; report time, CPU time and peak memory after
     each, and of the worker processes scan and plan started (the biggest one so far)."""
     from shardify.convert.inputs.imagefolder import scan_imagefolder
@@ -94,10 +94,23 @@ def _stage(kind: str, src: str, workers: int, out: "mp.Queue[dict[str, float]]")
     scan_peak, scan_kids = _peak_mb(), _kids_peak_mb()
     plan = plan_split(scan, ConvertOptions(progress=False, workers=workers))
     t2, c2 = time.perf_counter(), _cpu_s()
-    out.put({"samples": float(len(scan.samples)), "shards": float(plan.num_shards), "base_mb": base,
-             "scan_kids_mb": scan_kids, "kids_mb": _kids_peak_mb(), "scan_cpu_s": c1[1] - c0[1],
-             "plan_cpu_s": c2[1] - c1[1], "scan_driver_cpu_s": c1[0] - c0[0], "plan_driver_cpu_s": c2[0] - c1[0],
-             "scan_s": t1 - t0, "scan_peak_mb": scan_peak, "plan_s": t2 - t1, "plan_peak_mb": _peak_mb()})
+    out.put(
+        {
+            "samples": float(len(scan.samples)),
+            "shards": float(plan.num_shards),
+            "base_mb": base,
+            "scan_kids_mb": scan_kids,
+            "kids_mb": _kids_peak_mb(),
+            "scan_cpu_s": c1[1] - c0[1],
+            "plan_cpu_s": c2[1] - c1[1],
+            "scan_driver_cpu_s": c1[0] - c0[0],
+            "plan_driver_cpu_s": c2[0] - c1[0],
+            "scan_s": t1 - t0,
+            "scan_peak_mb": scan_peak,
+            "plan_s": t2 - t1,
+            "plan_peak_mb": _peak_mb(),
+        }
+    )
 
 
 def measure_stages(kind: str, src: Path, workers: int) -> dict[str, float]:
@@ -113,17 +126,34 @@ def measure_stages(kind: str, src: Path, workers: int) -> dict[str, float]:
 def measure_convert(kind: str, src: Path, workers: int) -> dict[str, float]:
     """The whole CLI in a child; peak of its main process and of the biggest descendant."""
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    probe = ("import resource, sys, runpy\n"
-             "sys.argv = ['shardify'] + sys.argv[1:]\n"
-             "from shardify.cli import main\n"
-             "code = main(sys.argv[1:])\n"
-             "me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-             "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-             "print('PEAK', me, kids, file=sys.stderr)\n"
-             "sys.exit(code)\n")
+    probe = (
+        "import resource, sys, runpy\n"
+        "sys.argv = ['shardify'] + sys.argv[1:]\n"
+        "from shardify.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+        "print('PEAK', me, kids, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", probe, "convert", kind, str(src), str(out / "ds"), "--quiet",
-                           "--workers", str(workers), "--no-fsync"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "convert",
+            kind,
+            str(src),
+            str(out / "ds"),
+            "--quiet",
+            "--workers",
+            str(workers),
+            "--no-fsync",
+        ],
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.perf_counter() - t0
     if proc.returncode not in (0, 3):
         raise SystemExit(proc.stderr)
@@ -133,14 +163,24 @@ def measure_convert(kind: str, src: Path, workers: int) -> dict[str, float]:
     samples = sum(s["nsamples"] for s in index["shardlist"])
     nbytes = sum(s["filesize"] for s in index["shardlist"])
     shutil.rmtree(out)
-    return {"convert_s": elapsed, "main_peak_mb": me, "worker_peak_mb": kids, "samples": samples,
-            "bytes_per_sample": nbytes / max(samples, 1)}
+    return {
+        "convert_s": elapsed,
+        "main_peak_mb": me,
+        "worker_peak_mb": kids,
+        "samples": samples,
+        "bytes_per_sample": nbytes / max(samples, 1),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1_300_000],
-                    help="rows of the listing (files of the tree); several: each in turn, and the ratios")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[1_300_000],
+        help="rows of the listing (files of the tree); several: each in turn, and the ratios",
+    )
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "shardify-bench-scale")
     ap.add_argument("--tree", action="store_true", help="also an image folder of --rows tiny JPEGs")
     ap.add_argument("--write", action="store_true", help="also run the whole conversion (slow)")
@@ -153,9 +193,11 @@ def main() -> None:
         for kind, r in run_size(args, rows):
             if kind in first:
                 f = first[kind]
-                print(f"{kind}: {rows} vs {int(f['samples'])} samples: driver peak {_ratio(r, f, 'scan_peak_mb')} "
-                      f"after the scan, {_ratio(r, f, 'plan_peak_mb')} after the plan; workers' peak "
-                      f"{_ratio(r, f, 'kids_mb')}; scan+plan time {_ratio(r, f, 'scan_s', 'plan_s')}")
+                print(
+                    f"{kind}: {rows} vs {int(f['samples'])} samples: driver peak {_ratio(r, f, 'scan_peak_mb')} "
+                    f"after the scan, {_ratio(r, f, 'plan_peak_mb')} after the plan; workers' peak "
+                    f"{_ratio(r, f, 'kids_mb')}; scan+plan time {_ratio(r, f, 'scan_s', 'plan_s')}"
+                )
             else:
                 first[kind] = r
 
@@ -181,17 +223,25 @@ def run_size(args: argparse.Namespace, rows: int) -> list[tuple[str, dict[str, f
     for kind, src in kinds:
         r = measure_stages(kind, src, args.workers)
         results.append((kind, r))
-        print(f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
-              f"scan {r['scan_s']:.1f} s ({r['scan_cpu_s']:.1f} s CPU, {r['scan_driver_cpu_s']:.1f} s of it the driver's; driver peak {r['scan_peak_mb']:.0f} MB, "
-              f"workers' peak {r['scan_kids_mb']:.0f} MB), "
-              f"plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU, {r['plan_driver_cpu_s']:.1f} s of it the driver's; driver peak {r['plan_peak_mb']:.0f} MB, "
-              f"workers' peak {r['kids_mb']:.0f} MB); scan+plan {r['scan_s'] + r['plan_s']:.1f} s; "
-              f"interpreter alone {r['base_mb']:.0f} MB")
+        print(
+            f"{kind}: {int(r['samples'])} samples, {int(r['shards'])} shards; "
+            f"scan {r['scan_s']:.1f} s ({r['scan_cpu_s']:.1f} s CPU, "
+            f"{r['scan_driver_cpu_s']:.1f} s of it the driver's; "
+            f"driver peak {r['scan_peak_mb']:.0f} MB, "
+            f"workers' peak {r['scan_kids_mb']:.0f} MB), "
+            f"plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU, "
+            f"{r['plan_driver_cpu_s']:.1f} s of it the driver's; "
+            f"driver peak {r['plan_peak_mb']:.0f} MB, "
+            f"workers' peak {r['kids_mb']:.0f} MB); scan+plan {r['scan_s'] + r['plan_s']:.1f} s; "
+            f"interpreter alone {r['base_mb']:.0f} MB"
+        )
         if args.write:
             c = measure_convert(kind, src, args.workers)
-            print(f"{kind} convert (--workers {args.workers}): {c['convert_s']:.1f} s, main process peak "
-                  f"{c['main_peak_mb']:.0f} MB, biggest worker peak {c['worker_peak_mb']:.0f} MB, "
-                  f"{c['bytes_per_sample']:.0f} bytes per sample on disk")
+            print(
+                f"{kind} convert (--workers {args.workers}): {c['convert_s']:.1f} s, main process peak "
+                f"{c['main_peak_mb']:.0f} MB, biggest worker peak {c['worker_peak_mb']:.0f} MB, "
+                f"{c['bytes_per_sample']:.0f} bytes per sample on disk"
+            )
     return results
 
 

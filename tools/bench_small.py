@@ -46,8 +46,9 @@ def run(work: Path, *, samples: int, chunk: int, workers: int, epochs: int, batc
     names = {"per-sample": None, f"chunk={chunk}": chunk}
     roots = {name: work / f"small-{samples}-{c or 'plain'}" for name, c in names.items()}
     per_sample = {name: write(roots[name], samples=samples, chunk=c) for name, c in names.items()}
-    sets = {name: ShardedDataset(roots[name], batch_size=batch_size, shuffle=True, fields=("npy", "cls"))
-            for name in names}
+    sets = {
+        name: ShardedDataset(roots[name], batch_size=batch_size, shuffle=True, fields=("npy", "cls")) for name in names
+    }
     loaders = {name: make_loader(ds, num_workers=workers) for name, ds in sets.items()}
     times: dict[str, list[float]] = {name: [] for name in names}
     try:
@@ -57,7 +58,7 @@ def run(work: Path, *, samples: int, chunk: int, workers: int, epochs: int, batc
                 t = time.perf_counter()
                 seen = np.zeros(10, dtype=np.int64)
                 n = 0
-                for x, y in loader:
+                for _x, y in loader:
                     n += int(y.shape[0])
                     seen += np.bincount(y.numpy(), minlength=10)
                 times[name].append(time.perf_counter() - t)
@@ -67,10 +68,19 @@ def run(work: Path, *, samples: int, chunk: int, workers: int, epochs: int, batc
         for loader in loaders.values():
             loader.close()
     best = {name: samples / min(t) for name, t in times.items()}
-    return {"samples": samples, "chunk": chunk, "workers": workers, "batch_size": batch_size, "epochs": epochs,
-            "bytes_per_sample": per_sample, "samples_per_s": best, "epoch_seconds": times,
-            "read_ratio": best[f"chunk={chunk}"] / best["per-sample"], "loadavg": os.getloadavg(),
-            "cpus": os.cpu_count()}
+    return {
+        "samples": samples,
+        "chunk": chunk,
+        "workers": workers,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "bytes_per_sample": per_sample,
+        "samples_per_s": best,
+        "epoch_seconds": times,
+        "read_ratio": best[f"chunk={chunk}"] / best["per-sample"],
+        "loadavg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -85,13 +95,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardify-bench-small-"))
     try:
-        r = run(work, samples=args.samples, chunk=args.chunk, workers=args.workers, epochs=args.epochs,
-                batch_size=args.batch_size)
+        r = run(
+            work,
+            samples=args.samples,
+            chunk=args.chunk,
+            workers=args.workers,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+        )
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{r['samples']} samples of 3x32x32 uint8 + int label, batch {r['batch_size']}, {r['workers']} workers, "
-          f"best epoch of {r['epochs']} (warm cache); load average {r['loadavg'][0]:.1f} on {r['cpus']} CPUs")
+    print(
+        f"{r['samples']} samples of 3x32x32 uint8 + int label, batch {r['batch_size']}, {r['workers']} workers, "
+        f"best epoch of {r['epochs']} (warm cache); load average {r['loadavg'][0]:.1f} on {r['cpus']} CPUs"
+    )
     for name, rate in r["samples_per_s"].items():
         epochs = ", ".join(f"{r['samples'] / s:.0f}" for s in r["epoch_seconds"][name])
         print(f"  {name:12s} {r['bytes_per_sample'][name]:7.0f} B/sample  {rate:9.0f} samples/s  (epochs: {epochs})")

@@ -6,7 +6,8 @@ Run by hand (not a test):
 Converts (once, cached in --data) the listing of tools/bench_scale.py, then times for rank
 ``--rank`` of ``--world`` (through RANK/WORLD_SIZE, as torchrun sets them), in a fresh
 process each: resolving the source (manifest and index), the epoch's sequence (once per
-process), planning one worker's share of it for ``--world`` and for world 4096, scanning one shard's headers, and the first batch through
+process), planning one worker's share of it for ``--world`` and for world 4096, scanning one shard's headers, and
+the first batch through
 a DataLoader with ``--workers`` workers.
 """
 
@@ -52,7 +53,8 @@ loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 it = iter(loader)
 next(it)
 t_first = time.perf_counter()
-print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import, "sequence_s": t_sequence - t_resolve, "plan_s": t_plan - t_sequence,
+print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import,
+                  "sequence_s": t_sequence - t_resolve, "plan_s": t_plan - t_sequence,
                   "plan_world4096_s": t_plan4096 - t_plan, "scan_one_shard_s": t_scan - t_plan4096,
                   "shard_samples": len(layout), "shards": len(src.shards), "samples": src.num_samples,
                   "first_batch_s": t_first - t_start}))
@@ -70,8 +72,20 @@ def converted_listing(data: Path, rows: int) -> Path:
     ds = data / f"ds-{rows}"
     if not (ds / "manifest.json").exists():
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "shardify.convert", "convert", "listing", str(listing), str(ds),
-                        "--quiet", "--no-fsync"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shardify.convert",
+                "convert",
+                "listing",
+                str(listing),
+                str(ds),
+                "--quiet",
+                "--no-fsync",
+            ],
+            check=True,
+        )
         print(f"converted {listing} into {ds} in {time.perf_counter() - t0:.0f} s")
     return ds
 
@@ -85,18 +99,26 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     ds = converted_listing(args.data, args.rows)
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(ds), str(args.rank), str(args.world),
-                          str(args.workers)], capture_output=True, text=True, env={**os.environ})
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(ds), str(args.rank), str(args.world), str(args.workers)],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     if out.returncode:
         raise SystemExit(out.stderr)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"{r['samples']} samples in {r['shards']} shards ({r['shard_samples']} in shard 0); "
-          f"rank {args.rank} of {args.world}, {args.workers} workers")
-    print(f"  first batch {r['first_batch_s']:.2f} s after ShardedDataset(...); separately: resolve source "
-          f"{r['resolve_s'] * 1000:.0f} ms, the epoch's sequence {r['sequence_s'] * 1000:.0f} ms (once per process), "
-          f"then plan one worker {r['plan_s'] * 1000:.1f} ms (world 4096: "
-          f"{r['plan_world4096_s'] * 1000:.1f} ms), scan one shard's headers {r['scan_one_shard_s'] * 1000:.0f} ms; "
-          f"imports {r['import_s']:.1f} s")
+    print(
+        f"{r['samples']} samples in {r['shards']} shards ({r['shard_samples']} in shard 0); "
+        f"rank {args.rank} of {args.world}, {args.workers} workers"
+    )
+    print(
+        f"  first batch {r['first_batch_s']:.2f} s after ShardedDataset(...); separately: resolve source "
+        f"{r['resolve_s'] * 1000:.0f} ms, the epoch's sequence {r['sequence_s'] * 1000:.0f} ms (once per process), "
+        f"then plan one worker {r['plan_s'] * 1000:.1f} ms (world 4096: "
+        f"{r['plan_world4096_s'] * 1000:.1f} ms), scan one shard's headers {r['scan_one_shard_s'] * 1000:.0f} ms; "
+        f"imports {r['import_s']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

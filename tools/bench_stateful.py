@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from shardify.convert import ShardWriter
-from shardify.reader import ShardedDataset, make_loader, transforms as T
+from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import transforms as T
 
 
 def write(out: Path, samples: int, shards: int) -> Path:
@@ -43,9 +44,12 @@ def main() -> None:
     a = p.parse_args()
     root = write(Path(tempfile.mkdtemp()) / "ds", a.samples, a.shards)
     ds = ShardedDataset(root, batch_size=32, shuffle=True, seed=0, transform=T.RandomResizedCrop(48))
-    loaders = {"make_loader": make_loader(ds, num_workers=a.workers),
-               "StatefulDataLoader": StatefulDataLoader(ds, batch_size=None, num_workers=a.workers,
-                                                        persistent_workers=a.workers > 0)}
+    loaders = {
+        "make_loader": make_loader(ds, num_workers=a.workers),
+        "StatefulDataLoader": StatefulDataLoader(
+            ds, batch_size=None, num_workers=a.workers, persistent_workers=a.workers > 0
+        ),
+    }
     best = {name: float("inf") for name in loaders}
     for epoch in range(a.epochs):
         ds.set_epoch(epoch)
@@ -61,8 +65,10 @@ def main() -> None:
     t = time.perf_counter()
     for _ in range(calls):
         state = ds.state_dict()
-    print(f"ds.state_dict(): {(time.perf_counter() - t) / calls * 1e6:.1f} us a call, "
-          f"{len(pickle.dumps(state))} bytes pickled ({len(ds.source.shards)} shards)")
+    print(
+        f"ds.state_dict(): {(time.perf_counter() - t) / calls * 1e6:.1f} us a call, "
+        f"{len(pickle.dumps(state))} bytes pickled ({len(ds.source.shards)} shards)"
+    )
 
 
 if __name__ == "__main__":

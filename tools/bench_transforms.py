@@ -51,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
-    images = [jpeg_bytes(natural_image(args.width, args.height, seed=i), quality=args.quality) for i in range(args.count)]
+    images = [
+        jpeg_bytes(natural_image(args.width, args.height, seed=i), quality=args.quality) for i in range(args.count)
+    ]
     t = PRESETS[args.preset]()
 
     def plain(data: bytes, rng: random.Random) -> object:

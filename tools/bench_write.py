@@ -16,6 +16,7 @@ slows both sides alike; the ratios are the figures to compare.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -133,8 +134,9 @@ def main() -> None:
     for _ in range(args.repeat if "items" in parts else 0):
         for w in (1, 2):
             name = f"convert_items workers={w}"
-            run = lambda w=w: convert_items(range(args.items), jpeg_sample, root / "b", workers=w,  # noqa: E731
-                                            progress=False, fsync=fsync)
+            run = functools.partial(
+                convert_items, range(args.items), jpeg_sample, root / "b", workers=w, progress=False, fsync=fsync
+            )
             used: dict[str, float] = {}
             elapsed = _timed(run, root / "b", used)
             if elapsed < best.get(name, float("inf")):
@@ -143,23 +145,31 @@ def main() -> None:
             best[name] = min(best.get(name, float("inf")), _timed(lambda w=w: _fn_alone(args.items, w), root / "b"))
     arrays, labels = _samples(args.samples if "writer" in parts else 0)
     for _ in range(args.repeat if "writer" in parts else 0):
-        for name, fn in (("shardify ShardWriter", lambda: write_shardify(root / "a", arrays, labels, fsync=fsync)),
-                         ("webdataset ShardWriter", lambda: write_webdataset(root / "a", arrays, labels))):
+        for name, fn in (
+            ("shardify ShardWriter", lambda: write_shardify(root / "a", arrays, labels, fsync=fsync)),
+            ("webdataset ShardWriter", lambda: write_webdataset(root / "a", arrays, labels)),
+        ):
             best[name] = min(best.get(name, float("inf")), _timed(fn, root / "a"))
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 
     rates = {k: (args.samples if "ShardWriter" in k else args.items) / v for k, v in best.items()}
     result = {
-        "samples": args.samples, "items": args.items, "side": args.side, "repeat": args.repeat, "fsync": fsync,
-        "cpus": len(os.sched_getaffinity(0)), "load_avg_start_end": [load_start, os.getloadavg()[0]],
+        "samples": args.samples,
+        "items": args.items,
+        "side": args.side,
+        "repeat": args.repeat,
+        "fsync": fsync,
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_avg_start_end": [load_start, os.getloadavg()[0]],
         "seconds": {k: round(v, 3) for k, v in best.items()},
         "samples_per_s": {k: round(v) for k, v in rates.items()},
         "shardify_vs_webdataset": _ratio(rates, "shardify ShardWriter", "webdataset ShardWriter"),
         "items_2_vs_1_workers": _ratio(rates, "convert_items workers=2", "convert_items workers=1"),
         "fn_alone_2_vs_1_processes": _ratio(rates, "fn alone processes=2", "fn alone processes=1"),
-        "convert_items_cpu_ms_per_item": {k: {part: round(1000 * v / args.items, 3) for part, v in c.items()}
-                                          for k, c in cpu.items()},
+        "convert_items_cpu_ms_per_item": {
+            k: {part: round(1000 * v / args.items, 3) for part, v in c.items()} for k, c in cpu.items()
+        },
     }
     print(json.dumps(result, indent=1))
 

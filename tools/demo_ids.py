@@ -41,13 +41,24 @@ def run(work: Path, *, samples: int, workers: int) -> dict[str, Any]:
 
     make_source(work, samples=samples)
     print(f"1. made {samples} tensors in {work / 'data'}, partition.json and labels.json")
-    code = shardify(["convert", "ids", str(work / "data"), str(work / "shards"), "--partition",
-                     str(work / "partition.json"), "--labels", str(work / "labels.json"), "--pt-to-npy", "--quiet"])
+    code = shardify(
+        [
+            "convert",
+            "ids",
+            str(work / "data"),
+            str(work / "shards"),
+            "--partition",
+            str(work / "partition.json"),
+            "--labels",
+            str(work / "labels.json"),
+            "--pt-to-npy",
+            "--quiet",
+        ]
+    )
     print(f"2. shardify convert ids ... --pt-to-npy: exit code {code}")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    train = ShardedDataset(work / "shards", split="train", batch_size=32, shuffle=True, seed=0,
-                           fields=("npy", "cls"))
+    train = ShardedDataset(work / "shards", split="train", batch_size=32, shuffle=True, seed=0, fields=("npy", "cls"))
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     losses = []
@@ -71,8 +82,10 @@ def run(work: Path, *, samples: int, workers: int) -> dict[str, Any]:
             pred = model(x).argmax(1)
             seen.update(zip(meta["path"], zip(y.tolist(), pred.tolist())))
     correct = sum(label == p for label, p in seen.values())
-    print(f"4. validation: {len(seen)} IDs, accuracy {correct / len(seen):.2f}; first: "
-          + ", ".join(f"{i} (label {label}, predicted {p})" for i, (label, p) in list(seen.items())[:3]))
+    print(
+        f"4. validation: {len(seen)} IDs, accuracy {correct / len(seen):.2f}; first: "
+        + ", ".join(f"{i} (label {label}, predicted {p})" for i, (label, p) in list(seen.items())[:3])
+    )
     return {"exit_code": code, "losses": losses, "validation": seen}
 
 

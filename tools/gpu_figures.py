@@ -21,7 +21,8 @@ its limit, not the session):
 The dataset (1,000 photo-like JPEGs of ImageNet's sizes, ~110 KB, each stored ``--copies``
 times, 12 by default, so that an epoch holds ~46 batches of 256 and every worker makes several:
 with 1,000 images an epoch is 3 batches, and 8 or 15 workers measure the epoch's start, not the
-steady rate) is made once under ``--data`` (default ``--out``). Written there: ``gpu_figures.md`` (machine, then one row per figure: its command,
+steady rate) is made once under ``--data`` (default ``--out``). Written there: ``gpu_figures.md`` (machine, then
+one row per figure: its command,
 result, target, met or not) and ``gpu_figures.jsonl`` (one JSON object per figure, as it ends).
 """
 
@@ -62,32 +63,74 @@ def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
     size = ["--batch-size", "8", "--size", "64", "--steps", "3"] if quick else ["--batch-size", "256", "--size", "224"]
     cpu_workers, dev_workers = ([1, 2], [1, 2]) if quick else ([8, 15], [2, 4, 8])
     cpu_step, dev_step = (2, 2) if quick else (15, 8)
-    out = [Figure("tests", "tests/gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu")],
-                  "passes", limit_s=400)]
-    prof = [py, profile, "--dataset", str(dataset), "--json", "--workers",
-            *(["1", "2"] if quick else ["1", "4", "8", "15"])]
+    out = [
+        Figure(
+            "tests",
+            "tests/gpu",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu")],
+            "passes",
+            limit_s=400,
+        )
+    ]
+    prof = [
+        py,
+        profile,
+        "--dataset",
+        str(dataset),
+        "--json",
+        "--workers",
+        *(["1", "2"] if quick else ["1", "4", "8", "15"]),
+    ]
     if quick:
         prof += ["--batch-size", "8", "--size", "64", "--batches", "2", "--repeat", "1"]
     else:
         prof += ["--device", "cuda"]
     out.append(Figure("profile", "per-stage profile", prof, limit_s=400))
-    out.append(Figure("device", "device side of device decode, per batch",
-                      [py, str(TOOLS / "bench_device_decode.py"), "--dataset", str(dataset), "--device", device,
-                       *(["--batch-size", "8", "--size", "64", "--reps", "2"] if quick else [])]))
+    out.append(
+        Figure(
+            "device",
+            "device side of device decode, per batch",
+            [
+                py,
+                str(TOOLS / "bench_device_decode.py"),
+                "--dataset",
+                str(dataset),
+                "--device",
+                device,
+                *(["--batch-size", "8", "--size", "64", "--reps", "2"] if quick else []),
+            ],
+        )
+    )
     for w in cpu_workers:
-        out.append(Figure("feed", f"feed, CPU path, {w} workers",
-                          [py, step, "--feed", *common, *size, "--workers", str(w)], f">= {TARGET_IMG_S:,} img/s"))
+        out.append(
+            Figure(
+                "feed",
+                f"feed, CPU path, {w} workers",
+                [py, step, "--feed", *common, *size, "--workers", str(w)],
+                f">= {TARGET_IMG_S:,} img/s",
+            )
+        )
     for w in dev_workers:
-        out.append(Figure("feed", f"feed, device decode, {w} workers",
-                          [py, step, "--feed", "--decode", "device", *common, *size, "--workers", str(w)],
-                          f">= {TARGET_IMG_S:,} img/s"))
+        out.append(
+            Figure(
+                "feed",
+                f"feed, device decode, {w} workers",
+                [py, step, "--feed", "--decode", "device", *common, *size, "--workers", str(w)],
+                f">= {TARGET_IMG_S:,} img/s",
+            )
+        )
     for model, extra in (("convnet", []), ("resnet50", ["--model", "resnet50", "--bf16", "--channels-last"])):
         if quick and model == "resnet50":
             extra = ["--model", "resnet50"]
         for decode, w in (("workers", cpu_step), ("device", dev_step)):
-            out.append(Figure("step", f"{model} step, {decode} decode, {w} workers",
-                              [py, step, *common, *size, *extra, "--decode", decode, "--workers", str(w)],
-                              f"<= {TARGET_RATIO[model]}x pre-staged"))
+            out.append(
+                Figure(
+                    "step",
+                    f"{model} step, {decode} decode, {w} workers",
+                    [py, step, *common, *size, *extra, "--decode", decode, "--workers", str(w)],
+                    f"<= {TARGET_RATIO[model]}x pre-staged",
+                )
+            )
     return out
 
 
@@ -114,8 +157,11 @@ def run(figure: Figure) -> Figure:
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-3000:]
         missing = "No module named 'torchvision'" in tail
-        figure.result = {"status": "skipped: torchvision is not installed" if missing else f"failed (exit {done.returncode})",
-                         "tail": tail, "wall_s": wall}
+        figure.result = {
+            "status": "skipped: torchvision is not installed" if missing else f"failed (exit {done.returncode})",
+            "tail": tail,
+            "wall_s": wall,
+        }
     elif figure.group == "tests":
         figure.result = {"status": "ok", "summary": done.stdout.strip().splitlines()[-1], "wall_s": wall}
     elif parsed is None:
@@ -141,12 +187,17 @@ def verdict(figure: Figure) -> tuple[str, str]:
     if figure.group == "step":
         ratio = r["ratio"]
         wait = f", waits {r['wait_ms']:.1f} ms/step for batches" if "wait_ms" in r else ""
-        return (f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}",
-                "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO")
+        return (
+            f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}",
+            "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO",
+        )
     if figure.group == "device":
-        return (f"decode {r['decode']['best_ms']:.1f} ms, crop/resize/flip {r['augment']['best_ms']:.1f} ms, "
-                f"whole {r['whole']['best_ms']:.1f} ms per batch = {r['img_s_one_thread']:,.0f} img/s "
-                f"for one decode thread", "-")
+        return (
+            f"decode {r['decode']['best_ms']:.1f} ms, crop/resize/flip {r['augment']['best_ms']:.1f} ms, "
+            f"whole {r['whole']['best_ms']:.1f} ms per batch = {r['img_s_one_thread']:,.0f} img/s "
+            f"for one decode thread",
+            "-",
+        )
     return "see the table below", "-"
 
 
@@ -198,19 +249,27 @@ def chart(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path
         raise ValueError(f"no feed or step figure with a result among {len(records)} records")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     names = [f"{'device' if r['decode'] == 'device' else 'CPU'}\n{r['workers']} workers" for r in feed]
-    left.bar(names, [r["img_s"] for r in feed],
-             color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in feed])
+    left.bar(
+        names, [r["img_s"] for r in feed], color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in feed]
+    )
     left.axhline(TARGET_IMG_S, color="black", linestyle="--", linewidth=1, label=f"target {TARGET_IMG_S:,}")
     left.set_ylabel("images/s into the GPU")
     left.set_title("feed: RandomResizedCrop 224, batch 256")
     left.legend(loc="upper left")
-    names = [f"{r.get('model', 'convnet')}\n{'device' if r['decode'] == 'device' else 'CPU'}, {r['workers']} w"
-             for r in step]
-    right.bar(names, [r["ratio"] for r in step],
-              color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in step])
+    names = [
+        f"{r.get('model', 'convnet')}\n{'device' if r['decode'] == 'device' else 'CPU'}, {r['workers']} w" for r in step
+    ]
+    right.bar(
+        names, [r["ratio"] for r in step], color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in step]
+    )
     for model, ratio in TARGET_RATIO.items():
-        right.axhline(ratio, color="black", linestyle=":" if model == "convnet" else "--", linewidth=1,
-                      label=f"{model} target {ratio}x")
+        right.axhline(
+            ratio,
+            color="black",
+            linestyle=":" if model == "convnet" else "--",
+            linewidth=1,
+            label=f"{model} target {ratio}x",
+        )
     right.axhline(1.0, color="grey", linewidth=0.8)
     right.set_ylabel("step time / pre-staged step time")
     right.set_title("training step with the loader")
@@ -234,14 +293,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--images", type=int, default=1000)
-    p.add_argument("--copies", type=int, default=12,
-                   help="each image stored this many times: an epoch of many batches per worker (default: 12)")
-    p.add_argument("--data", type=Path, default=None,
-                   help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call")
+    p.add_argument(
+        "--copies",
+        type=int,
+        default=12,
+        help="each image stored this many times: an epoch of many batches per worker (default: 12)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
     p.add_argument("--chart", type=Path, default=None, help="also draw the feed and step figures to this PNG")
-    p.add_argument("--redraw", type=Path, nargs="+", default=None, metavar="JSONL",
-                   help="run nothing: draw --chart from these gpu_figures.jsonl files")
+    p.add_argument(
+        "--redraw",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSONL",
+        help="run nothing: draw --chart from these gpu_figures.jsonl files",
+    )
     p.add_argument("--title", default="", help="the chart's title (e.g. the GPU and the date)")
     args = p.parse_args(argv)
     if args.redraw:
@@ -271,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {args.out / 'gpu_figures.md'}")
     if args.chart is not None:
         print(f"chart: {chart(_read_jsonl(log), args.chart, title=args.title)}")
-    return 0 if all(f.result.get("status") == "ok" or f.result.get("status", "").startswith("skipped") for f in todo) else 1
+    return (
+        0
+        if all(f.result.get("status") == "ok" or f.result.get("status", "").startswith("skipped") for f in todo)
+        else 1
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
 
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
@@ -37,8 +38,6 @@ from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.decode import _simplejpeg, draft_scale, turbo_jpeg_size
 from shardify.reader.sample.device_plan import DevicePlanner, pack_planned
-
-from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
 
 __all__ = ["profile", "main"]
 
@@ -104,8 +103,16 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
     planned = plan()
     planned_batch = [planned[i % n] for i in range(batch_size)]
     pack_ms = _best(lambda: pack_planned(planned_batch), repeat) * 1e3
-    return {"images": n, "read_us": read_us, "decode_us": decode_us, "augment_us": full_us - decode_us,
-            "decode_augment_us": full_us, "collate_ms": collate_ms, "header_draw_us": plan_us, "pack_ms": pack_ms}
+    return {
+        "images": n,
+        "read_us": read_us,
+        "decode_us": decode_us,
+        "augment_us": full_us - decode_us,
+        "decode_augment_us": full_us,
+        "collate_ms": collate_ms,
+        "header_draw_us": plan_us,
+        "pack_ms": pack_ms,
+    }
 
 
 def _drain(batches: Any, count: int, sync: Callable[[], None]) -> tuple[float, float, int]:
@@ -120,26 +127,32 @@ def _drain(batches: Any, count: int, sync: Callable[[], None]) -> tuple[float, f
     return time.perf_counter() - t0, time.process_time() - c0, images
 
 
-def loader_rates(dataset: Path, *, workers: int, batch_size: int, size: int, batches: int,
-                 device: str | None) -> dict[str, float]:
+def loader_rates(
+    dataset: Path, *, workers: int, batch_size: int, size: int, batches: int, device: str | None
+) -> dict[str, float]:
     """img/s and main-process ms of CPU per batch: CPU path, device-decode worker side, and on
     CUDA the CPU path into the GPU and device decode (nvJPEG)."""
+
     def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
     out: dict[str, float] = {"workers": workers}
-    ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                        transform=T.imagenet_train(size))
+    ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True, transform=T.imagenet_train(size))
     with make_loader(ds, num_workers=workers) as loader:
         wall, cpu, n = _drain(epochs(loader, ds), batches, sync)
     out |= {"cpu_path_img_s": n / wall, "main_ms_per_batch": 1e3 * cpu / batches}
-    dev = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                         transform=T.imagenet_train(size), decoding=DecodeOptions(device="cpu"))
+    dev = ShardedDataset(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        transform=T.imagenet_train(size),
+        decoding=DecodeOptions(device="cpu"),
+    )
     from torch.utils.data import DataLoader
 
-    raw = DataLoader(dev, batch_size=None, num_workers=workers, collate_fn=lambda b: b,
-                     persistent_workers=workers > 0)
+    raw = DataLoader(dev, batch_size=None, num_workers=workers, collate_fn=lambda b: b, persistent_workers=workers > 0)
     wall, cpu, n = _drain(epochs(raw, dev), batches, sync)
     del raw
     out |= {"device_worker_side_img_s": n / wall, "device_main_ms_per_batch": 1e3 * cpu / batches}
@@ -147,8 +160,14 @@ def loader_rates(dataset: Path, *, workers: int, batch_size: int, size: int, bat
         with make_loader(ds, num_workers=workers, device="cuda") as loader:
             wall, _, n = _drain(epochs(loader, ds), batches, sync)
         out["cpu_path_into_gpu_img_s"] = n / wall
-        gpu = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                             transform=T.imagenet_train(size), decoding=DecodeOptions(device="cuda"))
+        gpu = ShardedDataset(
+            dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            drop_last=True,
+            transform=T.imagenet_train(size),
+            decoding=DecodeOptions(device="cuda"),
+        )
         with make_loader(gpu, num_workers=workers) as loader:
             wall, _, n = _drain(epochs(loader, gpu), batches, sync)
         out["device_decode_into_gpu_img_s"] = n / wall
@@ -171,12 +190,27 @@ def copy_costs(*, batch_size: int, size: int, repeat: int) -> dict[str, float]:
     return {"pin_ms": pin_ms, "h2d_normalise_ms": _best(copy, repeat) * 1e3}
 
 
-def profile(dataset: Path, *, workers: list[int], batch_size: int = 256, size: int = 224, batches: int = 6,
-            repeat: int = 3, limit: int = 256, device: str | None = None) -> dict[str, Any]:
-    r: dict[str, Any] = {"stages": stage_costs(dataset, batch_size=batch_size, size=size, repeat=repeat, limit=limit),
-                         "loaders": [loader_rates(dataset, workers=w, batch_size=batch_size, size=size,
-                                                  batches=batches, device=device) for w in workers],
-                         "batch_size": batch_size, "size": size, "device": device or "none"}
+def profile(
+    dataset: Path,
+    *,
+    workers: list[int],
+    batch_size: int = 256,
+    size: int = 224,
+    batches: int = 6,
+    repeat: int = 3,
+    limit: int = 256,
+    device: str | None = None,
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "stages": stage_costs(dataset, batch_size=batch_size, size=size, repeat=repeat, limit=limit),
+        "loaders": [
+            loader_rates(dataset, workers=w, batch_size=batch_size, size=size, batches=batches, device=device)
+            for w in workers
+        ],
+        "batch_size": batch_size,
+        "size": size,
+        "device": device or "none",
+    }
     if device == "cuda":
         r["copy"] = copy_costs(batch_size=batch_size, size=size, repeat=repeat)
     return r
@@ -184,34 +218,54 @@ def profile(dataset: Path, *, workers: list[int], batch_size: int = 256, size: i
 
 def format_profile(r: dict[str, Any]) -> str:
     s, b = r["stages"], r["batch_size"]
-    per_image = [("shard read", s["read_us"]), ("decode (DCT-scaled as the path does)", s["decode_us"]),
-                 ("augment (crop, resize, flip)", s["augment_us"]), ("collate", s["collate_ms"] * 1e3 / b)]
+    per_image = [
+        ("shard read", s["read_us"]),
+        ("decode (DCT-scaled as the path does)", s["decode_us"]),
+        ("augment (crop, resize, flip)", s["augment_us"]),
+        ("collate", s["collate_ms"] * 1e3 / b),
+    ]
     cpu_total = sum(v for _, v in per_image)
-    dev = [("shard read", s["read_us"]), ("header parse + box/flip draw", s["header_draw_us"]),
-           ("pack bytes", s["pack_ms"] * 1e3 / b)]
+    dev = [
+        ("shard read", s["read_us"]),
+        ("header parse + box/flip draw", s["header_draw_us"]),
+        ("pack bytes", s["pack_ms"] * 1e3 / b),
+    ]
     dev_total = sum(v for _, v in dev)
-    lines = [f"one core, {s['images']} images, batch {b}, crop {r['size']}", "",
-             "| stage | us / image | ms / batch |", "|---|---:|---:|"]
+    lines = [
+        f"one core, {s['images']} images, batch {b}, crop {r['size']}",
+        "",
+        "| stage | us / image | ms / batch |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| CPU path: {k} | {v:.0f} | {v * b / 1e3:.1f} |" for k, v in per_image]
     lines += [f"| **CPU path, worker total** | **{cpu_total:.0f}** | **{cpu_total * b / 1e3:.1f}** |"]
     lines += [f"| device decode, worker: {k} | {v:.1f} | {v * b / 1e3:.2f} |" for k, v in dev]
     lines += [f"| **device decode, worker total** | **{dev_total:.1f}** | **{dev_total * b / 1e3:.2f}** |"]
     if "copy" in r:
         c = r["copy"]
-        lines += [f"| pin a batch | {c['pin_ms'] * 1e3 / b:.1f} | {c['pin_ms']:.1f} |",
-                  f"| host-to-device copy + normalise | {c['h2d_normalise_ms'] * 1e3 / b:.1f} | "
-                  f"{c['h2d_normalise_ms']:.1f} |"]
-    lines += ["", "| workers | CPU path img/s | main-process ms / batch | device decode, worker side img/s |"
-              + (" CPU path into GPU img/s | device decode into GPU img/s |" if r["device"] == "cuda" else ""),
-              "|---:|---:|---:|---:|" + ("---:|---:|" if r["device"] == "cuda" else "")]
+        lines += [
+            f"| pin a batch | {c['pin_ms'] * 1e3 / b:.1f} | {c['pin_ms']:.1f} |",
+            f"| host-to-device copy + normalise | {c['h2d_normalise_ms'] * 1e3 / b:.1f} | "
+            f"{c['h2d_normalise_ms']:.1f} |",
+        ]
+    lines += [
+        "",
+        "| workers | CPU path img/s | main-process ms / batch | device decode, worker side img/s |"
+        + (" CPU path into GPU img/s | device decode into GPU img/s |" if r["device"] == "cuda" else ""),
+        "|---:|---:|---:|---:|" + ("---:|---:|" if r["device"] == "cuda" else ""),
+    ]
     for x in r["loaders"]:
-        row = (f"| {x['workers']} | {x['cpu_path_img_s']:.0f} | {x['main_ms_per_batch']:.1f} | "
-               f"{x['device_worker_side_img_s']:.0f} |")
+        row = (
+            f"| {x['workers']} | {x['cpu_path_img_s']:.0f} | {x['main_ms_per_batch']:.1f} | "
+            f"{x['device_worker_side_img_s']:.0f} |"
+        )
         if r["device"] == "cuda":
             row += f" {x['cpu_path_into_gpu_img_s']:.0f} | {x['device_decode_into_gpu_img_s']:.0f} |"
         lines.append(row)
-    lines += ["", f"one core: CPU path {1e6 / cpu_total:.0f} img/s, "
-                  f"device-decode worker side {1e6 / dev_total:.0f} img/s"]
+    lines += [
+        "",
+        f"one core: CPU path {1e6 / cpu_total:.0f} img/s, device-decode worker side {1e6 / dev_total:.0f} img/s",
+    ]
     return "\n".join(lines)
 
 
@@ -230,8 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     dataset = args.dataset or make_jpegs(args.out, args.images)
-    r = profile(dataset, workers=args.workers, batch_size=args.batch_size, size=args.size, batches=args.batches,
-                repeat=args.repeat, device=args.device)
+    r = profile(
+        dataset,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        size=args.size,
+        batches=args.batches,
+        repeat=args.repeat,
+        device=args.device,
+    )
     print(json.dumps(r) if args.json else format_profile(r))
     return 0
 

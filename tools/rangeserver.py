@@ -104,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
         self.end_headers()
         if faulty and b.drop_after is not None:
-            body = body[:b.drop_after]
+            body = body[: b.drop_after]
             self.close_connection = True
         self.wfile.write(body[:-1])
         with b.lock:

@@ -49,8 +49,7 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
 
     rank = args.world // 2
     kw = dict(rank=rank, world=args.world, workers=args.workers, batch_size=args.batch_size, drop_last=True)
-    opts = PlanOptions(seed=0, shuffle=True, batch_size=args.batch_size, drop_last=True, block=args.block,
-                       buffer=1024)
+    opts = PlanOptions(seed=0, shuffle=True, batch_size=args.batch_size, drop_last=True, block=args.block, buffer=1024)
     with open("/proc/self/statm") as f:  # resident now: the imports (torch, numpy) and the shard sizes
         base = int(f.read().split()[1]) * resource.getpagesize()
     t0 = time.perf_counter()
@@ -70,10 +69,20 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
         t = time.perf_counter()
         plan_worker(seq, worker=worker, starts=starts, **kw)
         per_worker.append(time.perf_counter() - t)
-    conn.send({"sequence_s": t1 - t0, "starts_s": t2 - t1, "plan_s": t3 - t2, "order_s": t4 - t3,
-               "one_worker_s": t4 - t0, "other_workers_max_s": max(per_worker, default=0.0),
-               "share_samples": plan.num_samples, "share_ranges": len(plan.ranges),
-               "rss_before": base, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    conn.send(
+        {
+            "sequence_s": t1 - t0,
+            "starts_s": t2 - t1,
+            "plan_s": t3 - t2,
+            "order_s": t4 - t3,
+            "one_worker_s": t4 - t0,
+            "other_workers_max_s": max(per_worker, default=0.0),
+            "share_samples": plan.num_samples,
+            "share_ranges": len(plan.ranges),
+            "rss_before": base,
+            "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+    )
 
 
 def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
@@ -101,9 +110,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--images-per-s", type=float, default=2500.0, help="training speed per GPU")
     ap.add_argument("--block", type=int, default=4, help="shuffle_block: samples per block across shards")
-    ap.add_argument("--max-blocks", type=float, default=3e6,
-                    help="also plan under layout 3 (the whole epoch's block permutation) up to this many blocks "
-                         "(memory: ~100 B each)")
+    ap.add_argument(
+        "--max-blocks",
+        type=float,
+        default=3e6,
+        help="also plan under layout 3 (the whole epoch's block permutation) up to this many blocks "
+        "(memory: ~100 B each)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -113,9 +126,13 @@ def main() -> None:
     per_shard = max(1, int(args.shard_mb * 1e6) // per_sample)
     shards = math.ceil(n / per_shard)
     sizes = [per_shard] * (shards - 1) + [n - per_shard * (shards - 1)]
-    entry = ShardEntry(url="train-000000000000-000000.tar", nsamples=per_shard,
-                       filesize=per_shard * per_sample + 1024, sha256="0" * 64,
-                       offsets=tuple(k * OFFSET_STRIDE * per_sample for k in range(-(-per_shard // OFFSET_STRIDE))))
+    entry = ShardEntry(
+        url="train-000000000000-000000.tar",
+        nsamples=per_shard,
+        filesize=per_shard * per_sample + 1024,
+        sha256="0" * 64,
+        offsets=tuple(k * OFFSET_STRIDE * per_sample for k in range(-(-per_shard // OFFSET_STRIDE))),
+    )
     index_bytes = shards * (len(json_bytes(entry.to_json())) + 2)
     dataset_bytes = n * per_sample
     nodes = math.ceil(args.world / args.gpus_per_node)
@@ -125,11 +142,19 @@ def main() -> None:
     epoch_s = per_rank / args.images_per_s
     shard_reads = shards + args.world * args.workers  # each shard once, plus a split at every worker boundary
     out = {
-        "samples": n, "world": args.world, "nodes": nodes, "bytes_per_sample": per_sample,
-        "dataset_bytes": dataset_bytes, "samples_per_shard": per_shard, "shards": shards,
-        "split_index_bytes": index_bytes, "shards_per_rank_per_epoch": shards / args.world,
-        "samples_per_rank_per_epoch": per_rank, "epoch_s": epoch_s,
-        "get_requests_per_s": shard_reads / epoch_s, "read_bytes_per_s": dataset_bytes / epoch_s,
+        "samples": n,
+        "world": args.world,
+        "nodes": nodes,
+        "bytes_per_sample": per_sample,
+        "dataset_bytes": dataset_bytes,
+        "samples_per_shard": per_shard,
+        "shards": shards,
+        "split_index_bytes": index_bytes,
+        "shards_per_rank_per_epoch": shards / args.world,
+        "samples_per_rank_per_epoch": per_rank,
+        "epoch_s": epoch_s,
+        "get_requests_per_s": shard_reads / epoch_s,
+        "read_bytes_per_s": dataset_bytes / epoch_s,
         "node_bytes_per_epoch": dataset_bytes * args.gpus_per_node / args.world,
         "driver_plan_disk_bytes": n * SAMPLE_RECORD_BYTES,
         **plan,
@@ -137,32 +162,44 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=1))
         return
-    print(f"{n:,} samples of {_human(payload)} on {args.world:,} GPUs ({nodes:,} nodes), "
-          f"{args.workers} workers per rank, batch {args.batch_size}")
+    print(
+        f"{n:,} samples of {_human(payload)} on {args.world:,} GPUs ({nodes:,} nodes), "
+        f"{args.workers} workers per rank, batch {args.batch_size}"
+    )
     print(f"  on disk: {_human(per_sample)} per sample, {_human(dataset_bytes)} in all")
-    print(f"  shards: {shards:,} of {per_shard:,} samples ({args.shard_mb:.0f} MB); "
-          f"{shards / args.world:.1f} shards per rank per epoch")
+    print(
+        f"  shards: {shards:,} of {per_shard:,} samples ({args.shard_mb:.0f} MB); "
+        f"{shards / args.world:.1f} shards per rank per epoch"
+    )
     print(f"  split index: {_human(index_bytes)} (JSON, read by every rank at start)")
     print(f"  epoch: {per_rank:,} samples per rank, {epoch_s:.0f} s at {args.images_per_s:.0f} images/s per GPU")
-    print(f"  object store: ~{out['get_requests_per_s']:,.0f} GET/s, {_human(out['read_bytes_per_s'])}/s "
-          f"over the whole run; {_human(out['node_bytes_per_epoch'])} per node per epoch")
-    print(f"  converter driver: ~{_human(out['driver_plan_disk_bytes'])} of temporary files to plan "
-          f"({SAMPLE_RECORD_BYTES} B per input), its memory flat")
+    print(
+        f"  object store: ~{out['get_requests_per_s']:,.0f} GET/s, {_human(out['read_bytes_per_s'])}/s "
+        f"over the whole run; {_human(out['node_bytes_per_epoch'])} per node per epoch"
+    )
+    print(
+        f"  converter driver: ~{_human(out['driver_plan_disk_bytes'])} of temporary files to plan "
+        f"({SAMPLE_RECORD_BYTES} B per input), its memory flat"
+    )
     mb = 1e6
-    for kind, what in (("keyed", "layout 4 (keyed block order, the default)"),
-                       ("whole", "layout 3 (the whole epoch's block permutation)")):
+    for kind, what in (
+        ("keyed", "layout 4 (keyed block order, the default)"),
+        ("whole", "layout 3 (the whole epoch's block permutation)"),
+    ):
         if kind not in plan:
             print(f"  {what}: not run ({plan['blocks']:,} blocks, over --max-blocks)")
             continue
         p = plan[kind]
-        print(f"  planning one worker's epoch, {what}: {p['one_worker_s']:.3f} s (sequence {p['sequence_s']:.3f} s, "
-              f"its starts {p['starts_s'] * 1000:.1f} ms, the worker's share {p['plan_s'] * 1000:.1f} ms, its order "
-              f"{p['order_s'] * 1000:.1f} ms; each other worker of rank {plan['rank']} after it: at most "
-              f"{p['other_workers_max_s'] * 1000:.1f} ms); peak memory {p['rss_peak'] / mb:.0f} MB "
-              f"({p['rss_before'] / mb:.0f} MB resident before planning: the interpreter, torch and numpy, the shard "
-              f"sizes; so planning added at most {(p['rss_peak'] - p['rss_before']) / mb:.0f} MB); "
-              f"share {p['share_samples']:,} samples in {p['share_ranges']:,} ranges; {plan['blocks']:,} blocks of "
-              f"{args.block}")
+        print(
+            f"  planning one worker's epoch, {what}: {p['one_worker_s']:.3f} s (sequence {p['sequence_s']:.3f} s, "
+            f"its starts {p['starts_s'] * 1000:.1f} ms, the worker's share {p['plan_s'] * 1000:.1f} ms, its order "
+            f"{p['order_s'] * 1000:.1f} ms; each other worker of rank {plan['rank']} after it: at most "
+            f"{p['other_workers_max_s'] * 1000:.1f} ms); peak memory {p['rss_peak'] / mb:.0f} MB "
+            f"({p['rss_before'] / mb:.0f} MB resident before planning: the interpreter, torch and numpy, the shard "
+            f"sizes; so planning added at most {(p['rss_peak'] - p['rss_before']) / mb:.0f} MB); "
+            f"share {p['share_samples']:,} samples in {p['share_ranges']:,} ranges; {plan['blocks']:,} blocks of "
+            f"{args.block}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,24 +68,24 @@ def _fd_counts(pid: int | str) -> tuple[int, int]:
 def make_data(root: Path, *, images: int) -> Path:
     """A converted dataset of ``images`` small JPEGs in 4 classes, ~8 shards."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
 
     src = make_imagefolder(root / "src", classes=4, per_class=max(1, images // 4), sizes=((200, 150), (150, 200)))
     out = root / "data"
-    convert_imagefolder(src, out, options=ConvertOptions(samples_per_shard=max(1, images // 8), workers=1,
-                                                         progress=False, fsync=False))
+    convert_imagefolder(
+        src, out, options=ConvertOptions(samples_per_shard=max(1, images // 8), workers=1, progress=False, fsync=False)
+    )
     return out
 
 
 def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -> list[EpochStats]:
     """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch."""
+    from shardify.cli.bench import child_pids
     from shardify.reader import ShardedDataset, make_loader
     from shardify.reader import transforms as T
-    from shardify.cli.bench import child_pids
 
-    ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size),
-                        drop_last=True)
+    ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size), drop_last=True)
     stats: list[EpochStats] = []
     with make_loader(ds, num_workers=workers, persistent_workers=True) as loader:
         for epoch in range(epochs):
@@ -97,13 +97,20 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
             kids = child_pids()
             main_fds, main_shm = _fd_counts("self")
             workers_fds = [_fd_counts(p) for p in kids]
-            stats.append(EpochStats(
-                epoch=epoch, seconds=round(seconds, 3), samples=samples,
-                main_rss_mib=round(_rss_mib("self"), 1), main_fds=main_fds,
-                main_threads=len(os.listdir("/proc/self/task")),
-                worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
-                worker_fds=tuple(n for n, _ in workers_fds), main_shm_fds=main_shm,
-                worker_shm_fds=tuple(n for _, n in workers_fds)))
+            stats.append(
+                EpochStats(
+                    epoch=epoch,
+                    seconds=round(seconds, 3),
+                    samples=samples,
+                    main_rss_mib=round(_rss_mib("self"), 1),
+                    main_fds=main_fds,
+                    main_threads=len(os.listdir("/proc/self/task")),
+                    worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
+                    worker_fds=tuple(n for n, _ in workers_fds),
+                    main_shm_fds=main_shm,
+                    worker_shm_fds=tuple(n for _, n in workers_fds),
+                )
+            )
     return stats
 
 
@@ -117,16 +124,22 @@ def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
         # Batch slots (shardify.reader.delivery.batchpool) are made as needed, up to MAX_SLOTS per worker;
         # the rest are a few shared cells (epoch, report, slot tokens).
         if s.main_shm_fds > MAX_SLOTS * len(s.worker_shm_fds) + _SHM_CELLS or any(
-                n > MAX_SLOTS + _SHM_CELLS for n in s.worker_shm_fds):
-            problems.append(f"epoch {s.epoch}: shared-memory fds main {s.main_shm_fds} workers "
-                            f"{s.worker_shm_fds}, more than the batch slots can explain")
+            n > MAX_SLOTS + _SHM_CELLS for n in s.worker_shm_fds
+        ):
+            problems.append(
+                f"epoch {s.epoch}: shared-memory fds main {s.main_shm_fds} workers "
+                f"{s.worker_shm_fds}, more than the batch slots can explain"
+            )
     for s in rest:
         if s.main_fds != first.main_fds or s.worker_fds != first.worker_fds:
-            problems.append(f"epoch {s.epoch}: fds main {s.main_fds} workers {s.worker_fds}, "
-                            f"epoch {first.epoch} had {first.main_fds} and {first.worker_fds}")
+            problems.append(
+                f"epoch {s.epoch}: fds main {s.main_fds} workers {s.worker_fds}, "
+                f"epoch {first.epoch} had {first.main_fds} and {first.worker_fds}"
+            )
         if len(s.worker_rss_mib) != len(first.worker_rss_mib):
-            problems.append(f"epoch {s.epoch}: {len(s.worker_rss_mib)} workers, first epoch had "
-                            f"{len(first.worker_rss_mib)}")
+            problems.append(
+                f"epoch {s.epoch}: {len(s.worker_rss_mib)} workers, first epoch had {len(first.worker_rss_mib)}"
+            )
     if rest:
         last = rest[-1]
         grew = last.main_rss_mib - first.main_rss_mib
@@ -143,8 +156,10 @@ def _table(stats: list[EpochStats]) -> str:
     for s in stats:
         workers = ", ".join(f"{r:.1f}" for r in s.worker_rss_mib)
         shm = f"{s.main_shm_fds}/{','.join(map(str, s.worker_shm_fds))}"
-        lines.append(f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<20}  "
-                     f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {shm:<11}  {s.main_threads:>7}")
+        lines.append(
+            f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<20}  "
+            f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {shm:<11}  {s.main_threads:>7}"
+        )
     return "\n".join(lines)
 
 
@@ -156,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--size", type=int, default=112, help="crop size (default 112)")
     parser.add_argument("--data", type=Path, help="read this converted dataset instead of making one")
-    parser.add_argument("--rss-slack-mb", type=float, default=16.0,
-                        help="allowed RSS growth per process after the first epoch, MiB (default 16)")
+    parser.add_argument(
+        "--rss-slack-mb",
+        type=float,
+        default=16.0,
+        help="allowed RSS growth per process after the first epoch, MiB (default 16)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     if args.epochs < 2:
@@ -170,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"epochs": [asdict(s) for s in stats], "problems": problems}))
     else:
         print(_table(stats))
-        print("\n".join(problems) if problems else "flat: no fd change and RSS growth within "
-              f"{args.rss_slack_mb:g} MiB per process after epoch 0")
+        print(
+            "\n".join(problems)
+            if problems
+            else f"flat: no fd change and RSS growth within {args.rss_slack_mb:g} MiB per process after epoch 0"
+        )
     return 1 if problems else 0
 
 

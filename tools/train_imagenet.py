@@ -34,9 +34,14 @@ from shardify.reader import transforms as T
 def build_model(num_classes: int) -> nn.Module:
     """A small CNN; replace with the network you train."""
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, num_classes),
+    )
 
 
 def with_key(sample: dict[str, Any]) -> tuple[Any, Any, str]:
@@ -74,9 +79,16 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
-    ds = ShardedDataset(args.data, split=args.split, batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                        transform=T.imagenet_train(args.size), drop_last=True,
-                        map=with_key if args.log_keys else None)
+    ds = ShardedDataset(
+        args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        transform=T.imagenet_train(args.size),
+        drop_last=True,
+        map=with_key if args.log_keys else None,
+    )
     loader = make_loader(ds, num_workers=args.workers, device=device)
     num_classes = max(len(ds.source.classes), 1000 if not ds.source.classes else 1)
     model = build_model(num_classes).to(device)
@@ -97,8 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     def save() -> None:
         if rank == 0 and args.checkpoint:
             tmp = f"{args.checkpoint}.tmp"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "loader": loader.state_dict(), "step": step}, tmp)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loader": loader.state_dict(),
+                    "step": step,
+                },
+                tmp,
+            )
             os.replace(tmp, args.checkpoint)
         if distributed:
             dist.barrier()
@@ -129,8 +148,11 @@ def main(argv: list[str] | None = None) -> None:
                     dist.destroy_process_group()
                 return
         dt = time.perf_counter() - t0
-        print(f"rank {rank}: epoch {epoch}: {epoch_steps} steps, {seen} samples, {seen / dt:.0f} samples/s, "
-              f"loss {loss.item():.3f}", flush=True)
+        print(
+            f"rank {rank}: epoch {epoch}: {epoch_steps} steps, {seen} samples, {seen / dt:.0f} samples/s, "
+            f"loss {loss.item():.3f}",
+            flush=True,
+        )
     if distributed:
         dist.destroy_process_group()
 

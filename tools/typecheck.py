@@ -29,8 +29,16 @@ def mirror() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     src = mirror()
-    cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "-p", "shardify",
-           *(argv if argv is not None else sys.argv[1:])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "-p",
+        "shardify",
+        *(argv if argv is not None else sys.argv[1:]),
+    ]
     return subprocess.run(cmd, cwd=src, check=False).returncode
 
 

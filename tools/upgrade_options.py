@@ -57,11 +57,18 @@ def upgrade_source(src: str, *, names: frozenset[str] = frozenset({"ShardedDatas
         for group, kws in groups.items():
             cls = GROUPS[group].__name__
             used.add(cls)
-            inner = ", ".join(f"{OLD_KEYWORDS[k.arg][1]}={ast.get_source_segment(src, k.value)}"  # type: ignore[index]
-                              for k in kws)
+            inner = ", ".join(
+                f"{OLD_KEYWORDS[k.arg][1]}={ast.get_source_segment(src, k.value)}"  # type: ignore[index]
+                for k in kws
+            )
             first = kws[0]
-            edits.append((at(first.lineno, first.col_offset), at(first.end_lineno, first.end_col_offset),  # type: ignore[arg-type]
-                          f"{group}={cls}({inner})"))
+            edits.append(
+                (
+                    at(first.lineno, first.col_offset),
+                    at(first.end_lineno, first.end_col_offset),  # type: ignore[arg-type]
+                    f"{group}={cls}({inner})",
+                )
+            )
             for k in kws[1:]:  # the others of the group go, with the separator before them
                 prev = args[args.index(k) - 1]
                 edits.append((at(prev.end_lineno, prev.end_col_offset), at(k.end_lineno, k.end_col_offset), ""))  # type: ignore[arg-type]
@@ -75,18 +82,33 @@ def _import(src: str, names: set[str]) -> str:
     import binds yet: after its last top-level shardify import, or else after its leading
     docstring and imports (never before a docstring or a ``from __future__`` import)."""
     body = ast.parse(src).body
-    have = {a.asname or a.name for n in body if isinstance(n, ast.ImportFrom) and not n.level
-            and (n.module or "").split(".")[0] == "shardify" for a in n.names}  # the names they bind
+    have = {
+        a.asname or a.name
+        for n in body
+        if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "shardify"
+        for a in n.names
+    }  # the names they bind
     missing = sorted(names - have)
     if not missing:
         return src
-    ours = [n for n in body if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "shardify"
-            and not n.level or isinstance(n, ast.Import) and any(a.name.split(".")[0] == "shardify" for a in n.names)]
+    ours = [
+        n
+        for n in body
+        if isinstance(n, ast.ImportFrom)
+        and (n.module or "").split(".")[0] == "shardify"
+        and not n.level
+        or isinstance(n, ast.Import)
+        and any(a.name.split(".")[0] == "shardify" for a in n.names)
+    ]
     lead: list[ast.stmt] = []
     for i, n in enumerate(body):  # the docstring, then the imports before the first other statement
-        if not (isinstance(n, (ast.Import, ast.ImportFrom))
-                or i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
-                and isinstance(n.value.value, str)):
+        if not (
+            isinstance(n, (ast.Import, ast.ImportFrom))
+            or i == 0
+            and isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str)
+        ):
             break
         lead.append(n)
     after = ours[-1] if ours else lead[-1] if lead else None
@@ -101,8 +123,13 @@ def _import(src: str, names: set[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--also", action="append", default=[], metavar="NAME",
-                    help="a function of yours that passes its keywords on to ShardedDataset (repeatable)")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a function of yours that passes its keywords on to ShardedDataset (repeatable)",
+    )
     ap.add_argument("--check", action="store_true", help="list the files that would change; write nothing")
     args = ap.parse_args(argv)
     changed = 0

@@ -12,5 +12,12 @@ from shardify.cli.bench.run import child_pids, process_memory, run_bench
 from shardify.cli.bench.shuffle import class_mixing, permutation_classes, shuffle_quality
 from shardify.cli.bench.table import format_bench
 
-__all__ = ["run_bench", "format_bench", "shuffle_quality", "class_mixing", "permutation_classes", "process_memory",
-           "child_pids"]
+__all__ = [
+    "run_bench",
+    "format_bench",
+    "shuffle_quality",
+    "class_mixing",
+    "permutation_classes",
+    "process_memory",
+    "child_pids",
+]

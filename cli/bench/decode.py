@@ -38,12 +38,19 @@ def fast_decode_figures(encoded: list[tuple[str, bytes]], image_size: int, *, pa
         a = T.run_image_transform(exact, data, rng=sample_rng(0, 1, key))
         b = T.run_image_transform(fast, data, rng=sample_rng(0, 1, key))
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            raise TypeError(f"sample {key!r}: the transforms gave {type(a).__name__} and {type(b).__name__}, "
-                            f"not tensors")
+            raise TypeError(
+                f"sample {key!r}: the transforms gave {type(a).__name__} and {type(b).__name__}, not tensors"
+            )
         d = (a.to(torch.int16) - b.to(torch.int16)).abs()
         total += int(d.sum())
         differ += int((d > 0).sum())
         count += d.numel()
         worst = max(worst, int(d.max()))
-    return {"exact_ips": best["exact"], "fast_ips": best["fast"], "ratio": best["fast"] / best["exact"],
-            "mean_abs_diff": total / max(1, count), "max_abs_diff": float(worst), "share_differing": differ / max(1, count)}
+    return {
+        "exact_ips": best["exact"],
+        "fast_ips": best["fast"],
+        "ratio": best["fast"] / best["exact"],
+        "mean_abs_diff": total / max(1, count),
+        "max_abs_diff": float(worst),
+        "share_differing": differ / max(1, count),
+    }

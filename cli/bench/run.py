@@ -32,16 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardify.reader.dataset import ShardedDataset
-from shardify.reader.options import ShuffleOptions
-from shardify.reader.delivery.loader import make_loader
-from shardify.reader.plan.shuffle import sample_rng
-from shardify.reader.io.sources import Source
-from shardify.reader.io.stream import Lost, ShardReader
 from shardify.cli.bench.decode import fast_decode_figures
 from shardify.cli.bench.shuffle import shuffle_figures
 from shardify.cli.common import split_source
 from shardify.progress import progress_bar
+from shardify.reader.dataset import ShardedDataset
+from shardify.reader.delivery.loader import make_loader
+from shardify.reader.io.sources import Source
+from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader.options import ShuffleOptions
+from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.fields import output_fields
 
 __all__ = ["run_bench", "process_memory", "child_pids"]
@@ -85,8 +85,9 @@ def _memory_of(pid: int) -> int:
 
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
     """``(key, image bytes)`` of the first ``limit`` samples (all when None)."""
-    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=True,
-                         chunks=[s.chunk for s in source.shards])
+    reader = ShardReader(
+        [s.url for s in source.shards], source.sizes, skip_damaged=True, chunks=[s.chunk for s in source.shards]
+    )
     out: list[tuple[str, bytes]] = []
     try:
         for i, s in enumerate(source.shards):
@@ -143,8 +144,14 @@ class _Steps:
             self.bar.close()
 
 
-def _rate(loader: Any, epochs: int, set_epoch: Callable[[int], None] | None = None,
-          memory: list[int] | None = None, steps: _Steps | None = None, what: str = "") -> tuple[list[float], float]:
+def _rate(
+    loader: Any,
+    epochs: int,
+    set_epoch: Callable[[int], None] | None = None,
+    memory: list[int] | None = None,
+    steps: _Steps | None = None,
+    what: str = "",
+) -> tuple[list[float], float]:
     """(images/s of each epoch, seconds to the first batch of the first epoch)."""
     rates, first = [], 0.0
     for epoch in range(epochs):
@@ -185,30 +192,61 @@ def run_bench(
     wds_epochs = min(epochs, 3) if compare_webdataset else 0
     steps = _Steps(1 + 3 + (num_workers > 1) + epochs + wds_epochs + 1, enabled=progress)
     try:
-        return _run(source, str(dataset), batch_size=batch_size, num_workers=num_workers, image_size=image_size,
-                    epochs=epochs, single_limit=single_limit, wds_epochs=wds_epochs, shuffle_buffer=shuffle_buffer,
-                    shuffle_block=shuffle_block, fast_decode=fast_decode, steps=steps)
+        return _run(
+            source,
+            str(dataset),
+            batch_size=batch_size,
+            num_workers=num_workers,
+            image_size=image_size,
+            epochs=epochs,
+            single_limit=single_limit,
+            wds_epochs=wds_epochs,
+            shuffle_buffer=shuffle_buffer,
+            shuffle_block=shuffle_block,
+            fast_decode=fast_decode,
+            steps=steps,
+        )
     finally:
         steps.close()
 
 
-def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, image_size: int, epochs: int,
-         single_limit: int | None, wds_epochs: int, shuffle_buffer: int, shuffle_block: int, fast_decode: bool,
-         steps: _Steps) -> dict[str, Any]:
+def _run(
+    source: Source,
+    dataset: str,
+    *,
+    batch_size: int,
+    num_workers: int,
+    image_size: int,
+    epochs: int,
+    single_limit: int | None,
+    wds_epochs: int,
+    shuffle_buffer: int,
+    shuffle_block: int,
+    fast_decode: bool,
+    steps: _Steps,
+) -> dict[str, Any]:
     from shardify.reader.sample import transforms as T
     from shardify.reader.sample.decode import decode_image
 
     transform = T.Compose([T.RandomResizedCrop(image_size, fast_decode=fast_decode), T.RandomHorizontalFlip()])
-    result: dict[str, Any] = {"dataset": dataset, "split": source.split, "samples": source.num_samples,
-                              "shards": len(source.shards), "batch_size": batch_size,
-                              "num_workers": num_workers, "image_size": image_size, "fast_decode": fast_decode}
+    result: dict[str, Any] = {
+        "dataset": dataset,
+        "split": source.split,
+        "samples": source.num_samples,
+        "shards": len(source.shards),
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "image_size": image_size,
+        "fast_decode": fast_decode,
+    }
     encoded = _encoded_images(source, single_limit)
     if not encoded:
         if steps.bar is not None:
             steps.bar.total = 1 + epochs + 1
         steps.done("read")
-        return _run_without_images(result, source, epochs=epochs, shuffle_buffer=shuffle_buffer,
-                                   shuffle_block=shuffle_block, steps=steps)
+        return _run_without_images(
+            result, source, epochs=epochs, shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block, steps=steps
+        )
     steps.done("read")
 
     # (a) the same work as one loader worker does: per-key RNG, one torch thread.
@@ -235,14 +273,21 @@ def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, ima
     del encoded
 
     base = process_memory()
-    ds = ShardedDataset(source, batch_size=batch_size, shuffle=True, seed=0, transform=transform,
-                        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block))
+    ds = ShardedDataset(
+        source,
+        batch_size=batch_size,
+        shuffle=True,
+        seed=0,
+        transform=transform,
+        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block),
+    )
     _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base, steps=steps)
     del ds
 
     if wds_epochs:
-        result["webdataset_ips"] = _webdataset_rate(source, batch_size, num_workers, image_size,
-                                                    shuffle_buffer, wds_epochs, steps)
+        result["webdataset_ips"] = _webdataset_rate(
+            source, batch_size, num_workers, image_size, shuffle_buffer, wds_epochs, steps
+        )
     shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     steps.done("(f), (g) shuffle")
     single = result["single_process_ips"]
@@ -254,8 +299,9 @@ def _run(source: Source, dataset: str, *, batch_size: int, num_workers: int, ima
     return result
 
 
-def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: int, epochs: int, base: int,
-                    steps: _Steps) -> None:
+def _loader_figures(
+    result: dict[str, Any], ds: ShardedDataset, *, num_workers: int, epochs: int, base: int, steps: _Steps
+) -> None:
     """(b), (d), (e): the loader's rate per epoch (best after the first), first batch, memory."""
     loader = make_loader(ds, num_workers=num_workers)
     memory: list[int] = []
@@ -277,18 +323,26 @@ def _loader_figures(result: dict[str, Any], ds: ShardedDataset, *, num_workers: 
     result["memory_mb_per_epoch"] = [(m - base) / 2**20 for m in memory]
 
 
-def _run_without_images(result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int,
-                        shuffle_block: int, steps: _Steps) -> dict[str, Any]:
+def _run_without_images(
+    result: dict[str, Any], source: Source, *, epochs: int, shuffle_buffer: int, shuffle_block: int, steps: _Steps
+) -> dict[str, Any]:
     """(b), (d), (e), (f) for a split without images, reading its default fields undecoded-by-us."""
     base = process_memory()
     fields = output_fields(None, source.fields, where=f"{source.name} split {source.split!r}")
-    ds = ShardedDataset(source, batch_size=result["batch_size"], shuffle=True, seed=0, fields=fields,
-                        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block))
+    ds = ShardedDataset(
+        source,
+        batch_size=result["batch_size"],
+        shuffle=True,
+        seed=0,
+        fields=fields,
+        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block),
+    )
     result["fields"] = list(fields)
     result["not_measured"] = (
         f"this split holds no images (its fields: {', '.join(source.fields) or 'unknown'}), so (a) image "
         "decoding and augmentation and (c) the webdataset comparison are not measured; (b) counts samples/s "
-        f"reading and decoding fields {', '.join(fields)}, with no transform")
+        f"reading and decoding fields {', '.join(fields)}, with no transform"
+    )
     _loader_figures(result, ds, num_workers=result["num_workers"], epochs=epochs, base=base, steps=steps)
     del ds
     shuffle_figures(result, source, shuffle_buffer, shuffle_block)
@@ -323,8 +377,9 @@ def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processe
     except ValueError:
         return None
     start, out = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_decode_share, args=(encoded[i::processes], transform, start, out))
-             for i in range(processes)]
+    procs = [
+        ctx.Process(target=_decode_share, args=(encoded[i::processes], transform, start, out)) for i in range(processes)
+    ]
     for p in procs:
         p.start()
     try:
@@ -337,19 +392,21 @@ def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processe
     return sum(n for n, _, _ in done) / (max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done))
 
 
-def _webdataset_rate(source: Source, batch_size: int, num_workers: int, image_size: int,
-                     shuffle_buffer: int, epochs: int, steps: _Steps) -> float:
+def _webdataset_rate(
+    source: Source, batch_size: int, num_workers: int, image_size: int, shuffle_buffer: int, epochs: int, steps: _Steps
+) -> float:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
     crop = PlainCropFlip(image_size)
-    pipeline = (wds.WebDataset([s.url for s in source.shards], shardshuffle=len(source.shards), seed=0,
-                               empty_check=False)
-                .shuffle(shuffle_buffer)
-                .decode("pil")
-                .to_tuple("jpg;jpeg;png;webp", "cls")
-                .map_tuple(crop, int)
-                .batched(batch_size, collation_fn=_stack_batch, partial=True))
+    pipeline = (
+        wds.WebDataset([s.url for s in source.shards], shardshuffle=len(source.shards), seed=0, empty_check=False)
+        .shuffle(shuffle_buffer)
+        .decode("pil")
+        .to_tuple("jpg;jpeg;png;webp", "cls")
+        .map_tuple(crop, int)
+        .batched(batch_size, collation_fn=_stack_batch, partial=True)
+    )
     loader = DataLoader(pipeline, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0)
     rates, _ = _rate(loader, epochs, steps=steps, what="(c) webdataset")
     return max(rates[1:] or rates)

@@ -22,7 +22,6 @@ from shardify.keys import check_ext
 __all__ = ["scan_ids", "load_json_file", "stored_ext"]
 
 
-
 def load_json_file(path: str | os.PathLike[str], *, what: str) -> object:
     """Parse a JSON file; errors name the file and what it was for."""
     try:
@@ -99,8 +98,9 @@ def scan_ids(
             samples.append(SampleSpec(name=ident, identity=ident, label=label, label_name=name, files=tuple(files)))
         for extra in sorted(set(map(str, label_map)) - wanted) if not scans else ():
             split_problems.append(Ignored(extra, "label for an ID that is in no split", "ignored"))
-        scans[split] = Scan(root=str(src_path), source="ids", samples=samples,
-                            classes=list(space.classes), problems=split_problems)
+        scans[split] = Scan(
+            root=str(src_path), source="ids", samples=samples, classes=list(space.classes), problems=split_problems
+        )
     return scans
 
 
@@ -139,6 +139,13 @@ def _files_by_id(src: Path, wanted: set[str], *, pt_to_npy: bool) -> tuple[dict[
             continue
         as_npy = pt_to_npy and ext in TENSOR_EXTS
         files_of.setdefault(ident, []).append(
-            SourceFile(ext="npy" if as_npy else ext, path=name, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                       is_image=ext in IMAGE_EXTS, transcode=PT_TO_NPY if as_npy else None))
+            SourceFile(
+                ext="npy" if as_npy else ext,
+                path=name,
+                size=st.st_size,
+                mtime_ns=st.st_mtime_ns,
+                is_image=ext in IMAGE_EXTS,
+                transcode=PT_TO_NPY if as_npy else None,
+            )
+        )
     return files_of, problems

@@ -56,8 +56,9 @@ def scan_imagefolder(root: str | os.PathLike[str], *, follow_symlinks: bool = Tr
             notes.append(f"class {name!r} (label {index}) has no images")
         samples.extend_records(data, ends, payload)
         problems += found
-    return Scan(root=str(root_path), source="imagefolder", samples=samples, classes=classes,
-                problems=problems, notes=notes)
+    return Scan(
+        root=str(root_path), source="imagefolder", samples=samples, classes=classes, problems=problems, notes=notes
+    )
 
 
 POOL_MIN_FILES = 20_000
@@ -81,8 +82,14 @@ def _scan_classes(jobs: list[_ClassJob], workers: int) -> Iterator[_ClassScan]:
     if workers < 2 or len(first[1]) * len(jobs) < POOL_MIN_FILES:
         yield from map(_scan_class, rest)
         return
-    yield from map_in_order(_scan_class, ((job,) for job in rest), workers=workers, ahead=4,
-                            method="fork" if sys.platform == "linux" else "spawn", what=f"scanning {jobs[0][0]}")
+    yield from map_in_order(
+        _scan_class,
+        ((job,) for job in rest),
+        workers=workers,
+        ahead=4,
+        method="fork" if sys.platform == "linux" else "spawn",
+        what=f"scanning {jobs[0][0]}",
+    )
 
 
 def _inside(real: str, real_root: str) -> bool:
@@ -162,8 +169,11 @@ def _scan_class(job: _ClassJob) -> _ClassScan:
             size, dot = st.st_size, rel.rfind(".")
             # what SampleTable.append stores for SampleSpec(name=stem, identity=rel, label, class
             # name, files=(SourceFile(ext, rel, size, mtime, is_image=True),))
-            records.append(pack_record(rel[:dot], rel, label, name,
-                                       ((rel[dot + 1:].lower(), rel, size, st.st_mtime_ns, True, None),)))
+            records.append(
+                pack_record(
+                    rel[:dot], rel, label, name, ((rel[dot + 1 :].lower(), rel, size, st.st_mtime_ns, True, None),)
+                )
+            )
             payload += label_bytes + member_size(size)
     return b"".join(records), array("q", accumulate(map(len, records))), payload, problems
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import marshal
 import os
-from collections import Counter
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast, overload
@@ -21,8 +21,19 @@ from shardify.errors import InputError
 from shardify.records import Records
 from shardify.tarfmt import BLOCK, member_size
 
-__all__ = ["SourceFile", "SampleSpec", "SampleTable", "pack_record", "payload_bytes", "total_payload_bytes", "Ignored", "Scan", "IMAGE_EXTENSIONS", "IMAGE_EXTS",
-           "list_input_dir"]
+__all__ = [
+    "SourceFile",
+    "SampleSpec",
+    "SampleTable",
+    "pack_record",
+    "payload_bytes",
+    "total_payload_bytes",
+    "Ignored",
+    "Scan",
+    "IMAGE_EXTENSIONS",
+    "IMAGE_EXTS",
+    "list_input_dir",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """torchvision's ``IMG_EXTENSIONS``: the files an ImageFolder takes (case-insensitive)."""
@@ -105,12 +116,14 @@ class SampleTable(Sequence[SampleSpec]):
             self.label_counts[label] += 1
         # plain tuples (marshal takes no NamedTuple); tuple() of a SourceFile types as
         # tuple[object, ...], its fields are pack_record's 6-tuple
-        plain = cast("tuple[tuple[str, str, int, int, bool, str | None], ...]",
-                     tuple(map(tuple, files)) if files else ())
+        plain = cast(
+            "tuple[tuple[str, str, int, int, bool, str | None], ...]", tuple(map(tuple, files)) if files else ()
+        )
         self._records.append(pack_record(name, identity, label, label_name, plain, inline))
 
-    def extend_records(self, data: bytes, ends: array | np.ndarray, payload: int,
-                       labels: Counter[int] | None = None) -> None:
+    def extend_records(
+        self, data: bytes, ends: array | np.ndarray, payload: int, labels: Counter[int] | None = None
+    ) -> None:
         """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
         ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the
         sum of their samples' :func:`payload_bytes`, ``labels`` their :attr:`label_counts`
@@ -182,9 +195,14 @@ class SampleTable(Sequence[SampleSpec]):
         return self._records.resident_bytes
 
 
-def pack_record(name: str, identity: str, label: int | None, label_name: str | int | None,
-                files: tuple[tuple[str, str, int, int, bool, str | None], ...] = (),
-                inline: tuple[tuple[str, bytes], ...] = ()) -> bytes:
+def pack_record(
+    name: str,
+    identity: str,
+    label: int | None,
+    label_name: str | int | None,
+    files: tuple[tuple[str, str, int, int, bool, str | None], ...] = (),
+    inline: tuple[tuple[str, bytes], ...] = (),
+) -> bytes:
     """The :class:`SampleTable` record of a sample, its files given as plain 6-tuples (every
     field of :class:`SourceFile`): what a scanner that makes no :class:`SampleSpec` stores."""
     return marshal.dumps((name, None if identity == name else identity, label, label_name, files, inline))

@@ -21,6 +21,7 @@ from shardify.errors import InputError, KeyRuleError
 
 __all__ = ["scan_listing", "scan_rows", "inline_ext"]
 
+
 def scan_listing(
     listing: str | os.PathLike[str],
     *,
@@ -51,8 +52,9 @@ def scan_listing(
     space = LabelSpace(classes=(), by_int=True, num_classes=num_classes)
     by_split: dict[str, tuple[SampleTable, list[Ignored]]] | None
     try:
-        by_split = _samples(path, fmt, base=base, default_split=default_split, space=space, has_labels=None,
-                            workers=workers)
+        by_split = _samples(
+            path, fmt, base=base, default_split=default_split, space=space, has_labels=None, workers=workers
+        )
     except (TwoPasses, InputError, KeyRuleError):
         by_split = None  # (outside the handler, so that the traceback frees what the pass made)
     if by_split is None:
@@ -65,26 +67,43 @@ def scan_listing(
                     yield row["label"]
 
         space = label_space(labels(), source=str(path), num_classes=num_classes)
-        by_split = _samples(path, fmt, base=base, default_split=default_split, space=space,
-                            has_labels=seen["labels"], workers=workers)
+        by_split = _samples(
+            path, fmt, base=base, default_split=default_split, space=space, has_labels=seen["labels"], workers=workers
+        )
     return {
         split: Scan(root=str(base), source="listing", samples=samples, classes=list(space.classes), problems=problems)
         for split, (samples, problems) in by_split.items()
     }
 
 
-def _samples(path: Path, fmt: str, *, base: Path, default_split: str, space: LabelSpace,
-             has_labels: bool | None, workers: int = 1) -> dict[str, tuple[SampleTable, list[Ignored]]]:
+def _samples(
+    path: Path,
+    fmt: str,
+    *,
+    base: Path,
+    default_split: str,
+    space: LabelSpace,
+    has_labels: bool | None,
+    workers: int = 1,
+) -> dict[str, tuple[SampleTable, list[Ignored]]]:
     """The samples and skipped rows of each split. ``has_labels`` None: the one-pass scan,
     with int labels, labelled or not as the first row is (else :class:`TwoPasses`)."""
     if listing_pool.pooled(path, fmt, workers):
-        by_split = listing_pool.scan_parts(path, base=base, default_split=default_split, space=space,
-                                           has_labels=has_labels, workers=workers)
+        by_split = listing_pool.scan_parts(
+            path, base=base, default_split=default_split, space=space, has_labels=has_labels, workers=workers
+        )
         if by_split is not None:
             return by_split
     by_split = {}
-    for split, n, sample in scan_rows(read_rows(path, fmt), path=path, base=base, default_split=default_split,
-                                      space=space, has_labels=has_labels, one_pass=has_labels is None):
+    for split, n, sample in scan_rows(
+        read_rows(path, fmt),
+        path=path,
+        base=base,
+        default_split=default_split,
+        space=space,
+        has_labels=has_labels,
+        one_pass=has_labels is None,
+    ):
         entry = by_split.get(split)
         if entry is None:
             entry = by_split[split] = (SampleTable(), [])
@@ -93,5 +112,3 @@ def _samples(path: Path, fmt: str, *, base: Path, default_split: str, space: Lab
         else:
             entry[0].append(sample)  # type: ignore[arg-type]
     return by_split
-
-

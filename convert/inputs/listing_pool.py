@@ -37,8 +37,12 @@ POOL_MIN_BYTES = 16 << 20
 PART_BYTES = 2 << 20
 """Bytes of listing per worker task (a part ends at the first line end after this)."""
 
-_Part = tuple[int, list[str], list[tuple[str, list[tuple[bytes, np.ndarray]], int, "Counter[int] | None"]],
-              list[tuple[str, int, str]]]
+_Part = tuple[
+    int,
+    list[str],
+    list[tuple[str, list[tuple[bytes, np.ndarray]], int, "Counter[int] | None"]],
+    list[tuple[str, int, str]],
+]
 """A part's ``(lines, splits in order of first use, [(split, record spans, payload bytes,
 label counts)], [(split, line, reason)])``."""
 _job: tuple[Path, Path, str, LabelSpace, bool, bool] | None = None
@@ -59,8 +63,9 @@ def pooled(path: Path, fmt: str, workers: int) -> bool:
         return False  # the one-process scan says why it cannot be read
 
 
-def scan_parts(path: Path, *, base: Path, default_split: str, space: LabelSpace, has_labels: bool | None,
-               workers: int) -> dict[str, tuple[SampleTable, list[Ignored]]] | None:
+def scan_parts(
+    path: Path, *, base: Path, default_split: str, space: LabelSpace, has_labels: bool | None, workers: int
+) -> dict[str, tuple[SampleTable, list[Ignored]]] | None:
     """What the one-process scan gives, read in parts by ``workers`` processes; None: the
     listing has an error (or no row), for the one-process scan to raise."""
     one_pass = has_labels is None
@@ -78,9 +83,15 @@ def scan_parts(path: Path, *, base: Path, default_split: str, space: LabelSpace,
     bounds = _part_bounds(path)
     by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
     lines_before = 0
-    parts = map_in_order(_scan_part, bounds, workers=min(worker_count(workers), len(bounds)), method="fork",
-                         what=f"scanning {path}", initializer=_start,
-                         initargs=((path, base, default_split, space, bool(has_labels), one_pass),))
+    parts = map_in_order(
+        _scan_part,
+        bounds,
+        workers=min(worker_count(workers), len(bounds)),
+        method="fork",
+        what=f"scanning {path}",
+        initializer=_start,
+        initargs=((path, base, default_split, space, bool(has_labels), one_pass),),
+    )
     try:
         for lines, splits, samples, problems in parts:
             for split in splits:
@@ -141,9 +152,15 @@ def _scan_part(lo: int, hi: int) -> _Part:
         with open(path, "rb") as f:
             raw = os.pread(f.fileno(), hi - lo, lo)
         text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
-        for split, n, sample in scan_rows(json_rows(lines(text), path), path=path, base=base,
-                                          default_split=default_split, space=space, has_labels=has_labels,
-                                          one_pass=one_pass):
+        for split, n, sample in scan_rows(
+            json_rows(lines(text), path),
+            path=path,
+            base=base,
+            default_split=default_split,
+            space=space,
+            has_labels=has_labels,
+            one_pass=one_pass,
+        ):
             table = tables.get(split)
             if table is None:
                 table = tables[split] = SampleTable(spill_bytes=1 << 62)  # a part's: a few MB
@@ -154,6 +171,9 @@ def _scan_part(lo: int, hi: int) -> _Part:
                 table.append(sample)  # type: ignore[arg-type]
     except (InputError, KeyRuleError, OSError, UnicodeDecodeError) as e:
         raise _PartFailed(f"{path}: bytes {lo}..{hi}: {e}") from None
-    samples = [(split, [(bytes(data), ends) for data, ends in table.spans()], table.payload_bytes, table.label_counts)
-               for split, table in tables.items() if len(table)]
+    samples = [
+        (split, [(bytes(data), ends) for data, ends in table.spans()], table.payload_bytes, table.label_counts)
+        for split, table in tables.items()
+        if len(table)
+    ]
     return counted[0], splits, samples, problems

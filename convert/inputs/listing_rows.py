@@ -88,8 +88,14 @@ class TwoPasses(Exception):
 
 
 def scan_rows(
-    rows: Iterable[tuple[int, dict[str, object]]], *, path: Path, base: Path, default_split: str,
-    space: LabelSpace, has_labels: bool | None, one_pass: bool,
+    rows: Iterable[tuple[int, dict[str, object]]],
+    *,
+    path: Path,
+    base: Path,
+    default_split: str,
+    space: LabelSpace,
+    has_labels: bool | None,
+    one_pass: bool,
 ) -> Iterator[tuple[str, int, SampleSpec | str]]:
     """``(split, line, sample)`` of each row, or ``(split, line, reason)`` for a row skipped.
     ``one_pass``: only int labels, and labelled or not as ``has_labels`` (None: as the first

@@ -18,12 +18,29 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-__all__ = ["IMAGE_FIELDS", "ImageInfo", "ImageCheckError", "sniff_ext", "check_image", "transcode_jpeg", "FORMAT_EXT",
-           "describe_error", "check_head", "SNIFF_BYTES", "JPEG_MAX_JUNK"]
+__all__ = [
+    "IMAGE_FIELDS",
+    "ImageInfo",
+    "ImageCheckError",
+    "sniff_ext",
+    "check_image",
+    "transcode_jpeg",
+    "FORMAT_EXT",
+    "describe_error",
+    "check_head",
+    "SNIFF_BYTES",
+    "JPEG_MAX_JUNK",
+]
 
 FORMAT_EXT = {
-    "JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif",
-    "TIFF": "tiff", "PPM": "ppm",
+    "JPEG": "jpg",
+    "MPO": "jpg",
+    "PNG": "png",
+    "WEBP": "webp",
+    "BMP": "bmp",
+    "GIF": "gif",
+    "TIFF": "tiff",
+    "PPM": "ppm",
 }
 """Pillow format name -> the extension a member of that content is stored under."""
 IMAGE_FIELDS = frozenset({*FORMAT_EXT.values(), "pgm", "pbm"})
@@ -218,8 +235,9 @@ def check_image(data: bytes, *, full: bool = False) -> ImageInfo:
                 except Exception as e:
                     if whole:
                         raise
-                    raise ImageCheckError(f"truncated {info.ext} ({_CUT_SHORT.get(info.ext, 'no end marker')}): "
-                                          f"{describe_error(e)}") from e
+                    raise ImageCheckError(
+                        f"truncated {info.ext} ({_CUT_SHORT.get(info.ext, 'no end marker')}): {describe_error(e)}"
+                    ) from e
             elif not whole:
                 raise ImageCheckError(f"truncated {info.ext} ({_CUT_SHORT.get(info.ext, 'no end marker')})")
     except ImageCheckError:

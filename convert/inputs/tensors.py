@@ -34,16 +34,23 @@ def pt_to_npy(data: bytes, *, path: str, key: str, identity: str) -> bytes:
     except pickle.UnpicklingError as e:
         found = _GLOBAL.search(str(e))
         if found is None:
-            raise InputError(f"{where}: cannot load as a torch file with weights_only=True: {_detail(e)}",
-                             path=path, key=key) from e
-        raise InputError(f"{where}: torch.load(weights_only=True) refused it: it holds a pickled object "
-                         f"({found.group(1)}), not only tensors; --pt-to-npy stores plain tensors only",
-                         path=path, key=key) from e
+            raise InputError(
+                f"{where}: cannot load as a torch file with weights_only=True: {_detail(e)}", path=path, key=key
+            ) from e
+        raise InputError(
+            f"{where}: torch.load(weights_only=True) refused it: it holds a pickled object "
+            f"({found.group(1)}), not only tensors; --pt-to-npy stores plain tensors only",
+            path=path,
+            key=key,
+        ) from e
     except Exception as e:  # noqa: BLE001 - a damaged zip or pickle raises many types
         raise InputError(f"{where}: cannot load as a torch file: {type(e).__name__}: {e}", path=path, key=key) from e
     if not isinstance(obj, torch.Tensor):
-        raise InputError(f"{where}: holds a {type(obj).__name__}, not one tensor; --pt-to-npy stores a single "
-                         "tensor per file", path=path, key=key)
+        raise InputError(
+            f"{where}: holds a {type(obj).__name__}, not one tensor; --pt-to-npy stores a single tensor per file",
+            path=path,
+            key=key,
+        )
     try:
         return encode_tensor(obj)
     except ArrayFormatError as e:
@@ -57,8 +64,11 @@ _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 def _detail(e: BaseException) -> str:
     """The informative line of torch's long weights-only error (the last that is not advice)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().endswith(":")]
-    useful = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Check the documentation",
-                                                       "Please file", "(1)", "(2)"))]
+    useful = [
+        ln
+        for ln in lines
+        if not ln.startswith(("Weights only load failed", "Check the documentation", "Please file", "(1)", "(2)"))
+    ]
     return (useful or lines or [type(e).__name__])[-1][:200]
 
 

@@ -78,8 +78,9 @@ class ChunkOut(NamedTuple):
 class ChunkRunner:
     """Calls ``fn`` on each item of a chunk and encodes the sample; picklable if ``fn`` is."""
 
-    def __init__(self, fn: Callable[[Any], Mapping[str, object] | None], values: ValueOptions,
-                 classes: tuple[str, ...]) -> None:
+    def __init__(
+        self, fn: Callable[[Any], Mapping[str, object] | None], values: ValueOptions, classes: tuple[str, ...]
+    ) -> None:
         self.fn = fn
         self.values = values
         self.classes = classes
@@ -140,11 +141,12 @@ class Slots:
 
     def view(self, slot: int, length: int) -> memoryview:
         start = slot * self.size
-        return memoryview(self.mem)[start:start + length]
+        return memoryview(self.mem)[start : start + length]
 
 
-def pack(slots: Slots | None, slot: int | None, outcomes: list[Outcome],
-         parts: list[bytes]) -> ChunkOut | tuple[list[Outcome], int]:
+def pack(
+    slots: Slots | None, slot: int | None, outcomes: list[Outcome], parts: list[bytes]
+) -> ChunkOut | tuple[list[Outcome], int]:
     """In a worker: ``(outcomes, length)`` with the chunk's bytes copied into ``slot``, or a
     ChunkOut holding them when there is no slot or they do not fit."""
     total = sum(len(p) for p in parts)
@@ -161,11 +163,13 @@ def pack(slots: Slots | None, slot: int | None, outcomes: list[Outcome],
 
 def died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
     if not chunks:
-        return WorkerError(f"a worker process died: {type(cause).__name__}: {cause}; "
-                           "finished shards are kept, rerun to resume")
+        return WorkerError(
+            f"a worker process died: {type(cause).__name__}: {cause}; finished shards are kept, rerun to resume"
+        )
     first, last = chunks[0], chunks[-1]
     end = last.start + len(last.items) - 1
-    return WorkerError(f"a worker process died running fn on the items at positions {first.start}..{end} "
-                       f"(first: {item_repr(first.items[0])}): {type(cause).__name__}: {cause}; "
-                       "finished shards are kept, rerun to resume")
-
+    return WorkerError(
+        f"a worker process died running fn on the items at positions {first.start}..{end} "
+        f"(first: {item_repr(first.items[0])}): {type(cause).__name__}: {cause}; "
+        "finished shards are kept, rerun to resume"
+    )

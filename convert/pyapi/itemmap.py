@@ -25,8 +25,15 @@ from shardify.convert.pyapi.supervise import Limits, map_supervised
 __all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "map_ordered", "item_repr", "pack", "died"]
 
 
-def map_ordered(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, engine: str,
-                ray_address: str | None = None, limits: Limits | None = None) -> Iterator[tuple[Chunk, ChunkOut]]:
+def map_ordered(
+    runner: ChunkRunner,
+    chunks: Iterable[Chunk],
+    *,
+    workers: int,
+    engine: str,
+    ray_address: str | None = None,
+    limits: Limits | None = None,
+) -> Iterator[tuple[Chunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, computed ``workers`` at a time.
 
     ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
@@ -68,8 +75,9 @@ def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> 
     ctx = mp.get_context("fork" if fork else "spawn")
     window = 2 * workers
     slots = Slots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                initargs=(runner, slots)) as pool:
+    with cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(runner, slots)
+    ) as pool:
 
         def submit(chunk: Chunk) -> tuple[int | None, cf.Future[Any]]:
             slot = slots.free.pop() if slots is not None else None
@@ -97,12 +105,15 @@ def _check_picklable(runner: ChunkRunner) -> None:
     try:
         pickle.dumps(runner)
     except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing here
-        raise TypeError(f"fn must be picklable to run in worker processes on {sys.platform} "
-                        f"(a module-level function, not a lambda): {e}") from e
+        raise TypeError(
+            f"fn must be picklable to run in worker processes on {sys.platform} "
+            f"(a module-level function, not a lambda): {e}"
+        ) from e
 
 
-def _map_ray(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None,
-             limits: Limits | None = None) -> Iterator[tuple[Chunk, ChunkOut]]:
+def _map_ray(
+    runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None, limits: Limits | None = None
+) -> Iterator[tuple[Chunk, ChunkOut]]:
     from shardify.convert.write.engine_ray import ray_session  # deferred: Ray is an optional extra
 
     with ray_session(address) as ray:
@@ -130,4 +141,3 @@ def _call_runner(runner: ChunkRunner, chunk: Chunk, limits: Limits | None = None
     for _, out in map_supervised(runner, [chunk], workers=1, limits=limits):
         return ChunkOut(out.outcomes, bytes(out.data))
     raise RuntimeError("the supervised worker returned nothing")  # pragma: no cover
-

@@ -111,8 +111,11 @@ class ItemsOptions(WriteOptions):
         return worker_count(self.workers)
 
     def shaping(self) -> dict[str, Any]:
-        limits = {name: value for name, value in (("item_timeout", self.item_timeout),
-                                                  ("max_worker_memory", self.max_worker_memory)) if value is not None}
+        limits = {
+            name: value
+            for name, value in (("item_timeout", self.item_timeout), ("max_worker_memory", self.max_worker_memory))
+            if value is not None
+        }
         return {**super().shaping(), "shuffle": self.shuffle, "seed": self.seed, **limits}
 
     @property
@@ -177,9 +180,14 @@ def load_function(spec: str) -> Callable[[Any], Mapping[str, object] | None]:
     return obj
 
 
-def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None],
-                  out: str | os.PathLike[str], *, options: ItemsOptions | None = None,
-                  **overrides: Any) -> SplitSummary:
+def convert_items(
+    items: Iterable[Any],
+    fn: Callable[[Any], Mapping[str, object] | None],
+    out: str | os.PathLike[str],
+    *,
+    options: ItemsOptions | None = None,
+    **overrides: Any,
+) -> SplitSummary:
     """Write ``fn(item)`` for every item into split ``split`` of ``out``; return the summary.
 
     ``fn`` returns a sample dict (see :mod:`shardify.convert.pyapi.values`) or None to filter the
@@ -189,11 +197,14 @@ def convert_items(items: Iterable[Any], fn: Callable[[Any], Mapping[str, object]
     """
     o = replace(options or ItemsOptions(), **overrides)
     if o.shuffle and not isinstance(items, Sequence):
-        raise ValueError(f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
-                         "pass a list or keep the input order")
+        raise ValueError(
+            f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
+            "pass a list or keep the input order"
+        )
     fingerprint = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
-    fs, lock = open_locked(out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options,
-                           finishing=resumes_listed(fingerprint))
+    fs, lock = open_locked(
+        out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options, finishing=resumes_listed(fingerprint)
+    )
     with holding(fs, lock):
         return _Run(items, fn, fs, o).run()
 
@@ -206,9 +217,19 @@ def _fn_name(fn: Callable[..., Any]) -> str:
 def _fingerprint(o: ItemsOptions, fn: Callable[..., Any], count: int | None) -> str:
     """Equal fingerprints: the same items give the same output (fn's own bytecode included)."""
     code = getattr(getattr(fn, "func", fn), "__code__", None)
-    h = hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__,
-                                   "options": o.shaping(), "classes": list(o.classes), "fn": _fn_name(fn),
-                                   "count": count}, sort_keys=True).encode())
+    h = hashlib.sha256(
+        json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "converter": __version__,
+                "options": o.shaping(),
+                "classes": list(o.classes),
+                "fn": _fn_name(fn),
+                "count": count,
+            },
+            sort_keys=True,
+        ).encode()
+    )
     if code is not None:
         h.update(code.co_code)
     return h.hexdigest()
@@ -238,8 +259,9 @@ class _Open:
 class _Run:
     """One call of :func:`convert_items` on a locked output."""
 
-    def __init__(self, items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None], fs: OutputFS,
-                 o: ItemsOptions) -> None:
+    def __init__(
+        self, items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None], fs: OutputFS, o: ItemsOptions
+    ) -> None:
         self.items, self.fn, self.fs, self.o = items, fn, fs, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
@@ -261,16 +283,31 @@ class _Run:
         self.pos = resume_at
         self.open = _Open(start=resume_at)
         guard, listed_shards = listed_guard(self.fs, o.split, self.version)
-        stream = ShardStream(self.fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                             fsync=o.fsync, first=len(reused), on_shard=self._finished, version=self.version,
-                             chunk=o.chunk, before_rename=guard)
-        bar = ProgressBar(total=self.count, desc=o.split, enabled=o.progress, done=resume_at,
-                          done_bytes=sum(r.filesize for r in self.results))
+        stream = ShardStream(
+            self.fs,
+            o.split,
+            shard_size=o.size_bound,
+            samples_per_shard=o.samples_per_shard,
+            fsync=o.fsync,
+            first=len(reused),
+            on_shard=self._finished,
+            version=self.version,
+            chunk=o.chunk,
+            before_rename=guard,
+        )
+        bar = ProgressBar(
+            total=self.count,
+            desc=o.split,
+            enabled=o.progress,
+            done=resume_at,
+            done_bytes=sum(r.filesize for r in self.results),
+        )
         runner = ChunkRunner(self.fn, o.values, o.classes)
         chunks = self._chunks(source)
         try:
-            for chunk, out in map_ordered(runner, chunks, workers=o.num_workers, engine=o.engine,
-                                          ray_address=o.ray_address, limits=o.limits):
+            for chunk, out in map_ordered(
+                runner, chunks, workers=o.num_workers, engine=o.engine, ray_address=o.ray_address, limits=o.limits
+            ):
                 offset = 0
                 for j, got in enumerate(out.outcomes):
                     self.pos = chunk.start + j
@@ -289,10 +326,18 @@ class _Run:
             bar.close()
         skipped = [p for r in self.results for p in r.skipped] + stream.skipped
         filtered = sum(self._filtered_counts) + self.open.filtered
-        index = finish_split(self.fs, o.split, self.results, classes=o.classes, skipped=skipped, ignored=[],
-                             ignored_counts={FILTERED: filtered} if filtered else None,
-                             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()), version=stream.version,
-                             chunk=o.chunk)
+        index = finish_split(
+            self.fs,
+            o.split,
+            self.results,
+            classes=o.classes,
+            skipped=skipped,
+            ignored=[],
+            ignored_counts={FILTERED: filtered} if filtered else None,
+            converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()),
+            version=stream.version,
+            chunk=o.chunk,
+        )
         publish_splits(self.fs, {o.split: index})
         return split_summary(index, skipped, reused=len(reused), seconds=time.monotonic() - started)
 
@@ -315,8 +360,9 @@ class _Run:
             yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
-    def _take(self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes | memoryview,
-              offset: int) -> None:
+    def _take(
+        self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes | memoryview, offset: int
+    ) -> None:
         """Write, skip or count one outcome; a sample's bytes are ``data[offset:offset + got.size]``."""
         index, item = chunk.indexes[j], chunk.items[j]
         if got.encode_error is not None:
@@ -340,11 +386,19 @@ class _Run:
         """A shard was renamed into place: record what it covers (positions start..pos-1)."""
         o = self.open
         stop = self.pos
-        record = {**result.to_record(), "start": o.start, "stop": stop, "digest": o.hash.hexdigest(),
-                  "keys": o.keys, "indexes": o.indexes, "filtered": o.filtered}
+        record = {
+            **result.to_record(),
+            "start": o.start,
+            "stop": stop,
+            "digest": o.hash.hexdigest(),
+            "keys": o.keys,
+            "indexes": o.indexes,
+            "filtered": o.filtered,
+        }
         # compact (C encoder): a record lists every key of its shard
-        self.fs.write_atomic(record_name(self.o.split, result.index),
-                             json.dumps(record, separators=(",", ":")).encode("ascii"))
+        self.fs.write_atomic(
+            record_name(self.o.split, result.index), json.dumps(record, separators=(",", ":")).encode("ascii")
+        )
         self.results.append(result)
         self._filtered_counts.append(o.filtered)
         self.open = _Open(start=stop)
@@ -385,4 +439,6 @@ class _Run:
                 raise InputError(
                     f"the items at positions {r['start']}..{r['stop'] - 1} differ from those of the interrupted "
                     "run this output was resuming (items must be iterable again in the same order); "
-                    "its work records were removed: run again to start over", path=str(self.fs.location))
+                    "its work records were removed: run again to start over",
+                    path=str(self.fs.location),
+                )

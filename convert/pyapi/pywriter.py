@@ -81,8 +81,13 @@ class WriteOptions:
 
     def shaping(self) -> dict[str, Any]:
         """The options that decide the output bytes; recorded in the split index."""
-        return {"split": self.split, "shard_size": self.size_bound, "samples_per_shard": self.samples_per_shard,
-                "quality": self.values.quality, **({} if self.chunk is None else {"chunk": self.chunk})}
+        return {
+            "split": self.split,
+            "shard_size": self.size_bound,
+            "samples_per_shard": self.samples_per_shard,
+            "quality": self.values.quality,
+            **({} if self.chunk is None else {"chunk": self.chunk}),
+        }
 
 
 class KeyRegistry:
@@ -95,8 +100,9 @@ class KeyRegistry:
     def add(self, key: str, index: int) -> None:
         first = self.owner.setdefault(key, index)
         if first != index:
-            raise KeyRuleError(f"{self.noun} {index} and {self.noun} {first} have the same key {key!r}; "
-                               "keys must be unique in a split")
+            raise KeyRuleError(
+                f"{self.noun} {index} and {self.noun} {first} have the same key {key!r}; keys must be unique in a split"
+            )
 
 
 def check_label(members: list[tuple[str, bytes]], classes: Sequence[str]) -> None:
@@ -110,8 +116,9 @@ def check_label(members: list[tuple[str, bytes]], classes: Sequence[str]) -> Non
             except ValueError:
                 raise EncodeError(f"field 'cls': {data[:20]!r} is not an int label") from None
             if not 0 <= label < len(classes):
-                raise EncodeError(f"field 'cls': label {label} is outside 0..{len(classes) - 1} "
-                                  f"({len(classes)} classes)")
+                raise EncodeError(
+                    f"field 'cls': label {label} is outside 0..{len(classes) - 1} ({len(classes)} classes)"
+                )
 
 
 class ShardWriter:
@@ -153,18 +160,32 @@ class ShardWriter:
             raise RuntimeError("this ShardWriter is already open")
         o = self.options
         fingerprint = _fingerprint(o)
-        self._fs, self._lock = open_locked(self.out, [o.split], overwrite=o.overwrite,
-                                           storage_options=o.storage_options, finishing=resumes_listed(fingerprint))
+        self._fs, self._lock = open_locked(
+            self.out,
+            [o.split],
+            overwrite=o.overwrite,
+            storage_options=o.storage_options,
+            finishing=resumes_listed(fingerprint),
+        )
         try:
-            version = begin_version(self._fs, o.split, fingerprint, listed=listed_version(self._fs, o.split),
-                                    kind="writer")
+            version = begin_version(
+                self._fs, o.split, fingerprint, listed=listed_version(self._fs, o.split), kind="writer"
+            )
             guard, self._listed_shards = listed_guard(self._fs, o.split, version)
         except BaseException:
             self._release()
             raise
-        self._stream = ShardStream(self._fs, o.split, shard_size=o.size_bound, samples_per_shard=o.samples_per_shard,
-                                   fsync=o.fsync, on_shard=self._results.append, version=version, chunk=o.chunk,
-                                   before_rename=guard)
+        self._stream = ShardStream(
+            self._fs,
+            o.split,
+            shard_size=o.size_bound,
+            samples_per_shard=o.samples_per_shard,
+            fsync=o.fsync,
+            on_shard=self._results.append,
+            version=version,
+            chunk=o.chunk,
+            before_rename=guard,
+        )
         self._started = time.monotonic()
 
     def write(self, sample: Mapping[str, object]) -> str:
@@ -197,9 +218,17 @@ class ShardWriter:
                 if stream.before_rename is not None and len(self._results) != self._listed_shards:
                     stream.before_rename(len(self._results), 0, "")  # fewer shards than the listed version: refused
                 o = self.options
-                index = finish_split(fs, o.split, self._results, classes=o.classes, skipped=stream.skipped,
-                                     ignored=[], converter=converter_info("python", o.shaping()), version=stream.version,
-                                     chunk=o.chunk)
+                index = finish_split(
+                    fs,
+                    o.split,
+                    self._results,
+                    classes=o.classes,
+                    skipped=stream.skipped,
+                    ignored=[],
+                    converter=converter_info("python", o.shaping()),
+                    version=stream.version,
+                    chunk=o.chunk,
+                )
                 publish_splits(fs, {o.split: index})
                 self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
                 return self.summary
@@ -231,21 +260,37 @@ def who(sample: object, index: int, noun: str = "sample") -> str:
 def converter_info(source: str, shaping: dict[str, Any]) -> dict[str, Any]:
     """The split index's ``converter`` section for a split written from Python."""
     version = FORMAT_VERSION if shaping.get("chunk") is None else CHUNKED_FORMAT_VERSION
-    return {"name": "shardify", "version": __version__, "format_version": version,
-            "source": source, "options": shaping}
+    return {"name": "shardify", "version": __version__, "format_version": version, "source": source, "options": shaping}
 
 
 def split_summary(index: SplitIndex, skipped: Sequence[Ignored], *, reused: int, seconds: float) -> SplitSummary:
     """A :class:`~shardify.convert.write.run.SplitSummary` of a split written from Python."""
-    return SplitSummary(split=index.split, samples=index.num_samples, shards=len(index.shards), bytes=index.num_bytes,
-                        skipped=list(skipped), ignored=dict(index.ignored), notes=[], reused_shards=reused,
-                        seconds=seconds)
+    return SplitSummary(
+        split=index.split,
+        samples=index.num_samples,
+        shards=len(index.shards),
+        bytes=index.num_bytes,
+        skipped=list(skipped),
+        ignored=dict(index.ignored),
+        notes=[],
+        reused_shards=reused,
+        seconds=seconds,
+    )
 
 
 def _fingerprint(o: WriteOptions) -> str:
     """What makes a ShardWriter's output: the format, the converter and the shaping options.
     The samples come later, so a rewrite with other samples gets a new version by chaining
     (:func:`~shardify.convert.write.versions.begin_version`)."""
-    return hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__, "writer": "python",
-                                      "options": o.shaping(), "classes": list(o.classes)},
-                                     sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "converter": __version__,
+                "writer": "python",
+                "options": o.shaping(),
+                "classes": list(o.classes),
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()

@@ -131,7 +131,7 @@ class _Pool:
             self.workers.append(self._start(w))
 
     def _start(self, w: int) -> _Worker:
-        self.progress[_W * w: _W * w + _W] = [0.0, 0.0, -1.0, -1.0]
+        self.progress[_W * w : _W * w + _W] = [0.0, 0.0, -1.0, -1.0]
         parent, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=_serve, args=(child, self.runner, self.slots, self.progress, w), daemon=True)
         proc.start()
@@ -178,8 +178,9 @@ class _Pool:
                 wk.proc.join()
 
 
-def map_supervised(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int,
-                   limits: Limits) -> Iterator[tuple[Chunk, ChunkOut]]:
+def map_supervised(
+    runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, limits: Limits
+) -> Iterator[tuple[Chunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, ``workers`` at a time, under ``limits``."""
     window = 2 * workers
     slots = Slots(window)
@@ -242,8 +243,9 @@ def _collect(pool: _Pool, results: dict[int, ChunkOut], slots: Slots) -> None:
     busy = [wk for wk in pool.workers if wk.tasks]
     if not busy:
         return
-    ready = set(multiprocessing.connection.wait([wk.conn for wk in busy] + [wk.proc.sentinel for wk in busy],
-                                                timeout=POLL_S))
+    ready = set(
+        multiprocessing.connection.wait([wk.conn for wk in busy] + [wk.proc.sentinel for wk in busy], timeout=POLL_S)
+    )
     for wk in busy:
         if wk.conn in ready:
             while wk.tasks and wk.conn.poll():
@@ -253,8 +255,9 @@ def _collect(pool: _Pool, results: dict[int, ChunkOut], slots: Slots) -> None:
                 except (EOFError, OSError) as e:
                     raise died([task.chunk], e) from e
                 wk.tasks.popleft()
-                results[task.seq] = got if isinstance(got, ChunkOut) else ChunkOut(got[0],
-                                                                                   slots.view(task.slot, got[1]))
+                results[task.seq] = (
+                    got if isinstance(got, ChunkOut) else ChunkOut(got[0], slots.view(task.slot, got[1]))
+                )
         elif wk.proc.sentinel in ready:
             wk.proc.join()
             cause = WorkerError(f"exit code {wk.proc.exitcode}")

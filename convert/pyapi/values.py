@@ -97,8 +97,9 @@ def _encode_image(value: Any, kind: str, options: ValueOptions) -> bytes:
 
     if isinstance(value, np.ndarray):
         if value.dtype != np.uint8 or not (value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (3, 4))):
-            raise EncodeError(f"an image array should be uint8 HxW, HxWx3 or HxWx4, found {value.dtype} "
-                              f"{tuple(value.shape)}")
+            raise EncodeError(
+                f"an image array should be uint8 HxW, HxWx3 or HxWx4, found {value.dtype} {tuple(value.shape)}"
+            )
         value = Image.fromarray(value)
     fmt = _IMAGE_FORMATS[kind]
     if fmt == "PPM":  # pre-decoded pixels, as --raw-pixels stores them: the reader crops without decoding
@@ -131,8 +132,9 @@ def encode_value(field: str, value: object, options: ValueOptions) -> bytes:
     kind = field.rpartition(".")[2]
     if kind == "json":
         if not isinstance(value, _JSON_TYPES):
-            raise EncodeError(f"a {type(value).__name__} is not JSON; a '.json' field takes "
-                              "dict, list, str, int, float, bool or None")
+            raise EncodeError(
+                f"a {type(value).__name__} is not JSON; a '.json' field takes dict, list, str, int, float, bool or None"
+            )
         try:
             return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError) as e:
@@ -151,8 +153,7 @@ def encode_value(field: str, value: object, options: ValueOptions) -> bytes:
             return _as_npy(npy.encode_tensor, value)
     elif _is_pil(value) and kind in _IMAGE_FORMATS:
         return _encode_image(value, kind, options)
-    raise EncodeError(f"cannot store a {type(value).__module__}.{type(value).__qualname__} here: "
-                      f"{_hint(type(value))}")
+    raise EncodeError(f"cannot store a {type(value).__module__}.{type(value).__qualname__} here: {_hint(type(value))}")
 
 
 def _hint(kind: type) -> str:
@@ -167,8 +168,10 @@ def _hint(kind: type) -> str:
         return "numbers, dicts and lists go in '*.json' fields"
     if kind.__module__.startswith("PIL."):
         return "images go in jpg, jpeg, png, webp or ppm fields"
-    return "supported values are bytes, str, int (cls), JSON values (*.json), numpy arrays (*.npy), " \
-           "torch tensors (*.pt) and PIL images (jpg/png/webp)"
+    return (
+        "supported values are bytes, str, int (cls), JSON values (*.json), numpy arrays (*.npy), "
+        "torch tensors (*.pt) and PIL images (jpg/png/webp)"
+    )
 
 
 def sample_key(sample: Mapping[str, object], index: int) -> tuple[str, str | None]:
@@ -188,8 +191,9 @@ def sample_key(sample: Mapping[str, object], index: int) -> tuple[str, str | Non
     return key, (given if rewritten else None)
 
 
-def encode_sample(sample: Mapping[str, object], key: str, original: str | None,
-                  options: ValueOptions) -> list[tuple[str, bytes]]:
+def encode_sample(
+    sample: Mapping[str, object], key: str, original: str | None, options: ValueOptions
+) -> list[tuple[str, bytes]]:
     """The ``(ext, bytes)`` members of ``sample``, sorted by extension.
 
     ``__*__`` entries other than ``__key__`` (``__url__`` of a sample read elsewhere) are not

@@ -3,7 +3,8 @@
 The engine only executes; what to write was decided by the plan. At most two tasks per
 worker are in flight, so tasks made lazily keep memory bounded. Results arrive in any
 order (the caller sorts them), progress is counted in shared memory and shown by
-:func:`shardify.progress.progress_bar` (stderr, when a terminal), and the first failure cancels the rest and is raised in the caller.
+:func:`shardify.progress.progress_bar` (stderr, when a terminal), and the first failure cancels the rest and is
+raised in the caller.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def run_local(
     counters = ctx.Array("q", [bar.samples, bar.nbytes])
     workers = min(workers, len(tasks))
     queued = iter(tasks)  # tasks are made (and their samples held) only when submitted
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                initializer=_init_worker, initargs=(counters,)) as pool:
+    with cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counters,)
+    ) as pool:
         pending: set[cf.Future[ShardResult]] = set()
         try:
             while True:

@@ -56,8 +56,13 @@ def ray_session(address: str | None) -> Iterator[Any]:
     ray = _ray()
     started_here = False
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True, configure_logging=False)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            configure_logging=False,
+        )
         started_here = True
     try:
         yield ray

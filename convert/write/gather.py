@@ -94,7 +94,7 @@ class GatherFile:
         if done < total:  # a short write (a signal, or the disk filling up): write the rest
             rest = memoryview(b"".join(parts))[done:]  # bytes.join takes any buffer
             while rest:
-                rest = rest[os.write(self._fd, rest):]
+                rest = rest[os.write(self._fd, rest) :]
         self._written += total
         if self._write_behind and self._written - self._behind >= WRITE_BEHIND_BYTES:
             self._write_behind = start_writeback(self._fd, self._behind, self._written - self._behind)
@@ -115,6 +115,7 @@ class GatherFile:
     def __enter__(self) -> GatherFile:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

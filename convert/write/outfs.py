@@ -18,8 +18,19 @@ from shardify.convert.write.gather import GatherFile
 from shardify.errors import OutputError
 from shardify.manifest import write_bytes_atomic
 
-__all__ = ["OutputFS", "LocalFS", "FsspecFS", "OutputLock", "is_locked", "open_output", "is_url", "backend_reason",
-           "WORK_DIR", "output_failed", "undone_on_failure"]
+__all__ = [
+    "OutputFS",
+    "LocalFS",
+    "FsspecFS",
+    "OutputLock",
+    "is_locked",
+    "open_output",
+    "is_url",
+    "backend_reason",
+    "WORK_DIR",
+    "output_failed",
+    "undone_on_failure",
+]
 
 WORK_DIR = ".shardify-work"
 """The folder of an unfinished conversion's progress (records of finished shards, the lock)."""
@@ -184,8 +195,9 @@ class FsspecFS(OutputFS):
         try:
             self.fs, self.path = fsspec.core.url_to_fs(self.location, **dict(storage_options or {}))
         except ImportError as e:
-            raise OutputError(f"{self.location}: no storage backend for this URL ({e}); "
-                              "for s3:// install 'shardify[s3]'") from e
+            raise OutputError(
+                f"{self.location}: no storage backend for this URL ({e}); for s3:// install 'shardify[s3]'"
+            ) from e
         protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
         self.object_store = bool(_OBJECT_STORES.intersection(protocols))
         self.local = False
@@ -245,8 +257,10 @@ class FsspecFS(OutputFS):
         try:
             self.fs.info(bucket)
         except FileNotFoundError as e:
-            raise OutputError(f"{self.location}: bucket {bucket!r} does not exist (or is not visible with "
-                              "these credentials); create it first") from e
+            raise OutputError(
+                f"{self.location}: bucket {bucket!r} does not exist (or is not visible with "
+                "these credentials); create it first"
+            ) from e
         except Exception as e:  # the backend's own errors (botocore's have no common base with OSError)
             raise OutputError(f"{self.location}: cannot reach the store: {backend_reason(e)}") from e
 

@@ -32,8 +32,17 @@ from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
 
-__all__ = ["PlannedSample", "ShardPlan", "SplitPlan", "plan_split", "plan_order", "metadata_json",
-           "metadata_needed", "shuffle_order", "PERMUTE_MIN_SAMPLES"]
+__all__ = [
+    "PlannedSample",
+    "ShardPlan",
+    "SplitPlan",
+    "plan_split",
+    "plan_order",
+    "metadata_json",
+    "metadata_needed",
+    "shuffle_order",
+    "PERMUTE_MIN_SAMPLES",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +115,13 @@ class SplitPlan:
         start = self._starts[index]
         positions = _positions(self.order, start, start + self.shard_sizes[index])
         specs, keys = SampleTable(spill_bytes=_NEVER), KeyList(spill_bytes=_NEVER)  # sent whole to a writer
-        for spec in (self.specs.take(positions) if isinstance(self.specs, SampleTable)
-                     else (self.specs[i] for i in positions)):
+        for spec in (
+            self.specs.take(positions) if isinstance(self.specs, SampleTable) else (self.specs[i] for i in positions)
+        ):
             specs.append(spec)
-        keys.extend(list(self.keys.take(positions)) if isinstance(self.keys, KeyList)
-                    else [self.keys[i] for i in positions])
+        keys.extend(
+            list(self.keys.take(positions)) if isinstance(self.keys, KeyList) else [self.keys[i] for i in positions]
+        )
         return ShardPlan(index, specs, keys, self.shard_bytes[index], self.metadata, self.classes)
 
     @functools.cached_property
@@ -139,8 +150,11 @@ def metadata_json(spec: SampleSpec) -> bytes:
         head += '"files":{' + ",".join(f"{_string(ext)}:{_string(by_ext[ext])}" for ext in sorted(by_ext)) + "},"
     label = spec.label_name
     if label is not None:
-        head += '"label":' + (_string(label) if type(label) is str
-                              else str(label) if type(label) is int else _compact(label)) + ","
+        head += (
+            '"label":'
+            + (_string(label) if type(label) is str else str(label) if type(label) is int else _compact(label))
+            + ","
+        )
     return (head + '"path":' + _string(identity) + "}").encode("ascii")
 
 
@@ -231,13 +245,25 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     processes, a chunk of the samples each; the plan is the same with any number.
     """
     specs: Sequence[SampleSpec] = scan.samples
-    keys = assign_keys(_Column(specs, "name"), identities=_Column(specs, "identity"),
-                       candidates=_in_order(_key_chunk, specs, len(specs), options.workers))
+    keys = assign_keys(
+        _Column(specs, "name"),
+        identities=_Column(specs, "identity"),
+        candidates=_in_order(_key_chunk, specs, len(specs), options.workers),
+    )
     order = plan_order(len(specs), seed=options.seed, split=options.split, shuffle=options.shuffle)
     hasher = hashlib.sha256()
-    hasher.update(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__,
-                              "source": scan.source, "classes": scan.classes,
-                              "options": options.shaping()}, sort_keys=True).encode())
+    hasher.update(
+        json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "converter": __version__,
+                "source": scan.source,
+                "classes": scan.classes,
+                "options": options.shaping(),
+            },
+            sort_keys=True,
+        ).encode()
+    )
     classes = tuple(scan.classes)
     raw = None if options.raw_pixels is None else (options.raw_pixels, options.raw_side)
     payload = total_payload_bytes(specs) if raw is None else sum(_sample_bytes(s, None, raw) for s in specs)
@@ -253,7 +279,8 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
         run = 0  # where this chunk's samples of the current shard start
         for j, size in enumerate(chunk_sizes):
             if (per_shard is not None and count >= per_shard) or (
-                    limit is not None and count and current_bytes + size > limit):
+                limit is not None and count and current_bytes + size > limit
+            ):
                 if j > run:
                     hasher.update(prefix + prefix.join(fragments[run:j]))
                 sizes.append(count)
@@ -267,9 +294,17 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
     if count:
         sizes.append(count)
         shard_bytes.append(current_bytes)
-    return SplitPlan(split=options.split, fingerprint=hasher.hexdigest(), shard_sizes=tuple(sizes),
-                     shard_bytes=tuple(shard_bytes), specs=specs, keys=keys, order=order,
-                     metadata=options.metadata, classes=classes)
+    return SplitPlan(
+        split=options.split,
+        fingerprint=hasher.hexdigest(),
+        shard_sizes=tuple(sizes),
+        shard_bytes=tuple(shard_bytes),
+        specs=specs,
+        keys=keys,
+        order=order,
+        metadata=options.metadata,
+        classes=classes,
+    )
 
 
 _NEVER = 1 << 62
@@ -295,8 +330,15 @@ def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: in
         for lo, hi in bounds:
             yield work(job, lo, hi)
         return
-    yield from map_in_order(_work_in_worker, bounds, workers=workers, method="fork", what="planning the split",
-                            initializer=_start_worker, initargs=(work, job))
+    yield from map_in_order(
+        _work_in_worker,
+        bounds,
+        workers=workers,
+        method="fork",
+        what="planning the split",
+        initializer=_start_worker,
+        initargs=(work, job),
+    )
 
 
 def _start_worker(work: Callable[[Any, int, int], Any], job: Any) -> None:
@@ -372,4 +414,4 @@ class _Column(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         if self.attr == "name" and isinstance(self.specs, SampleTable):
             return self.specs.names(self.start, self.stop)
-        return map(attrgetter(self.attr), self.specs[self.start:self.stop])
+        return map(attrgetter(self.attr), self.specs[self.start : self.stop])

@@ -25,24 +25,49 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
-from shardify.convert.write.engine import ProgressBar, run_local
 from shardify.convert.inputs.ids import scan_ids
 from shardify.convert.inputs.imagefolder import scan_imagefolder
 from shardify.convert.inputs.inputs import Ignored, Scan
 from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
+from shardify.convert.write.engine import ProgressBar, run_local
 from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output, output_failed, undone_on_failure
 from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.write.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
 from shardify.convert.write.writer import ShardResult, ShardTask
 from shardify.errors import InputError, OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, RawPixels, ShardEntry, SplitIndex, file_sha256, index_name,
-                               is_temp_name, json_bytes, load_json, report_name)
+from shardify.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    RawPixels,
+    ShardEntry,
+    SplitIndex,
+    file_sha256,
+    index_name,
+    is_temp_name,
+    json_bytes,
+    load_json,
+    report_name,
+)
 from shardify.tarfmt import check_split_name
 
-__all__ = ["SplitSummary", "ConvertResult", "convert_imagefolder", "convert_ids", "convert_listing", "convert_scans",
-           "open_locked", "holding", "publish_splits", "finish_split", "record_name", "shard_matches", "WORK_DIR"]
+__all__ = [
+    "SplitSummary",
+    "ConvertResult",
+    "convert_imagefolder",
+    "convert_ids",
+    "convert_listing",
+    "convert_scans",
+    "open_locked",
+    "holding",
+    "publish_splits",
+    "finish_split",
+    "record_name",
+    "shard_matches",
+    "WORK_DIR",
+]
+
 
 @dataclass
 class SplitSummary:
@@ -71,15 +96,23 @@ class ConvertResult:
         return sum(len(s.skipped) for s in self.splits.values())
 
 
-def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                        options: ConvertOptions) -> ConvertResult:
+def convert_imagefolder(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], *, options: ConvertOptions
+) -> ConvertResult:
     """Convert an ImageFolder tree into split ``options.split`` of the dataset at ``out``."""
     scan = scan_imagefolder(src, follow_symlinks=options.follow_symlinks, workers=options.workers)
     return convert_scans({options.split: scan}, out, options=options)
 
 
-def convert_ids(src: str | os.PathLike[str], out: str | os.PathLike[str], *, partition: str | os.PathLike[str],
-                labels: str | os.PathLike[str], options: ConvertOptions, pt_to_npy: bool = False) -> ConvertResult:
+def convert_ids(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    partition: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    options: ConvertOptions,
+    pt_to_npy: bool = False,
+) -> ConvertResult:
     """Convert ID-labelled files; every split of the partition is written.
 
     ``pt_to_npy``: store each ``.pt``/``.pth`` file (one tensor) as ``.npy``, decoded ~80x faster than ``torch.load``.
@@ -88,18 +121,34 @@ def convert_ids(src: str | os.PathLike[str], out: str | os.PathLike[str], *, par
     return convert_scans(scans, out, options=options)
 
 
-def convert_listing(listing: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                    root: str | os.PathLike[str] | None = None, fmt: str | None = None,
-                    options: ConvertOptions) -> ConvertResult:
+def convert_listing(
+    listing: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    fmt: str | None = None,
+    options: ConvertOptions,
+) -> ConvertResult:
     """Convert a CSV/JSONL listing; rows go to their ``split`` column or ``options.split``."""
-    scans = scan_listing(listing, root=root, default_split=options.split, fmt=fmt, num_classes=options.num_classes,
-                         workers=options.workers)
+    scans = scan_listing(
+        listing,
+        root=root,
+        default_split=options.split,
+        fmt=fmt,
+        num_classes=options.num_classes,
+        workers=options.workers,
+    )
     return convert_scans(scans, out, options=options)
 
 
-def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwrite: bool,
-                finishing: Callable[[OutputFS, Manifest, str], bool] = lambda fs, manifest, split: False,
-                storage_options: Mapping[str, Any] | None = None) -> tuple[OutputFS, OutputLock]:
+def open_locked(
+    out: str | os.PathLike[str],
+    splits: Collection[str],
+    *,
+    overwrite: bool,
+    finishing: Callable[[OutputFS, Manifest, str], bool] = lambda fs, manifest, split: False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[OutputFS, OutputLock]:
     """Create and lock ``out``, removing temp files an interrupted run left; refuse splits
     finished there unless ``overwrite`` (a finished split stays listed until its new version
     is published) or ``finishing`` says this very conversion is finishing it.
@@ -112,8 +161,10 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
     try:
         fs.makedirs()
     except (FileExistsError, NotADirectoryError) as e:
-        raise OutputError(f"{fs.location}: the output is a file (or lies under a file), not a folder; "
-                          "give the path of a folder to create or fill") from e
+        raise OutputError(
+            f"{fs.location}: the output is a file (or lies under a file), not a folder; "
+            "give the path of a folder to create or fill"
+        ) from e
     except OSError as e:
         raise OutputError(f"{fs.location}: cannot create output folder: {e.strerror or e}") from e
     lock = OutputLock(fs)
@@ -123,7 +174,8 @@ def open_locked(out: str | os.PathLike[str], splits: Collection[str], *, overwri
         finished = [s for s in splits if s in manifest.splits and not finishing(fs, manifest, s)]
         if finished and not overwrite:
             raise OutputExistsError(
-                f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them")
+                f"{fs.location}: split(s) {finished} are already finished there; pass --overwrite to replace them"
+            )
     return fs, lock
 
 
@@ -158,8 +210,13 @@ def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
 def convert_scans(scans: dict[str, Scan], out: str | os.PathLike[str], *, options: ConvertOptions) -> ConvertResult:
     """Write every scanned split into ``out``, resuming from finished shards of an earlier run."""
     plans = {split: plan_split(scan, replace(options, split=split)) for split, scan in scans.items()}
-    fs, lock = open_locked(out, scans, overwrite=options.overwrite, storage_options=options.storage_options,
-                           finishing=lambda fs, manifest, split: _finishing(fs, manifest, plans[split]))
+    fs, lock = open_locked(
+        out,
+        scans,
+        overwrite=options.overwrite,
+        storage_options=options.storage_options,
+        finishing=lambda fs, manifest, split: _finishing(fs, manifest, plans[split]),
+    )
     with holding(fs, lock):
         result = ConvertResult(out_dir=fs.location)
         indexes: dict[str, SplitIndex] = {}
@@ -177,8 +234,11 @@ def _finishing(fs: OutputFS, manifest: Manifest, plan: SplitPlan) -> bool:
     still holds that plan: a run of the same conversion killed after it wrote the manifest,
     whose rerun finishes it (the same bytes again) instead of refusing."""
     marker = read_marker(fs, plan.split)
-    return (manifest.splits[plan.split].version == plan.version and marker is not None
-            and marker.get("fingerprint") == plan.fingerprint)
+    return (
+        manifest.splits[plan.split].version == plan.version
+        and marker is not None
+        and marker.get("fingerprint") == plan.fingerprint
+    )
 
 
 def resumes_listed(fingerprint: str) -> Callable[[OutputFS, Manifest, str], bool]:
@@ -186,10 +246,15 @@ def resumes_listed(fingerprint: str) -> Callable[[OutputFS, Manifest, str], bool
     ``fingerprint`` (ShardWriter, convert_items): the manifest already lists the version that
     the work folder's marker of the same fingerprint names, i.e. a run of this very call was
     killed after it wrote the manifest, and its rerun finishes it instead of being refused."""
+
     def finishing(fs: OutputFS, manifest: Manifest, split: str) -> bool:
         marker = read_marker(fs, split)
-        return (marker is not None and marker.get("fingerprint") == fingerprint
-                and manifest.splits[split].version == marker.get("version"))
+        return (
+            marker is not None
+            and marker.get("fingerprint") == fingerprint
+            and manifest.splits[split].version == marker.get("version")
+        )
+
     return finishing
 
 
@@ -212,7 +277,9 @@ def listed_guard(fs: OutputFS, split: str, version: str | None) -> tuple[Callabl
                 f"{fs.location}: shard {index} of split {split!r} written again differs from the one the manifest "
                 f"already lists for version {version} (the input changed since the run that was killed after "
                 "writing the manifest); a listed version is never changed in place: pass overwrite=True to write "
-                "a new version")
+                "a new version"
+            )
+
     return check, len(want)
 
 
@@ -236,7 +303,8 @@ def _note_old_versions(fs: OutputFS, result: ConvertResult) -> None:
             size = sizes[split]
             summary.notes.append(
                 f"earlier version(s) {', '.join(old)} of split {split!r} kept ({size / 1e6:.1f} MB) for readers "
-                f"that opened them; when none is left, `shardify gc {fs.location}` removes them")
+                f"that opened them; when none is left, `shardify gc {fs.location}` removes them"
+            )
 
 
 def shard_matches(fs: OutputFS, result: ShardResult) -> bool:
@@ -281,8 +349,9 @@ def _save_record(fs: OutputFS, split: str, r: ShardResult) -> None:
     fs.write_atomic(record_name(split, r.index), durable=False, data=json_bytes(r.to_record()))
 
 
-def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
-                   options: ConvertOptions) -> tuple[SplitSummary, SplitIndex]:
+def _convert_split(
+    scan: Scan, plan: SplitPlan, fs: OutputFS, options: ConvertOptions
+) -> tuple[SplitSummary, SplitIndex]:
     started = time.monotonic()
     split = options.split
     if options.strict:
@@ -292,16 +361,34 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
     current = load_manifest(fs).splits.get(split)
     results = _load_reusable(fs, plan, current.version if current is not None else None)
     reused = len(results)
-    todo = _Tasks(plan, [i for i in range(plan.num_shards) if i not in results], ShardTask(
-        out_dir=fs.location, root=scan.root, split=split, plan=ShardPlan(-1, (), (), 0), check_full=options.check == "full",
-        max_side=options.max_side, quality=options.quality, strict=options.strict, fsync=options.fsync,
-        max_pixels=options.max_pixels, version=plan.version, max_image_bytes=options.max_image_bytes,
-        image_format=options.image_format, storage_options=options.storage_options,
-        raw_pixels=options.raw_pixels, raw_side=options.raw_side, chunk=options.chunk))
+    todo = _Tasks(
+        plan,
+        [i for i in range(plan.num_shards) if i not in results],
+        ShardTask(
+            out_dir=fs.location,
+            root=scan.root,
+            split=split,
+            plan=ShardPlan(-1, (), (), 0),
+            check_full=options.check == "full",
+            max_side=options.max_side,
+            quality=options.quality,
+            strict=options.strict,
+            fsync=options.fsync,
+            max_pixels=options.max_pixels,
+            version=plan.version,
+            max_image_bytes=options.max_image_bytes,
+            image_format=options.image_format,
+            storage_options=options.storage_options,
+            raw_pixels=options.raw_pixels,
+            raw_side=options.raw_side,
+            chunk=options.chunk,
+        ),
+    )
     done_samples = sum(n for i, n in enumerate(plan.shard_sizes) if i in results)
     done_bytes = sum(r.filesize for r in results.values())
-    bar = ProgressBar(total=plan.num_samples, desc=split, enabled=options.progress,
-                      done=done_samples, done_bytes=done_bytes)
+    bar = ProgressBar(
+        total=plan.num_samples, desc=split, enabled=options.progress, done=done_samples, done_bytes=done_bytes
+    )
 
     def finished(r: ShardResult) -> None:
         _save_record(fs, split, r)
@@ -325,25 +412,59 @@ def _convert_split(scan: Scan, plan: SplitPlan, fs: OutputFS,
         raise InputError(
             f"split {split!r}: no sample was written ({len(skipped)} skipped, {len(ignored)} ignored; reasons in "
             f"{fs.location}/{report_name(split)}); nothing was marked finished. Pass --allow-empty "
-            "(allow_empty=True) to write an empty split", path=scan.root)
-    index = finish_split(fs, split, ordered, classes=scan.classes, skipped=skipped, ignored=ignored, notes=notes,
-                         converter={"name": "shardify", "version": __version__,
-                                    "format_version": FORMAT_VERSION if options.chunk is None else CHUNKED_FORMAT_VERSION,
-                                    "source": scan.source, "options": options.shaping(), **int_labels(scan)},
-                         version=plan.version, chunk=options.chunk,
-                         raw_pixels=None if options.raw_pixels is None else RawPixels(size=options.raw_pixels,
-                                                                                      side=options.raw_side))
-    summary = SplitSummary(split=split, samples=index.num_samples, shards=len(ordered), bytes=index.num_bytes,
-                           skipped=skipped, ignored=dict(index.ignored), notes=list(scan.notes),
-                           reused_shards=reused, seconds=time.monotonic() - started, noted=notes)
+            "(allow_empty=True) to write an empty split",
+            path=scan.root,
+        )
+    index = finish_split(
+        fs,
+        split,
+        ordered,
+        classes=scan.classes,
+        skipped=skipped,
+        ignored=ignored,
+        notes=notes,
+        converter={
+            "name": "shardify",
+            "version": __version__,
+            "format_version": FORMAT_VERSION if options.chunk is None else CHUNKED_FORMAT_VERSION,
+            "source": scan.source,
+            "options": options.shaping(),
+            **int_labels(scan),
+        },
+        version=plan.version,
+        chunk=options.chunk,
+        raw_pixels=None if options.raw_pixels is None else RawPixels(size=options.raw_pixels, side=options.raw_side),
+    )
+    summary = SplitSummary(
+        split=split,
+        samples=index.num_samples,
+        shards=len(ordered),
+        bytes=index.num_bytes,
+        skipped=skipped,
+        ignored=dict(index.ignored),
+        notes=list(scan.notes),
+        reused_shards=reused,
+        seconds=time.monotonic() - started,
+        noted=notes,
+    )
     return summary, index
 
 
-def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, classes: Sequence[str],
-                 converter: dict[str, Any], skipped: Sequence[Ignored], ignored: Sequence[Ignored],
-                 version: str | None, notes: Sequence[Ignored] = (),
-                 ignored_counts: dict[str, int] | None = None, raw_pixels: RawPixels | None = None,
-                 chunk: int | None = None) -> SplitIndex:
+def finish_split(
+    fs: OutputFS,
+    split: str,
+    ordered: Sequence[ShardResult],
+    *,
+    classes: Sequence[str],
+    converter: dict[str, Any],
+    skipped: Sequence[Ignored],
+    ignored: Sequence[Ignored],
+    version: str | None,
+    notes: Sequence[Ignored] = (),
+    ignored_counts: dict[str, int] | None = None,
+    raw_pixels: RawPixels | None = None,
+    chunk: int | None = None,
+) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
 
@@ -359,8 +480,17 @@ def finish_split(fs: OutputFS, split: str, ordered: Sequence[ShardResult], *, cl
     counts.update(ignored_counts or {})
     index = SplitIndex(
         split=split,
-        shards=tuple(ShardEntry(url=r.url, nsamples=r.nsamples, filesize=r.filesize, sha256=r.sha256,
-                                offsets=r.offsets, samples=r.samples) for r in ordered),
+        shards=tuple(
+            ShardEntry(
+                url=r.url,
+                nsamples=r.nsamples,
+                filesize=r.filesize,
+                sha256=r.sha256,
+                offsets=r.offsets,
+                samples=r.samples,
+            )
+            for r in ordered
+        ),
         classes=tuple(classes),
         fields=tuple(sorted({f for r in ordered for f in r.fields})),
         converter=converter,
@@ -397,6 +527,8 @@ def _reason_class(reason: str) -> str:
 
 
 def _write_report(fs: OutputFS, name: str, skipped: list[Ignored], ignored: list[Ignored]) -> None:
-    lines = (json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n"
-             for p in skipped + ignored)
+    lines = (
+        json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n"
+        for p in skipped + ignored
+    )
     fs.write_atomic(name, "".join(lines).encode("ascii"))

@@ -21,8 +21,14 @@ from typing import BinaryIO
 
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import OutputFS
-from shardify.convert.write.writer import (HashingWriter, ShardResult, split_members, temp_name, write_chunk,
-                                           write_members)
+from shardify.convert.write.writer import (
+    HashingWriter,
+    ShardResult,
+    split_members,
+    temp_name,
+    write_chunk,
+    write_members,
+)
 from shardify.errors import OutputError
 from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
 
@@ -41,10 +47,20 @@ class ShardStream:
     can record it for resuming.
     """
 
-    def __init__(self, fs: OutputFS, split: str, *, shard_size: int | None, samples_per_shard: int | None,
-                 fsync: bool, first: int = 0, on_shard: Callable[[ShardResult], None] | None = None,
-                 version: str | None = None, chunk: int | None = None,
-                 before_rename: Callable[[int, int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        fs: OutputFS,
+        split: str,
+        *,
+        shard_size: int | None,
+        samples_per_shard: int | None,
+        fsync: bool,
+        first: int = 0,
+        on_shard: Callable[[ShardResult], None] | None = None,
+        version: str | None = None,
+        chunk: int | None = None,
+        before_rename: Callable[[int, int, str], None] | None = None,
+    ) -> None:
         self.fs = fs
         self.chunk = chunk
         """Samples per chunk (None: the per-sample layout)."""
@@ -99,8 +115,7 @@ class ShardStream:
             write_members(out, key, members)
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
-                              f"{e.strerror or e}") from e
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
         self.samples += 1
         self.nbytes += size
         self.fields.update(ext for ext, _ in members)
@@ -154,8 +169,7 @@ class ShardStream:
             write_chunk(out, pending)
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
-                              f"{e.strerror or e}") from e
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
         self._chunks += 1
         self.fields.update(ext for _, m in pending for ext, _ in m)
 
@@ -169,8 +183,7 @@ class ShardStream:
             self._out.write(memoryview(data)[start:end])
         except OSError as e:
             self.abort()
-            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: "
-                              f"{e.strerror or e}") from e
+            raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
 
     def _note_offset(self) -> None:
         """Before a sample is added: keep its offset if it is one the index lists."""
@@ -188,8 +201,9 @@ class ShardStream:
         try:
             self._file = self.fs.open_write(temp_name(self._name()), durable=self.fsync)
         except OSError as e:
-            raise OutputError(f"{self.fs.location}/{temp_name(self._name())}: cannot create shard: "
-                              f"{e.strerror or e}") from e
+            raise OutputError(
+                f"{self.fs.location}/{temp_name(self._name())}: cannot create shard: {e.strerror or e}"
+            ) from e
         self._out = HashingWriter(self._file)
         return self._out
 
@@ -219,10 +233,17 @@ class ShardStream:
         except BaseException:
             self.abort()
             raise
-        result = ShardResult(index=self.index, url=final, nsamples=self.samples, filesize=out.size,
-                             sha256=out.hash.hexdigest(), fields=tuple(sorted(self.fields)),
-                             skipped=tuple(self.skipped), offsets=tuple(self.offsets),
-                             samples=out.table.table(self.samples) if self.chunk is None else b"")
+        result = ShardResult(
+            index=self.index,
+            url=final,
+            nsamples=self.samples,
+            filesize=out.size,
+            sha256=out.hash.hexdigest(),
+            fields=tuple(sorted(self.fields)),
+            skipped=tuple(self.skipped),
+            offsets=tuple(self.offsets),
+            samples=out.table.table(self.samples) if self.chunk is None else b"",
+        )
         self._file = self._out = None
         self.index += 1
         self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []

@@ -17,14 +17,33 @@ from dataclasses import dataclass, field
 
 from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
 from shardify.errors import OutputError, ShardifyError
-from shardify.manifest import (MANIFEST_NAME, Manifest, SplitIndex, index_name, is_temp_name, json_bytes, load_json,
-                               report_name)
+from shardify.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    SplitIndex,
+    index_name,
+    is_temp_name,
+    json_bytes,
+    load_json,
+    report_name,
+)
 from shardify.tarfmt import VERSION_CHARS, shard_of_split
 
-__all__ = ["FolderState", "folder_state", "work_marker", "read_marker", "load_manifest", "listed_version",
-           "begin_version", "remove_stale_shards", "GcResult", "collect_garbage", "stray_files"]
+__all__ = [
+    "FolderState",
+    "folder_state",
+    "work_marker",
+    "read_marker",
+    "load_manifest",
+    "listed_version",
+    "begin_version",
+    "remove_stale_shards",
+    "GcResult",
+    "collect_garbage",
+    "stray_files",
+]
 
-_INDEX_RE = re.compile(r"-(?P<version>[0-9a-f]{%d})\.json\Z" % VERSION_CHARS)
+_INDEX_RE = re.compile(rf"-(?P<version>[0-9a-f]{{{VERSION_CHARS}}})\.json\Z")
 
 
 def work_marker(split: str) -> str:
@@ -57,8 +76,9 @@ def listed_version(fs: OutputFS, split: str) -> str | None:
     return entry.version if entry is not None else None
 
 
-def begin_version(fs: OutputFS, split: str, fingerprint: str, *, listed: str | None,
-                  version: str | None = None, **marker: object) -> str:
+def begin_version(
+    fs: OutputFS, split: str, fingerprint: str, *, listed: str | None, version: str | None = None, **marker: object
+) -> str:
     """Start or resume writing ``split`` for the conversion ``fingerprint``; return its version token.
 
     A work marker with the same fingerprint is an interrupted run of this conversion: its
@@ -206,8 +226,11 @@ def stray_files(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
     if is_locked(root):
         return []
     fs = open_output(root)
-    found = [(name, "temporary file of an interrupted write; rerunning the conversion or `shardify gc` "
-                    "removes it") for name in fs.listdir() if is_temp_name(name)]
+    found = [
+        (name, "temporary file of an interrupted write; rerunning the conversion or `shardify gc` removes it")
+        for name in fs.listdir()
+        if is_temp_name(name)
+    ]
     if [n for n in fs.entries(WORK_DIR) if n != "lock"]:
         found.append((f"{WORK_DIR}/", "an interrupted conversion's work folder; rerun the same command to finish it"))
     return found

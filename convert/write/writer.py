@@ -10,30 +10,48 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
 from shardify.chunk import encode_chunk
 from shardify.convert.inputs.capture import decoder_messages
+from shardify.convert.inputs.imageformat import reencode
 from shardify.convert.inputs.inputs import Ignored, SampleSpec
+from shardify.convert.inputs.rawpixels import encode_raw
+from shardify.convert.inputs.sniff import (
+    SNIFF_BYTES,
+    ImageCheckError,
+    ImageInfo,
+    check_head,
+    check_image,
+    describe_error,
+    sniff_ext,
+    transcode_jpeg,
+)
+from shardify.convert.inputs.tensors import transcode_file
 from shardify.convert.write.outfs import OutputFS, open_output
 from shardify.convert.write.plan import ShardPlan
-from shardify.convert.inputs.imageformat import reencode
-from shardify.convert.inputs.rawpixels import encode_raw
-from shardify.convert.inputs.sniff import (SNIFF_BYTES, ImageCheckError, ImageInfo, check_head, check_image, describe_error,
-                                    sniff_ext, transcode_jpeg)
-from shardify.convert.inputs.tensors import transcode_file
 from shardify.errors import InputError, OutputError
 from shardify.keys import check_ext, check_key
 from shardify.pixels import RAW_EXT
 from shardify.sampletable import TableBuilder
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
 
-__all__ = ["ShardTask", "ShardResult", "write_shard", "write_members", "write_chunk", "member_parts", "split_members",
-           "temp_name", "Progress", "HashingWriter"]
+__all__ = [
+    "ShardTask",
+    "ShardResult",
+    "write_shard",
+    "write_members",
+    "write_chunk",
+    "member_parts",
+    "split_members",
+    "temp_name",
+    "Progress",
+    "HashingWriter",
+]
 
 
 class Progress(Protocol):
@@ -86,20 +104,34 @@ class ShardResult:
 
     def to_record(self) -> dict[str, Any]:
         """What a resume record keeps of this result (JSON-ready; :meth:`from_record` reads it)."""
-        return {"url": self.url, "nsamples": self.nsamples, "filesize": self.filesize, "sha256": self.sha256,
-                "offsets": list(self.offsets), "samples": base64.b64encode(self.samples).decode(),
-                "fields": list(self.fields),
-                "skipped": [[s.path, s.reason] for s in self.skipped],
-                "notes": [[s.path, s.reason] for s in self.notes]}
+        return {
+            "url": self.url,
+            "nsamples": self.nsamples,
+            "filesize": self.filesize,
+            "sha256": self.sha256,
+            "offsets": list(self.offsets),
+            "samples": base64.b64encode(self.samples).decode(),
+            "fields": list(self.fields),
+            "skipped": [[s.path, s.reason] for s in self.skipped],
+            "notes": [[s.path, s.reason] for s in self.notes],
+        }
 
     @classmethod
     def from_record(cls, index: int, r: Mapping[str, Any]) -> ShardResult:
         """The result of shard ``index`` as a record kept it; KeyError, TypeError or ValueError
         for a record that is not whole (one written before offsets were: its shard is rewritten)."""
-        return cls(index=index, url=r["url"], nsamples=r["nsamples"], filesize=r["filesize"], sha256=r["sha256"],
-                   fields=tuple(r["fields"]), skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
-                   notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
-                   offsets=tuple(r["offsets"]), samples=base64.b64decode(r.get("samples", "")))
+        return cls(
+            index=index,
+            url=r["url"],
+            nsamples=r["nsamples"],
+            filesize=r["filesize"],
+            sha256=r["sha256"],
+            fields=tuple(r["fields"]),
+            skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
+            notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
+            offsets=tuple(r["offsets"]),
+            samples=base64.b64decode(r.get("samples", "")),
+        )
 
 
 def temp_name(final: str) -> str:
@@ -154,11 +186,11 @@ def split_members(data: bytes | memoryview, start: int, end: int) -> tuple[str, 
     key = ""
     at = start
     while at < end:
-        header = view[at:at + BLOCK]
+        header = view[at : at + BLOCK]
         name = bytes(header[:100]).rstrip(b"\0").decode("ascii")
         size = int(bytes(header[124:135]), 8)
         key, _, ext = name.partition(".")
-        members.append((ext, bytes(view[at + BLOCK:at + BLOCK + size])))
+        members.append((ext, bytes(view[at + BLOCK : at + BLOCK + size])))
         at += BLOCK + size + (-size % BLOCK)
     return key, members
 
@@ -190,8 +222,9 @@ def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]
     return total
 
 
-def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask,
-             notes: list[Ignored]) -> list[tuple[str, bytes]]:
+def _members(
+    spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask, notes: list[Ignored]
+) -> list[tuple[str, bytes]]:
     """The (extension, bytes) members of one sample, sorted; raises InputError to skip it.
     Decoder warnings about an input are appended to ``notes``."""
     members: list[tuple[str, bytes]] = [("json", meta)] if meta is not None else []
@@ -214,8 +247,9 @@ def _members(spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask,
                     data, ext = _image_member(data, source.path, key, task)
             except InputError as e:
                 if messages:
-                    raise InputError(f"{e.reason} (decoder said: {' | '.join(messages)})",
-                                     path=source.path, key=key) from e
+                    raise InputError(
+                        f"{e.reason} (decoder said: {' | '.join(messages)})", path=source.path, key=key
+                    ) from e
                 raise
             if messages:
                 notes.append(Ignored(source.path, "decoder said: " + " | ".join(messages), "note"))
@@ -294,8 +328,7 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
         try:
             same = reencode(data, info, image_format=task.image_format, quality=task.quality)  # type: ignore[arg-type]
         except Exception as e:  # Pillow's decoder errors have many types
-            raise InputError(f"cannot re-encode as {task.image_format}: {describe_error(e)}",
-                             path=path, key=key) from e
+            raise InputError(f"cannot re-encode as {task.image_format}: {describe_error(e)}", path=path, key=key) from e
         if same is not None:
             data, ext = same
     return data, ext
@@ -381,9 +414,18 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
     except BaseException:
         _discard(fs, tmp)
         raise
-    return ShardResult(index=plan.index, url=final, nsamples=written, filesize=out.size,
-                       sha256=out.hash.hexdigest(), fields=tuple(sorted(fields)), skipped=tuple(skipped),
-                       notes=tuple(notes), offsets=tuple(offsets), samples=out.table.table(written))
+    return ShardResult(
+        index=plan.index,
+        url=final,
+        nsamples=written,
+        filesize=out.size,
+        sha256=out.hash.hexdigest(),
+        fields=tuple(sorted(fields)),
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+        offsets=tuple(offsets),
+        samples=out.table.table(written),
+    )
 
 
 def _discard(fs: OutputFS, name: str) -> None:

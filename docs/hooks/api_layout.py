@@ -1,14 +1,16 @@
 """MkDocs hook: lets mkdocstrings find the package as it installs. The source folders are
 mapped onto ``shardify`` by pyproject's ``[tool.setuptools.package-dir]`` (``reader/`` is
 ``shardify.reader``), a layout griffe cannot see in the tree; before the build this hook makes
-``build/api-src/shardify/`` with that layout (the top package's modules copied, its subpackages linked), for the handler's
+``build/api-src/shardify/`` with that layout (the top package's modules copied, its subpackages linked), for the
+handler's
 ``paths``."""
 
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 MIRROR = ROOT / "build" / "api-src"
@@ -23,7 +25,7 @@ def make_mirror() -> Path:
     top = MIRROR / "shardify"
     top.mkdir(parents=True)
     for entry in (ROOT / mapping["shardify"]).glob("*.py"):  # copies: griffe resolves a linked
-        shutil.copy2(entry, top / entry.name)                 # __init__.py to its real folder
+        shutil.copy2(entry, top / entry.name)  # __init__.py to its real folder
     for name, folder in mapping.items():
         parts = name.split(".")
         if len(parts) == 2:  # shardify.X; deeper packages sit inside their parent's folder

@@ -123,8 +123,10 @@ class BatchChannel:
         with self._lock:
             entry = self._maps.get((pool, slot))
         if entry is None or entry[0] != generation:
-            raise ShardifyError(f"batch slot {slot} of worker {worker} (generation {generation}) was never "
-                                f"received; the loader's batch channel {self.id} lost track of it")
+            raise ShardifyError(
+                f"batch slot {slot} of worker {worker} (generation {generation}) was never "
+                f"received; the loader's batch channel {self.id} lost track of it"
+            )
         view = entry[1].view()  # a new array object: its life is the life of the tensors below
         weakref.finalize(view, _release, self.tokens.numpy(), worker, slot, token).atexit = False
         return torch.from_numpy(view)
@@ -161,8 +163,14 @@ class _Inline:
 
 
 def _inlinable(t: torch.Tensor) -> bool:
-    return (t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
-            and not t.requires_grad and not t.is_conj() and not t.is_neg())
+    return (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.requires_grad
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
@@ -342,8 +350,15 @@ def _receive(channel_id: str, pool: int, worker: int, refs: tuple[Any, ...], pay
 class Received:
     """A packed batch in the main process; :meth:`unpack` gives the batch itself."""
 
-    def __init__(self, channel: BatchChannel | None, channel_id: str, pool: int, worker: int,
-                 refs: tuple[tuple[int, int, int], ...], payload: Any) -> None:
+    def __init__(
+        self,
+        channel: BatchChannel | None,
+        channel_id: str,
+        pool: int,
+        worker: int,
+        refs: tuple[tuple[int, int, int], ...],
+        payload: Any,
+    ) -> None:
         self._channel, self._channel_id = channel, channel_id
         self._pool, self._worker = pool, worker
         self._refs = refs
@@ -353,8 +368,10 @@ class Received:
     def unpack(self) -> Any:
         """The batch: tensors over the slots (freed for the worker once all are dropped)."""
         if self._channel is None:
-            raise ShardifyError(f"a batch arrived for batch channel {self._channel_id}, which is not open in this "
-                                f"process (its loader was closed)")
+            raise ShardifyError(
+                f"a batch arrived for batch channel {self._channel_id}, which is not open in this "
+                f"process (its loader was closed)"
+            )
         start = time.perf_counter()
         refs, self._refs = self._refs, ()
         slots = {}
@@ -400,4 +417,3 @@ class Received:
 def unpack(batch: Any) -> Any:
     """``batch.unpack()`` for a :class:`Received`, anything else unchanged."""
     return batch.unpack() if isinstance(batch, Received) else batch
-

@@ -19,8 +19,16 @@ from typing import Any
 from shardify.reader.delivery.stats import EpochClock, LoaderMeter, WorkerTimes
 from shardify.remote import is_remote
 
-__all__ = ["INPUT_BOUND", "WORKER_STAGES", "STAGES", "LoaderStats", "LoaderContext", "diagnose", "loader_context",
-           "Measured"]
+__all__ = [
+    "INPUT_BOUND",
+    "WORKER_STAGES",
+    "STAGES",
+    "LoaderStats",
+    "LoaderContext",
+    "diagnose",
+    "loader_context",
+    "Measured",
+]
 
 INPUT_BOUND = 0.2
 """The share of its time the loop waits for data from which it is reported input-bound: making
@@ -84,18 +92,20 @@ class LoaderStats:
     def __str__(self) -> str:
         state = "finished" if self.finished else "so far"
         stages = "  ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in self.stages.items())
-        return "\n".join([
-            f"epoch {self.epoch} ({state}): {self.batches} batches, {self.samples} samples in {self.wall_s:.2f} s "
-            f"(first batch after {self.first_batch_s:.2f} s)",
-            f"  {self.batches_per_s:.1f} batches/s, {self.samples_per_s:.1f} samples/s",
-            f"  the loop waited {self.wait_fraction:.0%} of its time for data: {self.wait_workers_s:.2f} s on the "
-            f"workers, {self.wait_device_s:.2f} s on the device",
-            f"  {self.workers} workers on {self.cores} cores, busy {self.worker_utilisation:.0%} of the time "
-            f"({self.worker_busy_s:.2f} s); stage seconds, summed over the workers:",
-            f"    {stages}",
-            f"  bottleneck: {self.bottleneck} ({self.dominant})",
-            f"  {self.advice}",
-        ])
+        return "\n".join(
+            [
+                f"epoch {self.epoch} ({state}): {self.batches} batches, {self.samples} samples in {self.wall_s:.2f} s "
+                f"(first batch after {self.first_batch_s:.2f} s)",
+                f"  {self.batches_per_s:.1f} batches/s, {self.samples_per_s:.1f} samples/s",
+                f"  the loop waited {self.wait_fraction:.0%} of its time for data: {self.wait_workers_s:.2f} s on the "
+                f"workers, {self.wait_device_s:.2f} s on the device",
+                f"  {self.workers} workers on {self.cores} cores, busy {self.worker_utilisation:.0%} of the time "
+                f"({self.worker_busy_s:.2f} s); stage seconds, summed over the workers:",
+                f"    {stages}",
+                f"  bottleneck: {self.bottleneck} ({self.dominant})",
+                f"  {self.advice}",
+            ]
+        )
 
 
 def loader_context(dataset: Any, *, workers: int, device: str | None) -> LoaderContext:
@@ -104,8 +114,15 @@ def loader_context(dataset: Any, *, workers: int, device: str | None) -> LoaderC
     cached = any(getattr(getattr(s.source, "fetch", None), "cache_dir", None) for s in dataset.streams)
     decode_device = getattr(dataset, "decode_device", None)
     chunked = any(getattr(s, "chunk", None) for s in dataset.source.shards)
-    return LoaderContext(workers=workers, cores=cores(), remote=remote, cached=bool(cached), device=device,
-                         device_decode=decode_device is not None, chunked=chunked)
+    return LoaderContext(
+        workers=workers,
+        cores=cores(),
+        remote=remote,
+        cached=bool(cached),
+        device=device,
+        device_decode=decode_device is not None,
+        chunked=chunked,
+    )
 
 
 def cores() -> int:
@@ -117,9 +134,16 @@ def cores() -> int:
 
 
 def _stages(times: WorkerTimes, main: dict[str, float]) -> dict[str, float]:
-    return {"read": times.read, "decode": max(0.0, times.process - times.augment), "augment": times.augment,
-            "collate": max(0.0, times.collate - times.transfer), "transfer": times.transfer + main["transfer"],
-            "pin": main["pin"], "copy": main["copy"], "device_decode": main["device_decode"]}
+    return {
+        "read": times.read,
+        "decode": max(0.0, times.process - times.augment),
+        "augment": times.augment,
+        "collate": max(0.0, times.collate - times.transfer),
+        "transfer": times.transfer + main["transfer"],
+        "pin": main["pin"],
+        "copy": main["copy"],
+        "device_decode": main["device_decode"],
+    }
 
 
 def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_waits: bool = True) -> LoaderStats:
@@ -140,14 +164,27 @@ def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_
     side = ("copy", "device_decode") if on_device else WORKER_STAGES
     dominant = max(side, key=lambda k: stages[k]) if bottleneck == "input" else "the training step"
     return LoaderStats(
-        epoch=clock.epoch, finished=clock.ended is not None, wall_s=wall, first_batch_s=clock.first_batch_s,
-        wait_s=clock.wait, wait_workers_s=wait_workers, wait_device_s=wait_device, wait_fraction=wait_fraction,
-        batches=clock.batches, samples=clock.samples,
+        epoch=clock.epoch,
+        finished=clock.ended is not None,
+        wall_s=wall,
+        first_batch_s=clock.first_batch_s,
+        wait_s=clock.wait,
+        wait_workers_s=wait_workers,
+        wait_device_s=wait_device,
+        wait_fraction=wait_fraction,
+        batches=clock.batches,
+        samples=clock.samples,
         batches_per_s=clock.batches / wall if wall > 0 else 0.0,
         samples_per_s=clock.samples / wall if wall > 0 else 0.0,
-        stages=stages, workers=context.workers, cores=context.cores, worker_busy_s=times.busy,
-        worker_utilisation=utilisation, bottleneck=bottleneck, dominant=dominant,
-        advice=_advice(bottleneck, dominant, utilisation, wait_fraction, context))
+        stages=stages,
+        workers=context.workers,
+        cores=context.cores,
+        worker_busy_s=times.busy,
+        worker_utilisation=utilisation,
+        bottleneck=bottleneck,
+        dominant=dominant,
+        advice=_advice(bottleneck, dominant, utilisation, wait_fraction, context),
+    )
 
 
 def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, c: LoaderContext) -> str:
@@ -163,8 +200,11 @@ def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, 
         tips.append(f"more worker processes (num_workers={c.workers} on {c.cores} cores leaves {idle_cores} idle)")
     if dominant == "read":
         if c.remote:
-            tips.append("a cache on local disk large enough for the data (CacheOptions(dir=..., limit_bytes=...))"
-                        if not c.cached else "a larger cache (CacheOptions(limit_bytes=...))")
+            tips.append(
+                "a cache on local disk large enough for the data (CacheOptions(dir=..., limit_bytes=...))"
+                if not c.cached
+                else "a larger cache (CacheOptions(limit_bytes=...))"
+            )
             tips.append("a larger block for remote reads (ShuffleOptions(block=...): fewer, longer ranged reads)")
         if not c.chunked:
             tips.append("the compact layout for small samples (shardify convert --chunk N)")
@@ -184,8 +224,11 @@ def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, 
     if dominant in WORKER_STAGES and c.workers > 1 and utilisation < IDLE_WORKERS:
         # The loop waited while the workers were mostly idle: not their CPU but the epoch's start
         # (every worker's first batch), too few batches per worker, or the main process.
-        tips.insert(0, f"longer epochs or persistent workers (the workers were busy {utilisation:.0%} of the time "
-                       "while the loop waited: the epoch's start, or few batches per worker, sets the pace)")
+        tips.insert(
+            0,
+            f"longer epochs or persistent workers (the workers were busy {utilisation:.0%} of the time "
+            "while the loop waited: the epoch's start, or few batches per worker, sets the pace)",
+        )
     busy = "every core is busy; " if idle_cores <= 0 and utilisation >= IDLE_WORKERS else ""
     return f"try: {'; '.join(tips)} ({busy}the loop waits {waiting:.0%} of its time; {dominant} dominates)"
 
@@ -218,5 +261,6 @@ class Measured:
     def stats(self) -> LoaderStats:
         """The epoch under way, else the last one iterated."""
         workers = getattr(self.loader, "num_workers", 0)
-        return diagnose(self.meter, self.dataset, loader_context(self.dataset, workers=workers, device=None),
-                        split_waits=False)
+        return diagnose(
+            self.meter, self.dataset, loader_context(self.dataset, workers=workers, device=None), split_waits=False
+        )

@@ -31,14 +31,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardify.errors import ShardifyError, WorkerError
+from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
 from shardify.reader.delivery.diagnosis import LoaderStats, diagnose, loader_context
-from shardify.reader.delivery.stats import LoaderMeter
-from shardify.reader.dataset import ShardedDataset
-from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
-from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
+from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
+from shardify.reader.delivery.stats import LoaderMeter
+from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import detect_rank_world
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
@@ -111,8 +111,15 @@ class Loader:
     loader is garbage-collected); iterating again starts new ones.
     """
 
-    def __init__(self, dataset: ShardedDataset, dataloader: DataLoader, *, prefetch: dict[str, Any] | None,
-                 recycle_batches: bool = True, progress: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: ShardedDataset,
+        dataloader: DataLoader,
+        *,
+        prefetch: dict[str, Any] | None,
+        recycle_batches: bool = True,
+        progress: bool = False,
+    ) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
         self._prefetch = prefetch
@@ -216,8 +223,12 @@ class Loader:
                 from shardify.reader.sample.device_decode import DeviceDecoder
 
                 options["decode"] = DeviceDecoder(
-                    resolve_device(self._prefetch["device"]), jpeg_decoder=options.pop("jpeg_decoder", None),
-                    report=self.dataset.shared_report, epoch=self._epoch, skip=self.dataset.options.on_error == "skip")
+                    resolve_device(self._prefetch["device"]),
+                    jpeg_decoder=options.pop("jpeg_decoder", None),
+                    report=self.dataset.shared_report,
+                    epoch=self._epoch,
+                    skip=self.dataset.options.on_error == "skip",
+                )
             else:
                 options.pop("jpeg_decoder", None)
             batches = iter(DevicePrefetcher(batches, clock=self._meter.main, **options))
@@ -231,8 +242,10 @@ class Loader:
             died = None if isinstance(e, ShardifyError) else _died(workers)
             timeout = self.dataloader.timeout
             if died is None and timeout and isinstance(e, RuntimeError) and "timed out after" in str(e):
-                died = (f"workers made no batch in {timeout:g} s (timeout=): one may hang, e.g. in a transform "
-                        f"or map= that never returns")
+                died = (
+                    f"workers made no batch in {timeout:g} s (timeout=): one may hang, e.g. in a transform "
+                    f"or map= that never returns"
+                )
             self._shut_down(workers)
             if hasattr(workers, "_workers"):
                 _release_frames(e)
@@ -241,7 +254,8 @@ class Loader:
                 raise WorkerError(
                     f"DataLoader {died} in epoch {self._epoch} after {self._batches} batches; the loader "
                     f"stopped its workers. To go on from there: loader.load_state_dict(loader.state_dict()) "
-                    f"and iterate again ({e})") from e
+                    f"and iterate again ({e})"
+                ) from e
             raise
         finally:
             close = getattr(batches, "close", None)
@@ -273,8 +287,9 @@ class Loader:
         """The epoch under way so far, else the last one iterated: waits, rates, stage seconds and
         the bottleneck (:mod:`shardify.reader.delivery.diagnosis`; ``.as_dict()`` for loggers)."""
         device = str(self._prefetch["device"]) if self._prefetch is not None else None
-        return diagnose(self._meter, self.dataset,
-                        loader_context(self.dataset, workers=self.dataloader.num_workers, device=device))
+        return diagnose(
+            self._meter, self.dataset, loader_context(self.dataset, workers=self.dataloader.num_workers, device=device)
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands (see :mod:`shardify.reader.delivery.state`): small, versioned."""
@@ -285,8 +300,15 @@ class Loader:
             point = ds.resume_point
             batches = point[1] if point is not None and point[0] == ds.epoch else 0
             history, layout = ds.resume_history if point is not None and point[0] == ds.epoch else ((), LAYOUT)
-        return make_state(ds, epoch=ds.epoch, batches=batches, history=history, layout=layout,
-                          world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers))
+        return make_state(
+            ds,
+            epoch=ds.epoch,
+            batches=batches,
+            history=history,
+            layout=layout,
+            world=detect_rank_world()[1],
+            workers=max(1, self.dataloader.num_workers),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``: the next iteration yields the rest of the saved epoch.
@@ -296,11 +318,13 @@ class Loader:
         """
         self._end_iteration()
         ds = self.dataset
-        epoch, batches, history, layout = load_state(ds, state, world=detect_rank_world()[1],
-                                                     workers=max(1, self.dataloader.num_workers))
+        epoch, batches, history, layout = load_state(
+            ds, state, world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers)
+        )
         ds.resume_at(epoch, batches, history=history, layout=layout)
-        if batches and batches == epoch_batches(ds, epoch, history=history, layout=layout,
-                                                world=detect_rank_world()[1]):
+        if batches and batches == epoch_batches(
+            ds, epoch, history=history, layout=layout, world=detect_rank_world()[1]
+        ):
             # Saved after the epoch's last batch (Lightning checkpoints there, before the loader
             # ends): the next iteration is the next epoch's, unless set_epoch(epoch) asks for the
             # (empty) rest of this one, which the resume point above still holds.
@@ -375,10 +399,18 @@ def make_loader(
             "timeout": timeout,
         }
     pin = target is not None and target.type == "cuda"
-    dataloader = DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
-                            pin_memory=pin, **workers_options)
+    dataloader = DataLoader(
+        dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, pin_memory=pin, **workers_options
+    )
     prefetch = None
     if target is not None:
-        prefetch = {"device": target, "dtype": dtype, "normalize": normalize, "mean": tuple(mean),
-                    "std": tuple(std), "channels_last": channels_last, "jpeg_decoder": jpeg_decoder}
+        prefetch = {
+            "device": target,
+            "dtype": dtype,
+            "normalize": normalize,
+            "mean": tuple(mean),
+            "std": tuple(std),
+            "channels_last": channels_last,
+            "jpeg_decoder": jpeg_decoder,
+        }
     return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches, progress=progress)

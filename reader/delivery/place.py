@@ -53,10 +53,12 @@ class ProcessPlace:
             return None
         (pid, place), self._pending = self._pending, None
         if pid != os.getpid():
-            raise ValueError("ShardedDataset.load_state_dict was called in the main process, and the dataset is "
-                             "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
-                             "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
-                             "worker its own), or save and load make_loader's loader.state_dict()")
+            raise ValueError(
+                "ShardedDataset.load_state_dict was called in the main process, and the dataset is "
+                "iterated in DataLoader workers: a dataset state resumes the process it is loaded "
+                "in. Load it through torchdata's StatefulDataLoader.load_state_dict (it hands each "
+                "worker its own), or save and load make_loader's loader.state_dict()"
+            )
         return place
 
 
@@ -65,8 +67,10 @@ def loaded_place(place: IterPosition, *, epoch: int, total: int, holds_last: boo
     the epoch's last batch among them): ``place`` when it is of that epoch, unless it ends the
     epoch (raises ResumeError); None (start afresh) when it finished its own; else raises."""
     if place.batches > total:
-        raise ValueError(f"the dataset state loaded has {place.batches} batches of epoch {place.epoch} taken by "
-                         f"worker {place.role} of {place.workers}, whose share has {total}")
+        raise ValueError(
+            f"the dataset state loaded has {place.batches} batches of epoch {place.epoch} taken by "
+            f"worker {place.role} of {place.workers}, whose share has {total}"
+        )
     if place.epoch == epoch and holds_last and total and place.batches == total:
         raise ResumeError(
             f"the dataset state loaded was saved after the last batch of epoch {epoch} (worker {place.role} of "
@@ -74,11 +78,14 @@ def loaded_place(place: IterPosition, *, epoch: int, total: int, holds_last: boo
             f"is set to epoch {epoch} again, whose rest is empty. Call set_epoch({epoch + 1}) before iterating, to "
             f"go on with the next epoch. Under PyTorch Lightning (it checkpoints there, then iterates without "
             f"on_train_epoch_start), return make_loader's loader from train_dataloader: it resumes such a "
-            f"checkpoint at the next epoch")
+            f"checkpoint at the next epoch"
+        )
     if place.epoch == epoch:
         return place
     if place.batches < total:
-        raise ValueError(f"the dataset state loaded is {place.batches} of {total} batches into epoch {place.epoch} "
-                         f"(worker {place.role} of {place.workers}), but the dataset is set to epoch {epoch}: "
-                         f"call set_epoch({place.epoch}) before iterating, to resume")
+        raise ValueError(
+            f"the dataset state loaded is {place.batches} of {total} batches into epoch {place.epoch} "
+            f"(worker {place.role} of {place.workers}), but the dataset is set to epoch {epoch}: "
+            f"call set_epoch({place.epoch}) before iterating, to resume"
+        )
     return None  # a finished epoch: the next one starts afresh

@@ -113,8 +113,10 @@ class DevicePrefetcher:
             return fn(obj)
         if isinstance(obj, EncodedBatch):
             if self._decode is None or replaced is None:
-                raise ValueError("a batch planned for device decode reached a DevicePrefetcher without decode=...; "
-                                 "iterate the dataset through make_loader")
+                raise ValueError(
+                    "a batch planned for device decode reached a DevicePrefetcher without decode=...; "
+                    "iterate the dataset through make_loader"
+                )
             images, rows = self._decode(obj)
             if rows is not None:
                 replaced.append((rows, len(obj.keys)))

@@ -61,8 +61,10 @@ class EpochReport:
         return self.padded > 0
 
     def __str__(self) -> str:
-        head = (f"epoch {self.epoch}: skipped {self.bad} bad samples and {self.lost} samples "
-                f"of damaged shards (replaced by repeats of good samples of the same batch)")
+        head = (
+            f"epoch {self.epoch}: skipped {self.bad} bad samples and {self.lost} samples "
+            f"of damaged shards (replaced by repeats of good samples of the same batch)"
+        )
         if self.cpu_decoded:
             head += f"; {self.cpu_decoded} images decoded on the CPU instead of the device"
         counts = Counter(self.entries)
@@ -76,8 +78,10 @@ class EpochReport:
 def _repeats(n: int, *, lost: bool) -> str:
     """What a repeated report line stands for: samples of a damaged shard, or one sample met again."""
     if lost:
-        return (f" ({n} samples of this shard lost for this reason, of those counted above: each worker lists "
-                f"its first {_ENTRIES})")
+        return (
+            f" ({n} samples of this shard lost for this reason, of those counted above: each worker lists "
+            f"its first {_ENTRIES})"
+        )
     return f" ({n} times: the epoch reads this sample {n} times, repeated by samples_per_epoch, weights or padding)"
 
 

@@ -64,19 +64,23 @@ class SharedEpoch:
             raise ResumeError(
                 f"the state loaded was saved at the end of epoch {saved} (after its last batch, {batches} batches): "
                 f"the next epoch is {saved + 1}, but set_epoch({epoch}) was called. Call set_epoch({saved + 1}) "
-                f"(or set_epoch({saved}) for its empty rest), or clear_resume() first to drop the state on purpose")
+                f"(or set_epoch({saved}) for its empty rest), or clear_resume() first to drop the state on purpose"
+            )
         raise ResumeError(
             f"the state loaded resumes epoch {saved} after {batches} batches, but set_epoch({epoch}) would drop it "
             f"and read epoch {epoch} from its start. Call set_epoch({saved}) to resume there (start the epoch loop "
-            f"at the saved epoch, state['epoch']), or clear_resume() first to drop the state on purpose")
+            f"at the saved epoch, state['epoch']), or clear_resume() first to drop the state on purpose"
+        )
 
     def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
         """Select ``epoch`` and make its next iteration skip its first ``batches`` batches."""
         if epoch < 0 or batches < 0:
             raise ValueError(f"{epoch=} and {batches=} should be >= 0")
         if len(history) > MAX_SEGMENTS:
-            raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times; "
-                             f"a state holds at most {MAX_SEGMENTS}")
+            raise ValueError(
+                f"epoch {epoch} was resumed on another topology {len(history)} times; "
+                f"a state holds at most {MAX_SEGMENTS}"
+            )
         if layout not in LAYOUTS:
             raise ValueError(f"{layout=} should be one of {LAYOUTS}")
         self._cells[_EPOCH] = epoch
@@ -85,7 +89,7 @@ class SharedEpoch:
         self._cells[_LAYOUT] = layout
         self._cells[_SEGMENTS] = len(history)
         for i, seg in enumerate(history):
-            self._cells[_HEADER + 3 * i: _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
+            self._cells[_HEADER + 3 * i : _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
         self._cells[_PENDING] = 1
 
     def step_past(self, epoch: int) -> None:
@@ -107,8 +111,8 @@ class SharedEpoch:
         if int(self._cells[_RESUME_EPOCH]) < 0:
             return (), LAYOUT
         n = int(self._cells[_SEGMENTS])
-        v = self._cells[_HEADER: _HEADER + 3 * n].tolist()
-        return tuple(Segment(*v[3 * i: 3 * i + 3]) for i in range(n)), int(self._cells[_LAYOUT]) or LAYOUT
+        v = self._cells[_HEADER : _HEADER + 3 * n].tolist()
+        return tuple(Segment(*v[3 * i : 3 * i + 3]) for i in range(n)), int(self._cells[_LAYOUT]) or LAYOUT
 
     @property
     def resume_point(self) -> tuple[int, int] | None:

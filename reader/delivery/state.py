@@ -44,21 +44,32 @@ import hashlib
 import json
 import os
 import weakref
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
 from shardify.reader.plan.assign import batches_per_rank, sequence_length
 from shardify.reader.plan.resume import LAYOUTS, Segment
-from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
 
 if TYPE_CHECKING:
     from shardify.reader.io.sources import Source
     from shardify.reader.options import ReadOptions
 
-__all__ = ["StateSource", "STATE_VERSION", "ITER_STATE_KIND", "IterPosition", "make_state", "load_state", "epoch_batches",
-           "make_iter_state", "load_iter_state", "seal_state", "data_identity"]
+__all__ = [
+    "StateSource",
+    "STATE_VERSION",
+    "ITER_STATE_KIND",
+    "IterPosition",
+    "make_state",
+    "load_state",
+    "epoch_batches",
+    "make_iter_state",
+    "load_iter_state",
+    "seal_state",
+    "data_identity",
+]
 
 STATE_VERSION = 3
 
@@ -88,20 +99,50 @@ class StateSource(Protocol):
 
     def __len__(self) -> int: ...  # batches each rank yields per epoch
 
-_CHECKED = ("version", "epoch", "batches", "seed", "world", "workers", "num_batches", "history", "layout", "plan",
-            "data")
+
+_CHECKED = (
+    "version",
+    "epoch",
+    "batches",
+    "seed",
+    "world",
+    "workers",
+    "num_batches",
+    "history",
+    "layout",
+    "plan",
+    "data",
+)
 """The fields of a version 3 state that ``check`` covers (all of them but ``check``)."""
 
-_ITER_CHECKED = ("kind", "version", "epoch", "worker", "workers", "world", "batches", "seed", "history", "layout",
-                 "plan", "data")
+_ITER_CHECKED = (
+    "kind",
+    "version",
+    "epoch",
+    "worker",
+    "workers",
+    "world",
+    "batches",
+    "seed",
+    "history",
+    "layout",
+    "plan",
+    "data",
+)
 """The fields of a dataset (per-process) state that its ``check`` covers."""
 
 
 def _plan_fields(ds: StateSource, version: int = STATE_VERSION) -> dict[str, Any]:
     o = ds.options
-    plan: dict[str, Any] = {"batch_size": o.batch_size, "drop_last": o.drop_last, "shuffle": o.shuffle,
-                            "shuffle_block": o.shuffle_block, "shuffle_buffer": o.shuffle_buffer,
-                            "streams": list(ds.stream_samples), "stream_counts": list(ds.stream_counts)}
+    plan: dict[str, Any] = {
+        "batch_size": o.batch_size,
+        "drop_last": o.drop_last,
+        "shuffle": o.shuffle,
+        "shuffle_block": o.shuffle_block,
+        "shuffle_buffer": o.shuffle_buffer,
+        "streams": list(ds.stream_samples),
+        "stream_counts": list(ds.stream_counts),
+    }
     if version >= 3:
         plan["bucketed"] = o.bucket_length is not None
         plan["bucket_buffer"] = o.bucket_buffer if o.bucket_length is not None else None
@@ -114,8 +155,15 @@ def data_identity(source: Source) -> dict[str, Any]:
     count, plus its size and SHA-256 when a split index gives them. File names, not paths: the
     same dataset copied to another folder or read over HTTP resumes the same state."""
     from_index = source.split is not None
-    shards = [[os.path.basename(urlsplit(s.url).path) if "://" in s.url else os.path.basename(s.url), s.nsamples,
-               s.filesize if from_index else None, s.sha256.lower() if from_index else ""] for s in source.shards]
+    shards = [
+        [
+            os.path.basename(urlsplit(s.url).path) if "://" in s.url else os.path.basename(s.url),
+            s.nsamples,
+            s.filesize if from_index else None,
+            s.sha256.lower() if from_index else "",
+        ]
+        for s in source.shards
+    ]
     text = json.dumps([source.split, source.version, shards], separators=(",", ":"))
     return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
@@ -145,22 +193,25 @@ def seal_state(state: dict[str, Any]) -> dict[str, Any]:
     return {**body, "check": {name: _field_check(name, body[name]) for name in names if name in body}}
 
 
-def make_state(ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int,
-               world: int, workers: int) -> dict[str, Any]:
+def make_state(
+    ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int, world: int, workers: int
+) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
-    return seal_state({
-        "version": STATE_VERSION,
-        "epoch": epoch,
-        "batches": batches,
-        "seed": ds.options.seed,
-        "world": world,
-        "workers": workers,
-        "num_batches": len(ds),
-        "history": [[s.world, s.workers, s.batches] for s in history],
-        "layout": layout,
-        "plan": _plan_fields(ds),
-        "data": _identities(ds),
-    })
+    return seal_state(
+        {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "seed": ds.options.seed,
+            "world": world,
+            "workers": workers,
+            "num_batches": len(ds),
+            "history": [[s.world, s.workers, s.batches] for s in history],
+            "layout": layout,
+            "plan": _plan_fields(ds),
+            "data": _identities(ds),
+        }
+    )
 
 
 def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, what: str = "loader") -> None:
@@ -168,8 +219,10 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
     lead = f"{what} state was edited or is incomplete:"
     missing = [name for name in names if name not in state]
     if missing:
-        raise ValueError(f"{lead} field {missing[0]!r} is missing" + (
-            f" ({len(missing)} fields are: {', '.join(missing)})" if len(missing) > 1 else ""))
+        raise ValueError(
+            f"{lead} field {missing[0]!r} is missing"
+            + (f" ({len(missing)} fields are: {', '.join(missing)})" if len(missing) > 1 else "")
+        )
     check = state.get("check")
     if not isinstance(check, dict):
         raise ValueError(f"{lead} field 'check' is {check!r}; a version 3 state carries a checksum of each field")
@@ -181,8 +234,10 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
         except (TypeError, ValueError):
             found = None
         if found != check[name]:
-            raise ValueError(f"{lead} field {name!r} is {state[name]!r}, which does not match its checksum "
-                             f"{check[name]!r} (saved with the state)")
+            raise ValueError(
+                f"{lead} field {name!r} is {state[name]!r}, which does not match its checksum "
+                f"{check[name]!r} (saved with the state)"
+            )
     extra = sorted(set(state) - set(names) - {"check"})
     if extra:
         raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 3 state")
@@ -201,12 +256,14 @@ def _check_data(ds: StateSource, saved: Any, what: str = "loader") -> None:
             raise ValueError(
                 f"{what} state field 'data[{i}].version' is {found.get('version')!r}, this loader reads version "
                 f"{mine['version']!r} of {name}: the state was saved on another version of the dataset (converted "
-                "again), whose epochs hold other samples; resume with a dataset of the saved version")
+                "again), whose epochs hold other samples; resume with a dataset of the saved version"
+            )
         if found.get("digest") != mine["digest"]:
             raise ValueError(
                 f"{what} state field 'data[{i}].digest' is {found.get('digest')!r}, this loader has "
                 f"{mine['digest']!r} for {name}: the state was saved on other data (other shards, sample counts or "
-                "checksums: another dataset or conversion)")
+                "checksums: another dataset or conversion)"
+            )
 
 
 def _check_part_passes(ds: StateSource, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
@@ -223,7 +280,8 @@ def _check_part_passes(ds: StateSource, epoch: int, batches: int, history: tuple
             f"reads {counts[i]} of its {sizes[i]} samples (plan.stream_counts {counts}, not whole passes); "
             "this loader (state version 3) takes that part of a pass by another rule, so the rest of the saved "
             f"epoch cannot be resumed. Restart epoch {epoch} (set_epoch({epoch}) without loading the state) or go "
-            f"on with epoch {epoch + 1}")
+            f"on with epoch {epoch + 1}"
+        )
 
 
 def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> int:
@@ -265,8 +323,9 @@ def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], 
     return batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
 
 
-def load_state(ds: StateSource, state: dict[str, Any], *, world: int,
-               workers: int) -> tuple[int, int, tuple[Segment, ...], int]:
+def load_state(
+    ds: StateSource, state: dict[str, Any], *, world: int, workers: int
+) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
@@ -281,13 +340,18 @@ def load_state(ds: StateSource, state: dict[str, Any], *, world: int,
     saved_workers = _int(state, "workers", 1) if "workers" in state else workers
     if version == 1:
         if len(ds.streams) > 1 or ds.samples_per_epoch != ds.num_samples:
-            raise ValueError("a version 1 loader state was saved from one source read whole each epoch; "
-                             "this loader mixes streams or sets samples_per_epoch")
-        expected = batches_per_rank(ds.num_samples, world=saved_world, batch_size=ds.options.batch_size,
-                                    drop_last=ds.options.drop_last)
+            raise ValueError(
+                "a version 1 loader state was saved from one source read whole each epoch; "
+                "this loader mixes streams or sets samples_per_epoch"
+            )
+        expected = batches_per_rank(
+            ds.num_samples, world=saved_world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last
+        )
         if state.get("num_batches") != expected:
-            raise ValueError(f"loader state field 'num_batches' is {state.get('num_batches')!r}, this dataset "
-                             f"has {expected} under world {saved_world}")
+            raise ValueError(
+                f"loader state field 'num_batches' is {state.get('num_batches')!r}, this dataset "
+                f"has {expected} under world {saved_world}"
+            )
         history: tuple[Segment, ...] = ()
         layout = 1
     else:
@@ -298,11 +362,15 @@ def load_state(ds: StateSource, state: dict[str, Any], *, world: int,
     segment = Segment(saved_world, saved_workers, batches)
     if (saved_world, saved_workers) != (world, workers):
         if ds.options.bucket_length is not None:
-            raise ValueError(f"this loader state was saved with world={saved_world}, workers={saved_workers}; with "
-                             f"bucket_length, a resume needs the same world and workers (have {world=}, {workers=})")
+            raise ValueError(
+                f"this loader state was saved with world={saved_world}, workers={saved_workers}; with "
+                f"bucket_length, a resume needs the same world and workers (have {world=}, {workers=})"
+            )
         if len(history) >= MAX_SEGMENTS:
-            raise ValueError(f"epoch {epoch} was resumed on another topology {len(history)} times already; "
-                             f"a state holds at most {MAX_SEGMENTS}")
+            raise ValueError(
+                f"epoch {epoch} was resumed on another topology {len(history)} times already; "
+                f"a state holds at most {MAX_SEGMENTS}"
+            )
         history, batches, saved_world = history + (segment,), 0, world
     have = epoch_batches(ds, epoch, history=history, layout=layout, world=world)
     if batches > have:
@@ -329,20 +397,22 @@ class IterPosition:
 
 def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
     """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
-    return seal_state({
-        "kind": ITER_STATE_KIND,
-        "version": STATE_VERSION,
-        "epoch": pos.epoch,
-        "worker": pos.role,
-        "workers": pos.workers,
-        "world": pos.world,
-        "batches": pos.batches,
-        "seed": ds.options.seed,
-        "history": [[s.world, s.workers, s.batches] for s in pos.history],
-        "layout": pos.layout,
-        "plan": _plan_fields(ds),
-        "data": _identities(ds),
-    })
+    return seal_state(
+        {
+            "kind": ITER_STATE_KIND,
+            "version": STATE_VERSION,
+            "epoch": pos.epoch,
+            "worker": pos.role,
+            "workers": pos.workers,
+            "world": pos.world,
+            "batches": pos.batches,
+            "seed": ds.options.seed,
+            "history": [[s.world, s.workers, s.batches] for s in pos.history],
+            "layout": pos.layout,
+            "plan": _plan_fields(ds),
+            "data": _identities(ds),
+        }
+    )
 
 
 def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, workers: int) -> IterPosition:
@@ -353,10 +423,14 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
     """
     if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
         kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"dataset state field 'kind' is {kind!r}; want {ITER_STATE_KIND!r} (a loader's state "
-                         "goes to loader.load_state_dict)")
+        raise ValueError(
+            f"dataset state field 'kind' is {kind!r}; want {ITER_STATE_KIND!r} (a loader's state "
+            "goes to loader.load_state_dict)"
+        )
     if state.get("version") != STATE_VERSION:
-        raise ValueError(f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}")
+        raise ValueError(
+            f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}"
+        )
     _check_integrity(state, _ITER_CHECKED, "dataset")
     _check_data(ds, state.get("data"), "dataset")
     if state.get("seed") != ds.options.seed:
@@ -364,12 +438,21 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
     _check_plan(ds, state, what="dataset")
     saved_world, saved_workers = _int(state, "world", 1, "dataset"), _int(state, "workers", 1, "dataset")
     if (saved_world, saved_workers) != (world, workers):
-        raise ValueError(f"this dataset state was saved by a process of world={saved_world}, workers={saved_workers}; "
-                         f"this one has {world=}, {workers=}. A dataset state resumes only the same topology: "
-                         "to change it, save and load the state of make_loader's loader instead")
+        raise ValueError(
+            f"this dataset state was saved by a process of world={saved_world}, workers={saved_workers}; "
+            f"this one has {world=}, {workers=}. A dataset state resumes only the same topology: "
+            "to change it, save and load the state of make_loader's loader instead"
+        )
     role = _int(state, "worker", 0, "dataset")
     if role >= workers:
         raise ValueError(f"dataset state field 'worker' is {role}; want < {workers=}")
     history, layout = _history_and_layout(state, what="dataset")
-    return IterPosition(epoch=_int(state, "epoch", 0, "dataset"), role=role, workers=workers, world=world,
-                        batches=_int(state, "batches", 0, "dataset"), history=history, layout=layout)
+    return IterPosition(
+        epoch=_int(state, "epoch", 0, "dataset"),
+        role=role,
+        workers=workers,
+        world=world,
+        batches=_int(state, "batches", 0, "dataset"),
+        history=history,
+        layout=layout,
+    )

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from shardify.reader.sample.clock import CLOCK
 
 from shardify.progress import progress_bar
+from shardify.reader.sample.clock import CLOCK
 
 __all__ = ["StageTable", "WorkerTimes", "MainClock", "EpochClock", "LoaderMeter", "batch_samples"]
 
@@ -177,8 +177,9 @@ class LoaderMeter:
 
     def loop(self, clock: EpochClock, batches: Iterator[Any], *, total: int | None = None) -> Iterator[Any]:
         """``batches`` as the training loop gets them: waits, batches and samples counted; a bar."""
-        bar = progress_bar(total=total, desc=f"epoch {clock.epoch}", unit="batch", enabled=self._progress,
-                           unit_scale=False)
+        bar = progress_bar(
+            total=total, desc=f"epoch {clock.epoch}", unit="batch", enabled=self._progress, unit_scale=False
+        )
         shown = t = clock.started  # from the start: what the loop's first next() waited for
         try:
             while True:

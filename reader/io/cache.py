@@ -112,8 +112,15 @@ class ShardCache:
         base = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(urlsplit(url).path))[-80:] or "file"
         return self.directory / f"{digest}-{base}"
 
-    def open(self, url: str, *, retry: RetryPolicy, size: int | None = None, sha256: str = "",
-             storage_options: Mapping[str, Any] | None = None) -> BinaryIO:
+    def open(
+        self,
+        url: str,
+        *,
+        retry: RetryPolicy,
+        size: int | None = None,
+        sha256: str = "",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> BinaryIO:
         """The complete copy of ``url``, open for reading at byte 0; fetched first when needed."""
         final = self.path_for(url, sha256)
         f = _open_complete(final, size)
@@ -131,8 +138,16 @@ class ShardCache:
         self._evict(keep=final)
         return f
 
-    def _fetch(self, url: str, final: Path, *, retry: RetryPolicy, size: int | None, sha256: str,
-               storage_options: Mapping[str, Any] | None) -> BinaryIO:
+    def _fetch(
+        self,
+        url: str,
+        final: Path,
+        *,
+        retry: RetryPolicy,
+        size: int | None,
+        sha256: str,
+        storage_options: Mapping[str, Any] | None,
+    ) -> BinaryIO:
         part = final.with_name(f"{final.name}.part-{os.getpid()}-{secrets.token_hex(4)}")
         f = open(part, "w+b")  # noqa: SIM115 - returned to the caller, who closes it
         try:
@@ -150,7 +165,9 @@ class ShardCache:
                 raise ShardFetchError(
                     f"no space left in the cache folder {self.directory} ({full.strerror or full}) while "
                     f"downloading{f' its {size} bytes' if size is not None else ''}; the partial copy was removed. "
-                    "Free space there, or lower cache_limit_bytes", shard=url) from e
+                    "Free space there, or lower cache_limit_bytes",
+                    shard=url,
+                ) from e
             raise
         f.seek(0)
         return f
@@ -165,9 +182,13 @@ class ShardCache:
     def _note_fetch(self, url: str) -> None:
         if url in self._fetched and self.limit_files is not None and not self._warned:
             self._warned = True
-            log.warning("%s: fetched again because only %d shards are kept in %s; pass "
-                        "cache_dir=... with room for a worker's shards to fetch each shard once",
-                        url, self.limit_files, self.directory)
+            log.warning(
+                "%s: fetched again because only %d shards are kept in %s; pass "
+                "cache_dir=... with room for a worker's shards to fetch each shard once",
+                url,
+                self.limit_files,
+                self.directory,
+            )
         self._fetched.add(url)
 
     def entries(self) -> list[tuple[int, int, Path]]:
@@ -196,8 +217,12 @@ class ShardCache:
                 log.debug("evicted %s (%d bytes)", path, size)
             total, count = total - size, count - 1
         if self.limit_bytes is not None and total > self.limit_bytes:
-            log.warning("%s: %d bytes kept, above cache_limit_bytes=%d: the shard in use is larger",
-                        self.directory, total, self.limit_bytes)
+            log.warning(
+                "%s: %d bytes kept, above cache_limit_bytes=%d: the shard in use is larger",
+                self.directory,
+                total,
+                self.limit_bytes,
+            )
 
 
 def _disk_full(e: BaseException) -> OSError | None:
@@ -249,8 +274,9 @@ def shard_cache(options: FetchOptions) -> ShardCache:
             else:
                 folder = tempfile.mkdtemp(prefix="shardify-shards-")
                 # Runs at exit of the main process and of multiprocessing children (DataLoader workers).
-                multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder,),
-                                              kwargs={"ignore_errors": True}, exitpriority=0)
+                multiprocessing.util.Finalize(
+                    None, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True}, exitpriority=0
+                )
                 cache = ShardCache(folder, limit_files=options.temp_shards, durable=False)
             _caches[key] = cache
         return cache
@@ -258,5 +284,6 @@ def shard_cache(options: FetchOptions) -> ShardCache:
 
 def open_remote(url: str, *, options: FetchOptions, size: int | None = None, sha256: str = "") -> BinaryIO:
     """A local, seekable copy of the remote file ``url``, open at byte 0 (see the module)."""
-    return shard_cache(options).open(url, retry=options.retry, size=size, sha256=sha256,
-                                     storage_options=options.storage_options)
+    return shard_cache(options).open(
+        url, retry=options.retry, size=size, sha256=sha256, storage_options=options.storage_options
+    )

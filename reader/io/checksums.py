@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shardify.errors import ManifestError
-from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
 from shardify.reader.io.sources import Source
+from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
 
 __all__ = ["ChecksumSpec", "parse_sha256sums", "load_checksums", "with_checksums", "source_checksums"]
 
@@ -82,8 +82,10 @@ def with_checksums(source: Source, spec: ChecksumSpec) -> Source:
     for shard in source.shards:
         found = _lookup(checksums, shard.url)
         if found is None:
-            raise ValueError(f"verify= has no checksum for shard {shard.url} ({len(checksums)} given, "
-                             f"matched by URL, path or file name)")
+            raise ValueError(
+                f"verify= has no checksum for shard {shard.url} ({len(checksums)} given, "
+                f"matched by URL, path or file name)"
+            )
         shards.append(dataclasses.replace(shard, sha256=found))
     return dataclasses.replace(source, shards=tuple(shards))
 
@@ -95,5 +97,6 @@ def source_checksums(source: Source) -> tuple[str, ...]:
         raise ValueError(
             f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
             f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
-            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)")
+            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)"
+        )
     return tuple(s.sha256 for s in source.shards)

@@ -29,8 +29,18 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import BinaryIO, Protocol
 
-from shardify.chunk import (KEYS_EXT, Chunk, MemberLayout, Stacked, Variable, chunk_keys, chunk_samples, decode_chunk,
-                            head_bytes, member_layout)
+from shardify.chunk import (
+    KEYS_EXT,
+    Chunk,
+    MemberLayout,
+    Stacked,
+    Variable,
+    chunk_keys,
+    chunk_samples,
+    decode_chunk,
+    head_bytes,
+    member_layout,
+)
 from shardify.errors import ShardFormatError
 from shardify.reader.io.items import Item, Lost, damage
 
@@ -55,6 +65,7 @@ class ShardFiles(Protocol):
 
     def close(self) -> None: ...
 
+
 _MAX_INDEXED_SAMPLES = 1 << 18
 """Chunk layouts kept per reader, counted in their samples (keys and offsets: ~100 B each)."""
 _ReadErrors = (OSError, EOFError, zlib.error)
@@ -67,8 +78,9 @@ def _read_at(f: BinaryIO, at: int, size: int, url: str, key: str, field: str) ->
     f.seek(at)
     data = f.read(size)
     if len(data) != size:  # the file shrank since it was scanned
-        raise ShardFormatError(f"truncated: field {field!r} needs {size} bytes at byte {at}, only {len(data)} "
-                               "left", shard=url, key=key)
+        raise ShardFormatError(
+            f"truncated: field {field!r} needs {size} bytes at byte {at}, only {len(data)} left", shard=url, key=key
+        )
     return data
 
 
@@ -126,8 +138,9 @@ class ChunkSlicer:
             c += 1
 
     # -- seekable shards: a block's bytes only -------------------------------------------------
-    def _block(self, shard: int, c: int, lo: int, hi: int
-               ) -> tuple[list[str], int, dict[str, Stacked | Variable]] | None:
+    def _block(
+        self, shard: int, c: int, lo: int, hi: int
+    ) -> tuple[list[str], int, dict[str, Stacked | Variable]] | None:
         """Samples ``lo..hi-1`` of chunk ``c`` (indices within the chunk): keys, the chunk's
         offset and one column per field; None when the shard must be read forward."""
         index = self._chunk_index(shard, c)
@@ -199,8 +212,9 @@ class ChunkSlicer:
             return item, -1
         key = str(item["__key__"])
         try:
-            chunk = decode_chunk(item, shard=url, key=key,
-                                 count=chunk_samples(self._sizes[shard], self._chunks[shard] or 1, c))
+            chunk = decode_chunk(
+                item, shard=url, key=key, count=chunk_samples(self._sizes[shard], self._chunks[shard] or 1, c)
+            )
             if chunk.keys[0] != key:
                 raise ShardFormatError(f"damaged chunk: its first key is {chunk.keys[0]!r}", shard=url, key=key)
         except ShardFormatError as e:
@@ -209,8 +223,7 @@ class ChunkSlicer:
             return Lost(url, c, str(e)), -1
         return chunk, int(item["__offset__"])  # type: ignore[call-overload]
 
-    def _slice(self, shard: int, c: int, decoded: Chunk | Lost, offset: int, start: int,
-               stop: int) -> Iterator[Item]:
+    def _slice(self, shard: int, c: int, decoded: Chunk | Lost, offset: int, start: int, stop: int) -> Iterator[Item]:
         """The items of chunk ``c`` that fall in ``start..stop-1``."""
         n = self._chunks[shard] or 1
         base = c * n

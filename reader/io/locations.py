@@ -59,4 +59,5 @@ def check_location(index_at: str, url: str, *, allow: Sequence[str] = ()) -> Non
     folder = index_at.rsplit("/", 1)[0] + "/" if "://" in index_at else _folder(index_at)[2]
     raise LocationError(
         f"{index_at}: refuses to read {url}: it is not under the index's own location {folder}; "
-        "list its prefix in CacheOptions(allow_locations=...) to read it anyway")
+        "list its prefix in CacheOptions(allow_locations=...) to read it anyway"
+    )

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
-from shardify.tario import KeepMember, iter_members, iter_samples
 from shardify.reader.io.cache import FetchOptions
-from shardify.remote import fetch_range, is_remote
 from shardify.reader.io.sources import Source, is_gzip
+from shardify.remote import fetch_range, is_remote
 from shardify.sampletable import SampleTable, sample_digest
+from shardify.tario import KeepMember, iter_members, iter_samples
 
 __all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher"]
 
@@ -68,8 +68,14 @@ class RangeFetcher:
     """Sample bytes of the shards ``urls`` that have a table in ``tables`` (empty: not read
     here), fetched with ``fetch`` (its retry policy, storage options and ``requests``)."""
 
-    def __init__(self, urls: Sequence[str], tables: Sequence[bytes], fetch: Sequence[FetchOptions], *,
-                 max_request_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        tables: Sequence[bytes],
+        fetch: Sequence[FetchOptions],
+        *,
+        max_request_bytes: int = 1 << 20,
+    ) -> None:
         if not len(urls) == len(tables) == len(fetch):
             raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
         self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)
@@ -104,8 +110,12 @@ class RangeFetcher:
                 continue
             ranges = self._sample_ranges(shard)
             last = self._planned[-1] if self._planned else None
-            if (last is not None and last.shard == shard and last.last == a
-                    and ranges[b - 1][1] - last.start <= self._max):
+            if (
+                last is not None
+                and last.shard == shard
+                and last.last == a
+                and ranges[b - 1][1] - last.start <= self._max
+            ):
                 last.last, last.stop = b, ranges[b - 1][1]
             else:
                 last = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1])
@@ -135,7 +145,7 @@ class RangeFetcher:
 
     def _slice(self, req: _Request, data: bytes, start: int, stop: int) -> list[bytes]:
         ranges = self._sample_ranges(req.shard)
-        return [data[ranges[i][0] - req.start:ranges[i][1] - req.start] for i in range(start, stop)]
+        return [data[ranges[i][0] - req.start : ranges[i][1] - req.start] for i in range(start, stop)]
 
     def _top_up(self) -> None:
         while self._planned and len(self._ahead) < self._requests:
@@ -148,18 +158,27 @@ class RangeFetcher:
     def _get(self, req: _Request) -> bytes:
         """Fetch ``req`` and check each of its samples against the index (in a pool thread)."""
         url, fetch = self._urls[req.shard], self._fetch[req.shard]
-        data = fetch_range(url, req.start, req.stop, retry=fetch.retry, storage_options=fetch.storage_options,
-                           cancelled=lambda: req.dropped)
+        data = fetch_range(
+            url,
+            req.start,
+            req.stop,
+            retry=fetch.retry,
+            storage_options=fetch.storage_options,
+            cancelled=lambda: req.dropped,
+        )
         with self._lock:
             self.stats.requests += 1
             self.stats.bytes += len(data)
         ranges = self._sample_ranges(req.shard)
         for i in range(req.first, req.last):
             a, b, digest = ranges[i]
-            if sample_digest(memoryview(data)[a - req.start:b - req.start]) != digest:
-                raise ShardFormatError(f"sample {i} (bytes {a}-{b - 1}) does not match the index's checksum "
-                                       "(corrupt or replaced on the server)", shard=url,
-                                       key=_key_of(data[a - req.start:b - req.start]))
+            if sample_digest(memoryview(data)[a - req.start : b - req.start]) != digest:
+                raise ShardFormatError(
+                    f"sample {i} (bytes {a}-{b - 1}) does not match the index's checksum "
+                    "(corrupt or replaced on the server)",
+                    shard=url,
+                    key=_key_of(data[a - req.start : b - req.start]),
+                )
         return data
 
     @staticmethod
@@ -186,15 +205,17 @@ class RangeFetcher:
             self._pool = None
 
 
-def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None,
-                 max_member: int) -> dict[str, object]:
+def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None, max_member: int) -> dict[str, object]:
     """The sample dict of one sample's tar bytes ``data`` (found at byte ``offset`` of the
     shard ``url``): exactly one sample, or :class:`ShardFormatError`."""
     members = iter_members(io.BytesIO(data), shard=url, keep=keep, max_member=max_member)
     found = list(iter_samples(members, shard=url))
     if len(found) != 1:
-        raise ShardFormatError(f"bytes {offset}-{offset + len(data) - 1} hold {len(found)} samples, the index "
-                               "says one", shard=url, key=str(found[0]["__key__"]) if found else None)
+        raise ShardFormatError(
+            f"bytes {offset}-{offset + len(data) - 1} hold {len(found)} samples, the index says one",
+            shard=url,
+            key=str(found[0]["__key__"]) if found else None,
+        )
     sample = found[0]
     sample["__offset__"] = offset
     return sample

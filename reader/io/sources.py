@@ -117,8 +117,9 @@ class Source:
         split, raises :class:`DatasetVersionError` (the pinned version is gone)."""
         info = self._by_url.get(url)
         try:
-            return open_tar(url, fetch=self.fetch, filesize=info.filesize if info else None,
-                            sha256=info.sha256 if info else "")
+            return open_tar(
+                url, fetch=self.fetch, filesize=info.filesize if info else None, sha256=info.sha256 if info else ""
+            )
         except (OSError, ShardFormatError) as e:
             gone = self.version_gone(url)
             if gone is not None:
@@ -151,7 +152,9 @@ class Source:
             f"dataset {self.name}, split {self.split!r}: version {self.version or 'unversioned (format 1)'} "
             f"that this reader opened is gone; the dataset was converted again and is now at version "
             f"{now or 'unversioned'}. Make a new ShardedDataset to read version {now} (the epoch cannot "
-            "go on: its samples would mix two versions)", shard=url)
+            "go on: its samples would mix two versions)",
+            shard=url,
+        )
 
 
 def is_gzip(url: str) -> bool:
@@ -160,7 +163,7 @@ def is_gzip(url: str) -> bool:
 
 
 def _local_path(url: str) -> str:
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def open_shard(
@@ -261,17 +264,29 @@ def resolve_source(
     ``allow_locations`` prefixes (:mod:`shardify.reader.io.locations`). ``ranged`` and
     ``requests``: see :class:`~shardify.reader.io.cache.FetchOptions`.
     """
-    fetch = FetchOptions(retry=retry or RetryPolicy(), cache_limit_bytes=cache_limit_bytes,
-                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-                         temp_shards=temp_shards, storage_options=storage_options,
-                         allow_locations=tuple(allow_locations), ranged=ranged, requests=requests)
+    fetch = FetchOptions(
+        retry=retry or RetryPolicy(),
+        cache_limit_bytes=cache_limit_bytes,
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        temp_shards=temp_shards,
+        storage_options=storage_options,
+        allow_locations=tuple(allow_locations),
+        ranged=ranged,
+        requests=requests,
+    )
     if not isinstance(spec, (str, os.PathLike)):
-        return _from_shards(expand_shards(spec), name=f"{len(spec)} shard paths", threads=count_threads,
-                            fetch=fetch, skip_unreadable=skip_unreadable)
+        return _from_shards(
+            expand_shards(spec),
+            name=f"{len(spec)} shard paths",
+            threads=count_threads,
+            fetch=fetch,
+            skip_unreadable=skip_unreadable,
+        )
     text = os.fspath(spec)
     if _is_shard_spec(text):
-        return _from_shards(expand_shards(text), name=text, threads=count_threads, fetch=fetch,
-                            skip_unreadable=skip_unreadable)
+        return _from_shards(
+            expand_shards(text), name=text, threads=count_threads, fetch=fetch, skip_unreadable=skip_unreadable
+        )
     if is_remote(text):
         return _from_url(text, split, fetch)
     path = Path(_local_path(text))
@@ -283,8 +298,9 @@ def resolve_source(
         index = SplitIndex.load(path)
         _check_split(index, split, str(path))
         manifest_near = path.parent / MANIFEST_NAME
-        return _from_index(index, str(path), name=str(path), fetch=fetch,
-                           dataset=str(path.parent) if manifest_near.exists() else None)
+        return _from_index(
+            index, str(path), name=str(path), fetch=fetch, dataset=str(path.parent) if manifest_near.exists() else None
+        )
     raise ManifestError(
         f"{text}: not a dataset directory, manifest.json, split index (.json) or tar shard "
         "(.tar, .tar.gz, .tgz, or a {a..b} pattern)"
@@ -320,7 +336,8 @@ def _unfinished(directory: Path, split: str | None) -> ManifestError | None:
     return ManifestError(
         f"{directory}: unfinished: a conversion into this folder was interrupted ({work} holds the work of split(s) "
         f"{', '.join(splits) or '?'}); its shards are not read until manifest.json lists the split: run it again "
-        "to finish")
+        "to finish"
+    )
 
 
 def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> Source:
@@ -333,8 +350,9 @@ def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> S
         if unfinished is not None:
             raise unfinished from e
         raise
-    return _from_index(index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch,
-                       dataset=str(directory))
+    return _from_index(
+        index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch, dataset=str(directory)
+    )
 
 
 def _fetch_json(url: str, fetch: FetchOptions, what: str) -> dict[str, Any]:
@@ -370,16 +388,34 @@ def _shard_location(index_at: str, relative: str) -> str:
     return str(Path(index_at).parent / relative)
 
 
-def _from_index(index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions,
-                dataset: str | None = None) -> Source:
+def _from_index(
+    index: SplitIndex, index_at: str, *, name: str, fetch: FetchOptions, dataset: str | None = None
+) -> Source:
     for e in index.shards:
         check_location(index_at, _shard_location(index_at, e.url), allow=fetch.allow_locations)
-    shards = tuple(ShardInfo(url=_shard_location(index_at, e.url), nsamples=e.nsamples,
-                             filesize=e.filesize, sha256=e.sha256, offsets=e.offsets, chunk=index.chunk,
-                             samples=e.samples)
-                   for e in index.shards)
-    return Source(name=name, split=index.split, shards=shards, classes=index.classes,
-                  fields=index.fields, unique_keys=True, fetch=fetch, version=index.version, dataset=dataset)
+    shards = tuple(
+        ShardInfo(
+            url=_shard_location(index_at, e.url),
+            nsamples=e.nsamples,
+            filesize=e.filesize,
+            sha256=e.sha256,
+            offsets=e.offsets,
+            chunk=index.chunk,
+            samples=e.samples,
+        )
+        for e in index.shards
+    )
+    return Source(
+        name=name,
+        split=index.split,
+        shards=shards,
+        classes=index.classes,
+        fields=index.fields,
+        unique_keys=True,
+        fetch=fetch,
+        version=index.version,
+        dataset=dataset,
+    )
 
 
 def _count_or_error(url: str, fetch: FetchOptions) -> int | ShardFormatError:
@@ -389,8 +425,9 @@ def _count_or_error(url: str, fetch: FetchOptions) -> int | ShardFormatError:
         return e
 
 
-def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOptions,
-                 skip_unreadable: bool = False) -> Source:
+def _from_shards(
+    urls: list[str], *, name: str, threads: int, fetch: FetchOptions, skip_unreadable: bool = False
+) -> Source:
     if not urls:
         raise ManifestError(f"{name}: no shards")
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
@@ -409,5 +446,4 @@ def _from_shards(urls: list[str], *, name: str, threads: int, fetch: FetchOption
     more = f", ... ({len(urls) - 8} more)" if len(urls) > 8 else ""
     log.info("counted %d samples in %d shards of %s: %s%s", sum(counts), len(urls), name, shown, more)
     shards = tuple(ShardInfo(url=u, nsamples=n) for u, n in zip(urls, counts))
-    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1, fetch=fetch,
-                  unreadable=unreadable)
+    return Source(name=name, split=None, shards=shards, unique_keys=len(urls) == 1, fetch=fetch, unreadable=unreadable)

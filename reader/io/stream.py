@@ -41,11 +41,18 @@ from shardify.manifest import file_sha256
 from shardify.reader.io.chunked import ChunkSlicer
 from shardify.reader.io.items import Item, Lost, damage
 from shardify.reader.io.ranged import RangeFetcher, parse_sample
-from shardify.remote import is_remote
 from shardify.reader.io.sources import is_gzip, open_shard, open_tar
+from shardify.remote import is_remote
 from shardify.tarfmt import OFFSET_STRIDE
-from shardify.tario import (DEFAULT_MAX_MEMBER, KeepMember, ShardLayout, iter_members, iter_samples, scan_layout,
-                            scan_window)
+from shardify.tario import (
+    DEFAULT_MAX_MEMBER,
+    KeepMember,
+    ShardLayout,
+    iter_members,
+    iter_samples,
+    scan_layout,
+    scan_window,
+)
 
 __all__ = ["Lost", "Item", "ShardReader"]
 
@@ -54,8 +61,9 @@ _MAX_CACHED_WINDOWS = 16384
 _ReadErrors = (OSError, EOFError, zlib.error)
 
 
-def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str,
-                 fields: Collection[str] | None) -> dict[str, object]:
+def _read_sample(
+    f: BinaryIO, layout: ShardLayout, i: int, url: str, fields: Collection[str] | None
+) -> dict[str, object]:
     """Sample ``i`` of the shard open as ``f``: one read per field in ``fields`` (None: every
     field), where the layout says."""
     key = layout.key(i)
@@ -66,8 +74,9 @@ def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str,
         f.seek(at)
         data = f.read(size)
         if len(data) != size:  # the file shrank since it was scanned
-            raise ShardFormatError(f"truncated: field {field!r} needs {size} bytes at byte {at}, "
-                                   f"only {len(data)} left", shard=url, key=key)
+            raise ShardFormatError(
+                f"truncated: field {field!r} needs {size} bytes at byte {at}, only {len(data)} left", shard=url, key=key
+            )
         sample[field] = data
     return sample
 
@@ -75,8 +84,15 @@ def _read_sample(f: BinaryIO, layout: ShardLayout, i: int, url: str,
 class _Cursor:
     """A forward-only position in one shard's sample stream (gzip, or a damaged tar)."""
 
-    def __init__(self, shard: int, url: str, opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar, *,
-                 keep: KeepMember | None = None, max_member: int = DEFAULT_MAX_MEMBER) -> None:
+    def __init__(
+        self,
+        shard: int,
+        url: str,
+        opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar,
+        *,
+        keep: KeepMember | None = None,
+        max_member: int = DEFAULT_MAX_MEMBER,
+    ) -> None:
         self.shard = shard
         self.url = url
         self.index = 0
@@ -134,7 +150,11 @@ class ShardReader:
     :meth:`plan` tells it the reads to come."""
 
     def __init__(
-        self, urls: Sequence[str], sizes: Sequence[int], *, skip_damaged: bool,
+        self,
+        urls: Sequence[str],
+        sizes: Sequence[int],
+        *,
+        skip_damaged: bool,
         opener: Callable[[str], tuple[BinaryIO, bool]] = open_tar,
         checksums: Sequence[str] | None = None,
         fields: Collection[str] | None = None,
@@ -264,9 +284,14 @@ class ShardReader:
             except (ShardFormatError, *_ReadErrors):
                 f = None  # the full scan reports it
             if f is not None:
-                found = scan_window(f, start=offsets[w], count=count,
-                                    next_start=offsets[w + 1] if w + 1 < len(offsets) else None,
-                                    filesize=self._filesizes[shard], max_member=self._max_member)
+                found = scan_window(
+                    f,
+                    start=offsets[w],
+                    count=count,
+                    next_start=offsets[w + 1] if w + 1 < len(offsets) else None,
+                    filesize=self._filesizes[shard],
+                    max_member=self._max_member,
+                )
         self._windows[key] = found
         if len(self._windows) > _MAX_CACHED_WINDOWS:
             self._windows.popitem(last=False)
@@ -300,9 +325,15 @@ class ShardReader:
             except (ShardFormatError, *_ReadErrors) as e:  # unreadable, or a fetch that failed
                 return damage(url, e)  # not remembered: the next read tries again
             else:
-                self._verified[shard] = None if found == expected else ShardFormatError(
-                    f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
-                    "`shardify verify` checks every shard)", shard=url)
+                self._verified[shard] = (
+                    None
+                    if found == expected
+                    else ShardFormatError(
+                        f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
+                        "`shardify verify` checks every shard)",
+                        shard=url,
+                    )
+                )
         return self._verified[shard]
 
     def _open(self, shard: int) -> BinaryIO:
@@ -325,8 +356,7 @@ class ShardReader:
             f.seek(0)
             found = scan_layout(f, shard=url, max_member=self._max_member)
             if len(found) < self._sizes[shard]:
-                raise ShardFormatError(
-                    f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
+                raise ShardFormatError(f"holds {len(found)} samples, the source says {self._sizes[shard]}", shard=url)
         except (ShardFormatError, *_ReadErrors) as e:
             if not self._skip:
                 raise damage(url, e) from e
@@ -336,8 +366,7 @@ class ShardReader:
             self._layouts.popitem(last=False)
         return found
 
-    def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout, *,
-                   base: int = 0) -> Iterator[Item]:
+    def _read_seek(self, shard: int, start: int, stop: int, layout: ShardLayout, *, base: int = 0) -> Iterator[Item]:
         """Positions ``start..stop-1``; ``layout`` begins at position ``base`` (a window's)."""
         url = self._urls[shard]
         index = start
@@ -360,8 +389,9 @@ class ShardReader:
         url, index = self._urls[shard], start
         try:
             for data in ranged.samples(shard, start, stop):
-                yield parse_sample(data, url=url, offset=ranged.offset(shard, index), keep=self._keep,
-                                   max_member=self._max_member)
+                yield parse_sample(
+                    data, url=url, offset=ranged.offset(shard, index), keep=self._keep, max_member=self._max_member
+                )
                 index += 1
         except (ShardFormatError, *_ReadErrors) as e:
             if not self._skip:

@@ -164,8 +164,10 @@ def _range_starts(sequence: Sequence[Range]) -> np.ndarray:
     lengths = stop - first
     bad = np.flatnonzero((first < 0) | (lengths < 0))
     if bad.size:
-        raise ValueError(f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, "
-                         f"found {tuple(sequence[int(bad[0])])} at index {int(bad[0])}")
+        raise ValueError(
+            f"sequence ranges (shard, start, stop) should have 0 <= start <= stop, "
+            f"found {tuple(sequence[int(bad[0])])} at index {int(bad[0])}"
+        )
     out = np.zeros(len(sequence) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
@@ -212,14 +214,16 @@ def plan_worker(
     if not 0 <= worker < workers:
         raise ValueError(f"{worker=} should be in [0, {workers=})")
     if isinstance(sequence, BlockSequence):
-        return _plan_blocks(sequence, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
-                            drop_last=drop_last)
+        return _plan_blocks(
+            sequence, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size, drop_last=drop_last
+        )
     cum = _range_starts(sequence) if starts is None else np.asarray(starts, dtype=np.int64)
     if len(cum) != len(sequence) + 1:
         raise ValueError(f"starts has {len(cum)} entries, should be {len(sequence) + 1}: one per range plus the end")
     total = int(cum[-1])
-    runs = _share_runs(total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
-                       drop_last=drop_last)
+    runs = _share_runs(
+        total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size, drop_last=drop_last
+    )
     out: list[Range] = []
     for lo, hi in runs:
         while lo < hi:  # split at wrap-arounds of the sequence, then at its range ends
@@ -227,7 +231,7 @@ def plan_worker(
             end = v + min(hi - lo, total - v)
             j = int(cum.searchsorted(v, side="right")) - 1
             last = int(cum.searchsorted(end, side="left"))  # ranges j..last-1 hold [v, end)
-            at = cum[j:last + 1].tolist()
+            at = cum[j : last + 1].tolist()
             for i, (shard, start, _) in enumerate(sequence[j:last]):
                 first = start - at[i]
                 append_range(out, shard, first + max(v, at[i]), first + min(end, at[i + 1]))
@@ -235,24 +239,31 @@ def plan_worker(
     return WorkerPlan(ranges=tuple(out), batch_size=batch_size, runs=tuple(runs), total=total)
 
 
-def _share_runs(total: int, *, rank: int, world: int, worker: int, workers: int, batch_size: int,
-                drop_last: bool) -> list[tuple[int, int]]:
+def _share_runs(
+    total: int, *, rank: int, world: int, worker: int, workers: int, batch_size: int, drop_last: bool
+) -> list[tuple[int, int]]:
     """The share of a worker as runs ``[lo, hi)`` of sequence positions (``>= total``: repeats)."""
     per = samples_per_rank(total, world=world, drop_last=drop_last)
     nb = batches_per_rank(total, world=world, batch_size=batch_size, drop_last=drop_last)
     base = rank * per
-    return [(lo, base + min(lo - base + batch_size, per)) for lo in
-            (base + b * batch_size for b in range(worker, nb, workers))]
+    return [
+        (lo, base + min(lo - base + batch_size, per))
+        for lo in (base + b * batch_size for b in range(worker, nb, workers))
+    ]
 
 
-def _plan_blocks(sequence: BlockSequence, *, rank: int, world: int, worker: int, workers: int, batch_size: int,
-                 drop_last: bool) -> WorkerPlan:
+def _plan_blocks(
+    sequence: BlockSequence, *, rank: int, world: int, worker: int, workers: int, batch_size: int, drop_last: bool
+) -> WorkerPlan:
     """:func:`plan_worker` of a layout 4 sequence: the share's positions (wrapped past the end
     for padding repeats) mapped to shard ranges with numpy."""
     total = sequence.total
-    runs = _share_runs(total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
-                       drop_last=drop_last)
-    positions = (np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in runs]) % total if runs
-                 else np.zeros(0, dtype=np.int64))
-    return WorkerPlan(ranges=tuple(sequence.ranges_at(positions)), batch_size=batch_size, runs=tuple(runs),
-                      total=total)
+    runs = _share_runs(
+        total, rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size, drop_last=drop_last
+    )
+    positions = (
+        np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in runs]) % total
+        if runs
+        else np.zeros(0, dtype=np.int64)
+    )
+    return WorkerPlan(ranges=tuple(sequence.ranges_at(positions)), batch_size=batch_size, runs=tuple(runs), total=total)

@@ -35,16 +35,19 @@ class BlockSequence:
     ranges (O(total): only a resume on another topology does); :meth:`ranges_at` maps a share.
     """
 
-    def __init__(self, shards: np.ndarray, firsts: np.ndarray, counts: np.ndarray, *, block: int, seed: int,
-                 epoch: int) -> None:
+    def __init__(
+        self, shards: np.ndarray, firsts: np.ndarray, counts: np.ndarray, *, block: int, seed: int, epoch: int
+    ) -> None:
         if block < 1:
             raise ValueError(f"{block=} should be >= 1")
         self._shards = np.asarray(shards, dtype=np.int64)
         self._firsts = np.asarray(firsts, dtype=np.int64)
         counts = np.asarray(counts, dtype=np.int64)
         if not len(self._shards) == len(self._firsts) == len(counts):
-            raise ValueError(f"takes should be three arrays of one length, found {len(self._shards)}, "
-                             f"{len(self._firsts)}, {len(counts)}")
+            raise ValueError(
+                f"takes should be three arrays of one length, found {len(self._shards)}, "
+                f"{len(self._firsts)}, {len(counts)}"
+            )
         if counts.size and (int(counts.min()) < 0 or int(self._firsts.min()) < 0):
             raise ValueError("takes should have first indices >= 0 and counts >= 0")
         self._cum = np.zeros(len(counts) + 1, dtype=np.int64)

@@ -33,8 +33,7 @@ from shardify.reader.plan.assign import Range, append_range
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.shuffle import derive_seed, shard_order
 
-__all__ = ["stream_counts", "stream_take", "epoch_sequence", "shard_permutation", "block_sequence",
-           "layout_sequence"]
+__all__ = ["stream_counts", "stream_take", "epoch_sequence", "shard_permutation", "block_sequence", "layout_sequence"]
 
 
 def stream_counts(total: int, weights: Sequence[float]) -> list[int]:
@@ -52,8 +51,9 @@ def stream_counts(total: int, weights: Sequence[float]) -> list[int]:
     return counts
 
 
-def _whole_arrays(sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: int, lo: int,
-                  hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _whole_arrays(
+    sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: int, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Positions ``[lo, hi)`` of the stream's shards (``sizes``, int64) laid end to end in
     ``order``, as ``(shards, starts, stops)`` arrays (vectorised: an epoch at 1 B samples lays
     436 K shards)."""
@@ -65,8 +65,9 @@ def _whole_arrays(sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: 
     return idx[keep] + offset, np.maximum(first, lo) - first, np.minimum(stops[keep], hi) - first
 
 
-def _whole(sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: int, lo: int, hi: int,
-           out: list[Range]) -> None:
+def _whole(
+    sizes: np.ndarray, order: Sequence[int] | np.ndarray, offset: int, lo: int, hi: int, out: list[Range]
+) -> None:
     """:func:`_whole_arrays` appended to ``out`` as ranges: within one pass a shard appears
     once, so only its first range can continue the last one of ``out``."""
     if hi <= lo:
@@ -81,8 +82,9 @@ OrderFn = Callable[..., "Sequence[int] | np.ndarray"]
 """``order(num_shards, *, seed, epoch, shuffle)``: the order of a pass's shards."""
 
 
-def _take_parts(sizes: np.ndarray, *, count: int, epoch: int, seed: int, shuffle: bool, stream: int,
-                offset: int, order: OrderFn) -> list[tuple[np.ndarray, Sequence[int] | np.ndarray, int, int]]:
+def _take_parts(
+    sizes: np.ndarray, *, count: int, epoch: int, seed: int, shuffle: bool, stream: int, offset: int, order: OrderFn
+) -> list[tuple[np.ndarray, Sequence[int] | np.ndarray, int, int]]:
     """Stream ``stream``'s take as ``(sizes, shard order, lo, hi)`` parts: positions ``[lo, hi)``
     of the shards laid end to end in that order (see :func:`stream_take`)."""
     n = int(sizes.sum())
@@ -93,8 +95,11 @@ def _take_parts(sizes: np.ndarray, *, count: int, epoch: int, seed: int, shuffle
         return parts
     passes, rest = divmod(count, n)
     for j in range(passes):
-        pass_seed = (seed if stream == 0 else derive_seed("cycle", seed, stream)) if j == 0 else derive_seed(
-            "pass", seed, stream, j)
+        pass_seed = (
+            (seed if stream == 0 else derive_seed("cycle", seed, stream))
+            if j == 0
+            else derive_seed("pass", seed, stream, j)
+        )
         parts.append((sizes, order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), 0, n))
     if rest:
         cycle, at = divmod(epoch * rest, n // math.gcd(n, rest) * rest)  # cycles end on a pass and an epoch
@@ -106,8 +111,9 @@ def _take_parts(sizes: np.ndarray, *, count: int, epoch: int, seed: int, shuffle
     return parts
 
 
-def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuffle: bool, stream: int = 0,
-                offset: int = 0) -> list[Range]:
+def stream_take(
+    sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuffle: bool, stream: int = 0, offset: int = 0
+) -> list[Range]:
     """Stream ``stream``'s ``count`` samples of ``epoch`` (shard indices shifted by ``offset``).
 
     ``count // N`` whole passes over the stream's ``N`` samples (pass 0 of stream 0 is the
@@ -117,9 +123,16 @@ def stream_take(sizes: Sequence[int], *, count: int, epoch: int, seed: int, shuf
     before any twice, over consecutive epochs.
     """
     out: list[Range] = []
-    for part_sizes, order, lo, hi in _take_parts(np.asarray(sizes, dtype=np.int64).reshape(-1), count=count,
-                                                 epoch=epoch, seed=seed, shuffle=shuffle, stream=stream,
-                                                 offset=offset, order=shard_order):
+    for part_sizes, order, lo, hi in _take_parts(
+        np.asarray(sizes, dtype=np.int64).reshape(-1),
+        count=count,
+        epoch=epoch,
+        seed=seed,
+        shuffle=shuffle,
+        stream=stream,
+        offset=offset,
+        order=shard_order,
+    ):
         _whole(part_sizes, order, offset, lo, hi, out)
     return out
 
@@ -133,8 +146,9 @@ def shard_permutation(num_shards: int, *, seed: int, epoch: int, shuffle: bool =
     return np.random.RandomState(derive_seed("shards", seed, epoch) % 2**32).permutation(num_shards)
 
 
-def block_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int,
-                   block: int) -> BlockSequence:
+def block_sequence(
+    streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int, block: int
+) -> BlockSequence:
     """Layout 4's shuffled epoch: each stream's take (``counts``; None: each stream once, its
     shards in :func:`shard_permutation` order) as arrays, in blocks of ``block`` samples put in
     a keyed order that a worker evaluates on its own share (:class:`BlockSequence`)."""
@@ -146,18 +160,35 @@ def block_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | 
     offset = 0
     for i, (sizes, count) in enumerate(zip(streams, counts)):
         sizes_np = np.asarray(sizes, dtype=np.int64).reshape(-1)
-        for part_sizes, order, lo, hi in _take_parts(sizes_np, count=count, epoch=epoch, seed=seed, shuffle=True,
-                                                     stream=i, offset=offset, order=shard_permutation):
+        for part_sizes, order, lo, hi in _take_parts(
+            sizes_np,
+            count=count,
+            epoch=epoch,
+            seed=seed,
+            shuffle=True,
+            stream=i,
+            offset=offset,
+            order=shard_permutation,
+        ):
             if hi > lo:
                 pieces.append(_whole_arrays(part_sizes, order, offset, lo, hi))
         offset += len(sizes)
-    shards, firsts, stops = (np.concatenate([p[j] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
-                             for j in range(3))
+    shards, firsts, stops = (
+        np.concatenate([p[j] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64) for j in range(3)
+    )
     return BlockSequence(shards, firsts, stops - firsts, block=block, seed=seed, epoch=epoch)
 
 
-def epoch_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int,
-                   shuffle: bool, block: int, interleave: bool = True) -> tuple[Range, ...]:
+def epoch_sequence(
+    streams: Sequence[Sequence[int]],
+    *,
+    counts: Sequence[int] | None,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    block: int,
+    interleave: bool = True,
+) -> tuple[Range, ...]:
     """The epoch's samples in order: each stream's take (``counts``; None: each stream once),
     then, with ``shuffle`` and ``interleave``, blocks of ``block`` samples in a seeded order."""
     if counts is None:
@@ -176,15 +207,25 @@ def epoch_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | 
     return _interleave(takes, block=block, seed=seed, epoch=epoch)
 
 
-def layout_sequence(streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int,
-                    shuffle: bool, block: int, layout: int, blocks: bool = True) -> tuple[Range, ...] | BlockSequence:
+def layout_sequence(
+    streams: Sequence[Sequence[int]],
+    *,
+    counts: Sequence[int] | None,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    block: int,
+    layout: int,
+    blocks: bool = True,
+) -> tuple[Range, ...] | BlockSequence:
     """The epoch's sequence under plan ``layout``: with ``shuffle`` and ``blocks`` (shards that
     can seek), layout 4's :func:`block_sequence`, layouts 2 and 3's interleaved
     :func:`epoch_sequence`; else (and under layout 1) the takes in order."""
     if layout >= 4 and shuffle and blocks:
         return block_sequence(streams, counts=counts, seed=seed, epoch=epoch, block=block)
-    return epoch_sequence(streams, counts=counts, seed=seed, epoch=epoch, shuffle=shuffle, block=block,
-                          interleave=layout >= 2 and blocks)
+    return epoch_sequence(
+        streams, counts=counts, seed=seed, epoch=epoch, shuffle=shuffle, block=block, interleave=layout >= 2 and blocks
+    )
 
 
 _FEW_ACROSS = 8

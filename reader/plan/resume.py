@@ -29,8 +29,16 @@ from shardify.reader.plan.assign import (
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.shuffle import array_order, numpy_rng, ramp_start, stream_rng, worker_order
 
-__all__ = ["LAYOUT", "LAYOUTS", "PlanOptions", "Segment", "share_order", "consumed_mask", "remaining",
-           "resumed_sequence"]
+__all__ = [
+    "LAYOUT",
+    "LAYOUTS",
+    "PlanOptions",
+    "Segment",
+    "share_order",
+    "consumed_mask",
+    "remaining",
+    "resumed_sequence",
+]
 
 LAYOUT = 4
 """How an epoch is planned: 4, as 3 with the blocks in a keyed order that each worker
@@ -78,23 +86,26 @@ class Segment:
             raise ValueError(f"segment {self.world=}, {self.workers=}, {self.batches=}: want >= 1, >= 1, >= 0")
 
 
-def share_order(plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, worker: int,
-                segment: int = 0) -> tuple[list[int], list[int]]:
+def share_order(
+    plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, worker: int, segment: int = 0
+) -> tuple[list[int], list[int]]:
     """``(read order, output order)`` of a worker's share (see :func:`worker_order` and
     :func:`array_order`)."""
     initial = ramp_start(opts.buffer) if opts.ramp else None
     if opts.shuffle and opts.vectorised:
         parts: tuple = ("stream", opts.seed, epoch, rank, worker) + (("segment", segment) if segment else ())
-        return array_order(plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer,
-                            initial=initial)
+        return array_order(
+            plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer, initial=initial
+        )
     rng: random.Random | None = None
     if opts.shuffle:
         rng = stream_rng(opts.seed, epoch, rank, worker, segment)
     return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer, initial=initial)
 
 
-def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions, *, epoch: int,
-                  index: int = 0) -> bytearray:
+def consumed_mask(
+    sequence: Sequence[Range], segment: Segment, opts: PlanOptions, *, epoch: int, index: int = 0
+) -> bytearray:
     """One byte per position of ``sequence``: 1 where ``segment`` (the ``index``-th) consumed it.
 
     Padding repeats (only without ``drop_last``) do not count: their sample stays to be read.
@@ -110,8 +121,16 @@ def consumed_mask(sequence: Sequence[Range], segment: Segment, opts: PlanOptions
             k = consumed_by_worker(segment.batches, worker=worker, workers=segment.workers)
             if not k:
                 continue
-            plan = plan_worker(sequence, rank=rank, world=segment.world, worker=worker, workers=segment.workers,
-                               batch_size=opts.batch_size, drop_last=opts.drop_last, starts=starts)
+            plan = plan_worker(
+                sequence,
+                rank=rank,
+                world=segment.world,
+                worker=worker,
+                workers=segment.workers,
+                batch_size=opts.batch_size,
+                drop_last=opts.drop_last,
+                starts=starts,
+            )
             _, out = share_order(plan, opts, epoch=epoch, rank=rank, worker=worker, segment=index)
             where = plan.sequence_positions()
             for p in out[: k * opts.batch_size]:
@@ -139,8 +158,9 @@ def remaining(sequence: Sequence[Range], mask: bytearray) -> tuple[Range, ...]:
     return tuple(out)
 
 
-def resumed_sequence(sequence: Sequence[Range] | BlockSequence, history: Sequence[Segment], opts: PlanOptions, *,
-                     epoch: int) -> tuple[Range, ...]:
+def resumed_sequence(
+    sequence: Sequence[Range] | BlockSequence, history: Sequence[Segment], opts: PlanOptions, *, epoch: int
+) -> tuple[Range, ...]:
     """What is left of the epoch's ``sequence`` after the segments of ``history``, in order (a
     :class:`BlockSequence` is listed whole first: O(epoch), once per resume on another topology)."""
     seq = tuple(sequence)

@@ -193,8 +193,9 @@ def _buffer_emitted(n: int, *, size: int, initial: int | None, rng: np.random.Ra
     return np.concatenate((np.asarray(out, dtype=np.int64), emitted, held[rng.permutation(len(held))]))
 
 
-def array_order(n: int, *, rng: np.random.RandomState, block: int, buffer_size: int,
-                initial: int | None = None) -> tuple[list[int], list[int]]:
+def array_order(
+    n: int, *, rng: np.random.RandomState, block: int, buffer_size: int, initial: int | None = None
+) -> tuple[list[int], list[int]]:
     """Layout 4's ``(read order, output order)`` of a worker's ``n`` samples: the two stages of
     :func:`worker_order` (runs of ``block`` in a seeded order, then a shuffle buffer of
     ``buffer_size`` with its ramp from ``initial``) with numpy's draws, in O(n) numpy work and

@@ -16,8 +16,17 @@ Entry = tuple[int, int, bool]
 """``(shard, index, valid)``: a sample of a batch; ``valid`` is False for a padding repeat."""
 
 
-def rank_batches(sequence: Sequence[Range] | BlockSequence, opts: PlanOptions, *, epoch: int, rank: int, world: int,
-                 workers: int, consumed: int = 0, segment: int = 0) -> list[list[Entry]]:
+def rank_batches(
+    sequence: Sequence[Range] | BlockSequence,
+    opts: PlanOptions,
+    *,
+    epoch: int,
+    rank: int,
+    world: int,
+    workers: int,
+    consumed: int = 0,
+    segment: int = 0,
+) -> list[list[Entry]]:
     """Rank ``rank``'s batches of ``sequence`` after the first ``consumed``, in the order it yields them.
 
     DataLoader worker ``w`` plays plan worker ``(w + consumed) % workers`` (see ``resumed_role``)
@@ -27,13 +36,21 @@ def rank_batches(sequence: Sequence[Range] | BlockSequence, opts: PlanOptions, *
     starts = sequence_starts(sequence)
     for w in range(workers):
         role, skip = resumed_role(w, workers=workers, consumed=consumed)
-        plan = plan_worker(sequence, rank=rank, world=world, worker=role, workers=workers,
-                           batch_size=opts.batch_size, drop_last=opts.drop_last, starts=starts)
+        plan = plan_worker(
+            sequence,
+            rank=rank,
+            world=world,
+            worker=role,
+            workers=workers,
+            batch_size=opts.batch_size,
+            drop_last=opts.drop_last,
+            starts=starts,
+        )
         samples, repeats = plan.samples(), plan.repeats()
         _, out = share_order(plan, opts, epoch=epoch, rank=rank, worker=role, segment=segment)
         batches, at = [], 0
         for size in plan.batch_sizes():
-            batches.append([(*samples[p], p not in repeats) for p in out[at:at + size]])
+            batches.append([(*samples[p], p not in repeats) for p in out[at : at + size]])
             at += size
         queues.append(batches[skip:])
     got: list[list[Entry]] = []

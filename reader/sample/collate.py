@@ -60,9 +60,7 @@ def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 def _is_array(value: object) -> bool:
     """A tensor, or a numpy array of numbers/bools (object and string arrays are not)."""
-    return isinstance(value, torch.Tensor) or (
-        isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS
-    )
+    return isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS)
 
 
 def _stack(values: list, where: str) -> torch.Tensor:
@@ -97,12 +95,16 @@ def _pad_planned(values: list[PlannedImage], where: str, multiple_of: int | None
     w, h = values[0].size
     for i, v in enumerate(values):
         if v.size != (w, h):
-            raise ValueError(f"{where}: device decode makes one image size per batch; sample 0 is {h}x{w}, "
-                             f"sample {i} (shard {v.shard}, key {v.key!r}) {v.size[1]}x{v.size[0]}")
+            raise ValueError(
+                f"{where}: device decode makes one image size per batch; sample 0 is {h}x{w}, "
+                f"sample {i} (shard {v.shard}, key {v.key!r}) {v.size[1]}x{v.size[0]}"
+            )
     if multiple_of and (h % multiple_of or w % multiple_of):
-        raise ValueError(f"{where}: pad_collate({multiple_of=}) would pad the {h}x{w} images, and device decode "
-                         f"does not pad: crop to a multiple of {multiple_of}, or leave the image field out of "
-                         f"pad_collate's fields=")
+        raise ValueError(
+            f"{where}: pad_collate({multiple_of=}) would pad the {h}x{w} images, and device decode "
+            f"does not pad: crop to a multiple of {multiple_of}, or leave the image field out of "
+            f"pad_collate's fields="
+        )
     n = len(values)
     mask = empty_batch((n, h, w), torch.bool).fill_(True)
     return PlannedColumn(values), torch.tensor([[h, w]] * n, dtype=torch.int64), mask
@@ -117,9 +119,7 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
     dims = _padded_dims(first.ndim)
     dtype = first.dtype
     for i, t in enumerate(tensors):
-        fixed_ok = t.ndim == first.ndim and all(
-            t.shape[d] == first.shape[d] for d in range(t.ndim) if d not in dims
-        )
+        fixed_ok = t.ndim == first.ndim and all(t.shape[d] == first.shape[d] for d in range(t.ndim) if d not in dims)
         if not fixed_ok:
             raise ValueError(
                 f"{where}: cannot pad shape {tuple(t.shape)} (sample {i}) to {tuple(first.shape)} "

@@ -58,9 +58,7 @@ __all__ = [
     "decode_sample",
 ]
 
-IMAGE_EXTS: frozenset[str] = frozenset(
-    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm"}
-)
+IMAGE_EXTS: frozenset[str] = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm"})
 """Extensions decoded as images (matched on the last dot-component, lower-cased)."""
 
 PICKLE_EXTS: frozenset[str] = frozenset({"pyd", "pickle", "pkl"})
@@ -71,6 +69,7 @@ REDUCING_GAP = 3.0
 
 Box = tuple[float, float, float, float]
 """(left, top, right, bottom) in pixels."""
+
 
 class DecodeError(ValueError):
     """A field's bytes could not be decoded; the message names the field and the cause."""
@@ -90,8 +89,10 @@ def over_pixel_limit(width: int, height: int) -> str | None:
     limit = Image.MAX_IMAGE_PIXELS
     if limit is None or width * height <= limit:
         return None
-    return (f"decompression bomb: {width}x{height} = {width * height} pixels, over the limit of {limit} "
-            "(PIL.Image.MAX_IMAGE_PIXELS)")
+    return (
+        f"decompression bomb: {width}x{height} = {width * height} pixels, over the limit of {limit} "
+        "(PIL.Image.MAX_IMAGE_PIXELS)"
+    )
 
 
 def open_image(data: bytes) -> Image.Image:
@@ -170,8 +171,9 @@ def turbo_jpeg_size(data: bytes) -> tuple[int, int] | None:
     return (width, height) if colorspace in ("YCbCr", "RGB", "Gray") else None
 
 
-def turbo_crop(data: bytes, width: int, height: int, box: Box, size: tuple[int, int], *,
-               fast: bool = False) -> torch.Tensor | None:
+def turbo_crop(
+    data: bytes, width: int, height: int, box: Box, size: tuple[int, int], *, fast: bool = False
+) -> torch.Tensor | None:
     """The fast path through libjpeg-turbo (simplejpeg), for whole-pixel crops of YCbCr/gray JPEGs.
 
     About 20% faster to decode than Pillow's JPEG plugin (same libjpeg-turbo IDCT and
@@ -184,8 +186,14 @@ def turbo_crop(data: bytes, width: int, height: int, box: Box, size: tuple[int, 
         return None
     scale = draft_scale(box, size)
     try:
-        hwc = _simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast,
-                                      min_width=-(-width // scale), min_height=-(-height // scale))
+        hwc = _simplejpeg.decode_jpeg(
+            data,
+            colorspace="RGB",
+            fastdct=fast,
+            fastupsample=fast,
+            min_width=-(-width // scale),
+            min_height=-(-height // scale),
+        )
     except (ValueError, RuntimeError, TypeError):
         return None
     fx, fy = hwc.shape[1] / width, hwc.shape[0] / height
@@ -195,8 +203,7 @@ def turbo_crop(data: bytes, width: int, height: int, box: Box, size: tuple[int, 
         return None
     x = torch.from_numpy(hwc[top:bottom, left:right]).permute(2, 0, 1)  # a view: no copy yet
     if (right - left, bottom - top) != size:
-        x = F.interpolate(x[None], size=(size[1], size[0]), mode="bilinear", antialias=True,
-                          align_corners=False)[0]
+        x = F.interpolate(x[None], size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False)[0]
     return x.contiguous()
 
 
@@ -278,8 +285,7 @@ def _decode_torch(data: bytes, allow_pickle: bool) -> object:
 def _decode_pickle(data: bytes, allow_pickle: bool) -> object:
     if not allow_pickle:
         raise PickleRefusedError(
-            "refusing to unpickle it: pickle can run arbitrary code; "
-            "pass allow_pickle=True only for shards you trust"
+            "refusing to unpickle it: pickle can run arbitrary code; pass allow_pickle=True only for shards you trust"
         )
     return pickle.loads(data)
 

@@ -23,8 +23,9 @@ MAX_CHUNK_BYTES = 512 << 20
 """Largest float32 padded input of one batched resize (images are grouped under it)."""
 
 
-def resize_weights(start: torch.Tensor, end: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, *,
-                   out: int, length: int) -> torch.Tensor:
+def resize_weights(
+    start: torch.Tensor, end: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, *, out: int, length: int
+) -> torch.Tensor:
     """float32 [B, out, length]: row i of image b resamples ``[start, end)`` (input pixels,
     fractional allowed) to ``out`` pixels, reading only ``[lo, hi)``; all [B] float64 tensors."""
     device = start.device
@@ -57,8 +58,15 @@ def _chunks(shapes: Sequence[tuple[int, int]], max_bytes: int) -> list[list[int]
     return groups
 
 
-def augment_batch(images: Sequence[torch.Tensor], boxes: torch.Tensor, bounds: torch.Tensor, flips: torch.Tensor,
-                  size: tuple[int, int], *, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> torch.Tensor:
+def augment_batch(
+    images: Sequence[torch.Tensor],
+    boxes: torch.Tensor,
+    bounds: torch.Tensor,
+    flips: torch.Tensor,
+    size: tuple[int, int],
+    *,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> torch.Tensor:
     """uint8 [B, 3, h, w] on the images' device: image b's ``boxes[b]`` resized to ``size``
     (h, w) reading only inside ``bounds[b]`` (both (left, top, right, bottom), float64 [B, 4],
     any device), mirrored where ``flips[b]``. ``images``: uint8 [3, H_b, W_b] each."""
@@ -87,10 +95,12 @@ def augment_batch(images: Sequence[torch.Tensor], boxes: torch.Tensor, bounds: t
         idx = torch.tensor(group)
         off = torch.tensor([[regions[i][0], regions[i][1]] for i in group], dtype=torch.float64).to(device)
         bx, bd = boxes[idx].to(device), bounds[idx].to(device)  # weights are made where they are used
-        wy = resize_weights(bx[:, 1] - off[:, 1], bx[:, 3] - off[:, 1], bd[:, 1] - off[:, 1], bd[:, 3] - off[:, 1],
-                            out=h, length=hm)
-        wx = resize_weights(bx[:, 0] - off[:, 0], bx[:, 2] - off[:, 0], bd[:, 0] - off[:, 0], bd[:, 2] - off[:, 0],
-                            out=w, length=wm)
+        wy = resize_weights(
+            bx[:, 1] - off[:, 1], bx[:, 3] - off[:, 1], bd[:, 1] - off[:, 1], bd[:, 3] - off[:, 1], out=h, length=hm
+        )
+        wx = resize_weights(
+            bx[:, 0] - off[:, 0], bx[:, 2] - off[:, 0], bd[:, 0] - off[:, 0], bd[:, 2] - off[:, 0], out=w, length=wm
+        )
         flip = flips.to(device)[idx.to(device)]
         wx = torch.where(flip[:, None, None], wx.flip(1), wx)
         x = padded.to(torch.float32)

@@ -40,9 +40,11 @@ def nvjpeg_decoder() -> JpegDecoder:
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError as e:
         raise DeviceDecodeError(
-            f"DecodeOptions(device=...) decodes with torchvision.io.decode_jpeg, and torchvision cannot be imported ({e}); "
+            f"DecodeOptions(device=...) decodes with torchvision.io.decode_jpeg, "
+            f"and torchvision cannot be imported ({e}); "
             "install it with `pip install shardify[gpu]` (a torchvision matching your torch), or pass "
-            "make_loader(..., jpeg_decoder=...)") from e
+            "make_loader(..., jpeg_decoder=...)"
+        ) from e
 
     def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
@@ -79,17 +81,25 @@ class DeviceDecoder:
     :class:`~shardify.reader.delivery.report.SharedReport`); ``skip``: ``on_error="skip"``.
     """
 
-    def __init__(self, device: str | torch.device, *, jpeg_decoder: JpegDecoder | None = None,
-                 report: Any = None, epoch: int = 0, skip: bool = False,
-                 max_chunk_bytes: int = MAX_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        device: str | torch.device,
+        *,
+        jpeg_decoder: JpegDecoder | None = None,
+        report: Any = None,
+        epoch: int = 0,
+        skip: bool = False,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    ) -> None:
         self.device = torch.device(device)
         self._decode = jpeg_decoder if jpeg_decoder is not None else nvjpeg_decoder()
         self._report, self._skip, self._chunk = report, skip, max_chunk_bytes
         if report is not None:
             report.start_device(epoch)
 
-    def _decode_all(self, encoded: list[torch.Tensor], rows: Sequence[int], batch: EncodedBatch,
-                    bad: dict[int, str]) -> list[torch.Tensor | None]:
+    def _decode_all(
+        self, encoded: list[torch.Tensor], rows: Sequence[int], batch: EncodedBatch, bad: dict[int, str]
+    ) -> list[torch.Tensor | None]:
         try:
             return list(self._decode(encoded, self.device))
         except Exception:  # noqa: BLE001 - one bad image fails the whole call: find it below
@@ -121,15 +131,21 @@ class DeviceDecoder:
         h, w = batch.size
         offsets = batch.offsets.tolist()
         rows = [i for i in range(n) if offsets[i + 1] > offsets[i]]
-        encoded = [batch.data[offsets[i]:offsets[i + 1]] for i in rows]
+        encoded = [batch.data[offsets[i] : offsets[i + 1]] for i in rows]
         bad: dict[int, str] = {}
         decoded = self._decode_all(encoded, rows, batch, bad) if rows else []
         out = torch.empty((n, 3, h, w), dtype=torch.uint8, device=self.device)
         good = [(r, im) for r, im in zip(rows, decoded) if im is not None]
         if good:
             idx = torch.tensor([r for r, _ in good])
-            out[idx.to(self.device)] = augment_batch([im for _, im in good], batch.boxes[idx], batch.bounds[idx],
-                                                     batch.flips[idx], (h, w), max_chunk_bytes=self._chunk)
+            out[idx.to(self.device)] = augment_batch(
+                [im for _, im in good],
+                batch.boxes[idx],
+                batch.bounds[idx],
+                batch.flips[idx],
+                (h, w),
+                max_chunk_bytes=self._chunk,
+            )
         if len(batch.pixel_rows):
             out[batch.pixel_rows.to(self.device)] = batch.pixels.to(self.device, non_blocking=True)
             self._count(cpu=len(batch.pixel_rows))
@@ -137,13 +153,19 @@ class DeviceDecoder:
             return out, None
         for row, reason in bad.items():
             if not self._skip:
-                raise SampleError(f"cannot decode image on {self.device} or the CPU: {reason}",
-                                  shard=batch.shards[row], key=batch.keys[row])
+                raise SampleError(
+                    f"cannot decode image on {self.device} or the CPU: {reason}",
+                    shard=batch.shards[row],
+                    key=batch.keys[row],
+                )
             self._count(shard=batch.shards[row], key=batch.keys[row], reason=reason)
         ok = [i for i in range(n) if i not in bad]
         if not ok:
             first = next(iter(bad))
-            raise SampleError(f"every image of this batch failed to decode (first: {bad[first]})",
-                              shard=batch.shards[first], key=batch.keys[first])
+            raise SampleError(
+                f"every image of this batch failed to decode (first: {bad[first]})",
+                shard=batch.shards[first],
+                key=batch.keys[first],
+            )
         order = torch.tensor([i if i not in bad else min(ok, key=lambda j: (abs(j - i), j)) for i in range(n)])
         return out, order

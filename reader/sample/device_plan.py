@@ -32,8 +32,18 @@ from shardify.reader.sample.decode import over_pixel_limit
 from shardify.reader.sample.planned import PLACEHOLDER_HINT, EncodedBatch, PlannedColumn, PlannedImage
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
-__all__ = ["JpegFrame", "jpeg_frame", "PlannedImage", "PlannedColumn", "EncodedBatch", "DevicePlanner", "DeviceCollate",
-           "pack_planned", "plan_on_device", "PLACEHOLDER_HINT"]
+__all__ = [
+    "JpegFrame",
+    "jpeg_frame",
+    "PlannedImage",
+    "PlannedColumn",
+    "EncodedBatch",
+    "DevicePlanner",
+    "DeviceCollate",
+    "pack_planned",
+    "plan_on_device",
+    "PLACEHOLDER_HINT",
+]
 
 
 class JpegFrame(NamedTuple):
@@ -69,7 +79,7 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
         length = (data[i + 2] << 8) | data[i + 3]
         if length < 2 or marker == 0xDA:  # a scan before the frame header
             return None
-        if marker == 0xEE and length >= 14 and i + 16 <= n and bytes(data[i + 4:i + 9]) == b"Adobe":
+        if marker == 0xEE and length >= 14 and i + 16 <= n and bytes(data[i + 4 : i + 9]) == b"Adobe":
             adobe = data[i + 15]
         if marker in _SOF:
             if length < 8 or i + 10 > n:
@@ -93,7 +103,7 @@ def device_decodable(data: bytes | memoryview, frame: JpegFrame | None) -> bool:
     end = len(data)
     while end > 2 and data[end - 1] == 0:  # zero padding after EOI is harmless
         end -= 1
-    return data[end - 2:end] == b"\xff\xd9"
+    return data[end - 2 : end] == b"\xff\xd9"
 
 
 def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
@@ -101,13 +111,17 @@ def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
     items = list(transform.transforms) if isinstance(transform, Compose) else [transform]
     if not items or not isinstance(items[0], _Geometric):
         raise ValueError(
-            f"DecodeOptions(device=...) needs a transform that starts with a crop (RandomResizedCrop, ResizeCenterCrop, "
-            f"ScaleJitter, e.g. transforms.imagenet_train()/imagenet_eval()), got {transform!r}")
+            f"DecodeOptions(device=...) needs a transform that starts with a crop "
+            f"(RandomResizedCrop, ResizeCenterCrop, "
+            f"ScaleJitter, e.g. transforms.imagenet_train()/imagenet_eval()), got {transform!r}"
+        )
     flips = []
     for t in items[1:]:
         if not isinstance(t, RandomHorizontalFlip):
-            raise ValueError(f"DecodeOptions(device=...) runs a crop then RandomHorizontalFlip on the device; {t!r} in "
-                             f"{transform!r} cannot run there (use the CPU path: no device)")
+            raise ValueError(
+                f"DecodeOptions(device=...) runs a crop then RandomHorizontalFlip on the device; {t!r} in "
+                f"{transform!r} cannot run there (use the CPU path: no device)"
+            )
         flips.append(t.p)
     return items[0], tuple(flips)
 
@@ -151,8 +165,10 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     size = images[0].size
     for i, im in enumerate(images):
         if im.size != size:
-            raise ValueError(f"batch: cannot batch output sizes {size} (sample 0) and {im.size} (sample {i}, "
-                             f"shard {im.shard}, key {im.key!r}); device decode needs one output size")
+            raise ValueError(
+                f"batch: cannot batch output sizes {size} (sample 0) and {im.size} (sample {i}, "
+                f"shard {im.shard}, key {im.key!r}); device decode needs one output size"
+            )
     b = len(images)
     lengths = np.fromiter((0 if im.data is None else len(im.data) for im in images), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
@@ -161,7 +177,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     buf = data.numpy()
     for i, im in enumerate(images):
         if im.data is not None:
-            buf[offsets[i]:offsets[i + 1]] = np.frombuffer(im.data, dtype=np.uint8)
+            buf[offsets[i] : offsets[i + 1]] = np.frombuffer(im.data, dtype=np.uint8)
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
     decoded = [im.pixels for im in images if im.pixels is not None]
     w, h = size
@@ -169,12 +185,18 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     for j, row in enumerate(decoded):
         pixels[j] = row
     return EncodedBatch(
-        data=data, offsets=torch.from_numpy(offsets),
+        data=data,
+        offsets=torch.from_numpy(offsets),
         boxes=torch.tensor([im.box for im in images], dtype=torch.float64),
         bounds=torch.tensor([im.bounds for im in images], dtype=torch.float64),
         flips=torch.tensor([im.flip for im in images], dtype=torch.bool),
-        pixels=pixels, pixel_rows=torch.tensor(rows, dtype=torch.int64), size=(h, w),
-        shards=[im.shard for im in images], keys=[im.key for im in images], column=column)
+        pixels=pixels,
+        pixel_rows=torch.tensor(rows, dtype=torch.int64),
+        size=(h, w),
+        shards=[im.shard for im in images],
+        keys=[im.key for im in images],
+        column=column,
+    )
 
 
 def _pack_lists(obj: Any, where: str = "batch") -> Any:
@@ -182,8 +204,10 @@ def _pack_lists(obj: Any, where: str = "batch") -> Any:
     if (kind is PlannedColumn or kind is list or kind is tuple) and obj and all(type(x) is PlannedImage for x in obj):
         return pack_planned(obj, column="stack" if kind is PlannedColumn else kind.__name__)
     if kind is PlannedImage:
-        raise ValueError(f"{where}: an image planned for device decode is not in a column of the batch "
-                         f"(shard {obj.shard}, key {obj.key!r}); {PLACEHOLDER_HINT}")
+        raise ValueError(
+            f"{where}: an image planned for device decode is not in a column of the batch "
+            f"(shard {obj.shard}, key {obj.key!r}); {PLACEHOLDER_HINT}"
+        )
     if isinstance(obj, (list, tuple)) and not isinstance(obj, EncodedBatch):
         items = [_pack_lists(x, f"{where}[{i}]") for i, x in enumerate(obj)]
         return type(obj)(*items) if hasattr(obj, "_fields") else kind(items)
@@ -212,13 +236,16 @@ class DeviceCollate:
         except Exception as e:
             if "PlannedImage" not in str(e):
                 raise
-            raise ValueError(f"collate_fn={collate!r} failed on a batch planned for device decode "
-                             f"({type(e).__name__}: {e}); {PLACEHOLDER_HINT}") from e
+            raise ValueError(
+                f"collate_fn={collate!r} failed on a batch planned for device decode "
+                f"({type(e).__name__}: {e}); {PLACEHOLDER_HINT}"
+            ) from e
         return _pack_lists(batch)
 
 
-def plan_on_device(decode_device: str | torch.device, options: Any,
-                   streams: Sequence[Any]) -> tuple[torch.device, Any, tuple]:
+def plan_on_device(
+    decode_device: str | torch.device, options: Any, streams: Sequence[Any]
+) -> tuple[torch.device, Any, tuple]:
     """``(device, options, streams)`` with every image transform planned for the device.
 
     Raises :class:`DeviceDecodeError` for a CUDA device without CUDA, ValueError for a
@@ -226,14 +253,19 @@ def plan_on_device(decode_device: str | torch.device, options: Any,
     """
     device = torch.device(decode_device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceDecodeError(f"DecodeOptions(device={str(decode_device)!r}) but CUDA is not available here "
-                                f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
-                                "leave DecodeOptions.device unset to decode in the workers")
+        raise DeviceDecodeError(
+            f"DecodeOptions(device={str(decode_device)!r}) but CUDA is not available here "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+            "leave DecodeOptions.device unset to decode in the workers"
+        )
     if options.transform is None and any(s.transform is None for s in streams):
         raise ValueError("DecodeOptions(device=...) needs transform=... (a crop, e.g. transforms.imagenet_train())")
     options = dataclasses.replace(
-        options, transform=DevicePlanner(options.transform) if options.transform is not None else None,
-        collate_fn=DeviceCollate(options.collate_fn))
-    streams = tuple(dataclasses.replace(s, transform=DevicePlanner(s.transform)) if s.transform is not None else s
-                    for s in streams)
+        options,
+        transform=DevicePlanner(options.transform) if options.transform is not None else None,
+        collate_fn=DeviceCollate(options.collate_fn),
+    )
+    streams = tuple(
+        dataclasses.replace(s, transform=DevicePlanner(s.transform)) if s.transform is not None else s for s in streams
+    )
     return device, options, streams

@@ -13,7 +13,6 @@ nothing is checked until reading.
 from __future__ import annotations
 
 import difflib
-
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +41,10 @@ def _name_to_use(spec: str, held: Sequence[str], image_exts: frozenset[str]) -> 
     """``; for the images use "image" ...`` (when the split holds images), else the closest held name."""
     images = _images(held, image_exts)
     if images:
-        return (f"; for the images use {IMAGE_FIELD!r} (any image extension: here "
-                f"{', '.join(repr(f) for f in images)}), e.g. fields=({IMAGE_FIELD!r}, 'cls')")
+        return (
+            f"; for the images use {IMAGE_FIELD!r} (any image extension: here "
+            f"{', '.join(repr(f) for f in images)}), e.g. fields=({IMAGE_FIELD!r}, 'cls')"
+        )
     close = difflib.get_close_matches(spec, list(held), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -64,7 +65,8 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
                 if not set(field_spec(spec, IMAGE_EXTS)) & set(held):
                     raise FieldError(
                         f"{where}: no field {spec!r} in this split (its samples hold {', '.join(held)}); "
-                        f"choose fields among those{_name_to_use(spec, held, IMAGE_EXTS)}")
+                        f"choose fields among those{_name_to_use(spec, held, IMAGE_EXTS)}"
+                    )
         return tuple(requested)
     labels = ("cls",) if "cls" in held or not held else ()
     if not held or _images(held, IMAGE_EXTS):
@@ -76,12 +78,14 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
     if tensor is None:
         raise FieldError(
             f"{where}: this split has no images and no single data field to default to "
-            f"(its samples hold {', '.join(held)}); choose fields among those")
+            f"(its samples hold {', '.join(held)}); choose fields among those"
+        )
     return (tensor, *labels)
 
 
-def stream_fields(stream: Stream, *, fields: Sequence[str] | None,
-                  map: Callable[[dict[str, Any]], Any] | None) -> tuple[str, ...]:
+def stream_fields(
+    stream: Stream, *, fields: Sequence[str] | None, map: Callable[[dict[str, Any]], Any] | None
+) -> tuple[str, ...]:
     """A stream's output columns (``fields``, ``map``: the dataset's, for a stream without its
     own), checked against the extensions its split holds (the :data:`SPECIAL_FIELDS` pass), or
     the default for them; none when a ``map`` builds the output."""
@@ -92,8 +96,11 @@ def stream_fields(stream: Stream, *, fields: Sequence[str] | None,
     requested = stream.fields if stream.fields is not None else fields
     if requested is None:
         return output_fields(None, src.fields, where=where)  # type: ignore[union-attr]
-    output_fields(tuple(f for f in requested if f not in SPECIAL_FIELDS), src.fields,  # type: ignore[union-attr]
-                  where=where)  # raises for a field the split does not hold
+    output_fields(
+        tuple(f for f in requested if f not in SPECIAL_FIELDS),
+        src.fields,  # type: ignore[union-attr]
+        where=where,
+    )  # raises for a field the split does not hold
     return tuple(requested)
 
 

@@ -27,17 +27,30 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from shardify.errors import SampleError
+from shardify.reader.io.stream import Item, Lost, ShardReader
 from shardify.reader.plan.assign import Range, WorkerPlan
 from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
 from shardify.reader.sample.clock import CLOCK, augmenting
-from shardify.reader.io.stream import Item, Lost, ShardReader
 
 if TYPE_CHECKING:
+    from shardify.reader.io.sources import Source
     from shardify.reader.options import ReadOptions
     from shardify.reader.streams import Stream
 
-__all__ = ["IMAGE_FIELD", "Bad", "SampleProcessor", "field_spec", "read_positions", "selected_fields", "cut",
-           "cut_processed", "bucketed", "batches", "stream_processors", "share_batches"]
+__all__ = [
+    "IMAGE_FIELD",
+    "Bad",
+    "SampleProcessor",
+    "field_spec",
+    "read_positions",
+    "selected_fields",
+    "cut",
+    "cut_processed",
+    "bucketed",
+    "batches",
+    "stream_processors",
+    "share_batches",
+]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
@@ -68,8 +81,9 @@ def read_positions(
         reader.plan(())  # stopped early (an error, a break): what was fetched ahead is not wanted
 
 
-def _runs(ranges: Sequence[Range], order: Sequence[int],
-          consumed: bytearray | None) -> Iterator[tuple[int, int, int, int]]:
+def _runs(
+    ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
+) -> Iterator[tuple[int, int, int, int]]:
     """``(position, shard, first sample, count)`` of each read, in order: consecutive positions
     in one shard range are read together."""
     starts = [0]
@@ -84,8 +98,12 @@ def _runs(ranges: Sequence[Range], order: Sequence[int],
         r = bisect.bisect_right(starts, p) - 1
         end = starts[r + 1]
         j = i + 1
-        while (j < n and order[j] == order[j - 1] + 1 and order[j] < end
-               and not (consumed is not None and consumed[order[j]])):
+        while (
+            j < n
+            and order[j] == order[j - 1] + 1
+            and order[j] < end
+            and not (consumed is not None and consumed[order[j]])
+        ):
             j += 1
         shard, a, _ = ranges[r]
         yield p, shard, a + p - starts[r], j - i
@@ -179,8 +197,9 @@ class SampleProcessor:
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
             for image_ext in skip:
-                decoded[image_ext] = self._located(self._run_transform(self._transform, sample[image_ext], rng=rng),
-                                                   shard, key)
+                decoded[image_ext] = self._located(
+                    self._run_transform(self._transform, sample[image_ext], rng=rng), shard, key
+                )
             decoded["__rng__"] = rng
             map_fn = self._map
             return augmenting(lambda: map_fn(decoded))  # map= counts as augmentation
@@ -268,8 +287,7 @@ def bucketed(
     def key(x: Any) -> int:
         return 0 if isinstance(x, Bad) else length(x)
 
-    return bucket_batches(outputs, batch_size=batch_size, length=key, buffer_size=buffer_size,
-                          rng=rng, drop_last=False)
+    return bucket_batches(outputs, batch_size=batch_size, length=key, buffer_size=buffer_size, rng=rng, drop_last=False)
 
 
 def batches(
@@ -311,21 +329,32 @@ def batches(
             raise SampleError(
                 f"every sample of this worker's {len(held)} remaining batches was skipped; "
                 f"nothing to pad them with (first: {first_bad.reason})",
-                shard=first_bad.shard, key=first_bad.key)
+                shard=first_bad.shard,
+                key=first_bad.key,
+            )
         for h in held:
             yield collate(_fill(h, last_good))
 
 
-def stream_processors(streams: Sequence[Stream], columns: Sequence[tuple[str, ...]], options: ReadOptions, *,
-                      epoch: int) -> list[SampleProcessor]:
+def stream_processors(
+    streams: Sequence[Stream], columns: Sequence[tuple[str, ...]], options: ReadOptions, *, epoch: int
+) -> list[SampleProcessor]:
     """One :class:`SampleProcessor` per stream for ``epoch``: its output ``columns``, its own
     ``transform`` and ``map`` or else the dataset's (``options``)."""
     o = options
-    return [SampleProcessor(seed=o.seed, epoch=epoch, transform=s.transform or o.transform,
-                            fields=fields, map=s.map or (o.map if s.fields is None else None),
-                            allow_pickle=o.allow_pickle, skip_errors=o.on_error == "skip",
-                            unique_keys=s.source.unique_keys)  # type: ignore[union-attr]
-            for s, fields in zip(streams, columns)]
+    return [
+        SampleProcessor(
+            seed=o.seed,
+            epoch=epoch,
+            transform=s.transform or o.transform,
+            fields=fields,
+            map=s.map or (o.map if s.fields is None else None),
+            allow_pickle=o.allow_pickle,
+            skip_errors=o.on_error == "skip",
+            unique_keys=cast("Source", s.source).unique_keys,  # resolved by now
+        )
+        for s, fields in zip(streams, columns)
+    ]
 
 
 def share_batches(
@@ -360,8 +389,10 @@ def share_batches(
             mask[p] = 1
     process: Callable[[Item], Any] = processors[0]
     if len(processors) > 1:
+
         def process(item: Item) -> Any:
             return processors[cast(int, item["__stream__"]) if isinstance(item, dict) else 0](item)
+
     items = read_positions(reader, plan.ranges, read, mask)
     if tag is not None:
         items = tag(items)
@@ -369,8 +400,12 @@ def share_batches(
         groups: Iterator[list[Any]] = cut_processed(reorder(items, out[done:]), process, sizes)
     else:  # grouped by decoded length: timed per sample
         outputs = map(_timed(process, "process"), _timed_items(reorder(items, out[done:])))
-        groups = bucketed(outputs, batch_size=o.batch_size, length=o.bucket_length,
-                          buffer_size=o.bucket_buffer or 16 * o.batch_size,
-                          rng=random.Random(derive_seed("bucket", o.seed, epoch, rank, worker)))
+        groups = bucketed(
+            outputs,
+            batch_size=o.batch_size,
+            length=o.bucket_length,
+            buffer_size=o.bucket_buffer or 16 * o.batch_size,
+            rng=random.Random(derive_seed("bucket", o.seed, epoch, rank, worker)),
+        )
         groups = itertools.islice(groups, skip, None)
     return batches(groups, collate=_timed(collate, "collate"), on_bad=on_bad)

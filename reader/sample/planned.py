@@ -74,15 +74,19 @@ class EncodedBatch(NamedTuple):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         """A model or torch op given the undecoded batch: say what it is, rather than fail deep inside."""
         name = getattr(func, "__name__", str(func))
-        raise TypeError(f"{name}() got a batch of JPEG bytes planned for device decode (EncodedBatch): a dataset "
-                        "made with DecodeOptions(device=...) is decoded by make_loader's prefetcher; iterate it "
-                        "through make_loader, or leave DecodeOptions.device unset to decode in the workers")
+        raise TypeError(
+            f"{name}() got a batch of JPEG bytes planned for device decode (EncodedBatch): a dataset "
+            "made with DecodeOptions(device=...) is decoded by make_loader's prefetcher; iterate it "
+            "through make_loader, or leave DecodeOptions.device unset to decode in the workers"
+        )
 
 
 class PlannedColumn(list):
     """A batch's planned images that the CPU path's collate would have stacked into one tensor."""
 
 
-PLACEHOLDER_HINT = ("under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
-                    "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
-                    "as default_collate and pad_collate do, and compute on their pixels after the loader")
+PLACEHOLDER_HINT = (
+    "under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
+    "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
+    "as default_collate and pad_collate do, and compute on their pixels after the loader"
+)

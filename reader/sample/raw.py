@@ -50,8 +50,9 @@ def raw_crop(hwc: np.ndarray, box: Box, size: tuple[int, int], *, crop_first: bo
         return None
     crop = torch.from_numpy(hwc[top:bottom, left:right].copy()).permute(2, 0, 1)
     if (right - left, bottom - top) != size:
-        crop = F.interpolate(crop[None], size=(size[1], size[0]), mode="bilinear", antialias=True,
-                             align_corners=False)[0]
+        crop = F.interpolate(crop[None], size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False)[
+            0
+        ]
     return crop.contiguous()
 
 

@@ -27,6 +27,7 @@ import torch
 from PIL import Image, ImageEnhance
 from PIL.JpegImagePlugin import JpegImageFile
 
+from .clock import augmenting
 from .decode import (
     REDUCING_GAP,
     Box,
@@ -39,7 +40,6 @@ from .decode import (
     turbo_crop,
     turbo_jpeg_size,
 )
-from .clock import augmenting
 from .raw import raw_crop, raw_image, raw_pixels, raw_to_tensor
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "run_image_transform",
     "REDUCING_GAP",
 ]
+
 
 def _as_output(value: object) -> object:
     return pil_to_tensor(value) if isinstance(value, Image.Image) else value

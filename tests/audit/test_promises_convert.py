@@ -50,18 +50,23 @@ def _write_shardwriter(tmp_path: Path) -> Path:
 
 
 def _write_items(tmp_path: Path) -> Path:
-    convert_items(range(8), _items_fn, tmp_path / "out", samples_per_shard=3, shard_size=None, workers=2,
-                  progress=False)
+    convert_items(
+        range(8), _items_fn, tmp_path / "out", samples_per_shard=3, shard_size=None, workers=2, progress=False
+    )
     return tmp_path / "out"
 
 
 WRITERS: dict[str, Callable[[Path], Path]] = {
-    "imagefolder": _write_imagefolder, "shard-writer": _write_shardwriter, "convert-items": _write_items}
+    "imagefolder": _write_imagefolder,
+    "shard-writer": _write_shardwriter,
+    "convert-items": _write_items,
+}
 
 
 @pytest.mark.parametrize("writer", list(WRITERS))
-def test_every_writer_makes_shards_index_and_folder_durable_before_the_manifest(tmp_path: Path, monkeypatch,
-                                                                                 writer: str) -> None:
+def test_every_writer_makes_shards_index_and_folder_durable_before_the_manifest(
+    tmp_path: Path, monkeypatch, writer: str
+) -> None:
     """Events seen by the calling process: ``("fsync", path)`` and ``("rename", src, dst)``."""
     events: list[tuple[str, ...]] = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -95,8 +100,9 @@ def test_every_writer_makes_shards_index_and_folder_durable_before_the_manifest(
         assert rename < manifest, f"{writer}: {name} renamed after the manifest"
     index = next(p.name for p in out.glob("train-*.json"))  # the versioned split index the manifest names
     index_synced = fsynced(lambda p: os.path.basename(p).startswith(f".{index}."))
-    assert index_synced and index_synced[0] < renamed_to(index) < manifest, \
+    assert index_synced and index_synced[0] < renamed_to(index) < manifest, (
         f"{writer}: the split index {index} is not durable before the manifest"
+    )
     last_shard = max(renamed_to(name) for name in shards)
     folder = [i for i in fsynced(lambda p: p == str(out)) if last_shard < i < manifest]
     assert folder, f"{writer}: the folder is not fsynced between the last shard's rename and the manifest"
@@ -110,14 +116,16 @@ def test_shards_are_plain_ustar_with_fixed_fields_and_two_zero_blocks_at_the_end
     for path in shards:
         data = path.read_bytes()
         assert len(data) % BLOCK == 0, f"{path.name}: {len(data)} bytes, not whole 512-byte blocks"
-        assert data[-2 * BLOCK:] == bytes(2 * BLOCK), f"{path.name} does not end with two zero blocks"
+        assert data[-2 * BLOCK :] == bytes(2 * BLOCK), f"{path.name} does not end with two zero blocks"
         with tarfile.open(path) as tar:
             members = tar.getmembers()
-        assert sum(BLOCK + -(-m.size // BLOCK) * BLOCK for m in members) + 2 * BLOCK == len(data), \
+        assert sum(BLOCK + -(-m.size // BLOCK) * BLOCK for m in members) + 2 * BLOCK == len(data), (
             f"{path.name}: bytes beyond its members and the two end blocks"
+        )
         for m in members:
-            assert (m.isreg(), m.mode, m.uid, m.gid, m.uname, m.gname, m.mtime) == (True, 0o644, 0, 0, "", "", 0), \
+            assert (m.isreg(), m.mode, m.uid, m.gid, m.uname, m.gname, m.mtime) == (True, 0o644, 0, 0, "", "", 0), (
                 f"{path.name}: {m.name} has header fields {m.mode:o} {m.uid} {m.gid} {m.uname!r} {m.gname!r} {m.mtime}"
+            )
             assert not m.pax_headers and len(m.name) <= 100
         keys = [m.name.split(".", 1)[0] for m in members]
         runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
@@ -140,8 +148,7 @@ def test_a_link_into_a_sibling_whose_name_extends_the_roots_is_outside(tmp_path:
     (sibling / "secret.jpg").write_bytes(jpeg_bytes(natural_image(16, 12, seed=2), quality=80))
     (root / "a" / "sibling_file.jpg").symlink_to(sibling / "secret.jpg")
     (root / "a" / "sibling_dir").symlink_to(sibling)
-    result = convert_imagefolder(root, tmp_path / "out", options=ConvertOptions(workers=1, progress=False,
-                                                                                fsync=False))
+    result = convert_imagefolder(root, tmp_path / "out", options=ConvertOptions(workers=1, progress=False, fsync=False))
     summary = result.splits["train"]
     reasons = {p.path: p.reason for p in summary.skipped}
     assert reasons.get("a/sibling_file.jpg") == "symbolic link points outside the source root", reasons
@@ -161,8 +168,13 @@ def test_num_classes_n_makes_label_n_out_of_range_and_keeps_n_minus_1(tmp_path: 
         (src / f"{i}.txt").write_text(i)
     (tmp_path / "p.json").write_text(json.dumps({"train": ["a", "b", "c"]}))
     (tmp_path / "l.json").write_text(json.dumps({"a": 0, "b": 4, "c": 5}))
-    result = convert_ids(src, tmp_path / "out", partition=tmp_path / "p.json", labels=tmp_path / "l.json",
-                         options=ConvertOptions(workers=1, progress=False, fsync=False, num_classes=5))
+    result = convert_ids(
+        src,
+        tmp_path / "out",
+        partition=tmp_path / "p.json",
+        labels=tmp_path / "l.json",
+        options=ConvertOptions(workers=1, progress=False, fsync=False, num_classes=5),
+    )
     summary = result.splits["train"]
     assert {p.path: p.reason for p in summary.skipped} == {"c": "label 5 out of range (0..4)"}
     assert summary.samples == 2
@@ -187,9 +199,21 @@ def test_a_sample_larger_than_the_bound_gets_a_shard_of_its_own(tmp_path: Path, 
             (src / f"{name}.txt").write_text("x" * n)
         (tmp_path / "p.json").write_text(json.dumps({"train": list(sizes)}))
         (tmp_path / "l.json").write_text(json.dumps({name: 0 for name in sizes}))
-        convert_ids(src, out, partition=tmp_path / "p.json", labels=tmp_path / "l.json",
-                    options=ConvertOptions(workers=1, progress=False, fsync=False, shuffle=False, min_shards=1,
-                                           shard_size=16_000, samples_per_shard=None))
+        convert_ids(
+            src,
+            out,
+            partition=tmp_path / "p.json",
+            labels=tmp_path / "l.json",
+            options=ConvertOptions(
+                workers=1,
+                progress=False,
+                fsync=False,
+                shuffle=False,
+                min_shards=1,
+                shard_size=16_000,
+                samples_per_shard=None,
+            ),
+        )
     else:
         with ShardWriter(out, shard_size=16_000, samples_per_shard=None, fsync=False) as w:
             for name, n in sizes.items():

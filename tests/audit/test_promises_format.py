@@ -32,8 +32,10 @@ def test_an_index_of_another_version_than_the_manifest_lists_is_refused_naming_b
     index = json.loads(path.read_text())
     index["shardify"]["version"] = "0123456789ab"
     path.write_text(json.dumps(index))
-    want = (rf"{path.name}: field 'version' is '0123456789ab', the manifest lists version '{listed.version}' "
-            r"for split 'train'")
+    want = (
+        rf"{path.name}: field 'version' is '0123456789ab', the manifest lists version '{listed.version}' "
+        r"for split 'train'"
+    )
     with pytest.raises(ManifestError, match=want):
         ShardedDataset(root, batch_size=2, fields=("cls",))
     with pytest.raises(ManifestError, match=want):

@@ -44,12 +44,18 @@ def _counting(root: Path, n: int, *, per_shard: int, chunk: int | None = None) -
     return sorted(root.glob("train-*.tar"))
 
 
-def _rank_samples(source: object, monkeypatch: pytest.MonkeyPatch, *, rank: int, world: int,
-                  epoch: int) -> list[int]:
+def _rank_samples(source: object, monkeypatch: pytest.MonkeyPatch, *, rank: int, world: int, epoch: int) -> list[int]:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    ds = ShardedDataset(source, batch_size=4, shuffle=True, seed=11, fields=("cls",), drop_last=True,
-                        shuffling=ShuffleOptions(buffer=8, block=4))
+    ds = ShardedDataset(
+        source,
+        batch_size=4,
+        shuffle=True,
+        seed=11,
+        fields=("cls",),
+        drop_last=True,
+        shuffling=ShuffleOptions(buffer=8, block=4),
+    )
     ds.set_epoch(epoch)
     return [int(x) for batch in ds for x in batch]
 
@@ -91,7 +97,7 @@ def _tamper_first_key_of_chunk(path: Path, key: str) -> None:
         member = tar.getmember(f"{key}.chunk-keys")
     at = data.find(key.encode(), member.offset_data, member.offset_data + member.size)
     assert at >= 0
-    data[at:at + 1] = b"x"
+    data[at : at + 1] = b"x"
     path.write_bytes(bytes(data))
 
 
@@ -127,8 +133,9 @@ def _die_once_on(sample: dict[str, Any], *, value: int, flag: Path) -> int:
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per_epoch"])
-def test_a_worker_that_dies_while_the_loop_waits_raises_worker_error_then_resumes(tmp_path: Path,
-                                                                                   persistent: bool) -> None:
+def test_a_worker_that_dies_while_the_loop_waits_raises_worker_error_then_resumes(
+    tmp_path: Path, persistent: bool
+) -> None:
     """README "Faults": "a worker killed mid-epoch raises WorkerError (never a hang)", and
     docs/reliability.md: it "names the worker, its pid, the signal, the epoch and the batches
     received, and says how to go on". The existing kill test also accepts torch's own
@@ -136,8 +143,9 @@ def test_a_worker_that_dies_while_the_loop_waits_raises_worker_error_then_resume
     loader's wrapping removed; here the worker dies while the loop waits in ``next``."""
     _counting(tmp_path / "ds", 40, per_shard=10)
     flag = tmp_path / "died"
-    ds = ShardedDataset(tmp_path / "ds", batch_size=4, shuffle=False,
-                        map=functools.partial(_die_once_on, value=22, flag=flag))
+    ds = ShardedDataset(
+        tmp_path / "ds", batch_size=4, shuffle=False, map=functools.partial(_die_once_on, value=22, flag=flag)
+    )
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
     got: list[list[int]] = []
     with pytest.raises(WorkerError) as caught:

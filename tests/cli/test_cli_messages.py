@@ -43,8 +43,9 @@ def test_split_keys_names_a_shard_whose_count_is_not_the_index(tmp_path):
     from shardify.reader.io.sources import resolve_source
 
     source = resolve_source(root, split="train")
-    source = type(source)(**{**source.__dict__, "shards": tuple(s.__class__(url=s.url, nsamples=s.nsamples)
-                                                               for s in source.shards)})  # no checksums to stop it
+    source = type(source)(
+        **{**source.__dict__, "shards": tuple(s.__class__(url=s.url, nsamples=s.nsamples) for s in source.shards)}
+    )  # no checksums to stop it
     with pytest.raises(ShardFormatError, match=r"holds 3 samples, the split lists 4") as e:
         list(split_keys(source))
     assert e.value.shard.endswith(first.name)
@@ -52,19 +53,30 @@ def test_split_keys_names_a_shard_whose_count_is_not_the_index(tmp_path):
 
 def test_keys_prints_one_key_per_line(tmp_path):
     root = _dataset(tmp_path / "ds", split="validation")
-    done = subprocess.run([sys.executable, "-m", "shardify.cli", "keys", str(root), "--split", "validation"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "shardify.cli", "keys", str(root), "--split", "validation"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == EXIT_OK, done.stderr
     assert done.stdout.splitlines() == list(split_keys(root, split="validation"))
     assert len(done.stdout.splitlines()) == 10
 
 
-@pytest.mark.parametrize(("argv", "usage", "hint"), [
-    pytest.param(["convert", "imagefolder", "a", "b", "--shard-szie", "5"], "usage: shardify convert imagefolder",
-                 "--shard-szie: did you mean --shard-size?", id="convert-imagefolder"),
-    pytest.param(["info", "x", "--jsn"], "usage: shardify info", "--jsn: did you mean --json?", id="info"),
-    pytest.param(["keys", "x", "--splt=train"], "usage: shardify keys", "--splt: did you mean --split?", id="keys"),
-])
+@pytest.mark.parametrize(
+    ("argv", "usage", "hint"),
+    [
+        pytest.param(
+            ["convert", "imagefolder", "a", "b", "--shard-szie", "5"],
+            "usage: shardify convert imagefolder",
+            "--shard-szie: did you mean --shard-size?",
+            id="convert-imagefolder",
+        ),
+        pytest.param(["info", "x", "--jsn"], "usage: shardify info", "--jsn: did you mean --json?", id="info"),
+        pytest.param(["keys", "x", "--splt=train"], "usage: shardify keys", "--splt: did you mean --split?", id="keys"),
+    ],
+)
 def test_a_mistyped_option_shows_its_commands_usage_and_the_close_option(argv, usage, hint, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -77,8 +89,9 @@ def test_convert_ids_help_does_not_offer_split_and_the_refusal_names_partition(t
     with pytest.raises(SystemExit):
         main(["convert", "ids", "--help"])
     assert "--split SPLIT" not in capsys.readouterr().out  # neither in the usage nor among the options
-    code = main(["convert", "ids", str(tmp_path), str(tmp_path / "o"), "--partition", "p", "--labels", "l",
-                 "--split", "x"])
+    code = main(
+        ["convert", "ids", str(tmp_path), str(tmp_path / "o"), "--partition", "p", "--labels", "l", "--split", "x"]
+    )
     assert code == EXIT_USAGE and "--partition" in capsys.readouterr().err
 
 
@@ -100,13 +113,19 @@ def test_summaries_say_1_shard(tmp_path, capsys):
 
 
 def _field_bytes(data: float, headers: float, padding: float) -> dict:
-    return {"source": "headers of 1 of 1 shards", "fields": {
-        "jpg": {"data": data, "headers": headers, "padding": padding, "present": 1.0}}}
+    return {
+        "source": "headers of 1 of 1 shards",
+        "fields": {"jpg": {"data": data, "headers": headers, "padding": padding, "present": 1.0}},
+    }
 
 
-@pytest.mark.parametrize(("data", "advised"), [
-    pytest.param(78_000, False, id="78KB-jpeg-3pct"), pytest.param(2_000, True, id="2KB-sample-40pct"),
-])
+@pytest.mark.parametrize(
+    ("data", "advised"),
+    [
+        pytest.param(78_000, False, id="78KB-jpeg-3pct"),
+        pytest.param(2_000, True, id="2KB-sample-40pct"),
+    ],
+)
 def test_info_advises_chunk_only_where_headers_are_a_large_share(data, advised):
     text = field_bytes_text(_field_bytes(data, 1536, 1200))
     share = 2736 / (data + 2736)

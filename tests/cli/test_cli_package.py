@@ -37,9 +37,12 @@ def test_help_lists_the_commands_under_their_headings_in_order(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: shardify [-h] [--version] COMMAND ...")
-    commands = text[:text.index("\nexamples:")].split("\n\n")
-    found = [(block.splitlines()[0].rstrip(":"), re.findall(r"^  (\w+)  ", block, flags=re.M))
-             for block in commands if re.search(r"^  \w+  ", block, flags=re.M) and not block.startswith("options:")]
+    commands = text[: text.index("\nexamples:")].split("\n\n")
+    found = [
+        (block.splitlines()[0].rstrip(":"), re.findall(r"^  (\w+)  ", block, flags=re.M))
+        for block in commands
+        if re.search(r"^  \w+  ", block, flags=re.M) and not block.startswith("options:")
+    ]
     assert found == EXPECTED_GROUPS
 
 
@@ -49,10 +52,15 @@ def test_every_command_has_a_heading():
     assert sorted(sub.choices) == sorted(n for _, names in GROUPS for n in names)
 
 
-@pytest.mark.parametrize("argv", [
-    pytest.param(["info", "--help"], id="info"), pytest.param(["convert", "ids", "--help"], id="convert-ids"),
-    pytest.param(["bench", "--help"], id="bench"), pytest.param(["gc", "--help"], id="gc"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["info", "--help"], id="info"),
+        pytest.param(["convert", "ids", "--help"], id="convert-ids"),
+        pytest.param(["bench", "--help"], id="bench"),
+        pytest.param(["gc", "--help"], id="gc"),
+    ],
+)
 def test_each_command_names_itself_in_its_usage(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
@@ -60,11 +68,24 @@ def test_each_command_names_itself_in_its_usage(argv, capsys):
 
 
 def test_options_that_do_not_go_together_are_a_usage_error(tmp_path, capsys):
-    code = main(["convert", "ids", str(tmp_path), str(tmp_path / "out"), "--partition", "p.json", "--labels", "l.json",
-                 "--split", "train"])
+    code = main(
+        [
+            "convert",
+            "ids",
+            str(tmp_path),
+            str(tmp_path / "out"),
+            "--partition",
+            "p.json",
+            "--labels",
+            "l.json",
+            "--split",
+            "train",
+        ]
+    )
     assert code == EXIT_USAGE
-    assert capsys.readouterr().err == ("shardify: error: convert ids takes its splits from --partition; "
-                                       "--split is not used there\n")
+    assert capsys.readouterr().err == (
+        "shardify: error: convert ids takes its splits from --partition; --split is not used there\n"
+    )
 
 
 def test_spread_takes_first_and_last():

@@ -33,6 +33,7 @@ def options():
         kw.setdefault("fsync", False)
         kw.setdefault("samples_per_shard", 3)
         return ConvertOptions(**kw)
+
     return make
 
 
@@ -41,10 +42,16 @@ def imagefolder(tmp_path: Path) -> Path:
     """3 classes of small JPEGs and PNGs, one nested folder: 10 images."""
     root = tmp_path / "src"
     files = {
-        "cat/c1.jpg": image_bytes(seed=1), "cat/c2.JPEG": image_bytes(seed=2), "cat/sub/c3.png": image_bytes("PNG", seed=3),
-        "dog/d1.jpg": image_bytes(seed=4), "dog/d2.jpg": image_bytes(seed=5), "dog/d3.jpeg": image_bytes(seed=6),
-        "emu/e1.jpg": image_bytes(seed=7), "emu/e2.webp": image_bytes("WEBP", seed=8),
-        "emu/e3.bmp": image_bytes("BMP", seed=9), "emu/e4.jpg": jpeg_bytes(natural_image(64, 48, seed=10)),
+        "cat/c1.jpg": image_bytes(seed=1),
+        "cat/c2.JPEG": image_bytes(seed=2),
+        "cat/sub/c3.png": image_bytes("PNG", seed=3),
+        "dog/d1.jpg": image_bytes(seed=4),
+        "dog/d2.jpg": image_bytes(seed=5),
+        "dog/d3.jpeg": image_bytes(seed=6),
+        "emu/e1.jpg": image_bytes(seed=7),
+        "emu/e2.webp": image_bytes("WEBP", seed=8),
+        "emu/e3.bmp": image_bytes("BMP", seed=9),
+        "emu/e4.jpg": jpeg_bytes(natural_image(64, 48, seed=10)),
     }
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -23,15 +23,20 @@ def test_help_and_convert_do_not_import_torch(tmp_path: Path, make_image) -> Non
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-    out = subprocess.run([sys.executable, "-m", "shardify.convert", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "shardify.convert", "--help"], capture_output=True, text=True, check=True
+    )
     assert "convert" in out.stdout
 
 
-@pytest.mark.parametrize("kind, example", [
-    ("imagefolder", "shardify convert imagefolder ~/data/imagenet/train"),
-    ("ids", "--partition partition.json --labels labels.json"),
-    ("listing", "shardify convert listing train.jsonl out/mydata"),
-])
+@pytest.mark.parametrize(
+    "kind, example",
+    [
+        ("imagefolder", "shardify convert imagefolder ~/data/imagenet/train"),
+        ("ids", "--partition partition.json --labels labels.json"),
+        ("listing", "shardify convert listing train.jsonl out/mydata"),
+    ],
+)
 def test_help_shows_an_example_for_each_input_kind(kind: str, example: str, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["convert", kind, "--help"])

@@ -29,11 +29,18 @@ def _convert(src: Path, out: Path, *extra: str) -> int:
     return main(["convert", "imagefolder", str(src), str(out), "--quiet", "--workers", "1", "--no-fsync", *extra])
 
 
-@pytest.mark.parametrize("argv", [
-    pytest.param([], id="top"), pytest.param(["convert"], id="convert"), pytest.param(["info"], id="info"),
-    pytest.param(["verify"], id="verify"), pytest.param(["bench"], id="bench"),
-    pytest.param(["convert", "imagefolder"], id="imagefolder"), pytest.param(["show"], id="show"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param([], id="top"),
+        pytest.param(["convert"], id="convert"),
+        pytest.param(["info"], id="info"),
+        pytest.param(["verify"], id="verify"),
+        pytest.param(["bench"], id="bench"),
+        pytest.param(["convert", "imagefolder"], id="imagefolder"),
+        pytest.param(["show"], id="show"),
+    ],
+)
 def test_every_help_has_an_example(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit):
         main([*argv, "--help"])
@@ -61,8 +68,20 @@ def test_several_splits_name_the_cli_flag_and_bench_defaults_to_train(tmp_path: 
 def test_convert_ids_refuses_split(tmp_path: Path, capsys) -> None:
     (tmp_path / "p.json").write_text('{"train": ["a"]}')
     (tmp_path / "l.json").write_text('{"a": 0}')
-    rc = main(["convert", "ids", str(tmp_path), str(tmp_path / "out"), "--partition", str(tmp_path / "p.json"),
-               "--labels", str(tmp_path / "l.json"), "--split", "foo"])
+    rc = main(
+        [
+            "convert",
+            "ids",
+            str(tmp_path),
+            str(tmp_path / "out"),
+            "--partition",
+            str(tmp_path / "p.json"),
+            "--labels",
+            str(tmp_path / "l.json"),
+            "--split",
+            "foo",
+        ]
+    )
     assert rc == EXIT_USAGE
     assert "--split is not used" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -86,8 +105,13 @@ def test_info_json_into_a_closed_pipe_ends_quietly(tmp_path: Path, make_image) -
     read, write = os.pipe()
     os.close(read)  # the reader (`head`) is gone before anything is written
     try:
-        proc = subprocess.run([sys.executable, "-m", "shardify.convert", "info", str(out), "--json"],
-                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardify.convert", "info", str(out), "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(write)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
@@ -103,8 +127,24 @@ def test_info_shows_int_labels_seen(tmp_path: Path, make_image, capsys) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"train": ids[:4], "validation": ids[4:]}))
     (tmp_path / "l.json").write_text(json.dumps({name: i % 3 for i, name in enumerate(ids)}))
     out = tmp_path / "out"
-    assert main(["convert", "ids", str(data), str(out), "--partition", str(tmp_path / "p.json"),
-                 "--labels", str(tmp_path / "l.json"), "--quiet", "--workers", "1"]) == EXIT_OK
+    assert (
+        main(
+            [
+                "convert",
+                "ids",
+                str(data),
+                str(out),
+                "--partition",
+                str(tmp_path / "p.json"),
+                "--labels",
+                str(tmp_path / "l.json"),
+                "--quiet",
+                "--workers",
+                "1",
+            ]
+        )
+        == EXIT_OK
+    )
     capsys.readouterr()
     assert main(["info", str(out)]) == EXIT_OK
     text = capsys.readouterr().out
@@ -135,19 +175,24 @@ def _tiff_with_65535_samples() -> bytes:
     Image.new("RGB", (4, 4), (9, 9, 9)).save(buf, format="TIFF")
     data = bytearray(buf.getvalue())
     ifd = struct.unpack("<I", data[4:8])[0]
-    for i in range(struct.unpack("<H", data[ifd:ifd + 2])[0]):
+    for i in range(struct.unpack("<H", data[ifd : ifd + 2])[0]):
         entry = ifd + 2 + 12 * i
-        if struct.unpack("<H", data[entry:entry + 2])[0] == 277:  # SamplesPerPixel
-            data[entry + 8:entry + 10] = struct.pack("<H", 65535)
+        if struct.unpack("<H", data[entry : entry + 2])[0] == 277:  # SamplesPerPixel
+            data[entry + 8 : entry + 10] = struct.pack("<H", 65535)
     return bytes(data)
 
 
 def test_decoder_chatter_goes_to_the_report_not_the_terminal(tmp_path: Path, make_image) -> None:
-    src = _folder(tmp_path / "src", make_image, {
-        "c/ok.jpg": make_image(seed=1), "c/odd.png": _apng_with_bad_actl(), "c/bad.tiff": _tiff_with_65535_samples()})
+    src = _folder(
+        tmp_path / "src",
+        make_image,
+        {"c/ok.jpg": make_image(seed=1), "c/odd.png": _apng_with_bad_actl(), "c/bad.tiff": _tiff_with_65535_samples()},
+    )
     out = tmp_path / "out"
-    code = ("import sys\nfrom shardify.cli import main\n"
-            f"sys.exit(main(['convert', 'imagefolder', {str(src)!r}, {str(out)!r}, '--quiet', '--workers', '1']))")
+    code = (
+        "import sys\nfrom shardify.cli import main\n"
+        f"sys.exit(main(['convert', 'imagefolder', {str(src)!r}, {str(out)!r}, '--quiet', '--workers', '1']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_SKIPPED, proc.stderr
     chatter = [line for line in proc.stderr.splitlines() if "Invalid APNG" in line or "More samples per" in line]

@@ -11,6 +11,7 @@ import pytest
 from shardify.convert.driverpool import map_in_order
 from shardify.errors import WorkerError
 
+
 def _square(x: int) -> int:
     return x * x
 
@@ -24,7 +25,8 @@ def _die_at(x: int, bad: int) -> int:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_results_come_back_in_order(method: str) -> None:
     assert list(map_in_order(_square, ((x,) for x in range(50)), workers=3, method=method, what="t", ahead=1)) == [
-        x * x for x in range(50)]
+        x * x for x in range(50)
+    ]
 
 
 def test_calls_are_drawn_a_bounded_number_ahead() -> None:

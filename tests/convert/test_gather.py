@@ -104,10 +104,10 @@ def test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last(tmp
     for name in shards:
         tmp = f".{name}.tmp"
         assert events.index(("fsync", tmp)) < events.index(("rename", tmp)), name
-    manifest_write = max(i for i, (kind, name) in enumerate(events)
-                         if kind == "fsync" and name.startswith(".manifest.json"))
+    manifest_write = max(
+        i for i, (kind, name) in enumerate(events) if kind == "fsync" and name.startswith(".manifest.json")
+    )
     assert all(events.index(("rename", f".{name}.tmp")) < manifest_write for name in shards)
-
 
 
 def test_decoder_messages_keep_input_warnings_and_drop_deprecations() -> None:
@@ -116,12 +116,14 @@ def test_decoder_messages_keep_input_warnings_and_drop_deprecations() -> None:
     from shardify.convert.inputs.capture import decoder_messages
 
     with decoder_messages(native=False) as messages:
-        warnings.warn("Palette images with Transparency expressed in bytes", UserWarning)
-        warnings.warn("old API", DeprecationWarning)
-        warnings.warn("older API", PendingDeprecationWarning)
-        warnings.warn("Image appears to be a malformed MPO file", UserWarning)
-    assert messages == ["UserWarning: Palette images with Transparency expressed in bytes",
-                        "UserWarning: Image appears to be a malformed MPO file"]
+        warnings.warn("Palette images with Transparency expressed in bytes", UserWarning, stacklevel=1)
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)
+        warnings.warn("older API", PendingDeprecationWarning, stacklevel=1)
+        warnings.warn("Image appears to be a malformed MPO file", UserWarning, stacklevel=1)
+    assert messages == [
+        "UserWarning: Palette images with Transparency expressed in bytes",
+        "UserWarning: Image appears to be a malformed MPO file",
+    ]
 
 
 def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> None:
@@ -134,9 +136,18 @@ def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> Non
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=37, sizes=((32, 24),))
     scan = scan_imagefolder(src)
     plan = plan_split(scan, ConvertOptions(samples_per_shard=100))
-    task = writer.ShardTask(out_dir=str(tmp_path / "out"), root=scan.root, split="train",
-                            plan=ShardPlan(-1, (), (), 0), check_full=False, max_side=None, quality=90,
-                            strict=False, fsync=False, version=plan.version)
+    task = writer.ShardTask(
+        out_dir=str(tmp_path / "out"),
+        root=scan.root,
+        split="train",
+        plan=ShardPlan(-1, (), (), 0),
+        check_full=False,
+        max_side=None,
+        quality=90,
+        strict=False,
+        fsync=False,
+        version=plan.version,
+    )
     (tmp_path / "out").mkdir()
     told: list[tuple[int, int]] = []
     result = writer.write_shard(replace(task, plan=plan.shard(0)), lambda n, b: told.append((n, b)))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import natural_image
+from shardify.convert.write.run import convert_imagefolder
 
 CLI = [sys.executable, "-m", "shardify.convert"]
 
@@ -31,10 +31,14 @@ def _save(img: Image.Image, fmt: str, **kw) -> bytes:
 
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR declares ``width`` x ``height`` but holds almost no data."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
     ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b"")
+    )
 
 
 def _corpus() -> dict[str, bytes]:
@@ -77,12 +81,20 @@ def test_every_hostile_file_is_converted_or_reported(tmp_path: Path, options, re
     result = convert_imagefolder(root.parent, out, options=options(check=check, max_pixels=4_000_000, workers=1))
     assert Image.MAX_IMAGE_PIXELS == limit  # in-process shard writing restores Pillow's limit for the reader
     packed = {json.loads(s["json"])["path"]: s for s in read_split(out, "train").values()}
-    report = {json.loads(line)["path"]: json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()}
+    report = {
+        json.loads(line)["path"]: json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()
+    }
     for name in corpus:
         rel = f"c/{name}"
         assert (rel in packed) != (rel in report), f"{rel} must be either packed or reported"
-    assert set(report) == {"c/truncated.jpg", "c/zero.jpg", "c/random.jpg", "c/animated.gif",
-                           "c/huge_declared.png", "c/bomb.png"}
+    assert set(report) == {
+        "c/truncated.jpg",
+        "c/zero.jpg",
+        "c/random.jpg",
+        "c/animated.gif",
+        "c/huge_declared.png",
+        "c/bomb.png",
+    }
     assert report["c/animated.gif"]["kind"] == "ignored"
     assert report["c/huge_declared.png"]["reason"].startswith("decompression bomb")
     assert report["c/bomb.png"]["reason"].startswith("decompression bomb")
@@ -125,8 +137,9 @@ def test_symlinks_followed_inside_the_root_only_and_loops_end(tmp_path: Path, op
 AS_NOBODY = (
     "import os, sys\n"
     "from PIL import Image; Image.init()\n"
-    "import shardify.convert.write.run, shardify.cli, shardify.cli.__main__, tqdm, json, hashlib, fcntl, shutil, codecs\n"
-    "for name in (\"ascii\", \"utf-8\", \"latin-1\"): codecs.lookup(name)\n"
+    "import shardify.convert.write.run, shardify.cli, shardify.cli.__main__, "
+    "tqdm, json, hashlib, fcntl, shutil, codecs\n"
+    'for name in ("ascii", "utf-8", "latin-1"): codecs.lookup(name)\n'
     "if os.geteuid() == 0:\n"
     "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
     "sys.exit(shardify.cli.main(sys.argv[1:]))\n"
@@ -147,8 +160,23 @@ def test_unreadable_file_is_reported(make_image) -> None:
         out = base / "out"
         out.mkdir()
         os.chmod(out, 0o777)
-        proc = subprocess.run([sys.executable, "-c", AS_NOBODY, "convert", "imagefolder", str(base / "src"), str(out),
-                               "--quiet", "--workers", "1"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                AS_NOBODY,
+                "convert",
+                "imagefolder",
+                str(base / "src"),
+                str(out),
+                "--quiet",
+                "--workers",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 3, proc.stderr
         assert "skipped c/locked.jpg: cannot read: Permission denied" in proc.stderr
 
@@ -195,7 +223,9 @@ def test_report_is_byte_identical_across_runs(tmp_path: Path, options) -> None:
         (root / name).write_bytes(data)
     reports = []
     for run in ("a", "b"):
-        convert_imagefolder(root.parent, tmp_path / run, options=options(workers=1 if run == "a" else 2, allow_empty=True))
+        convert_imagefolder(
+            root.parent, tmp_path / run, options=options(workers=1 if run == "a" else 2, allow_empty=True)
+        )
         reports.append((tmp_path / run / "train.report.jsonl").read_bytes())
     lines = [json.loads(line) for line in reports[0].decode().splitlines()]
     assert len(lines) == len(_junk_with_magic())
@@ -245,7 +275,8 @@ def test_verify_reports_any_error_of_a_sample_check(tmp_path: Path, options, mak
     monkeypatch.setattr(verify, "check_key", broken)
     report = verify.verify_dataset(out, decode=True)
     assert [p.message for p in report.problems] == [
-        "cannot check the sample: RuntimeError: unexpected trouble at <object>"]
+        "cannot check the sample: RuntimeError: unexpected trouble at <object>"
+    ]
     assert report.problems[0].key == "c__a"
 
 
@@ -269,26 +300,63 @@ def _sparse(path: Path, head: bytes, size: int) -> None:
         f.truncate(size)
 
 
-@pytest.mark.parametrize("name, head, size, limit, reason", [
-    pytest.param("huge.jpg", b"\xff\xd8\xff\xe0", 1_500_000_000, "1GiB",
-                 "too large: 1500000000 bytes, over the limit of 1073741824", id="1.5GB-over-the-limit"),
-    pytest.param("junk.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", 200_000_000, "1GiB",
-                 "not an image: a JPEG signature, then more than 1 MiB of junk between segments",
-                 id="200MB-jpeg-signature-then-zeros"),
-    pytest.param("noscan.jpg", b"\xff\xd8" + (b"\xff\xfe\xff\xff" + b"c" * 65533) * 260, 200_000_000, "1GiB",
-                 "not an image: a JPEG signature, but no scan in the first 16 MiB", id="200MB-comments-no-scan"),
-    pytest.param("zeros.png", b"", 200_000_000, "1GiB", "not an image (unknown format)", id="200MB-no-signature"),
-])
-def test_a_big_junk_file_costs_bounded_memory_and_time(tmp_path: Path, name: str, head: bytes, size: int,
-                                                       limit: str, reason: str) -> None:
+@pytest.mark.parametrize(
+    "name, head, size, limit, reason",
+    [
+        pytest.param(
+            "huge.jpg",
+            b"\xff\xd8\xff\xe0",
+            1_500_000_000,
+            "1GiB",
+            "too large: 1500000000 bytes, over the limit of 1073741824",
+            id="1.5GB-over-the-limit",
+        ),
+        pytest.param(
+            "junk.jpg",
+            b"\xff\xd8\xff\xe0\x00\x10JFIF\x00",
+            200_000_000,
+            "1GiB",
+            "not an image: a JPEG signature, then more than 1 MiB of junk between segments",
+            id="200MB-jpeg-signature-then-zeros",
+        ),
+        pytest.param(
+            "noscan.jpg",
+            b"\xff\xd8" + (b"\xff\xfe\xff\xff" + b"c" * 65533) * 260,
+            200_000_000,
+            "1GiB",
+            "not an image: a JPEG signature, but no scan in the first 16 MiB",
+            id="200MB-comments-no-scan",
+        ),
+        pytest.param("zeros.png", b"", 200_000_000, "1GiB", "not an image (unknown format)", id="200MB-no-signature"),
+    ],
+)
+def test_a_big_junk_file_costs_bounded_memory_and_time(
+    tmp_path: Path, name: str, head: bytes, size: int, limit: str, reason: str
+) -> None:
     root = tmp_path / "src" / "c"
     root.mkdir(parents=True)
     _sparse(root / name, head, size)
     (root / "ok.jpg").write_bytes(_save(natural_image(48, 32, seed=1), "JPEG"))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-c", _MEASURED, "convert", "imagefolder", str(root.parent), str(out),
-                           "--quiet", "--workers", "1", "--max-image-bytes", limit],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _MEASURED,
+            "convert",
+            "imagefolder",
+            str(root.parent),
+            str(out),
+            "--quiet",
+            "--workers",
+            "1",
+            "--max-image-bytes",
+            limit,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
     rss_mib, seconds = map(float, proc.stdout.split())
     report = [json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()]
@@ -320,19 +388,26 @@ def _decoder_tolerated() -> dict[str, tuple[bytes, str, str]]:
         "jpg_app_length_zero.jpg": (jpg[:2] + b"\xff\xef\x00\x00" + jpg[2:], "kept", "kept"),
         # APP1 declares 64 bytes but holds 26: skipping it swallows a quantization table, so
         # the pixels cannot decode; the structure alone cannot tell (header keeps it).
-        "jpg_app1_cut_short.jpg": (jpg[:2] + b"\xff\xe1\x00\x40Exif\x00\x00" + b"x" * 20 + jpg[2:], "",
-                                   "cannot decode jpg: OSError: broken data stream"),
+        "jpg_app1_cut_short.jpg": (
+            jpg[:2] + b"\xff\xe1\x00\x40Exif\x00\x00" + b"x" * 20 + jpg[2:],
+            "",
+            "cannot decode jpg: OSError: broken data stream",
+        ),
         "jpg_no_end_marker.jpg": (jpg[:-2], "truncated jpg (no end marker)", "truncated jpg (no end marker)"),
         # Pillow would decode this, a byte at a time; more than 1 MiB of junk is refused (item 10).
-        "jpg_2mb_junk.jpg": (jpg[:20] + b"j" * (2 << 20) + jpg[20:],
-                             "cannot decode jpg: more than 1 MiB of junk", "cannot decode jpg: more than 1 MiB of junk"),
+        "jpg_2mb_junk.jpg": (
+            jpg[:20] + b"j" * (2 << 20) + jpg[20:],
+            "cannot decode jpg: more than 1 MiB of junk",
+            "cannot decode jpg: more than 1 MiB of junk",
+        ),
         "bigtiff.tiff": (_save(rgb, "TIFF", big_tiff=True), "kept", "kept"),
     }
 
 
 @pytest.mark.parametrize("check", ["header", "full"])
-def test_images_the_decoder_tolerates_are_kept_by_the_documented_rule(tmp_path: Path, options, read_split,
-                                                                      check: str) -> None:
+def test_images_the_decoder_tolerates_are_kept_by_the_documented_rule(
+    tmp_path: Path, options, read_split, check: str
+) -> None:
     corpus = _decoder_tolerated()
     root = tmp_path / "src" / "c"
     root.mkdir(parents=True)
@@ -341,8 +416,10 @@ def test_images_the_decoder_tolerates_are_kept_by_the_documented_rule(tmp_path: 
     out = tmp_path / "out"
     convert_imagefolder(root.parent, out, options=options(check=check))
     packed = {json.loads(s["json"])["path"]: s for s in read_split(out, "train").values()}
-    report = {json.loads(line)["path"]: json.loads(line)["reason"]
-              for line in (out / "train.report.jsonl").read_text().splitlines()}
+    report = {
+        json.loads(line)["path"]: json.loads(line)["reason"]
+        for line in (out / "train.report.jsonl").read_text().splitlines()
+    }
     for name, (data, header, full) in corpus.items():
         want, rel = header if check == "header" else full, f"c/{name}"
         if want == "kept":

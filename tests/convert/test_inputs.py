@@ -28,23 +28,30 @@ def _report(out: Path, split: str = "train") -> dict[str, tuple[str, str]]:
 
 
 def test_tricky_tree_class_mapping(tmp_path: Path, make_image) -> None:
-    root = _write(tmp_path / "src", {
-        ".ipynb_checkpoints/x.jpg": make_image(),
-        "b_class/deep/er/x.JPG": make_image(seed=1),
-        "b_class/y.PNG": make_image("PNG", seed=2),
-        "b_class/.hidden.jpg": make_image(seed=3),
-        "b_class/.cache/z.jpg": make_image(seed=4),
-        "b_class/notes.txt": b"not an image",
-        "a_class/UPPER.JPEG": make_image(seed=5),
-        "a_class/file.Tiff": make_image("TIFF", seed=6),
-        "top_level_file.jpg": make_image(seed=7),
-    })
+    root = _write(
+        tmp_path / "src",
+        {
+            ".ipynb_checkpoints/x.jpg": make_image(),
+            "b_class/deep/er/x.JPG": make_image(seed=1),
+            "b_class/y.PNG": make_image("PNG", seed=2),
+            "b_class/.hidden.jpg": make_image(seed=3),
+            "b_class/.cache/z.jpg": make_image(seed=4),
+            "b_class/notes.txt": b"not an image",
+            "a_class/UPPER.JPEG": make_image(seed=5),
+            "a_class/file.Tiff": make_image("TIFF", seed=6),
+            "top_level_file.jpg": make_image(seed=7),
+        },
+    )
     (root / "c_empty").mkdir()
     scan = scan_imagefolder(root)
     # sorted non-hidden folders, like ImageFolder; the empty class keeps its index
     assert scan.classes == ["a_class", "b_class", "c_empty"]
     assert [(s.identity, s.label) for s in scan.samples] == [
-        ("a_class/UPPER.JPEG", 0), ("a_class/file.Tiff", 0), ("b_class/y.PNG", 1), ("b_class/deep/er/x.JPG", 1)]
+        ("a_class/UPPER.JPEG", 0),
+        ("a_class/file.Tiff", 0),
+        ("b_class/y.PNG", 1),
+        ("b_class/deep/er/x.JPG", 1),
+    ]
     problems = {p.path: (p.kind, p.reason) for p in scan.problems}
     assert problems[".ipynb_checkpoints"] == ("ignored", "hidden")
     assert problems["b_class/.hidden.jpg"] == ("ignored", "hidden")
@@ -57,11 +64,15 @@ def test_tricky_tree_class_mapping(tmp_path: Path, make_image) -> None:
 def test_walk_order_matches_sorted_os_walk(tmp_path: Path, make_image) -> None:
     import os
 
-    root = _write(tmp_path / "src", {f"k/{d}/{f}.jpg": make_image(seed=i)
-                                     for i, (d, f) in enumerate([("a", "2"), ("a", "1"), ("a-b", "0"), ("a/b", "0"), ("b", "9")])})
+    root = _write(
+        tmp_path / "src",
+        {
+            f"k/{d}/{f}.jpg": make_image(seed=i)
+            for i, (d, f) in enumerate([("a", "2"), ("a", "1"), ("a-b", "0"), ("a/b", "0"), ("b", "9")])
+        },
+    )
     (root / "k" / "0.jpg").write_bytes(make_image())
-    want = [os.path.relpath(os.path.join(r, f), root)
-            for r, _, fs in sorted(os.walk(root / "k")) for f in sorted(fs)]
+    want = [os.path.relpath(os.path.join(r, f), root) for r, _, fs in sorted(os.walk(root / "k")) for f in sorted(fs)]
     assert [s.identity for s in scan_imagefolder(root).samples] == want
 
 
@@ -73,16 +84,19 @@ def _cmyk_jpeg() -> bytes:
 
 def test_bad_images_are_skipped_and_reported(tmp_path: Path, make_image, options, read_split) -> None:
     good = make_image(size=(64, 48))
-    root = _write(tmp_path / "src", {
-        "c/ok.jpg": good,
-        "c/truncated.jpg": good[: len(good) // 2],
-        "c/zero.jpg": b"",
-        "c/text.jpg": b"this is text, not a jpeg",
-        "c/png_named.JPEG": make_image("PNG", seed=1),
-        "c/cmyk.jpg": _cmyk_jpeg(),
-        "c/gray.jpg": make_image(mode="L", seed=2),
-        "c/palette.png": make_image("PNG", mode="P", seed=3),
-    })
+    root = _write(
+        tmp_path / "src",
+        {
+            "c/ok.jpg": good,
+            "c/truncated.jpg": good[: len(good) // 2],
+            "c/zero.jpg": b"",
+            "c/text.jpg": b"this is text, not a jpeg",
+            "c/png_named.JPEG": make_image("PNG", seed=1),
+            "c/cmyk.jpg": _cmyk_jpeg(),
+            "c/gray.jpg": make_image(mode="L", seed=2),
+            "c/palette.png": make_image("PNG", mode="P", seed=3),
+        },
+    )
     out = tmp_path / "out"
     result = convert_imagefolder(root, out, options=options())
     report = _report(out)
@@ -105,7 +119,9 @@ def test_full_check_catches_what_the_header_check_cannot(tmp_path: Path, options
     root = _write(tmp_path / "src", {"c/corrupt.jpg": corrupt, "c/fine.jpg": make_image(seed=3)})
     assert convert_imagefolder(root, tmp_path / "h", options=options()).num_skipped == 0
     full = convert_imagefolder(root, tmp_path / "f", options=options(check="full"))
-    assert [(p.path, p.reason.split(":")[0]) for p in full.splits["train"].skipped] == [("c/corrupt.jpg", "cannot decode jpg")]
+    assert [(p.path, p.reason.split(":")[0]) for p in full.splits["train"].skipped] == [
+        ("c/corrupt.jpg", "cannot decode jpg")
+    ]
 
 
 def test_strict_stops_at_the_first_bad_input(tmp_path: Path, make_image, options) -> None:
@@ -115,8 +131,9 @@ def test_strict_stops_at_the_first_bad_input(tmp_path: Path, make_image, options
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("name", [
-    "dotted.name.v2.jpg", "with space.jpg", "ünïcødé-名前.jpg", "x" * 200 + ".jpg", "-leading-dash.jpg"])
+@pytest.mark.parametrize(
+    "name", ["dotted.name.v2.jpg", "with space.jpg", "ünïcødé-名前.jpg", "x" * 200 + ".jpg", "-leading-dash.jpg"]
+)
 def test_awkward_names_get_valid_unique_keys(tmp_path: Path, make_image, options, read_split, name: str) -> None:
     root = _write(tmp_path / "src", {f"c/{name}": make_image(), "c/plain.jpg": make_image(seed=1)})
     out = tmp_path / "out"
@@ -144,8 +161,9 @@ def test_ids_missing_label_unknown_id_and_out_of_range(tmp_path: Path, options, 
     (tmp_path / "p.json").write_text(json.dumps({"train": ["a", "b", "c", "nofile"]}))
     (tmp_path / "l.json").write_text(json.dumps({"a": 0, "c": 7, "nofile": 1, "d": 1}))
     out = tmp_path / "out"
-    result = convert_ids(src, out, partition=tmp_path / "p.json", labels=tmp_path / "l.json",
-                         options=options(num_classes=5))
+    result = convert_ids(
+        src, out, partition=tmp_path / "p.json", labels=tmp_path / "l.json", options=options(num_classes=5)
+    )
     report = _report(out)
     assert report["b"] == ("skipped", "no label for this ID")
     assert report["c"] == ("skipped", "label 7 out of range (0..4)")
@@ -160,28 +178,56 @@ def test_ids_bad_partition_file_names_the_file(tmp_path: Path, options) -> None:
     (tmp_path / "p.json").write_text("{not json")
     (tmp_path / "l.json").write_text("{}")
     with pytest.raises(InputError, match=r"p\.json.*partition is not valid JSON"):
-        convert_ids(tmp_path / "data", tmp_path / "out", partition=tmp_path / "p.json",
-                    labels=tmp_path / "l.json", options=options())
+        convert_ids(
+            tmp_path / "data",
+            tmp_path / "out",
+            partition=tmp_path / "p.json",
+            labels=tmp_path / "l.json",
+            options=options(),
+        )
 
 
 def test_listing_rows_without_file_or_label(tmp_path: Path, options) -> None:
     (tmp_path / "x.txt").write_text("x")
     listing = tmp_path / "l.jsonl"
-    listing.write_text("\n".join(json.dumps(r) for r in [
-        {"path": "x.txt", "label": 1}, {"path": "missing.txt", "label": 1}, {"path": "x.txt"}, {"label": 2}]) + "\n")
+    listing.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"path": "x.txt", "label": 1},
+                {"path": "missing.txt", "label": 1},
+                {"path": "x.txt"},
+                {"label": 2},
+            ]
+        )
+        + "\n"
+    )
     result = convert_listing(listing, tmp_path / "out", options=options())
     reasons = sorted(p.reason for p in result.splits["train"].skipped)
-    assert reasons == ["missing.txt: cannot stat: No such file or directory", "no label", "row has neither 'path' nor 'id'"]
+    assert reasons == [
+        "missing.txt: cannot stat: No such file or directory",
+        "no label",
+        "row has neither 'path' nor 'id'",
+    ]
 
 
 def _tricky_tree(root: Path, make_image) -> Path:
     """Classes with nested folders, hidden and non-image files, links in and out of the
     root, a link loop, a dangling link and an empty class."""
     jpeg = make_image()
-    files = {f"c{c}/{d}{i}.{ext}": jpeg for c in range(5) for i in range(3)
-             for d, ext in (("", "jpg"), ("sub/", "PNG"), ("sub/deeper/", "JPEG"))}
-    files |= {"c1/.hidden.jpg": jpeg, "c2/notes.txt": b"x", "c3/.cache/x.jpg": jpeg, "top.jpg": jpeg,
-              "../outside/o.jpg": jpeg}
+    files = {
+        f"c{c}/{d}{i}.{ext}": jpeg
+        for c in range(5)
+        for i in range(3)
+        for d, ext in (("", "jpg"), ("sub/", "PNG"), ("sub/deeper/", "JPEG"))
+    }
+    files |= {
+        "c1/.hidden.jpg": jpeg,
+        "c2/notes.txt": b"x",
+        "c3/.cache/x.jpg": jpeg,
+        "top.jpg": jpeg,
+        "../outside/o.jpg": jpeg,
+    }
     _write(root, files)
     (root / "c0" / "in_link.jpg").symlink_to(root / "c1" / "0.jpg")
     (root / "c0" / "out_link.jpg").symlink_to(root.parent / "outside" / "o.jpg")
@@ -207,16 +253,24 @@ def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_
     assert list(pooled.samples) == list(one.samples) and len(one.samples) == 5 * 9 + 1
     assert (pooled.classes, pooled.problems, pooled.notes) == (one.classes, one.problems, one.notes)
     assert pooled.samples.payload_bytes == one.samples.payload_bytes == SampleTable(one.samples).payload_bytes
-    assert {p.reason for p in one.problems} >= {"hidden", "not an image file (extension)",
-                                                "symbolic link points outside the source root",
-                                                "folder reached twice through symbolic links"}
+    assert {p.reason for p in one.problems} >= {
+        "hidden",
+        "not an image file (extension)",
+        "symbolic link points outside the source root",
+        "folder reached twice through symbolic links",
+    }
     assert one.notes == ["class 'c9_empty' (label 5) has no images"]
     # the records are what SampleTable.append makes of the same samples
     assert list(SampleTable(one.samples)) == list(one.samples)
     assert [s.identity for s in one.samples][:4] == ["c0/0.jpg", "c0/1.jpg", "c0/2.jpg", "c0/in_link.jpg"]
     spec = one.samples[0]
     assert (spec.name, spec.label, spec.label_name, spec.files[0].ext, spec.files[0].is_image) == (
-        "c0/0", 0, "c0", "jpg", True)
+        "c0/0",
+        0,
+        "c0",
+        "jpg",
+        True,
+    )
 
 
 def test_small_trees_are_scanned_without_a_pool(tmp_path: Path, make_image, spy_pools) -> None:

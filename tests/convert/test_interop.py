@@ -21,7 +21,7 @@ def _mixed_folder(root: Path) -> dict[str, bytes]:
         for i in range(6):
             mode = ("RGBA" if c == "a" else "I;16") if i == 2 else "RGB"
             if mode == "I;16":
-                img = Image.fromarray((np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 150))
+                img = Image.fromarray(np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 150)
             else:
                 img = Image.new(mode, (24 + i, 16), (i * 40, 90, 200, 128)[: len(mode)])
             buf = io.BytesIO()
@@ -58,8 +58,10 @@ def test_image_format_gives_every_sample_one_field(tmp_path: Path, options, imag
         if original[:2] == b"\xff\xd8" and field != "png" or original[:4] == b"\x89PNG" and field != "jpg":
             assert stored == original  # an image already in the format is kept byte for byte
         elif field == "png":  # lossless: the same pixels
-            assert np.array_equal(np.asarray(Image.open(io.BytesIO(stored)).convert("RGB")),
-                                  np.asarray(Image.open(io.BytesIO(original)).convert("RGB")))
+            assert np.array_equal(
+                np.asarray(Image.open(io.BytesIO(stored)).convert("RGB")),
+                np.asarray(Image.open(io.BytesIO(original)).convert("RGB")),
+            )
         else:
             with Image.open(io.BytesIO(stored)) as img:
                 assert img.format == "JPEG" and img.mode in ("RGB", "L")
@@ -77,7 +79,9 @@ def test_webdataset_to_tuple_jpg_reads_every_sample_after_image_format_jpg(tmp_p
         if expect is None:
             with pytest.raises(ValueError):  # the mixed split: webdataset's to_tuple("jpg") fails
                 list(pipeline)
-            assert len(list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple("jpg;png", "cls"))) == 12
+            assert (
+                len(list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple("jpg;png", "cls"))) == 12
+            )
         else:
             assert len(list(pipeline)) == expect
 
@@ -94,7 +98,9 @@ def test_hugging_face_datasets_reads_every_image(tmp_path: Path, options, monkey
         out = tmp_path / f"out-{fmt}"
         convert_imagefolder(tmp_path / "src", out, options=options(image_format=fmt))
         files = [str(p) for p in sorted(out.glob("train-*.tar"))]
-        ds = load_dataset("webdataset", data_files={"train": files}, split="train", cache_dir=str(tmp_path / f"hf-{fmt}"))
+        ds = load_dataset(
+            "webdataset", data_files={"train": files}, split="train", cache_dir=str(tmp_path / f"hf-{fmt}")
+        )
         assert len(ds) == 12
         seen[fmt] = sum(1 for row in ds if row.get("jpg") is not None)
         if fmt == "jpg":

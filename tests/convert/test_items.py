@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardify.convert import ShardWriter, convert_items
 from shardify.cli import EXIT_SKIPPED, main
+from shardify.convert import ShardWriter, convert_items
 from shardify.errors import EncodeError, InputError, KeyRuleError, WorkerError
 from shardify.manifest import Manifest
 
@@ -33,8 +33,12 @@ def make_sample(i: int) -> dict[str, object] | None:
 
 
 def test_bytes_are_identical_for_one_and_two_workers_and_match_shardwriter(tmp_path: Path, tree_bytes) -> None:
-    runs = {w: convert_items(range(120), make_sample, tmp_path / f"w{w}", workers=w, samples_per_shard=9,
-                             chunk_size=4, **FAST) for w in (1, 2)}
+    runs = {
+        w: convert_items(
+            range(120), make_sample, tmp_path / f"w{w}", workers=w, samples_per_shard=9, chunk_size=4, **FAST
+        )
+        for w in (1, 2)
+    }
     assert tree_bytes(tmp_path / "w1") == tree_bytes(tmp_path / "w2")
     assert runs[1].samples == sum(i % 7 != 3 and i % 11 != 5 for i in range(120)) == 94
     # the same samples through ShardWriter give the same shards
@@ -61,11 +65,14 @@ def test_chunks_come_back_through_shared_memory_or_the_pipe_with_the_same_bytes(
     runner = itemmap.ChunkRunner(make_sample, ValueOptions(), ())
     chunks, start = [], 0
     for n in [1, 4] * 6:
-        chunks.append(itemmap.Chunk(start=start, indexes=tuple(range(start, start + n)),
-                                    items=tuple(range(start, start + n))))
+        chunks.append(
+            itemmap.Chunk(start=start, indexes=tuple(range(start, start + n)), items=tuple(range(start, start + n)))
+        )
         start += n
-    got = [(type(out.data), bytes(out.data), out.outcomes)  # read before the slot is reused
-           for _, out in itemmap.map_ordered(runner, chunks, workers=2, engine="local")]
+    got = [
+        (type(out.data), bytes(out.data), out.outcomes)  # read before the slot is reused
+        for _, out in itemmap.map_ordered(runner, chunks, workers=2, engine="local")
+    ]
     assert [(data, outcomes) for _, data, outcomes in got] == [(runner(c).data, runner(c).outcomes) for c in chunks]
     assert {kind for kind, _, _ in got} == {memoryview, bytes}
 
@@ -90,8 +97,14 @@ def test_a_failing_fn_is_reported_with_index_repr_and_error(tmp_path: Path) -> N
 
 def test_bad_values_and_duplicate_keys_from_fn_are_errors_naming_the_item(tmp_path: Path) -> None:
     with pytest.raises(EncodeError, match=r"item 3 \(3\): field 'npy': cannot store a builtins.list"):
-        convert_items(range(10), lambda i: {"npy": [i]} if i == 3 else {"txt": "ok"}, tmp_path / "a",
-                      workers=2, chunk_size=2, **FAST)
+        convert_items(
+            range(10),
+            lambda i: {"npy": [i]} if i == 3 else {"txt": "ok"},
+            tmp_path / "a",
+            workers=2,
+            chunk_size=2,
+            **FAST,
+        )
     with pytest.raises(KeyRuleError, match=r"item 4 and item 0 have the same key 'k0'"):
         convert_items(range(10), lambda i: {"__key__": f"k{i % 4}", "txt": "x"}, tmp_path / "b", workers=1, **FAST)
     for name in ("a", "b"):
@@ -150,6 +163,7 @@ def _interrupt_at(n: int):
         if i == n:
             raise KeyboardInterrupt
         return {"npy": np.arange(i % 9), "cls": i}
+
     return fn
 
 
@@ -197,8 +211,7 @@ def test_sigkill_mid_convert_items_then_rerun_is_byte_identical(tmp_path: Path, 
     assert ref.returncode == EXIT_SKIPPED, ref.stderr
 
     out = tmp_path / "out"
-    proc = subprocess.Popen([*cmd, str(out), *opts], env={**env, "SLOW": "0.03"}, cwd=tmp_path,
-                            start_new_session=True)
+    proc = subprocess.Popen([*cmd, str(out), *opts], env={**env, "SLOW": "0.03"}, cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list((out / ".shardify-work" / "train").glob("0*.json"))) < 3:
         time.sleep(0.01)
@@ -225,8 +238,7 @@ def test_ray_engine_gives_the_same_bytes(tmp_path: Path, tree_bytes) -> None:
     local = convert_items(range(40), fn, tmp_path / "local", samples_per_shard=6, workers=1, **FAST)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        on_ray = convert_items(range(40), fn, tmp_path / "ray", samples_per_shard=6, engine="ray", chunk_size=5,
-                               **FAST)
+        on_ray = convert_items(range(40), fn, tmp_path / "ray", samples_per_shard=6, engine="ray", chunk_size=5, **FAST)
     finally:
         ray.shutdown()
     assert on_ray.samples == local.samples == 32

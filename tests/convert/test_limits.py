@@ -47,14 +47,17 @@ def test_a_hanging_item_and_a_memory_hog_are_reported_and_the_rest_written(tmp_p
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
         started = time.monotonic()
-        summary = convert_items(range(24), runaway, out, workers=workers, item_timeout=1.0,
-                                max_worker_memory="200MiB", **FAST)
+        summary = convert_items(
+            range(24), runaway, out, workers=workers, item_timeout=1.0, max_worker_memory="200MiB", **FAST
+        )
         assert time.monotonic() - started < 60
         assert summary.samples == 22
         outs.append(tree_bytes(out))
         reasons = {(r["path"], r["reason"]) for r in report(out) if "path" in r}
-        assert reasons == {(f"item {HANG}: {HANG}", "timed out after 1 s"),
-                           (f"item {HOG}: {HOG}", "worker exceeded 200 MiB")}, report(out)
+        assert reasons == {
+            (f"item {HANG}: {HANG}", "timed out after 1 s"),
+            (f"item {HOG}: {HOG}", "worker exceeded 200 MiB"),
+        }, report(out)
     assert outs[0] == outs[1] == outs[2]
 
 
@@ -77,11 +80,14 @@ def test_memory_kept_over_many_items_is_not_blamed_on_one(tmp_path: Path, tree_b
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("options, message", [
-    pytest.param({"item_timeout": 0}, "item_timeout=0 should be > 0", id="timeout-zero"),
-    pytest.param({"max_worker_memory": "lots"}, "size 'lots' should be a number", id="memory-text"),
-    pytest.param({"max_worker_memory": 0}, "size 0 should be positive", id="memory-zero"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param({"item_timeout": 0}, "item_timeout=0 should be > 0", id="timeout-zero"),
+        pytest.param({"max_worker_memory": "lots"}, "size 'lots' should be a number", id="memory-text"),
+        pytest.param({"max_worker_memory": 0}, "size 0 should be positive", id="memory-zero"),
+    ],
+)
 def test_limit_options_are_checked(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ItemsOptions(**options)
@@ -94,8 +100,9 @@ def test_on_ray_the_limits_give_the_same_report_and_bytes(tmp_path: Path, tree_b
     convert_items(range(24), runaway, local, workers=2, item_timeout=1.0, max_worker_memory="200MiB", **FAST)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        convert_items(range(24), runaway, tmp_path / "ray", engine="ray", item_timeout=1.0,
-                      max_worker_memory="200MiB", **FAST)
+        convert_items(
+            range(24), runaway, tmp_path / "ray", engine="ray", item_timeout=1.0, max_worker_memory="200MiB", **FAST
+        )
         convert_items(range(24), leaky, tmp_path / "ray-leaky", engine="ray", max_worker_memory=200 << 20, **FAST)
     finally:
         ray.shutdown()
@@ -108,11 +115,28 @@ def test_the_cli_takes_the_limits(tmp_path: Path, monkeypatch) -> None:
     from shardify.cli import main
     from shardify.cli.common import EXIT_SKIPPED
 
-    (tmp_path / "hangmod.py").write_text("import time\n\ndef make(row):\n    if row['i'] == 2:\n"
-                                         "        time.sleep(10**6)\n    return {'txt': str(row['i'])}\n")
+    (tmp_path / "hangmod.py").write_text(
+        "import time\n\ndef make(row):\n    if row['i'] == 2:\n"
+        "        time.sleep(10**6)\n    return {'txt': str(row['i'])}\n"
+    )
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"i": i}) + "\n" for i in range(6)))
     monkeypatch.chdir(tmp_path)
-    code = main(["convert", "python", "hangmod:make", "rows.jsonl", "out", "--workers", "2", "--quiet",
-                 "--no-fsync", "--item-timeout", "0.5", "--max-worker-memory", "300MiB"])
+    code = main(
+        [
+            "convert",
+            "python",
+            "hangmod:make",
+            "rows.jsonl",
+            "out",
+            "--workers",
+            "2",
+            "--quiet",
+            "--no-fsync",
+            "--item-timeout",
+            "0.5",
+            "--max-worker-memory",
+            "300MiB",
+        ]
+    )
     assert code == EXIT_SKIPPED
     assert [r["reason"] for r in report(tmp_path / "out")] == ["timed out after 0.5 s"]

@@ -26,18 +26,34 @@ def _jsonl(*rows: dict[str, object]) -> str:
 
 
 LISTINGS = [
-    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": i % 3, "text": f"t{i}"} for i in range(9))), id="int-labels"),
-    pytest.param("l.jsonl", _jsonl({"id": "a"}, {"id": "b", "label": 1}, {"id": "c", "label": 2}), id="first-row-unlabelled"),
-    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b"}, {"id": "c", "label": ""}), id="unlabelled-and-empty-label"),
+    pytest.param(
+        "l.jsonl", _jsonl(*({"id": f"k{i}", "label": i % 3, "text": f"t{i}"} for i in range(9))), id="int-labels"
+    ),
+    pytest.param(
+        "l.jsonl", _jsonl({"id": "a"}, {"id": "b", "label": 1}, {"id": "c", "label": 2}), id="first-row-unlabelled"
+    ),
+    pytest.param(
+        "l.jsonl",
+        _jsonl({"id": "a", "label": 1}, {"id": "b"}, {"id": "c", "label": ""}),
+        id="unlabelled-and-empty-label",
+    ),
     pytest.param("l.jsonl", _jsonl({"id": "a", "text": "x"}, {"id": "b", "score": [1, 2]}), id="no-labels"),
     pytest.param("l.jsonl", _jsonl({"id": "a", "label": "dog"}, {"id": "b", "label": "cat"}), id="label-names"),
     pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b", "label": "cat"}), id="ints-then-a-name"),
     pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b", "label": 1.5}), id="float-label"),
     pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b", "label": True}), id="bool-label"),
-    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1, "split": "b/ad"}, {"id": "b", "label": "x"}), id="bad-split-then-mix"),
-    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1, "Bad": "v"}, {"id": "b", "label": "x"}), id="bad-column-then-name"),
-    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b", "label": "x"}) + "{bad\n", id="name-then-bad-json"),
-    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": i, "split": "ab"[i % 2]} for i in range(6))), id="two-splits"),
+    pytest.param(
+        "l.jsonl", _jsonl({"id": "a", "label": 1, "split": "b/ad"}, {"id": "b", "label": "x"}), id="bad-split-then-mix"
+    ),
+    pytest.param(
+        "l.jsonl", _jsonl({"id": "a", "label": 1, "Bad": "v"}, {"id": "b", "label": "x"}), id="bad-column-then-name"
+    ),
+    pytest.param(
+        "l.jsonl", _jsonl({"id": "a", "label": 1}, {"id": "b", "label": "x"}) + "{bad\n", id="name-then-bad-json"
+    ),
+    pytest.param(
+        "l.jsonl", _jsonl(*({"id": f"k{i}", "label": i, "split": "ab"[i % 2]} for i in range(6))), id="two-splits"
+    ),
     pytest.param("l.csv", "id,label,text\na, 1 ,x\nb,2,\nc,-1,z\n", id="csv-ints"),
     pytest.param("l.csv", "id,label\na,1\nb,cat\n", id="csv-mix"),
 ]
@@ -49,12 +65,16 @@ def _outcome(listing: Path, num_classes: int | None = 3) -> object:
         scans = scan_listing(listing, num_classes=num_classes)
     except ShardifyError as e:
         return type(e).__name__, str(e)
-    return {split: ([tuple(s) for s in scan.samples], scan.classes, [(p.path, p.reason, p.kind) for p in scan.problems])
-            for split, scan in scans.items()}
+    return {
+        split: ([tuple(s) for s in scan.samples], scan.classes, [(p.path, p.reason, p.kind) for p in scan.problems])
+        for split, scan in scans.items()
+    }
 
 
 @pytest.mark.parametrize(("name", "text"), LISTINGS)
-def test_one_pass_gives_what_two_passes_give(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> None:
+def test_one_pass_gives_what_two_passes_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str
+) -> None:
     listing = tmp_path / name
     listing.write_text(text)
     fast = _outcome(listing)
@@ -63,14 +83,18 @@ def test_one_pass_gives_what_two_passes_give(tmp_path: Path, monkeypatch: pytest
 
 
 # Label names: the one pass gives up at the first name, then two passes.
-@pytest.mark.parametrize(("rows", "passes"), [
-    pytest.param([{"id": "a", "label": 1}, {"id": "b", "label": "2"}], 1, id="int-labels"),
-    pytest.param([{"id": "a"}, {"id": "b"}], 1, id="no-labels"),
-    pytest.param([{"id": "a", "label": "cat"}], 3, id="label-names"),
-    pytest.param([{"id": "a"}, {"id": "b", "label": 1}], 3, id="label-after-unlabelled"),
-])
-def test_int_labels_read_the_listing_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: list[dict[str, object]],
-                                          passes: int) -> None:
+@pytest.mark.parametrize(
+    ("rows", "passes"),
+    [
+        pytest.param([{"id": "a", "label": 1}, {"id": "b", "label": "2"}], 1, id="int-labels"),
+        pytest.param([{"id": "a"}, {"id": "b"}], 1, id="no-labels"),
+        pytest.param([{"id": "a", "label": "cat"}], 3, id="label-names"),
+        pytest.param([{"id": "a"}, {"id": "b", "label": 1}], 3, id="label-after-unlabelled"),
+    ],
+)
+def test_int_labels_read_the_listing_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: list[dict[str, object]], passes: int
+) -> None:
     listing = tmp_path / "l.jsonl"
     listing.write_text(_jsonl(*rows))
     opened: list[Path] = []
@@ -97,11 +121,30 @@ def _rows_as_json_loads_reads_them(path: Path) -> object:
     return rows
 
 
-@pytest.mark.parametrize("line", [
-    '{"id": "a", "n": [1, {"b": null}]}', '  {"id": "a"}  ', '\t{"id": "a"}', '{"id": "a"}\r', '\ufeff{"id": "a"}',
-    '{"id": "a"} x', '{"id": "a"}{"id": "b"}', '{"id": "a",}', "[1]", "5", '"s"', '{"id": NaN, "x": -Infinity}',
-    '{"id": "a", "id": "b"}', "", "   ", "\x0b", '{"id": "\\ud800"}', '{"id": "a\u2028b"}', '{"label": null, "id": "a"}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"id": "a", "n": [1, {"b": null}]}',
+        '  {"id": "a"}  ',
+        '\t{"id": "a"}',
+        '{"id": "a"}\r',
+        '\ufeff{"id": "a"}',
+        '{"id": "a"} x',
+        '{"id": "a"}{"id": "b"}',
+        '{"id": "a",}',
+        "[1]",
+        "5",
+        '"s"',
+        '{"id": NaN, "x": -Infinity}',
+        '{"id": "a", "id": "b"}',
+        "",
+        "   ",
+        "\x0b",
+        '{"id": "\\ud800"}',
+        '{"id": "a\u2028b"}',
+        '{"label": null, "id": "a"}',
+    ],
+)
 @pytest.mark.parametrize("last", [False, True], ids=["then-a-row", "last-line"])
 def test_json_lines_are_read_as_json_loads_reads_them(tmp_path: Path, line: str, last: bool) -> None:
     path = tmp_path / "l.jsonl"
@@ -121,11 +164,21 @@ def _pinned_listing(tmp_path: Path) -> Path:
     for i, name in enumerate(["a.dat", "b c.txt"]):
         (tmp_path / "img" / name).write_bytes(bytes([65 + i]) * (300 + 400 * i))
         os.utime(tmp_path / "img" / name, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
-    rows: list[dict[str, object]] = [{"id": f"img{i:05d}", "label": (i * 7) % 5, "text": "a photo " * (i % 4)} for i in range(40)]
-    rows += [{"id": "x/y", "label": 1}, {"id": "x__y", "label": 2}, {"id": "we!rd id", "label": 3, "meta": {"k": [1, 2]}},
-             {"path": "img/a.dat", "label": 4}, {"path": "img/b c.txt", "label": 0, "note": "n", "extra": None},
-             {"id": "-lead", "label": 1, "score": 0.5}, {"id": "y" * 100, "label": 2}, {"id": "nolabel"},
-             {"id": "neg", "label": -1}, {"path": "img/missing.dat", "label": 1}]
+    rows: list[dict[str, object]] = [
+        {"id": f"img{i:05d}", "label": (i * 7) % 5, "text": "a photo " * (i % 4)} for i in range(40)
+    ]
+    rows += [
+        {"id": "x/y", "label": 1},
+        {"id": "x__y", "label": 2},
+        {"id": "we!rd id", "label": 3, "meta": {"k": [1, 2]}},
+        {"path": "img/a.dat", "label": 4},
+        {"path": "img/b c.txt", "label": 0, "note": "n", "extra": None},
+        {"id": "-lead", "label": 1, "score": 0.5},
+        {"id": "y" * 100, "label": 2},
+        {"id": "nolabel"},
+        {"id": "neg", "label": -1},
+        {"path": "img/missing.dat", "label": 1},
+    ]
     listing = tmp_path / "rows.jsonl"
     listing.write_text(_jsonl(*rows))
     return listing
@@ -147,17 +200,30 @@ def test_listing_output_bytes_are_pinned(tmp_path: Path, options, monkeypatch: p
     assert (shards, plan.fingerprint) == (PINNED_SHARDS, PINNED_FINGERPRINT)
 
 
-@pytest.mark.parametrize(("name", "text"), [p for p in LISTINGS if p.values[0].endswith(".jsonl")] + [
-    pytest.param("l.jsonl", _jsonl({"id": "a", "label": 1}) + "\n\n" + _jsonl({"id": "b", "label": "x"}), id="blank-lines"),
-    pytest.param("l.jsonl", '{"id": "a", "label": 1}\r\n{"id": "b"}\r{"id": "c", "label": 2}\n{bad', id="cr-lines"),
-    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": i % 2 if i % 4 else -1, "split": "ab"[i % 3 == 0]}
-                                     for i in range(30))), id="skipped-rows-in-two-splits"),
-    pytest.param("l.jsonl", _jsonl(*({"id": f"k{i}", "label": f"n{i % 3}"} for i in range(20))) + '{"id": "\xe9"}\n',
-                 id="names-many-parts"),
-])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [p for p in LISTINGS if p.values[0].endswith(".jsonl")]
+    + [
+        pytest.param(
+            "l.jsonl", _jsonl({"id": "a", "label": 1}) + "\n\n" + _jsonl({"id": "b", "label": "x"}), id="blank-lines"
+        ),
+        pytest.param("l.jsonl", '{"id": "a", "label": 1}\r\n{"id": "b"}\r{"id": "c", "label": 2}\n{bad', id="cr-lines"),
+        pytest.param(
+            "l.jsonl",
+            _jsonl(*({"id": f"k{i}", "label": i % 2 if i % 4 else -1, "split": "ab"[i % 3 == 0]} for i in range(30))),
+            id="skipped-rows-in-two-splits",
+        ),
+        pytest.param(
+            "l.jsonl",
+            _jsonl(*({"id": f"k{i}", "label": f"n{i % 3}"} for i in range(20))) + '{"id": "\xe9"}\n',
+            id="names-many-parts",
+        ),
+    ],
+)
 @pytest.mark.parametrize("part_bytes", [1, 30, 200])
 def test_listing_read_in_parts_by_workers_gives_the_one_process_scan(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str, part_bytes: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str, part_bytes: int
+) -> None:
     from shardify.convert.inputs import listing_pool
 
     listing = tmp_path / name
@@ -174,8 +240,10 @@ def test_listing_read_in_parts_by_workers_gives_the_one_process_scan(
     except ShardifyError as e:
         pooled: object = type(e).__name__, str(e)
     else:
-        pooled = {split: ([tuple(s) for s in scan.samples], scan.classes,
-                          [(p.path, p.reason, p.kind) for p in scan.problems]) for split, scan in scans.items()}
+        pooled = {
+            split: ([tuple(s) for s in scan.samples], scan.classes, [(p.path, p.reason, p.kind) for p in scan.problems])
+            for split, scan in scans.items()
+        }
         for scan in scans.values():  # the label counts, kept as the parts came, are the samples'
             assert int_labels(scan) == int_labels(replace(scan, samples=list(scan.samples)))
     assert pooled == one

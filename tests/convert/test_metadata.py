@@ -16,17 +16,25 @@ from shardify.reader import BatchOptions
 CLASSES = ("cat", "dog")
 
 
-@pytest.mark.parametrize("spec,key,needed", [
-    pytest.param(SampleSpec("img1", "img1", 3, 3, (), (("txt", b"x"),)), "img1", False, id="id-int-label"),
-    pytest.param(SampleSpec("img1", "img1", None, None, (), (("txt", b"x"),)), "img1", False, id="id-no-label"),
-    pytest.param(SampleSpec("img1", "img1", 1, "dog", (), ()), "img1", False, id="label-name-in-classes"),
-    pytest.param(SampleSpec("img1", "img1", 1, "cow", (), ()), "img1", True, id="label-name-not-in-classes"),
-    pytest.param(SampleSpec("a b", "a b", 0, 0, (), ()), "a_b-0123456789", True, id="rewritten-key"),
-    pytest.param(SampleSpec("cat/x", "cat/x.jpg", 0, "cat", (SourceFile("jpg", "cat/x.jpg", 9, 0, True),), ()),
-                 "cat__x", True, id="image-path"),
-    pytest.param(SampleSpec("x", "x.jpg", 0, 0, (SourceFile("jpg", "x.jpg", 9, 0, True),), ()), "x", True,
-                 id="file-path"),
-])
+@pytest.mark.parametrize(
+    "spec,key,needed",
+    [
+        pytest.param(SampleSpec("img1", "img1", 3, 3, (), (("txt", b"x"),)), "img1", False, id="id-int-label"),
+        pytest.param(SampleSpec("img1", "img1", None, None, (), (("txt", b"x"),)), "img1", False, id="id-no-label"),
+        pytest.param(SampleSpec("img1", "img1", 1, "dog", (), ()), "img1", False, id="label-name-in-classes"),
+        pytest.param(SampleSpec("img1", "img1", 1, "cow", (), ()), "img1", True, id="label-name-not-in-classes"),
+        pytest.param(SampleSpec("a b", "a b", 0, 0, (), ()), "a_b-0123456789", True, id="rewritten-key"),
+        pytest.param(
+            SampleSpec("cat/x", "cat/x.jpg", 0, "cat", (SourceFile("jpg", "cat/x.jpg", 9, 0, True),), ()),
+            "cat__x",
+            True,
+            id="image-path",
+        ),
+        pytest.param(
+            SampleSpec("x", "x.jpg", 0, 0, (SourceFile("jpg", "x.jpg", 9, 0, True),), ()), "x", True, id="file-path"
+        ),
+    ],
+)
 def test_metadata_is_kept_exactly_when_something_would_be_lost(spec, key, needed) -> None:
     assert metadata_needed(spec, key, CLASSES) is needed
 
@@ -42,8 +50,9 @@ def _members(out: Path) -> list[str]:
 
 def _listing(tmp_path: Path) -> Path:
     listing = tmp_path / "rows.jsonl"
-    listing.write_text("".join(json.dumps({"id": f"s{i}", "label": ["cat", "dog"][i % 2], "text": f"t{i}"}) + "\n"
-                               for i in range(7)))
+    listing.write_text(
+        "".join(json.dumps({"id": f"s{i}", "label": ["cat", "dog"][i % 2], "text": f"t{i}"}) + "\n" for i in range(7))
+    )
     return listing
 
 
@@ -52,8 +61,7 @@ def test_small_samples_have_no_json_member_and_2048_bytes(tmp_path: Path, option
     names = _members(tmp_path / "auto")
     assert sorted(n.split(".", 1)[1] for n in names) == ["cls"] * 7 + ["txt"] * 7
     assert result.splits["train"].bytes == 7 * 2048 + 1024
-    convert_listing(_listing(tmp_path), tmp_path / "always", options=options(samples_per_shard=100,
-                                                                             metadata="always"))
+    convert_listing(_listing(tmp_path), tmp_path / "always", options=options(samples_per_shard=100, metadata="always"))
     assert len(_members(tmp_path / "always")) == 21
 
 
@@ -74,14 +82,26 @@ def test_format_1_dataset_still_reads(tmp_path: Path, options) -> None:
     assert ds.source.classes == CLASSES
 
 
-_NAMES = ["a", "n01440764/n01440764_10026.JPEG", 'quote"back\\slash', "tab\tnew\nline", "caf\u00e9/\u65e5\u672c",
-          "emoji\U0001f600", "bad\udcffbyte", "\x00\x1f\x7f", ""]
+_NAMES = [
+    "a",
+    "n01440764/n01440764_10026.JPEG",
+    'quote"back\\slash',
+    "tab\tnew\nline",
+    "caf\u00e9/\u65e5\u672c",
+    "emoji\U0001f600",
+    "bad\udcffbyte",
+    "\x00\x1f\x7f",
+    "",
+]
 
 
 @pytest.mark.parametrize("identity", _NAMES)
-@pytest.mark.parametrize("label_name", [None, 0, 7, -3, "dog", "ch\u00e2t \"x\"", 2**70, 1.5, True])
-@pytest.mark.parametrize("files", [(), ("same",), (("jpg", "x/a.jpg"),), (("txt", "t\u00e9.txt"), ("jpg", "j.jpg"), ("cls", "c"))]
-                         + [(("npy", "first.npy"), ("npy", "second.npy"))])
+@pytest.mark.parametrize("label_name", [None, 0, 7, -3, "dog", 'ch\u00e2t "x"', 2**70, 1.5, True])
+@pytest.mark.parametrize(
+    "files",
+    [(), ("same",), (("jpg", "x/a.jpg"),), (("txt", "t\u00e9.txt"), ("jpg", "j.jpg"), ("cls", "c"))]
+    + [(("npy", "first.npy"), ("npy", "second.npy"))],
+)
 def test_metadata_json_is_exactly_what_json_dumps_gives(identity: str, label_name: object, files: tuple) -> None:
     if files == ("same",):
         sources = (SourceFile(ext="jpg", path=identity, size=1, mtime_ns=0, is_image=True),)

@@ -26,8 +26,11 @@ def test_a_failing_finish_of_a_shard_writer_names_the_output_and_releases_it(tmp
     w = ShardWriter(out, split="train")
     w.open()
     w.write({"cls": 1, "txt": "a"})
-    with pytest.raises(OutputError, match=rf"{out}: writing the output failed: .*No space left on device.*"
-                                          "nothing was marked finished") as e:
+    with pytest.raises(
+        OutputError,
+        match=rf"{out}: writing the output failed: .*No space left on device.*"
+        "nothing was marked finished",
+    ) as e:
         w.close()
     assert isinstance(e.value.__cause__, OSError)
     assert not is_locked(out)

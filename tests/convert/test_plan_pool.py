@@ -41,22 +41,36 @@ def _listing(tmp_path: Path, make_image) -> Path:
 
 
 def _scans(tmp_path: Path, make_image, imagefolder: Path) -> dict[str, Scan]:
-    return {"tree": scan_imagefolder(imagefolder, workers=1),
-            "rows": scan_listing(_listing(tmp_path, make_image))["train"]}
+    return {
+        "tree": scan_imagefolder(imagefolder, workers=1),
+        "rows": scan_listing(_listing(tmp_path, make_image))["train"],
+    }
 
 
-SHAPES = [dict(samples_per_shard=4, shard_size=None), dict(samples_per_shard=None, shard_size=4096, min_shards=1),
-          dict(samples_per_shard=3, shard_size=8192, min_shards=1, metadata="always"),
-          dict(samples_per_shard=1000, shard_size=None, shuffle=False)]
+SHAPES = [
+    dict(samples_per_shard=4, shard_size=None),
+    dict(samples_per_shard=None, shard_size=4096, min_shards=1),
+    dict(samples_per_shard=3, shard_size=8192, min_shards=1, metadata="always"),
+    dict(samples_per_shard=1000, shard_size=None, shuffle=False),
+]
 
 
 def _reference(scan: Scan, options: ConvertOptions) -> tuple[str, list[int], list[int]]:
     """The fingerprint and shard sizes as the plan made them one sample at a time, each
     sample's fingerprint input prefixed by its shard's index (the definition)."""
     plan = plan_split(scan, replace(options, workers=1))  # its order and keys
-    hasher = hashlib.sha256(json.dumps({"format_version": FORMAT_VERSION, "converter": __version__,
-                                        "source": scan.source, "classes": scan.classes,
-                                        "options": options.shaping()}, sort_keys=True).encode())
+    hasher = hashlib.sha256(
+        json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "converter": __version__,
+                "source": scan.source,
+                "classes": scan.classes,
+                "options": options.shaping(),
+            },
+            sort_keys=True,
+        ).encode()
+    )
     limit = options.shard_bound(sum(payload_bytes(s) for s in scan.samples))
     sizes, nbytes, count, current = [], [], 0, len(END_OF_ARCHIVE)
     for i in plan.order:
@@ -64,7 +78,8 @@ def _reference(scan: Scan, options: ConvertOptions) -> tuple[str, list[int], lis
         meta = _meta(spec, key, options.metadata, tuple(scan.classes))
         size = _sample_bytes(spec, meta)
         if (options.samples_per_shard is not None and count >= options.samples_per_shard) or (
-                limit is not None and count and current + size > limit):
+            limit is not None and count and current + size > limit
+        ):
             sizes.append(count)
             nbytes.append(current)
             count, current = 0, len(END_OF_ARCHIVE)
@@ -90,8 +105,9 @@ def test_assign_keys_refuses_candidates_that_do_not_match_the_names() -> None:
     from shardify.keys import assign_keys, candidate_keys
 
     names = ["a/b", "a__b", "c d", "e"]
-    assert list(assign_keys(names, candidates=[candidate_keys(names[:1], names[:1]), candidate_keys(names[1:], names[1:])])) \
-        == list(assign_keys(names))
+    assert list(
+        assign_keys(names, candidates=[candidate_keys(names[:1], names[:1]), candidate_keys(names[1:], names[1:])])
+    ) == list(assign_keys(names))
     with pytest.raises(ValueError, match="3 candidates for 4 names"):
         assign_keys(names, candidates=[candidate_keys(names[1:], names[1:])])
 
@@ -102,8 +118,9 @@ def _same(a: SplitPlan, b: SplitPlan) -> None:
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_chunked_plan_equals_the_sample_by_sample_definition(tmp_path, make_image, imagefolder, monkeypatch,
-                                                              shape) -> None:
+def test_chunked_plan_equals_the_sample_by_sample_definition(
+    tmp_path, make_image, imagefolder, monkeypatch, shape
+) -> None:
     for scan in _scans(tmp_path, make_image, imagefolder).values():
         options = ConvertOptions(progress=False, workers=1, **shape)
         want = _reference(scan, options)
@@ -115,8 +132,9 @@ def test_chunked_plan_equals_the_sample_by_sample_definition(tmp_path, make_imag
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_plan_made_by_worker_processes_equals_the_plan_made_in_one(tmp_path, make_image, imagefolder,
-                                                                   monkeypatch, spy_pools, shape) -> None:
+def test_plan_made_by_worker_processes_equals_the_plan_made_in_one(
+    tmp_path, make_image, imagefolder, monkeypatch, spy_pools, shape
+) -> None:
     scans = _scans(tmp_path, make_image, imagefolder)
     started = spy_pools(plan_mod)
     monkeypatch.setattr(plan_mod, "_CHUNK", 2)

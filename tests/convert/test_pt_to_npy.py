@@ -57,13 +57,19 @@ def _bits(t: torch.Tensor) -> bytes:
 
 def test_every_pt_is_stored_as_npy_with_dtype_shape_and_values_exact(tmp_path, options, read_split) -> None:
     src = _source(tmp_path, TENSORS)
-    result = convert_ids(src["src"], tmp_path / "out", partition=src["partition"], labels=src["labels"],
-                         options=options(), pt_to_npy=True)
+    result = convert_ids(
+        src["src"],
+        tmp_path / "out",
+        partition=src["partition"],
+        labels=src["labels"],
+        options=options(),
+        pt_to_npy=True,
+    )
     assert result.num_skipped == 0
     samples = read_split(tmp_path / "out", "train")
     by_id = {json.loads(s["json"])["path"]: s for s in samples.values()}
     assert set(by_id) == set(TENSORS)
-    for ident, original in TENSORS.items():
+    for ident, _original in TENSORS.items():
         sample = by_id[ident]
         assert set(sample) == {"cls", "json", "npy"}, ident
         back = array_to_tensor(decode_array(sample["npy"]))
@@ -84,13 +90,26 @@ def test_without_the_option_pt_files_are_stored_unchanged(tmp_path, options, rea
 
 def test_a_pickled_object_is_refused_naming_the_file_and_id(tmp_path, options) -> None:
     marker = tmp_path / "pwned"
-    src = _source(tmp_path, {"good": torch.ones(2), "evil": {"w": torch.zeros(1), "hook": Payload(marker)},
-                             "dict": {"w": torch.zeros(1)}, "list": [torch.zeros(1)]})
+    src = _source(
+        tmp_path,
+        {
+            "good": torch.ones(2),
+            "evil": {"w": torch.zeros(1), "hook": Payload(marker)},
+            "dict": {"w": torch.zeros(1)},
+            "list": [torch.zeros(1)],
+        },
+    )
     (src["src"] / "broken.pt").write_bytes(b"not a torch file")
     src["partition"].write_text(json.dumps({"train": ["broken", "dict", "evil", "good", "list"]}))
     src["labels"].write_text(json.dumps({"broken": 0, "dict": 0, "evil": 1, "good": 0, "list": 1}))
-    result = convert_ids(src["src"], tmp_path / "out", partition=src["partition"], labels=src["labels"],
-                         options=options(), pt_to_npy=True)
+    result = convert_ids(
+        src["src"],
+        tmp_path / "out",
+        partition=src["partition"],
+        labels=src["labels"],
+        options=options(),
+        pt_to_npy=True,
+    )
     assert not marker.exists(), "the pickle payload ran"
     reasons = {p.path: p.reason for p in result.splits["train"].skipped}
     assert set(reasons) == {"broken.pt", "dict.pt", "evil.pt", "list.pt"}
@@ -105,15 +124,33 @@ def test_a_pickled_object_is_refused_naming_the_file_and_id(tmp_path, options) -
     assert "evil.pt" in report and "weights_only=True" in report
     src["partition"].write_text(json.dumps({"train": ["evil", "good"]}))
     with pytest.raises(InputError, match=r"evil\.pt .*ID 'evil'.*weights_only=True"):
-        convert_ids(src["src"], tmp_path / "strict", partition=src["partition"], labels=src["labels"],
-                    options=options(strict=True), pt_to_npy=True)
+        convert_ids(
+            src["src"],
+            tmp_path / "strict",
+            partition=src["partition"],
+            labels=src["labels"],
+            options=options(strict=True),
+            pt_to_npy=True,
+        )
     assert not marker.exists()
 
 
 def test_cli_flag(tmp_path: Path, read_split, capsys) -> None:
     src = _source(tmp_path, {"a": torch.ones(2, 3), "b": "not a tensor"})
-    argv = ["convert", "ids", str(src["src"]), str(tmp_path / "out"), "--partition", str(src["partition"]),
-            "--labels", str(src["labels"]), "--quiet", "--workers", "1", "--no-fsync"]
+    argv = [
+        "convert",
+        "ids",
+        str(src["src"]),
+        str(tmp_path / "out"),
+        "--partition",
+        str(src["partition"]),
+        "--labels",
+        str(src["labels"]),
+        "--quiet",
+        "--workers",
+        "1",
+        "--no-fsync",
+    ]
     assert main([*argv, "--pt-to-npy"]) == EXIT_SKIPPED
     assert "b.pt: ID 'b': holds a str, not one tensor" in capsys.readouterr().err
     (sample,) = read_split(tmp_path / "out", "train").values()

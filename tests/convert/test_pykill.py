@@ -9,7 +9,6 @@ stream, or inside the finish (before or after the manifest is written).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from shardify.reader import ShardedDataset
 
 TIME_LIMIT_S = 120
 
-SCRIPT = r'''
+SCRIPT = r"""
 import os, signal, sys
 import numpy as np
 from shardify.convert import ShardWriter, convert_items
@@ -76,7 +75,7 @@ if kind == "writer":
 else:
     convert_items(range(N), sample, out, split="train", samples_per_shard=4, classes=("a", "b", "c"),
                   workers=2, chunk_size=3, progress=False)
-'''
+"""
 
 KEPT = 40 - 4  # items 4, 13, 22, 31 are filtered
 
@@ -84,8 +83,13 @@ KEPT = 40 - 4  # items 4, 13, 22, 31 are filtered
 def run(tmp_path: Path, kind: str, out: Path, kill: str = "-", *extra: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    return subprocess.run([sys.executable, str(script), kind, str(out), kill, *extra], capture_output=True,
-                          text=True, start_new_session=True, timeout=90)
+    return subprocess.run(
+        [sys.executable, str(script), kind, str(out), kill, *extra],
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        timeout=90,
+    )
 
 
 def samples(out: Path) -> list[int]:
@@ -107,8 +111,11 @@ def test_kill_9_then_the_same_script_ends_byte_identical(tmp_path: Path, tree_by
         assert samples(out) == samples(ref) and len(samples(out)) == KEPT
     else:
         assert not (out / "manifest.json").exists()
-        with pytest.raises(ManifestError, match=r"unfinished: a conversion into this folder was interrupted .*"
-                                                r"\.shardify-work.*run it again to finish"):
+        with pytest.raises(
+            ManifestError,
+            match=r"unfinished: a conversion into this folder was interrupted .*"
+            r"\.shardify-work.*run it again to finish",
+        ):
             ShardedDataset(out, batch_size=1, fields=("npy",))
 
     again = run(tmp_path, kind, out)

@@ -24,15 +24,27 @@ FAST = {"fsync": False}
 def _samples() -> list[dict[str, object]]:
     rgb = np.random.default_rng(0).integers(0, 256, (12, 10, 3), dtype=np.uint8)
     return [
-        {"__key__": "first", "bin": b"\x00\xffraw", "txt": "héllo wörld", "cls": 2,
-         "meta.json": {"a": [1, 2.5, None], "b": "x"},
-         "npy": np.arange(12, dtype=np.float32).reshape(3, 4),
-         "fortran.npy": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
-         "pt": torch.linspace(0, 1, 5, dtype=torch.float64),
-         "tensor.npy": torch.arange(4, dtype=torch.int32),
-         "png": Image.fromarray(rgb), "jpg": rgb, "mask.png": rgb[:, :, 0]},
-        {"txt": "second", "cls": np.int64(0), "list.json": [1, "two"], "npy": np.zeros((0, 3), dtype=np.uint8),
-         "pt": torch.ones(2, 2, dtype=torch.bfloat16)[1]},
+        {
+            "__key__": "first",
+            "bin": b"\x00\xffraw",
+            "txt": "héllo wörld",
+            "cls": 2,
+            "meta.json": {"a": [1, 2.5, None], "b": "x"},
+            "npy": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "fortran.npy": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+            "pt": torch.linspace(0, 1, 5, dtype=torch.float64),
+            "tensor.npy": torch.arange(4, dtype=torch.int32),
+            "png": Image.fromarray(rgb),
+            "jpg": rgb,
+            "mask.png": rgb[:, :, 0],
+        },
+        {
+            "txt": "second",
+            "cls": np.int64(0),
+            "list.json": [1, "two"],
+            "npy": np.zeros((0, 3), dtype=np.uint8),
+            "pt": torch.ones(2, 2, dtype=torch.bfloat16)[1],
+        },
     ]
 
 
@@ -97,8 +109,9 @@ def test_wids_opens_the_split(tmp_path: Path) -> None:
     with ShardWriter(tmp_path / "out", samples_per_shard=1, **FAST) as w:
         for s in _samples():
             w.write(s)
-    ds = wids.ShardListDataset(str(tmp_path / "out" / "train.json"), cache_dir=str(tmp_path / "cache"),
-                               transformations=[])
+    ds = wids.ShardListDataset(
+        str(tmp_path / "out" / "train.json"), cache_dir=str(tmp_path / "cache"), transformations=[]
+    )
     assert len(ds) == 2 and {ds[i]["__key__"] for i in range(2)} == {"first", "000000001"}
 
 
@@ -114,7 +127,9 @@ def test_a_full_disk_is_an_output_error_and_nothing_looks_finished(tmp_path: Pat
 
     monkeypatch.setattr(HashingWriter, "write", write)
     out = tmp_path / "out"
-    with pytest.raises(OutputError, match=r"train-[0-9a-f]{12}-000000.tar: cannot write shard: No space left on device"):
+    with pytest.raises(
+        OutputError, match=r"train-[0-9a-f]{12}-000000.tar: cannot write shard: No space left on device"
+    ):
         with ShardWriter(out, **FAST) as w:
             for i in range(100):
                 w.write({"npy": np.zeros(1000, np.uint8), "cls": i})
@@ -196,22 +211,29 @@ def test_writing_a_split_again_never_changes_the_files_a_reader_may_be_reading(t
     assert len({p.name.split("-")[1] for p in out.glob("train-*.tar")}) == 3
 
 
-@pytest.mark.parametrize("sample, match", [
-    pytest.param({"txt": {1, 2}}, r"sample 0: field 'txt': cannot store a builtins.set", id="set"),
-    pytest.param({"npy": np.array([object()], dtype=object)}, r"field 'npy': cannot store an object array", id="object-array"),
-    pytest.param({"txt": 3}, r"field 'txt'.*an int goes in a 'cls' field", id="int-in-txt"),
-    pytest.param({"cls": 1.5}, r"field 'cls'.*'\*\.json' fields", id="float-label"),
-    pytest.param({"jpg": torch.zeros(3, 4, 4)}, r"field 'jpg'.*tensors go in", id="tensor-as-jpg"),
-    pytest.param({"npy": Image.new("RGB", (2, 2))}, r"field 'npy'.*images go in", id="image-as-npy"),
-    pytest.param({"jpg": np.zeros((4, 4, 4), np.uint8)}, r"field 'jpg': cannot encode a RGBA", id="rgba-jpeg"),
-    pytest.param({"png": np.zeros((4, 4), np.float32)}, r"field 'png': an image array should be uint8", id="float-image"),
-    pytest.param({"JPG": b"x"}, r"field 'JPG'.*lower-case", id="upper-case-field"),
-    pytest.param({"meta.json": {"x": object()}}, r"field 'meta.json': cannot encode as JSON", id="json-object"),
-    pytest.param({"__key__": 7, "txt": "x"}, r"sample 0.*__key__ should be a str", id="int-key"),
-    pytest.param({"__key__": "k"}, r"sample 0 \(__key__ 'k'\).*no fields", id="empty"),
-    pytest.param({"cls": 5}, r"label 5 is outside 0..2", id="label-out-of-range"),
-    pytest.param(["not", "a", "dict"], r"sample 0.*should be a dict", id="list-sample"),
-])
+@pytest.mark.parametrize(
+    "sample, match",
+    [
+        pytest.param({"txt": {1, 2}}, r"sample 0: field 'txt': cannot store a builtins.set", id="set"),
+        pytest.param(
+            {"npy": np.array([object()], dtype=object)}, r"field 'npy': cannot store an object array", id="object-array"
+        ),
+        pytest.param({"txt": 3}, r"field 'txt'.*an int goes in a 'cls' field", id="int-in-txt"),
+        pytest.param({"cls": 1.5}, r"field 'cls'.*'\*\.json' fields", id="float-label"),
+        pytest.param({"jpg": torch.zeros(3, 4, 4)}, r"field 'jpg'.*tensors go in", id="tensor-as-jpg"),
+        pytest.param({"npy": Image.new("RGB", (2, 2))}, r"field 'npy'.*images go in", id="image-as-npy"),
+        pytest.param({"jpg": np.zeros((4, 4, 4), np.uint8)}, r"field 'jpg': cannot encode a RGBA", id="rgba-jpeg"),
+        pytest.param(
+            {"png": np.zeros((4, 4), np.float32)}, r"field 'png': an image array should be uint8", id="float-image"
+        ),
+        pytest.param({"JPG": b"x"}, r"field 'JPG'.*lower-case", id="upper-case-field"),
+        pytest.param({"meta.json": {"x": object()}}, r"field 'meta.json': cannot encode as JSON", id="json-object"),
+        pytest.param({"__key__": 7, "txt": "x"}, r"sample 0.*__key__ should be a str", id="int-key"),
+        pytest.param({"__key__": "k"}, r"sample 0 \(__key__ 'k'\).*no fields", id="empty"),
+        pytest.param({"cls": 5}, r"label 5 is outside 0..2", id="label-out-of-range"),
+        pytest.param(["not", "a", "dict"], r"sample 0.*should be a dict", id="list-sample"),
+    ],
+)
 def test_unsupported_values_give_a_clear_type_error(tmp_path: Path, sample: object, match: str) -> None:
     out = tmp_path / "out"
     with pytest.raises(EncodeError, match=match) as caught:
@@ -229,8 +251,9 @@ def test_keys_follow_the_key_rules_and_duplicates_name_both_samples(tmp_path: Pa
         plain = w.write({"__key__": "ok_key-1", "txt": "y"})
     check_key(key)
     assert key.startswith("dir__file_name_v2-") and plain == "ok_key-1"
-    from shardify.reader.sample.decode import decode_field
     import tarfile
+
+    from shardify.reader.sample.decode import decode_field
 
     with tarfile.open(next((tmp_path / "a").glob("train-*-000000.tar"))) as tf:
         names = tf.getnames()

@@ -39,15 +39,19 @@ def _reference(data: bytes, size: int, side: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("side", ["shorter", "longer"])
-def test_every_image_is_stored_as_its_resized_pixels(tmp_path: Path, options, read_split, make_image,
-                                                     side: str) -> None:
+def test_every_image_is_stored_as_its_resized_pixels(
+    tmp_path: Path, options, read_split, make_image, side: str
+) -> None:
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
-    files = {"wide.jpg": make_image(size=(120, 80), seed=1), "tall.png": make_image("PNG", size=(50, 90), seed=2),
-             "alpha.png": make_image("PNG", mode="RGBA", size=(70, 70), seed=3),
-             "gray.jpg": make_image(mode="L", size=(90, 60), seed=4),
-             "cmyk.jpg": make_image(mode="CMYK", size=(64, 100), seed=5),
-             "small.webp": make_image("WEBP", size=(30, 20), seed=6)}
+    files = {
+        "wide.jpg": make_image(size=(120, 80), seed=1),
+        "tall.png": make_image("PNG", size=(50, 90), seed=2),
+        "alpha.png": make_image("PNG", mode="RGBA", size=(70, 70), seed=3),
+        "gray.jpg": make_image(mode="L", size=(90, 60), seed=4),
+        "cmyk.jpg": make_image(mode="CMYK", size=(64, 100), seed=5),
+        "small.webp": make_image("WEBP", size=(30, 20), seed=6),
+    }
     for name, data in files.items():
         (src / name).write_bytes(data)
     out = tmp_path / "out"
@@ -70,8 +74,9 @@ def test_every_image_is_stored_as_its_resized_pixels(tmp_path: Path, options, re
     assert index["converter"]["options"]["raw_pixels"] == 48
 
 
-def test_the_same_bytes_whatever_the_workers_and_a_new_version(imagefolder: Path, tmp_path: Path, options,
-                                                               tree_bytes) -> None:
+def test_the_same_bytes_whatever_the_workers_and_a_new_version(
+    imagefolder: Path, tmp_path: Path, options, tree_bytes
+) -> None:
     convert_imagefolder(imagefolder, tmp_path / "w1", options=options(workers=1, raw_pixels=32))
     convert_imagefolder(imagefolder, tmp_path / "w2", options=options(workers=2, raw_pixels=32))
     one, two = tree_bytes(tmp_path / "w1"), tree_bytes(tmp_path / "w2")
@@ -108,7 +113,7 @@ def _broken_png() -> bytes:
     natural_image(40, 30, seed=1).save(buf, "PNG")
     data = bytearray(buf.getvalue())
     at = data.index(b"IDAT") + 30
-    data[at:at + 20] = bytes(b ^ 0xFF for b in data[at:at + 20])
+    data[at : at + 20] = bytes(b ^ 0xFF for b in data[at : at + 20])
     return bytes(data)
 
 
@@ -118,30 +123,57 @@ def test_an_image_that_does_not_decode_is_skipped_and_reported(tmp_path: Path) -
     (src / "good.jpg").write_bytes(jpeg_bytes(natural_image(50, 40, seed=1)))
     (src / "broken.png").write_bytes(_broken_png())
     out = tmp_path / "out"
-    done = subprocess.run([*CMD, "convert", "imagefolder", str(src.parent), str(out), "--raw-pixels", "32",
-                           "--quiet", "--no-fsync"], capture_output=True, text=True)
+    done = subprocess.run(
+        [*CMD, "convert", "imagefolder", str(src.parent), str(out), "--raw-pixels", "32", "--quiet", "--no-fsync"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 3, done.stderr  # done, some inputs skipped
     assert "c/broken.png" in done.stderr
     report = [json.loads(line) for line in (out / "train.report.jsonl").read_text().splitlines()]
-    assert report == [{"kind": "skipped", "path": "c/broken.png",
-                       "reason": "cannot decode png: OSError: broken data stream when reading image file"}]
+    assert report == [
+        {
+            "kind": "skipped",
+            "path": "c/broken.png",
+            "reason": "cannot decode png: OSError: broken data stream when reading image file",
+        }
+    ]
     index = json.loads((out / "train.json").read_text())["shardify"]
     assert index["num_samples"] == 1 and index["skipped"] == {"cannot decode png": 1}
-    strict = subprocess.run([*CMD, "convert", "imagefolder", str(src.parent), str(tmp_path / "strict"),
-                             "--raw-pixels", "32", "--strict", "--quiet"], capture_output=True, text=True)
+    strict = subprocess.run(
+        [
+            *CMD,
+            "convert",
+            "imagefolder",
+            str(src.parent),
+            str(tmp_path / "strict"),
+            "--raw-pixels",
+            "32",
+            "--strict",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert strict.returncode == 1 and "broken.png" in strict.stderr
 
 
-@pytest.mark.parametrize(("extra", "match"), [
-    pytest.param(["--max-side", "64"], "cannot be combined", id="max-side"),
-    pytest.param(["--image-format", "jpg"], "cannot be combined", id="image-format"),
-    pytest.param(["--raw-pixels", "4"], "raw_pixels=4 should be an int >= 8", id="too-small"),
-])
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        pytest.param(["--max-side", "64"], "cannot be combined", id="max-side"),
+        pytest.param(["--image-format", "jpg"], "cannot be combined", id="image-format"),
+        pytest.param(["--raw-pixels", "4"], "raw_pixels=4 should be an int >= 8", id="too-small"),
+    ],
+)
 def test_conflicting_or_bad_options_are_usage_errors(tmp_path: Path, extra: list[str], match: str) -> None:
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=1, sizes=((32, 32),))
     args = ["--raw-pixels", "64", *extra] if extra[0] != "--raw-pixels" else extra
-    done = subprocess.run([*CMD, "convert", "imagefolder", str(src), str(tmp_path / "out"), *args, "--quiet"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [*CMD, "convert", "imagefolder", str(src), str(tmp_path / "out"), *args, "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and match in done.stderr, done.stderr
 
 
@@ -151,8 +183,9 @@ def test_shards_follow_the_size_bound_by_the_stored_size(tmp_path: Path) -> None
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=8, sizes=((96, 64),))
     out = tmp_path / "out"
     bound = 60_000
-    options = ConvertOptions(workers=1, progress=False, fsync=False, samples_per_shard=None, shard_size=bound,
-                             min_shards=1, raw_pixels=64)
+    options = ConvertOptions(
+        workers=1, progress=False, fsync=False, samples_per_shard=None, shard_size=bound, min_shards=1, raw_pixels=64
+    )
     convert_imagefolder(src, out, options=options)
     shards = json.loads((out / "train.json").read_text())["shardlist"]
     stored = 96 * 64 * 3
@@ -187,8 +220,13 @@ def test_webdataset_reads_the_raw_images_as_images(imagefolder: Path, tmp_path: 
     out = tmp_path / "out"
     convert_imagefolder(imagefolder, out, options=options(raw_pixels=32))
     urls = [str(out / s["url"]) for s in json.loads((out / "train.json").read_text())["shardlist"]]
-    got = {s["__key__"]: s for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8")
-           .to_tuple("__key__", "ppm", "cls").map(lambda t: {"__key__": t[0], "ppm": t[1], "cls": t[2]})}
+    got = {
+        s["__key__"]: s
+        for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode("rgb8")
+        .to_tuple("__key__", "ppm", "cls")
+        .map(lambda t: {"__key__": t[0], "ppm": t[1], "cls": t[2]})
+    }
     assert len(got) == 10
     ds = ShardedDataset(out, batch_size=1, fields=("image", "__key__"), transform=None)
     for x, key in ds:
@@ -206,7 +244,7 @@ def test_the_python_writer_stores_images_in_a_ppm_field_as_raw_pixels(tmp_path: 
         w.write({"ppm": Image.fromarray(rgba), "cls": 1})
         w.write({"ppm": rgb[:, :, 0], "cls": 2})  # gray: stored as RGB
     ds = ShardedDataset(tmp_path / "out", batch_size=3, transform=None)
-    (x, y), = list(ds)
+    ((x, y),) = list(ds)
     assert torch.equal(x[0].permute(1, 2, 0), torch.from_numpy(rgb.copy()))
     assert torch.equal(x[1].permute(1, 2, 0), torch.from_numpy(rgb.copy()))  # alpha dropped
     assert torch.equal(x[2].permute(1, 2, 0), torch.from_numpy(np.repeat(rgb[:, :, :1], 3, axis=2)))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 
 ray = pytest.importorskip("ray")
 
@@ -100,16 +100,39 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     temp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     proc = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r}, "
-                                    "log_to_driver=False, configure_logging=False); ray.shutdown()"],
-                                   capture_output=True, timeout=120, env=env)
+            probe = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import ray; ray.init(address={address!r}, "
+                    "log_to_driver=False, configure_logging=False); ray.shutdown()",
+                ],
+                capture_output=True,
+                timeout=120,
+                env=env,
+            )
             if probe.returncode == 0:
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -126,8 +149,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_cli_on_a_separate_ray_cluster_is_byte_identical_to_local(ray_cluster: tuple[str, dict[str, str], Path],
-                                                                 source: Path, tmp_path: Path, tree_bytes) -> None:
+def test_cli_on_a_separate_ray_cluster_is_byte_identical_to_local(
+    ray_cluster: tuple[str, dict[str, str], Path], source: Path, tmp_path: Path, tree_bytes
+) -> None:
     import subprocess
     import sys
 
@@ -137,8 +161,13 @@ def test_cli_on_a_separate_ray_cluster_is_byte_identical_to_local(ray_cluster: t
     local = subprocess.run([*cmd, str(tmp_path / "local"), *opts, "--workers", "1"], capture_output=True, text=True)
     assert local.returncode == 3, local.stderr  # 3: done, with the broken image skipped and reported
     drivers_before = len(list(temp.glob("session_*/logs/python-core-driver-*")))
-    on_ray = subprocess.run([*cmd, str(tmp_path / "ray"), *opts, "--engine", "ray", "--ray-address", address],
-                            capture_output=True, text=True, timeout=300, env=env)
+    on_ray = subprocess.run(
+        [*cmd, str(tmp_path / "ray"), *opts, "--engine", "ray", "--ray-address", address],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert on_ray.returncode == 3, on_ray.stderr
     assert "15 samples in 4 shards" in on_ray.stderr and "skipped n00000001/broken.jpg" in on_ray.stderr
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.write.versions import collect_garbage
-from shardify.convert.synth import make_imagefolder
 from shardify.errors import OutputExistsError
 
 CMD = [sys.executable, "-m", "shardify.convert", "convert", "imagefolder"]
@@ -23,14 +23,18 @@ OPTS = ["--samples-per-shard", "2", "--workers", "2", "--quiet"]
 
 # The same CLI, with each image check slowed down so that the kill lands mid-run (forked
 # workers inherit the patch).
-SLOW = [sys.executable, "-c",
-        "import sys, time\n"
-        "import shardify.convert.write.writer as w\n"
-        "check = w.check_image\n"
-        "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
-        "from shardify.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n",
-        "convert", "imagefolder"]
+SLOW = [
+    sys.executable,
+    "-c",
+    "import sys, time\n"
+    "import shardify.convert.write.writer as w\n"
+    "check = w.check_image\n"
+    "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
+    "from shardify.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n",
+    "convert",
+    "imagefolder",
+]
 
 
 def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, tree_bytes) -> None:
@@ -87,7 +91,6 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, options, 
     assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
 
 
-
 @pytest.mark.parametrize("damage", ["empty", "gone", "torn", "no offsets"])
 def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options, tree_bytes, damage: str) -> None:
     """Records of finished shards are not fsynced: after a crash one may be empty, missing or
@@ -111,6 +114,7 @@ def test_a_lost_record_costs_only_a_rewrite_of_its_shard(tmp_path: Path, options
     result = convert_imagefolder(src, out, options=options(samples_per_shard=2))
     assert result.splits["train"].reused_shards == 3
     assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
+
 
 def test_finished_output_is_not_overwritten_without_flag(tmp_path: Path, options, make_image) -> None:
     src = tmp_path / "src" / "c"
@@ -147,26 +151,32 @@ def test_two_splits_in_one_folder(tmp_path: Path, options, make_image) -> None:
 
 # The CLI, killed with SIGKILL at one os.replace of the finalize: before or after renaming the
 # temporary file of ``argv[1]`` (``index``: the versioned split index) into place.
-KILL_AT = [sys.executable, "-c",
-           "import os, re, signal, sys\n"
-           "target, when = sys.argv.pop(1), sys.argv.pop(1)\n"
-           "real = os.replace\n"
-           "def hit(dst):\n"
-           "    name = os.path.basename(dst)\n"
-           "    return name == target or (target == 'index' and re.fullmatch(r'train-[0-9a-f]{12}\\.json', name))\n"
-           "def replace(src, dst, *a, **k):\n"
-           "    if hit(dst) and when == 'before': os.kill(os.getpid(), signal.SIGKILL)\n"
-           "    real(src, dst, *a, **k)\n"
-           "    if hit(dst) and when == 'after': os.kill(os.getpid(), signal.SIGKILL)\n"
-           "os.replace = replace\n"
-           "from shardify.cli import main\n"
-           "sys.exit(main(sys.argv[1:]))\n"]
+KILL_AT = [
+    sys.executable,
+    "-c",
+    "import os, re, signal, sys\n"
+    "target, when = sys.argv.pop(1), sys.argv.pop(1)\n"
+    "real = os.replace\n"
+    "def hit(dst):\n"
+    "    name = os.path.basename(dst)\n"
+    "    return name == target or (target == 'index' and re.fullmatch(r'train-[0-9a-f]{12}\\.json', name))\n"
+    "def replace(src, dst, *a, **k):\n"
+    "    if hit(dst) and when == 'before': os.kill(os.getpid(), signal.SIGKILL)\n"
+    "    real(src, dst, *a, **k)\n"
+    "    if hit(dst) and when == 'after': os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.replace = replace\n"
+    "from shardify.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n",
+]
 
 
-@pytest.mark.parametrize("target, when", [("index", "before"), ("manifest.json", "before"),
-                                          ("manifest.json", "after"), ("train.json", "before")])
-def test_rerun_after_a_kill_in_the_finalize_cleans_up_and_finishes(tmp_path: Path, tree_bytes, capsys,
-                                                                  target: str, when: str) -> None:
+@pytest.mark.parametrize(
+    "target, when",
+    [("index", "before"), ("manifest.json", "before"), ("manifest.json", "after"), ("train.json", "before")],
+)
+def test_rerun_after_a_kill_in_the_finalize_cleans_up_and_finishes(
+    tmp_path: Path, tree_bytes, capsys, target: str, when: str
+) -> None:
     from shardify.cli import main
 
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=3, sizes=((48, 32),))

@@ -39,8 +39,9 @@ def test_ids_round_trip(ids_dataset: dict[str, Path], tmp_path: Path, options, r
     import torch
 
     out = tmp_path / "out"
-    result = convert_ids(ids_dataset["src"], out, partition=ids_dataset["partition"], labels=ids_dataset["labels"],
-                         options=options())
+    result = convert_ids(
+        ids_dataset["src"], out, partition=ids_dataset["partition"], labels=ids_dataset["labels"], options=options()
+    )
     assert set(result.splits) == {"train", "validation"}
     train = read_split(out, "train")
     by_id = {json.loads(s["json"])["path"]: s for s in train.values()}
@@ -76,7 +77,8 @@ def test_listing_round_trip(tmp_path: Path, options, read_split, make_image, fmt
     else:
         listing = src / "list.csv"
         lines = ["path,id,label,text,split"] + [
-            f"{r.get('path', '')},{r.get('id', '')},{r['label']},{r['text']},{r['split']}" for r in rows]
+            f"{r.get('path', '')},{r.get('id', '')},{r['label']},{r['text']},{r['split']}" for r in rows
+        ]
         listing.write_text("\n".join(lines) + "\n")
     convert_listing(listing, tmp_path / "out", options=options())
     train = read_split(tmp_path / "out", "train")
@@ -127,8 +129,9 @@ def test_same_output_whatever_the_workers(imagefolder: Path, tmp_path: Path, opt
     assert len([k for k in one if k.endswith(".tar")]) == 4
 
 
-def test_same_output_when_scan_and_plan_run_in_worker_processes(imagefolder: Path, tmp_path: Path, options,
-                                                                 tree_bytes, monkeypatch, spy_pools) -> None:
+def test_same_output_when_scan_and_plan_run_in_worker_processes(
+    imagefolder: Path, tmp_path: Path, options, tree_bytes, monkeypatch, spy_pools
+) -> None:
     """The CLI's path with the scan's and the plan's pools (a big input's) writes the bytes
     of the path without them."""
     from shardify.convert.inputs import imagefolder as scan_mod
@@ -151,8 +154,18 @@ def test_seed_changes_order_no_shuffle_keeps_it(imagefolder: Path, tmp_path: Pat
 
     a, b, plain = order("a", seed=0), order("b", seed=1), order("p", shuffle=False)
     assert sorted(a) == sorted(b) == sorted(plain) and a != b
-    assert plain == ["cat/c1.jpg", "cat/c2.JPEG", "cat/sub/c3.png", "dog/d1.jpg", "dog/d2.jpg", "dog/d3.jpeg",
-                     "emu/e1.jpg", "emu/e2.webp", "emu/e3.bmp", "emu/e4.jpg"]
+    assert plain == [
+        "cat/c1.jpg",
+        "cat/c2.JPEG",
+        "cat/sub/c3.png",
+        "dog/d1.jpg",
+        "dog/d2.jpg",
+        "dog/d3.jpeg",
+        "emu/e1.jpg",
+        "emu/e2.webp",
+        "emu/e3.bmp",
+        "emu/e4.jpg",
+    ]
 
 
 def test_shard_size_bound(tmp_path: Path, imagefolder: Path, options) -> None:

@@ -24,22 +24,41 @@ from shardify.convert.write.run import convert_listing
 def _listing(tmp_path: Path, rows: int = 60) -> Path:
     """Int labels, inline text and JSON, a file, IDs that clash into hashed keys, skipped rows."""
     (tmp_path / "f.bin").write_bytes(b"x" * 700)
-    lines = [{"id": f"r{i:04d}", "label": i % 5, "text": "w" * (i % 7), **({"extra": {"i": i}} if i % 4 == 0 else {})}
-             for i in range(rows)]
-    lines += [{"id": "dup/k", "label": 1}, {"id": "dup__k", "label": 2}, {"id": "odd id!", "label": 3},
-              {"path": "f.bin", "label": 0}, {"id": "bad", "label": -1}, {"path": "missing.bin", "label": 1}]
+    lines = [
+        {"id": f"r{i:04d}", "label": i % 5, "text": "w" * (i % 7), **({"extra": {"i": i}} if i % 4 == 0 else {})}
+        for i in range(rows)
+    ]
+    lines += [
+        {"id": "dup/k", "label": 1},
+        {"id": "dup__k", "label": 2},
+        {"id": "odd id!", "label": 3},
+        {"path": "f.bin", "label": 0},
+        {"id": "bad", "label": -1},
+        {"path": "missing.bin", "label": 1},
+    ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
 
 
 def _plan_facts(plan) -> tuple:  # noqa: ANN001
-    return (plan.fingerprint, plan.shard_sizes, plan.shard_bytes, list(plan.order), list(plan.keys),
-            [(list(s.specs), list(s.keys)) for s in plan.shards])
+    return (
+        plan.fingerprint,
+        plan.shard_sizes,
+        plan.shard_bytes,
+        list(plan.order),
+        list(plan.keys),
+        [(list(s.specs), list(s.keys)) for s in plan.shards],
+    )
 
 
-@pytest.mark.parametrize("shape", [dict(samples_per_shard=7, shard_size=None),
-                                   dict(samples_per_shard=None, shard_size=8192, min_shards=1, shuffle=False)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(samples_per_shard=7, shard_size=None),
+        dict(samples_per_shard=None, shard_size=8192, min_shards=1, shuffle=False),
+    ],
+)
 def test_plan_of_samples_and_keys_spilled_to_disk_is_the_plan_in_memory(tmp_path, monkeypatch, shape) -> None:
     listing = _listing(tmp_path)
     options = ConvertOptions(progress=False, workers=1, **shape)
@@ -67,7 +86,7 @@ def test_keyed_permutation_is_a_permutation_and_any_part_is_computed_alone(n: in
         perm = KeyedPermutation(n, seed=seed, split="train")
         whole = list(perm)
         assert sorted(whole) == list(range(n))
-        parts = [perm[lo:lo + 7] for lo in range(0, n, 7)]
+        parts = [perm[lo : lo + 7] for lo in range(0, n, 7)]
         assert (np.concatenate(parts).tolist() if parts else []) == whole
         assert [perm[i] for i in range(n)] == whole
         if n > 1:
@@ -102,8 +121,9 @@ def test_a_big_split_is_ordered_by_the_keyed_permutation_and_a_small_one_as_befo
     assert _plan_facts(plan_split(scan, replace(options, workers=2))) == _plan_facts(big)
 
 
-def test_conversion_with_everything_in_parts_writes_the_same_bytes(tmp_path, monkeypatch, options, tree_bytes,
-                                                                   spy_pools) -> None:
+def test_conversion_with_everything_in_parts_writes_the_same_bytes(
+    tmp_path, monkeypatch, options, tree_bytes, spy_pools
+) -> None:
     """Spilled tables, the listing read in parts, the plan in worker processes, the keyed
     permutation: the bytes of the one-process conversion with the same order rule, for
     any number of workers; and a rerun reuses every shard."""

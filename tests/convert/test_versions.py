@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from shardify.cli import EXIT_OK, main
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
-from shardify.convert.write.versions import collect_garbage, folder_state
 from shardify.convert.write.outfs import open_output
+from shardify.convert.write.run import convert_imagefolder
+from shardify.convert.write.versions import collect_garbage, folder_state
 from shardify.errors import DatasetVersionError, OutputExistsError
 from shardify.manifest import Manifest, SplitIndex
 from shardify.reader import BatchOptions
@@ -110,8 +110,9 @@ def test_the_same_conversion_keeps_its_names_and_bytes(tmp_path: Path, options, 
         convert_imagefolder(src, out, options=options(samples_per_shard=3))
 
 
-def test_a_killed_reconversion_keeps_the_old_version_listed_and_resumes(tmp_path: Path, options,
-                                                                        tree_bytes, monkeypatch) -> None:
+def test_a_killed_reconversion_keeps_the_old_version_listed_and_resumes(
+    tmp_path: Path, options, tree_bytes, monkeypatch
+) -> None:
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((32, 24),))
     out, ref = tmp_path / "out", tmp_path / "ref"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
@@ -127,8 +128,7 @@ def test_a_killed_reconversion_keeps_the_old_version_listed_and_resumes(tmp_path
     assert tree_bytes(out) == tree_bytes(ref)
 
 
-def test_an_abandoned_unlisted_version_is_removed_by_the_next_conversion(tmp_path: Path, options,
-                                                                          monkeypatch) -> None:
+def test_an_abandoned_unlisted_version_is_removed_by_the_next_conversion(tmp_path: Path, options, monkeypatch) -> None:
     src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((32, 24),))
     out = tmp_path / "out"
     convert_imagefolder(src, out, options=options(samples_per_shard=3))
@@ -164,28 +164,44 @@ def test_gc_keeps_the_current_version_and_unfinished_work(tmp_path: Path, option
 
 
 def test_format_1_manifests_and_indexes_still_load(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_text(json.dumps(
-        {"format": "shardify", "format_version": 1,
-         "splits": {"train": {"index": "train.json", "samples": 1, "shards": 1, "bytes": 3072}}}))
-    (tmp_path / "train.json").write_text(json.dumps(
-        {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
-         "shardlist": [{"url": "train-000000.tar", "nsamples": 1, "filesize": 3072, "sha256": ""}],
-         "shardify": {"format_version": 1, "split": "train", "num_samples": 1, "classes": []}}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "shardify",
+                "format_version": 1,
+                "splits": {"train": {"index": "train.json", "samples": 1, "shards": 1, "bytes": 3072}},
+            }
+        )
+    )
+    (tmp_path / "train.json").write_text(
+        json.dumps(
+            {
+                "__kind__": "wids-shard-index-v1",
+                "wids_version": 1,
+                "name": "train",
+                "shardlist": [{"url": "train-000000.tar", "nsamples": 1, "filesize": 3072, "sha256": ""}],
+                "shardify": {"format_version": 1, "split": "train", "num_samples": 1, "classes": []},
+            }
+        )
+    )
     manifest = Manifest.load(tmp_path)
     assert manifest.format_version == 1 and manifest.splits["train"].version is None
     index = manifest.load_split(tmp_path, "train")
     assert index.version is None and index.shards[0].url == "train-000000.tar"
 
 
-@pytest.mark.parametrize("name, split, want", [
-    pytest.param("train-3f2a9c1d0b7e-000007.tar", "train", ("3f2a9c1d0b7e", 7), id="versioned"),
-    pytest.param("train-000007.tar", "train", (None, 7), id="format-1"),
-    pytest.param("train-extra-000007.tar", "train", None, id="another-split"),
-    pytest.param("train-3f2a9c1d0b7e-000007.tar", "train-3f2a9c1d0b7e", (None, 7), id="split-named-like-a-version"),
-    pytest.param("train-3F2A9C1D0B7E-000007.tar", "train", None, id="upper-case"),
-    pytest.param("train-3f2a9c1d0b7e-07.tar", "train", None, id="short-index"),
-    pytest.param("train-3f2a9c1d0b7e.json", "train", None, id="index"),
-])
+@pytest.mark.parametrize(
+    "name, split, want",
+    [
+        pytest.param("train-3f2a9c1d0b7e-000007.tar", "train", ("3f2a9c1d0b7e", 7), id="versioned"),
+        pytest.param("train-000007.tar", "train", (None, 7), id="format-1"),
+        pytest.param("train-extra-000007.tar", "train", None, id="another-split"),
+        pytest.param("train-3f2a9c1d0b7e-000007.tar", "train-3f2a9c1d0b7e", (None, 7), id="split-named-like-a-version"),
+        pytest.param("train-3F2A9C1D0B7E-000007.tar", "train", None, id="upper-case"),
+        pytest.param("train-3f2a9c1d0b7e-07.tar", "train", None, id="short-index"),
+        pytest.param("train-3f2a9c1d0b7e.json", "train", None, id="index"),
+    ],
+)
 def test_shard_names_parse_back_per_split(name: str, split: str, want: tuple[str | None, int] | None) -> None:
     from shardify.tarfmt import shard_name, shard_of_split
 

@@ -70,8 +70,9 @@ def blocks(page: Path) -> list[Block]:
 
 
 def to_run(page: Path) -> list[Block]:
-    return [b for b in blocks(page) if b.lang in RUN_LANGS and not NOT_RUN.match(b.marker)
-            and not RUN_BY.match(b.marker)]
+    return [
+        b for b in blocks(page) if b.lang in RUN_LANGS and not NOT_RUN.match(b.marker) and not RUN_BY.match(b.marker)
+    ]
 
 
 def test_every_example_is_run_or_says_why_not() -> None:
@@ -93,13 +94,19 @@ def test_every_example_is_run_or_says_why_not() -> None:
 def test_markers_are_honoured(tmp_path: Path) -> None:
     """The parser sees what a page means: run, not run (with its reason), run elsewhere."""
     page = tmp_path / "p.md"
-    page.write_text("text\n\n```python\nx = 1\n```\n\n<!-- not run: needs a GPU -->\n```python\ncuda()\n```\n"
-                    "<!-- s3: run by tests/test_s3.py -->\n\n```bash\nshardify verify s3://b\n```\n"
-                    "  ```python\n  y = 2\n  ```\n```text\nout\n```\n")
+    page.write_text(
+        "text\n\n```python\nx = 1\n```\n\n<!-- not run: needs a GPU -->\n```python\ncuda()\n```\n"
+        "<!-- s3: run by tests/test_s3.py -->\n\n```bash\nshardify verify s3://b\n```\n"
+        "  ```python\n  y = 2\n  ```\n```text\nout\n```\n"
+    )
     found = blocks(page)
-    assert [(b.lang, b.code) for b in found] == [("python", "x = 1\n"), ("python", "cuda()\n"),
-                                                 ("bash", "shardify verify s3://b\n"), ("python", "y = 2\n"),
-                                                 ("text", "out\n")]
+    assert [(b.lang, b.code) for b in found] == [
+        ("python", "x = 1\n"),
+        ("python", "cuda()\n"),
+        ("bash", "shardify verify s3://b\n"),
+        ("python", "y = 2\n"),
+        ("text", "out\n"),
+    ]
     assert NOT_RUN.match(found[1].marker)["reason"] == "needs a GPU"
     assert [b.code for b in to_run(page)] == ["x = 1\n", "y = 2\n"]
 
@@ -127,7 +134,8 @@ def _ids_data(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What the pages assume exists: image folders ``~/data/imagenet/{train,val}`` (``HOME`` is ``home/``) (and ``photos``, a
+    """What the pages assume exists: image folders ``~/data/imagenet/{train,val}`` (``HOME`` is ``home/``) (and
+    ``photos``, a
     copy of train), the converted ``out/imagenet`` (splits train and validation), and the
     ID-labelled tensors of ``data/``, and the clone's ``tools/``. Tiny: 3 classes of 64x48 JPEGs."""
     from shardify.convert.options import ConvertOptions
@@ -140,8 +148,9 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     val = make_imagefolder(root / "home/data/imagenet/val", classes=3, per_class=4, seed=1, sizes=sizes)
     shutil.copytree(train, root / "photos")
     for split, src in (("train", train), ("validation", val)):
-        convert_imagefolder(src, root / "out/imagenet",
-                            options=ConvertOptions(split=split, progress=False, fsync=False))
+        convert_imagefolder(
+            src, root / "out/imagenet", options=ConvertOptions(split=split, progress=False, fsync=False)
+        )
     _ids_data(root)
     (root / "tools").symlink_to(ROOT / "tools")  # the pages run scripts of the clone, as tools/...
     return root
@@ -149,8 +158,12 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkrun.py"))],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("forkrun.py"))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     yield proc
     proc.stdin.close()
     proc.wait(timeout=30)
@@ -158,8 +171,18 @@ def runner() -> Iterator[subprocess.Popen]:
 
 def _run_python(runner: subprocess.Popen, block: Block, cwd: Path, log: Path) -> int:
     code = "\n" * block.line + block.code  # so a traceback's line numbers are the page's
-    runner.stdin.write(json.dumps({"code": code, "name": str(block.page.relative_to(ROOT)), "cwd": str(cwd), "log": str(log),
-                                   "timeout": EXAMPLE_TIMEOUT_S}) + "\n")
+    runner.stdin.write(
+        json.dumps(
+            {
+                "code": code,
+                "name": str(block.page.relative_to(ROOT)),
+                "cwd": str(cwd),
+                "log": str(log),
+                "timeout": EXAMPLE_TIMEOUT_S,
+            }
+        )
+        + "\n"
+    )
     runner.stdin.flush()
     return json.loads(runner.stdout.readline())["rc"]
 
@@ -168,8 +191,14 @@ def _run_bash(block: Block, cwd: Path, log: Path) -> int:
     env = {**os.environ, "HOME": str(cwd / "home"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     with log.open("w") as f:
         try:
-            return subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=env, stdout=f,
-                                  stderr=subprocess.STDOUT, timeout=EXAMPLE_TIMEOUT_S).returncode
+            return subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block.code],
+                cwd=cwd,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=EXAMPLE_TIMEOUT_S,
+            ).returncode
         except subprocess.TimeoutExpired:
             return -9
 

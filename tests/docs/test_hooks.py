@@ -20,9 +20,19 @@ def _hook(name: str):
 
 def test_cli_reference_has_every_command_and_its_options() -> None:
     text = _hook("cli_reference").render()
-    for words in ("shardify", "shardify convert", "shardify convert imagefolder", "shardify convert ids",
-                  "shardify convert listing", "shardify convert python", "shardify info", "shardify verify",
-                  "shardify show", "shardify bench", "shardify gc"):
+    for words in (
+        "shardify",
+        "shardify convert",
+        "shardify convert imagefolder",
+        "shardify convert ids",
+        "shardify convert listing",
+        "shardify convert python",
+        "shardify info",
+        "shardify verify",
+        "shardify show",
+        "shardify bench",
+        "shardify gc",
+    ):
         assert f"`{words}`" in text, words
     assert "--shard-size" in text and "--raw-pixels" in text and "--sample-shards" in text
 

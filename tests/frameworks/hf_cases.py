@@ -52,11 +52,13 @@ def imagefolder(formats: tuple[str, ...], **options) -> Callable[[Path], tuple[P
     def make(tmp: Path) -> tuple[Path, str]:
         convert_imagefolder(_folder(tmp, formats), tmp / "out", options=_options(**options))
         return tmp / "out", "train"
+
     return make
 
 
 def ids(files: str, *, pt_to_npy: bool = False) -> Callable[[Path], tuple[Path, str]]:
     """ID-labelled files: ``"same"``, every ID a ``.pt`` and a ``.jpg``; ``"mixed"``, extra files for some IDs."""
+
     def make(tmp: Path) -> tuple[Path, str]:
         data = tmp / "data"
         data.mkdir()
@@ -68,9 +70,11 @@ def ids(files: str, *, pt_to_npy: bool = False) -> Callable[[Path], tuple[Path, 
                 (data / f"{name}.txt").write_text(f"note {i}")
         (tmp / "p.json").write_text(json.dumps({"train": names}))
         (tmp / "l.json").write_text(json.dumps({n: i % 3 for i, n in enumerate(names)}))
-        convert_ids(data, tmp / "out", partition=tmp / "p.json", labels=tmp / "l.json", options=_options(),
-                    pt_to_npy=pt_to_npy)
+        convert_ids(
+            data, tmp / "out", partition=tmp / "p.json", labels=tmp / "l.json", options=_options(), pt_to_npy=pt_to_npy
+        )
         return tmp / "out", "train"
+
     return make
 
 
@@ -88,12 +92,15 @@ def listing(tmp: Path) -> tuple[Path, str]:
 def inline_listing(metadata: str) -> Callable[[Path], tuple[Path, str]]:
     """A listing of inline rows (``id``, int ``label``, ``text``), some IDs not key-safe: under
     ``metadata="auto"`` only their samples get a ``.json`` (the ID as given)."""
+
     def make(tmp: Path) -> tuple[Path, str]:
-        rows = [{"id": f"row {i}" if i % 4 == 3 else f"row-{i}", "label": i % 2, "text": f"line {i}"}
-                for i in range(12)]
+        rows = [
+            {"id": f"row {i}" if i % 4 == 3 else f"row-{i}", "label": i % 2, "text": f"line {i}"} for i in range(12)
+        ]
         (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         convert_listing(tmp / "rows.jsonl", tmp / "out", options=_options(metadata=metadata))
         return tmp / "out", "train"
+
     return make
 
 
@@ -102,8 +109,13 @@ def shard_writer(tmp: Path) -> tuple[Path, str]:
     rng = np.random.default_rng(0)
     with ShardWriter(tmp / "out", split="train", samples_per_shard=4, classes=["a", "b", "c"]) as w:
         for i in range(10):
-            w.write({"npy": rng.integers(0, 255, (3, 4, 4), dtype=np.uint8), "cls": i % 3,
-                     "png": rng.integers(0, 255, (8, 6, 3), dtype=np.uint8)})
+            w.write(
+                {
+                    "npy": rng.integers(0, 255, (3, 4, 4), dtype=np.uint8),
+                    "cls": i % 3,
+                    "png": rng.integers(0, 255, (8, 6, 3), dtype=np.uint8),
+                }
+            )
     return tmp / "out", "train"
 
 
@@ -116,20 +128,33 @@ def shard_writer_later_field(tmp: Path) -> tuple[Path, str]:
 
 
 def _item(i: int) -> dict:
-    return {"__key__": f"doc-{i}" if i % 3 else f"doc {i}",  # a space: the key is rewritten, kept in key.txt
-            "tokens.npy": np.arange(i + 2, dtype=np.uint16), "txt": f"text {i}", "meta.json": {"i": i}}
+    return {
+        "__key__": f"doc-{i}" if i % 3 else f"doc {i}",  # a space: the key is rewritten, kept in key.txt
+        "tokens.npy": np.arange(i + 2, dtype=np.uint16),
+        "txt": f"text {i}",
+        "meta.json": {"i": i},
+    }
 
 
 def items(tmp: Path) -> tuple[Path, str]:
     """Token arrays, texts and JSON from ``convert_items``; some keys need rewriting."""
-    convert_items(range(10), _item, tmp / "out", split="train", workers=1, samples_per_shard=4, progress=False,
-                  fsync=False)
+    convert_items(
+        range(10), _item, tmp / "out", split="train", workers=1, samples_per_shard=4, progress=False, fsync=False
+    )
     return tmp / "out", "train"
 
 
 def items_plain_keys(tmp: Path) -> tuple[Path, str]:
-    convert_items(range(10), lambda i: {**_item(i), "__key__": f"doc-{i}"}, tmp / "out", split="train",
-                  workers=1, samples_per_shard=4, progress=False, fsync=False)
+    convert_items(
+        range(10),
+        lambda i: {**_item(i), "__key__": f"doc-{i}"},
+        tmp / "out",
+        split="train",
+        workers=1,
+        samples_per_shard=4,
+        progress=False,
+        fsync=False,
+    )
     return tmp / "out", "train"
 
 

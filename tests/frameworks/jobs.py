@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from shardify.convert import ShardWriter
-from shardify.reader import ShardedDataset, ShuffleOptions, transforms as T
+from shardify.reader import ShardedDataset, ShuffleOptions
+from shardify.reader import transforms as T
 
 __all__ = ["write_images", "dataset", "take", "sdl_main"]
 
@@ -25,16 +26,20 @@ def write_images(out: Path, *, n: int = 22, samples_per_shard: int = 7) -> Path:
     rng = np.random.default_rng(0)
     with ShardWriter(out, split="train", samples_per_shard=samples_per_shard, classes=["a", "b", "c"]) as w:
         for i in range(n):
-            w.write({"__key__": f"img{i:03d}", "jpg": rng.integers(0, 255, (20, 24, 3), dtype=np.uint8),
-                     "cls": i % 3})
+            w.write({"__key__": f"img{i:03d}", "jpg": rng.integers(0, 255, (20, 24, 3), dtype=np.uint8), "cls": i % 3})
     return out
 
 
 def dataset(root: Path, **kw: Any) -> ShardedDataset:
     """Shuffled batches of 3 with a random crop and flip (seeded per sample) and each sample's key."""
-    options = dict(batch_size=3, shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=5, block=2),
-                   transform=T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip()]),
-                   fields=("__key__", "image", "cls"))
+    options = dict(
+        batch_size=3,
+        shuffle=True,
+        seed=7,
+        shuffling=ShuffleOptions(buffer=5, block=2),
+        transform=T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip()]),
+        fields=("__key__", "image", "cls"),
+    )
     options.update(kw)
     return ShardedDataset(root, **options)
 

@@ -15,9 +15,8 @@ import importlib.util
 import warnings
 from pathlib import Path
 
-import torch
-
 import pytorch_lightning as pl
+import torch
 
 from shardify.reader import make_loader
 
@@ -87,10 +86,19 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     callbacks = [SaveAt(a.stop_at, a.ckpt)] if a.ckpt else []
-    trainer = pl.Trainer(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto",
-                         max_epochs=2, max_steps=a.stop_at, callbacks=callbacks, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=a.devices,
+        strategy="ddp" if a.devices > 1 else "auto",
+        max_epochs=2,
+        max_steps=a.stop_at,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     model = Model(a.root, a.workers, a.loader)
     trainer.fit(model, ckpt_path=a.resume)
     Path(a.out).mkdir(parents=True, exist_ok=True)

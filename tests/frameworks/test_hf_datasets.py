@@ -77,12 +77,24 @@ def test_features_naming_every_field_read_a_split_with_several_image_formats(tmp
 
     out, split = cases.CASES["imagefolder-mixed-keep"](tmp_path)
     stored = cases.stored(out, split)
-    features = Features({"__key__": Value("string"), "__url__": Value("string"), "cls": Value("int64"),
-                         "json": {"path": Value("string"), "label": Value("string")},
-                         "jpg": Image(), "png": Image(), "webp": Image(), "bmp": Image()})
+    features = Features(
+        {
+            "__key__": Value("string"),
+            "__url__": Value("string"),
+            "cls": Value("int64"),
+            "json": {"path": Value("string"), "label": Value("string")},
+            "jpg": Image(),
+            "png": Image(),
+            "webp": Image(),
+            "bmp": Image(),
+        }
+    )
     files = [str(p) for p in cases._shards(out, split)]
-    rows = list(load_dataset("webdataset", data_files={split: files}, split=split, features=features,
-                             cache_dir=str(tmp_path / "hf")))
+    rows = list(
+        load_dataset(
+            "webdataset", data_files={split: files}, split=split, features=features, cache_dir=str(tmp_path / "hf")
+        )
+    )
     assert sorted(r["__key__"] for r in rows) == sorted(stored)
     assert missing(rows, stored) == []
     assert {f for s in stored.values() for f in s} == {"cls", "json", "jpg", "png", "webp", "bmp"}

@@ -53,24 +53,34 @@ def uninterrupted(root: Path, *, rank: int, world: int, workers: int, monkeypatc
 
 def fit(root: Path, out: Path, *args: str) -> list[list]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    subprocess.run([sys.executable, str(HERE / "lightning_job.py"), str(root), str(out), *args], check=True,
-                   timeout=240, env=env, cwd=out.parent)
+    subprocess.run(
+        [sys.executable, str(HERE / "lightning_job.py"), str(root), str(out), *args],
+        check=True,
+        timeout=240,
+        env=env,
+        cwd=out.parent,
+    )
     return [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
 
 
 def same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(
         ea == eb and ka == kb and torch.equal(xa, xb) and torch.equal(ya, yb)
-        for (ea, ka, xa, ya), (eb, kb, xb, yb) in zip(a, b))
+        for (ea, ka, xa, ya), (eb, kb, xb, yb) in zip(a, b)
+    )
 
 
-@pytest.mark.parametrize(("devices", "workers", "loader", "stop_at"), [
-    pytest.param(1, 0, "shardify", 8, id="1-device-make_loader-saved-after-the-epochs-last-batch"),
-    pytest.param(2, 2, "shardify", 5, id="ddp-2-ranks-2-workers-make_loader"),
-    pytest.param(2, 2, "sdl", 3, id="ddp-2-ranks-2-workers-StatefulDataLoader"),
-])
+@pytest.mark.parametrize(
+    ("devices", "workers", "loader", "stop_at"),
+    [
+        pytest.param(1, 0, "shardify", 8, id="1-device-make_loader-saved-after-the-epochs-last-batch"),
+        pytest.param(2, 2, "shardify", 5, id="ddp-2-ranks-2-workers-make_loader"),
+        pytest.param(2, 2, "sdl", 3, id="ddp-2-ranks-2-workers-StatefulDataLoader"),
+    ],
+)
 def test_a_resumed_fit_trains_on_exactly_what_the_uninterrupted_one_had_left(
-        images, tmp_path, monkeypatch, devices, workers, loader, stop_at):
+    images, tmp_path, monkeypatch, devices, workers, loader, stop_at
+):
     common = ("--devices", str(devices), "--workers", str(workers), "--loader", loader)
     ckpt = tmp_path / "mid.ckpt"
     before = fit(images, tmp_path / "before", *common, "--stop-at", str(stop_at), "--ckpt", str(ckpt))
@@ -100,9 +110,22 @@ def test_a_statefuldataloader_checkpoint_after_an_epochs_last_batch_fails_the_re
     ckpt = tmp_path / "end.ckpt"
     fit(images, tmp_path / "before", *common, "--stop-at", str(len(jobs.dataset(images))), "--ckpt", str(ckpt))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, str(HERE / "lightning_job.py"), str(images), str(tmp_path / "after"),
-                           *common, "--resume", str(ckpt)], capture_output=True, text=True, timeout=240, env=env,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "lightning_job.py"),
+            str(images),
+            str(tmp_path / "after"),
+            *common,
+            "--resume",
+            str(ckpt),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode != 0 and not (tmp_path / "after").exists(), "the resumed fit went on silently"
     assert "ResumeError" in done.stderr and "after the last batch of epoch 0" in done.stderr
     assert "set_epoch(1)" in done.stderr and "make_loader" in done.stderr

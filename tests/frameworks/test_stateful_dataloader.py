@@ -36,7 +36,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def same(a, b) -> bool:
     return len(a) == len(b) and all(
-        ka == kb and torch.equal(xa, xb) and torch.equal(ya, yb) for (ka, xa, ya), (kb, xb, yb) in zip(a, b))
+        ka == kb and torch.equal(xa, xb) and torch.equal(ya, yb) for (ka, xa, ya), (kb, xb, yb) in zip(a, b)
+    )
 
 
 _REFERENCE: dict[tuple[str, int], tuple[list, list]] = {}
@@ -75,8 +76,11 @@ def test_resume_in_a_new_process_is_the_uninterrupted_run(images, tmp_path, work
     del loader
 
     out = tmp_path / "out.pt"
-    subprocess.run([sys.executable, str(HERE / "jobs.py"), "sdl", str(images), str(workers),
-                    str(tmp_path / "state.pt"), str(out)], check=True, timeout=100)
+    subprocess.run(
+        [sys.executable, str(HERE / "jobs.py"), "sdl", str(images), str(workers), str(tmp_path / "state.pt"), str(out)],
+        check=True,
+        timeout=100,
+    )
     resumed = torch.load(out, weights_only=False)
     if stop_after < len(epoch1):
         assert same(seen + resumed["rest"], epoch1)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from shardify.reader import make_loader
 from shardify.reader.delivery.diagnosis import WORKER_STAGES, Measured
 
@@ -73,8 +74,15 @@ def test_lightning_fit_with_make_loader_measures_the_epoch(images):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     model = Model()
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     try:
         trainer.fit(model)
         s = model.loader.stats()

@@ -29,13 +29,16 @@ def device() -> str:
 def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A converted dataset of 96 natural-looking JPEGs (4 classes, 120 to 200 pixels wide), shards of 16."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.write.run import convert_imagefolder
     from shardify.convert.synth import make_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
 
     root = tmp_path_factory.mktemp("gpu")
     make_imagefolder(root / "src", classes=4, per_class=24, seed=0, sizes=((160, 120), (120, 160), (200, 150)))
-    convert_imagefolder(root / "src", root / "ds", options=ConvertOptions(
-        samples_per_shard=16, shard_size=None, workers=1, progress=False, fsync=False))
+    convert_imagefolder(
+        root / "src",
+        root / "ds",
+        options=ConvertOptions(samples_per_shard=16, shard_size=None, workers=1, progress=False, fsync=False),
+    )
     return root / "ds"
 
 

@@ -25,17 +25,23 @@ def _dataset(root: Path, **kw: object) -> ShardedDataset:
     return ShardedDataset(root, batch_size=8, shuffle=True, seed=3, transform=T.imagenet_train(64), **kw)
 
 
-@pytest.mark.parametrize("dtype, channels_last, atol", [
-    pytest.param(torch.float32, False, 1e-5, id="float32"),
-    pytest.param(torch.bfloat16, True, 0.03, id="bf16-channels_last"),
-])
+@pytest.mark.parametrize(
+    "dtype, channels_last, atol",
+    [
+        pytest.param(torch.float32, False, 1e-5, id="float32"),
+        pytest.param(torch.bfloat16, True, 0.03, id="bf16-channels_last"),
+    ],
+)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_batches_equal_the_cpu_path_after_normalisation(jpeg_dataset: Path, device: str, dtype: torch.dtype,
-                                                       channels_last: bool, atol: float, workers: int) -> None:
+def test_batches_equal_the_cpu_path_after_normalisation(
+    jpeg_dataset: Path, device: str, dtype: torch.dtype, channels_last: bool, atol: float, workers: int
+) -> None:
     # Two datasets alike: iterating one dataset twice at once in one process shares its shard reader.
     ds, twin = _dataset(jpeg_dataset), _dataset(jpeg_dataset)
-    with make_loader(twin, num_workers=workers, device="cpu") as cpu, \
-            make_loader(ds, num_workers=workers, device=device, dtype=dtype, channels_last=channels_last) as dev:
+    with (
+        make_loader(twin, num_workers=workers, device="cpu") as cpu,
+        make_loader(ds, num_workers=workers, device=device, dtype=dtype, channels_last=channels_last) as dev,
+    ):
         if device == "cuda":
             assert dev.dataloader.pin_memory
         for epoch in range(2):
@@ -51,8 +57,7 @@ def test_batches_equal_the_cpu_path_after_normalisation(jpeg_dataset: Path, devi
                 assert torch.allclose(xd.float().cpu(), xc, atol=atol, rtol=0)
 
 
-def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, device: str,
-                                                        delayed_read_sums) -> None:
+def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, device: str, delayed_read_sums) -> None:
     """Each batch is read by work queued behind a delay on the training stream, after the loop
     dropped it and the prefetch of the next batches allocated memory on the side stream.
     Without ``record_stream`` the allocator could hand the batch's memory to a later copy
@@ -71,12 +76,17 @@ def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, devic
 
 
 def test_step_time_benchmark_runs(jpeg_dataset: Path, device: str, capsys) -> None:
-    spec = importlib.util.spec_from_file_location("bench_gpu_step", Path(__file__).parents[2] / "tools" / "bench_gpu_step.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_gpu_step", Path(__file__).parents[2] / "tools" / "bench_gpu_step.py"
+    )
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    r = module.step_times(jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=10,
-                          warmup=2, width=8)
+    r = module.step_times(
+        jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=10, warmup=2, width=8
+    )
     assert r["prestaged_ms"] > 0 and r["loader_ms"] > 0 and r["ratio"] > 0
     with capsys.disabled():
-        print(f"\n{device}: step {r['prestaged_ms']:.1f} ms pre-staged, {r['loader_ms']:.1f} ms with the loader "
-              f"({r['ratio']:.2f} x)")
+        print(
+            f"\n{device}: step {r['prestaged_ms']:.1f} ms pre-staged, {r['loader_ms']:.1f} ms with the loader "
+            f"({r['ratio']:.2f} x)"
+        )

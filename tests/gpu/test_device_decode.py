@@ -36,17 +36,29 @@ def _decoder(device: str) -> dict:
 
 def _pair(root: Path, transform: T.Transform, device: str) -> tuple[ShardedDataset, ShardedDataset]:
     def make(decode: str | None) -> ShardedDataset:
-        return ShardedDataset(root, batch_size=16, shuffle=True, seed=1, transform=transform,
-                              fields=("image", "cls", "__key__"), decoding=DecodeOptions(device=decode))
+        return ShardedDataset(
+            root,
+            batch_size=16,
+            shuffle=True,
+            seed=1,
+            transform=transform,
+            fields=("image", "cls", "__key__"),
+            decoding=DecodeOptions(device=decode),
+        )
+
     return make(None), make(device)
 
 
-@pytest.mark.parametrize("transform", [pytest.param(T.imagenet_train(64), id="train"),
-                                       pytest.param(T.imagenet_eval(64, resize=73), id="eval")])
+@pytest.mark.parametrize(
+    "transform",
+    [pytest.param(T.imagenet_train(64), id="train"), pytest.param(T.imagenet_eval(64, resize=73), id="eval")],
+)
 def test_device_decode_agrees_with_the_cpu_path(jpeg_dataset: Path, device: str, transform: T.Transform) -> None:
     cpu_ds, dev_ds = _pair(jpeg_dataset, transform, device)
-    with make_loader(cpu_ds, num_workers=2, device=device, normalize=False) as cpu, \
-            make_loader(dev_ds, num_workers=2, device=device, normalize=False, **_decoder(device)) as dev:
+    with (
+        make_loader(cpu_ds, num_workers=2, device=device, normalize=False) as cpu,
+        make_loader(dev_ds, num_workers=2, device=device, normalize=False, **_decoder(device)) as dev,
+    ):
         for epoch in range(2):
             cpu_ds.set_epoch(epoch)
             dev_ds.set_epoch(epoch)
@@ -90,18 +102,31 @@ def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path,
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     if device == "cuda":
         pytest.importorskip("torchvision", reason="device decode on CUDA needs torchvision: pip install shardify[gpu]")
-    feed = module.feed_rate(jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=8,
-                            warmup=2, decode="device")
-    step = module.step_times(jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=6,
-                             warmup=2, width=8, decode="device")
+    feed = module.feed_rate(
+        jpeg_dataset, device=device, batch_size=16, image_size=64, workers=2, steps=8, warmup=2, decode="device"
+    )
+    step = module.step_times(
+        jpeg_dataset,
+        device=device,
+        batch_size=16,
+        image_size=64,
+        workers=2,
+        steps=6,
+        warmup=2,
+        width=8,
+        decode="device",
+    )
     assert feed["img_s"] > 0 and step["ratio"] > 0
     with capsys.disabled():
-        print(f"\n{device}: device decode feeds {feed['img_s']:.0f} img/s; step {step['loader_ms']:.1f} ms "
-              f"({step['ratio']:.2f} x pre-staged)")
+        print(
+            f"\n{device}: device decode feeds {feed['img_s']:.0f} img/s; step {step['loader_ms']:.1f} ms "
+            f"({step['ratio']:.2f} x pre-staged)"
+        )
 
 
-def test_decoded_batches_survive_delayed_reads_on_the_training_stream(jpeg_dataset: Path, device: str,
-                                                                      delayed_read_sums) -> None:
+def test_decoded_batches_survive_delayed_reads_on_the_training_stream(
+    jpeg_dataset: Path, device: str, delayed_read_sums
+) -> None:
     """The decode thread makes each batch on its side stream while the loop's stream still has
     queued reads of earlier batches: the hand-over (event wait + ``record_stream``) must keep the
     caching allocator from giving their memory to a later decode. Each batch is summed by work

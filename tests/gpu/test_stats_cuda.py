@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 
@@ -52,8 +53,14 @@ def test_device_decode_is_measured_on_the_device_side(jpeg_dataset: Path, device
     if device != "cuda":
         pytest.skip("nvJPEG needs CUDA")
     pytest.importorskip("torchvision")
-    ds = ShardedDataset(jpeg_dataset, batch_size=8, shuffle=True, seed=3, transform=T.imagenet_train(64),
-                        decoding=DecodeOptions(device="cuda"))
+    ds = ShardedDataset(
+        jpeg_dataset,
+        batch_size=8,
+        shuffle=True,
+        seed=3,
+        transform=T.imagenet_train(64),
+        decoding=DecodeOptions(device="cuda"),
+    )
     with make_loader(ds, num_workers=2) as loader:
         for _ in loader:
             pass

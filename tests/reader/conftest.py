@@ -45,8 +45,9 @@ def write_dataset(
         data = tar_bytes(samples)
         name = shard_name(split, i)
         (root / name).write_bytes(data)
-        entries.append(ShardEntry(url=name, nsamples=len(samples), filesize=len(data),
-                                  sha256=hashlib.sha256(data).hexdigest()))
+        entries.append(
+            ShardEntry(url=name, nsamples=len(samples), filesize=len(data), sha256=hashlib.sha256(data).hexdigest())
+        )
         for _, f in samples:
             fields.update(f)
     index = SplitIndex(split=split, shards=tuple(entries), classes=tuple(classes), fields=tuple(sorted(fields)))
@@ -70,9 +71,9 @@ def counting_shards(sizes: Sequence[int]) -> list[list[Sample]]:
 def image_shards(sizes: Sequence[int], *, classes: int = 3, size: tuple[int, int] = (48, 40)) -> list[list[Sample]]:
     """Shards of small natural JPEGs; ``cls`` is the global index modulo ``classes``."""
     shards, g = [], 0
-    for s, n in enumerate(sizes):
+    for n in sizes:
         samples = []
-        for i in range(n):
+        for _ in range(n):
             w, h = size if g % 2 else (size[1], size[0])
             jpg = jpeg_bytes(natural_image(w, h, seed=g), quality=85)
             samples.append((f"img{g:05d}", {"cls": str(g % classes).encode(), "jpg": jpg}))
@@ -84,8 +85,10 @@ def image_shards(sizes: Sequence[int], *, classes: int = 3, size: tuple[int, int
 @pytest.fixture
 def counting_dataset(tmp_path: Path) -> Callable[..., Path]:
     """``make(sizes, name="ds")`` -> the directory of a counting dataset."""
+
     def make(sizes: Sequence[int], *, name: str = "ds") -> Path:
         return write_dataset(tmp_path / name, counting_shards(sizes))
+
     return make
 
 
@@ -99,5 +102,6 @@ def image_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def shards() -> SimpleNamespace:
     """The builders above, for tests that write their own shards."""
-    return SimpleNamespace(tar_bytes=tar_bytes, write_dataset=write_dataset,
-                           counting=counting_shards, images=image_shards)
+    return SimpleNamespace(
+        tar_bytes=tar_bytes, write_dataset=write_dataset, counting=counting_shards, images=image_shards
+    )

@@ -29,6 +29,7 @@ def sequence(sizes, *, seed, epoch, shuffle, block=3):
 def plan(sizes, *, seed, epoch, shuffle, **kw):
     return plan_worker(sequence(sizes, seed=seed, epoch=epoch, shuffle=shuffle), **kw)
 
+
 SIZES = [
     pytest.param([7, 2, 13], id="7-2-13"),
     pytest.param([1], id="one-sample"),
@@ -43,8 +44,18 @@ def rank_batches(sizes, *, seed, epoch, shuffle, rank, world, workers, batch_siz
     """A rank's batches in the order DataLoader yields them: round-robin over its workers."""
     per_worker = []
     for w in range(workers):
-        p = plan(sizes, seed=seed, epoch=epoch, shuffle=shuffle, rank=rank, world=world,
-                 worker=w, workers=workers, batch_size=batch_size, drop_last=drop_last)
+        p = plan(
+            sizes,
+            seed=seed,
+            epoch=epoch,
+            shuffle=shuffle,
+            rank=rank,
+            world=world,
+            worker=w,
+            workers=workers,
+            batch_size=batch_size,
+            drop_last=drop_last,
+        )
         samples = p.samples()
         cuts = itertools.accumulate(p.batch_sizes(), initial=0)
         bounds = list(cuts)
@@ -65,7 +76,7 @@ def reference(sizes, *, seed, epoch, shuffle, rank, world, batch_size, drop_last
         return []
     per = n // world if drop_last else -(-n // world)
     mine = [virtual[(rank * per + j) % n] for j in range(per)]
-    batches = [mine[i:i + batch_size] for i in range(0, per, batch_size)]
+    batches = [mine[i : i + batch_size] for i in range(0, per, batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
         batches.pop()
     return batches
@@ -98,8 +109,16 @@ def check(sizes, *, seed, epoch, shuffle, world, workers, batch_size, drop_last)
 def test_exactly_once_equal_batches_over_many_worlds(sizes, drop_last):
     for world, workers, batch_size in itertools.product(range(1, 6), range(1, 5), (1, 2, 3, 5, 8)):
         for seed, epoch, shuffle in ((0, 0, False), (1, 0, True), (1, 3, True)):
-            check(sizes, seed=seed, epoch=epoch, shuffle=shuffle, world=world, workers=workers,
-                  batch_size=batch_size, drop_last=drop_last)
+            check(
+                sizes,
+                seed=seed,
+                epoch=epoch,
+                shuffle=shuffle,
+                world=world,
+                workers=workers,
+                batch_size=batch_size,
+                drop_last=drop_last,
+            )
 
 
 @given(
@@ -113,8 +132,16 @@ def test_exactly_once_equal_batches_over_many_worlds(sizes, drop_last):
 )
 @settings(max_examples=300, deadline=None)
 def test_exactly_once_property(sizes, world, workers, batch_size, seed, epoch, drop_last):
-    check(sizes, seed=seed, epoch=epoch, shuffle=True, world=world, workers=workers,
-          batch_size=batch_size, drop_last=drop_last)
+    check(
+        sizes,
+        seed=seed,
+        epoch=epoch,
+        shuffle=True,
+        world=world,
+        workers=workers,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
 
 
 def test_deterministic_and_new_order_each_epoch():
@@ -128,8 +155,7 @@ def test_deterministic_and_new_order_each_epoch():
 
 
 def test_worker_without_batches_gets_an_empty_plan():
-    p = plan([3], seed=0, epoch=0, shuffle=False, rank=1, world=2, worker=3, workers=4,
-             batch_size=1, drop_last=False)
+    p = plan([3], seed=0, epoch=0, shuffle=False, rank=1, world=2, worker=3, workers=4, batch_size=1, drop_last=False)
     assert p.ranges == () and p.num_batches == 0 and p.batch_sizes() == []
 
 
@@ -185,11 +211,14 @@ def test_resumed_roles_continue_the_round_robin_exactly():
                 assert got == [owner[b] for b in range(consumed, nb)]
 
 
-@pytest.mark.parametrize("bad", [
-    pytest.param(dict(rank=2, world=2), id="rank"),
-    pytest.param(dict(worker=1, workers=1), id="worker"),
-    pytest.param(dict(batch_size=0), id="batch"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(dict(rank=2, world=2), id="rank"),
+        pytest.param(dict(worker=1, workers=1), id="worker"),
+        pytest.param(dict(batch_size=0), id="batch"),
+    ],
+)
 def test_bad_arguments_name_the_value(bad):
     kw = dict(seed=0, epoch=0, shuffle=False, rank=0, world=1, worker=0, workers=1, batch_size=2, drop_last=False)
     kw.update(bad)

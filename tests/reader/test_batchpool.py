@@ -9,15 +9,14 @@ from __future__ import annotations
 import gc
 import pickle
 from collections import namedtuple
+from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 from hypothesis import given
 from hypothesis import strategies as st
-from multiprocessing.reduction import ForkingPickler
-
-import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
 import shardify.reader.delivery.batchpool as bp
 import shardify.reader.sample.collate as collate_module
@@ -168,8 +167,12 @@ def test_structure_and_small_tensors_of_every_kind(in_worker, channel):
         x = default_collate(samples)
         return {
             "pair": Pair(x[0][:, :, 1:], x[1]),  # a non-contiguous view of a slot
-            "list": [torch.tensor(True), torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
-                     torch.empty(0, 3), torch.arange(6).reshape(2, 3).t()],
+            "list": [
+                torch.tensor(True),
+                torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+                torch.empty(0, 3),
+                torch.arange(6).reshape(2, 3).t(),
+            ],
             "big": big * 2,  # large, not from the pool: torch's own sharing
             "text": "kept",
         }
@@ -223,6 +226,7 @@ def test_capacity_rounds_up_by_at_most_an_eighth(n):
 
 
 # -- through real worker processes ----------------------------------------------------------------
+
 
 @pytest.fixture()
 def small_slots(monkeypatch):

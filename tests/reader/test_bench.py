@@ -7,7 +7,14 @@ from shardify.cli.bench import format_bench, process_memory, run_bench
 
 def test_run_bench_smoke(image_dataset):
     r = run_bench(image_dataset, batch_size=4, num_workers=2, image_size=16, epochs=2)
-    for name in ("single_process_ips", "independent_processes_ips", "loader_ips", "webdataset_ips", "first_batch_s", "loader_vs_webdataset"):
+    for name in (
+        "single_process_ips",
+        "independent_processes_ips",
+        "loader_ips",
+        "webdataset_ips",
+        "first_batch_s",
+        "loader_vs_webdataset",
+    ):
         assert r[name] > 0
     assert len(r["memory_mb_per_epoch"]) == 2
     assert 0 < r["shuffle_quality"]["gap"] and r["shuffle_quality_imagenet"]["shards_per_batch"] > 10

@@ -39,8 +39,10 @@ def test_keyed_permutation_is_a_bijection_for_every_small_n():
 
 
 def test_the_converters_order_is_the_labelled_permutation():
-    assert ConverterPermutation(1000, seed=3, split="train").positions(0, 1000).tolist() == \
-        KeyedPermutation(1000, label="3:train").positions(0, 1000).tolist()
+    assert (
+        ConverterPermutation(1000, seed=3, split="train").positions(0, 1000).tolist()
+        == KeyedPermutation(1000, label="3:train").positions(0, 1000).tolist()
+    )
 
 
 @pytest.mark.parametrize("sizes", SIZES)
@@ -60,6 +62,7 @@ def test_every_sample_once_and_whole_blocks_stay_whole(sizes):
 
 def test_deterministic_per_seed_and_epoch():
     sizes = [50, 30, 70, 10]
+
     def one(seed, epoch):
         return listed(block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=4))
 
@@ -70,14 +73,19 @@ def test_deterministic_per_seed_and_epoch():
 @pytest.mark.parametrize("sizes", SIZES)
 def test_plans_cover_the_epoch_exactly_once_with_equal_batches(sizes):
     for seed, epoch, world, workers, batch, drop_last, block in itertools.product(
-            (0, 3), (0, 2), (1, 2, 5), (1, 3), (1, 7), (False, True), (2, 4)):
+        (0, 3), (0, 2), (1, 2, 5), (1, 3), (1, 7), (False, True), (2, 4)
+    ):
         seq = block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=block)
         total = seq.total
         got: Counter = Counter()
         nb = batches_per_rank(total, world=world, batch_size=batch, drop_last=drop_last)
         for rank in range(world):
-            plans = [plan_worker(seq, rank=rank, world=world, worker=w, workers=workers, batch_size=batch,
-                                 drop_last=drop_last) for w in range(workers)]
+            plans = [
+                plan_worker(
+                    seq, rank=rank, world=world, worker=w, workers=workers, batch_size=batch, drop_last=drop_last
+                )
+                for w in range(workers)
+            ]
             assert sum(p.num_batches for p in plans) == nb  # every rank yields the same batches
             for p in plans:
                 assert all(n == batch for n in p.batch_sizes()[:-1])
@@ -92,8 +100,7 @@ def test_plans_cover_the_epoch_exactly_once_with_equal_batches(sizes):
 
 @pytest.mark.parametrize("sizes", SIZES)
 def test_a_share_equals_the_same_share_of_the_listed_sequence(sizes):
-    for seed, world, workers, batch, drop_last in itertools.product((1, 4), (1, 2, 3), (1, 2), (1, 5),
-                                                                    (False, True)):
+    for seed, world, workers, batch, drop_last in itertools.product((1, 4), (1, 2, 3), (1, 2), (1, 5), (False, True)):
         seq = block_sequence([sizes], counts=None, seed=seed, epoch=1, block=3)
         flat = tuple(seq)
         assert sequence_starts(seq) is None
@@ -150,7 +157,7 @@ def test_array_order_is_two_permutations_within_the_buffers_bound():
         while j < n:  # read in whole runs of `block` (the last one shorter), each from its start
             f = read[j]
             run = list(range(f, min(f + block, n)))
-            assert f % block == 0 and read[j:j + len(run)] == run
+            assert f % block == 0 and read[j : j + len(run)] == run
             j += len(run)
         where = {p: k for k, p in enumerate(read)}  # the read step of each position
         for k, p in enumerate(out):
@@ -158,13 +165,15 @@ def test_array_order_is_two_permutations_within_the_buffers_bound():
         assert not out or where[out[0]] < min(initial or buffer, buffer)
         held = 0
         source = iter([(p, p) for p in read])
-        def counting_source():
+
+        def counting_source(items):
             nonlocal held
-            for item in source:
+            for item in items:
                 held += 1
                 yield item
+
         got = []
-        for x in reorder(counting_source(), out):
+        for x in reorder(counting_source(source), out):
             got.append(x)
             assert held - len(got) <= buffer  # items read but not yet emitted
         assert got == out
@@ -183,6 +192,7 @@ def test_the_array_order_shuffles_like_the_buffer():
     read, out = array_order(n, rng=numpy_rng("m"), block=n, buffer_size=size, initial=16)  # one block: read in order
     assert read == list(range(n))
     ref = buffer_order(n, buffer_size=size, rng=stream_rng(0, 0, 0, 0), initial=16)
+
     def moved(order):
         return sum(abs(k - p) for k, p in enumerate(order)) / n
 
@@ -192,6 +202,7 @@ def test_the_array_order_shuffles_like_the_buffer():
 def test_the_block_order_is_keyed_by_seed_and_epoch():
     """The same takes give another block order in another epoch or with another seed."""
     takes = (np.array([0, 1]), np.array([0, 0]), np.array([400, 200]))
+
     def order(seed, epoch):
         return BlockSequence(*takes, block=4, seed=seed, epoch=epoch).source_positions(np.arange(600)).tolist()
 

@@ -44,19 +44,31 @@ def write_zero_member_tgz(path: Path) -> Path:
 
 def png_bomb(width: int = 12000, height: int = 12000) -> bytes:
     """A 1-bit grayscale PNG of ``width`` x ``height`` zero pixels: a few kB, 144 M pixels."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     row = bytes(1 + -(-width // 8))
     raw = zlib.compressobj(9)
     idat = b"".join(raw.compress(row) for _ in range(height)) + raw.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+        + chunk(b"IDAT", idat)
+        + chunk(b"IEND", b"")
+    )
 
 
 def write_png_bomb_tar(path: Path) -> Path:
     small = png_bomb(8, 8)
-    members = [("k0.cls", b"0"), ("k0.png", small), ("k1.cls", b"1"), ("k1.png", png_bomb()),
-               ("k2.cls", b"2"), ("k2.png", small)]
+    members = [
+        ("k0.cls", b"0"),
+        ("k0.png", small),
+        ("k1.cls", b"1"),
+        ("k1.png", png_bomb()),
+        ("k2.cls", b"2"),
+        ("k2.png", small),
+    ]
     path.write_bytes(b"".join(ustar_header(n, len(d)) + d + padding(len(d)) for n, d in members) + END_OF_ARCHIVE)
     return path
 
@@ -80,8 +92,9 @@ _CHILD = textwrap.dedent("""
 
 
 def read_in_child(url: Path, fields: str, policy: str = "raise") -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(url), fields, policy], capture_output=True,
-                          text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(url), fields, policy], capture_output=True, text=True, timeout=100
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -97,9 +110,14 @@ def test_an_unselected_huge_member_of_a_tgz_is_never_read_into_memory(tmp_path):
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_a_member_over_max_member_bytes_is_refused_before_it_is_read(tmp_path, policy):
     url = str(write_zero_member_tgz(tmp_path / "zeros.tgz"))
-    ds = ShardedDataset([url], batch_size=1, fields=("cls", "bin;cls"), errors=ErrorOptions(on_error=policy),
-                        decoding=DecodeOptions(max_member_bytes=64 << 20),
-                        batching=BatchOptions(collate_fn=list))
+    ds = ShardedDataset(
+        [url],
+        batch_size=1,
+        fields=("cls", "bin;cls"),
+        errors=ErrorOptions(on_error=policy),
+        decoding=DecodeOptions(max_member_bytes=64 << 20),
+        batching=BatchOptions(collate_fn=list),
+    )
     over = f"shard {url}, key 'k1': member declares {ZEROS} bytes, over the limit of {64 << 20}"
     if policy == "raise":
         with pytest.raises(ShardFormatError, match=over):

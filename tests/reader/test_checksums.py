@@ -14,8 +14,8 @@ import pytest
 
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.reader import ErrorOptions, ShardedDataset, make_loader
-from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.reader.io.sources import resolve_source
+from shardify.remote import RetryPolicy, ShardFetchError
 
 TIME_LIMIT_S = 60
 """A hang fails the test instead of stalling the run (see tests/conftest.py)."""
@@ -71,8 +71,9 @@ def test_checksums_given_wrong_are_refused_when_the_dataset_is_made(www):
     with pytest.raises(ValueError, match="verify=True needs each shard's sha256.*SHA256SUMS"):
         ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify=True))
     with pytest.raises(ValueError, match=r"no checksum for shard .*part-2\.tar"):
-        ShardedDataset(urls(www), batch_size=4,
-                       errors=ErrorOptions(verify={"part-0.tar": "0" * 64, "part-1.tar": "0" * 64}))
+        ShardedDataset(
+            urls(www), batch_size=4, errors=ErrorOptions(verify={"part-0.tar": "0" * 64, "part-1.tar": "0" * 64})
+        )
     with pytest.raises(ValueError, match="not 64 hex digits"):
         ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify={"part-0.tar": "abc"}))
     (www / "BAD").write_text("not a checksum line\n")
@@ -104,8 +105,9 @@ def test_a_shard_list_over_http_is_checked_against_a_sidecar_over_http(www, serv
     fast = RetryPolicy(retries=1, backoff_s=0.0, max_backoff_s=0.0)
     source = resolve_source(remote, cache_dir=tmp_path / "cache", retry=fast)
     ds = ShardedDataset(source, batch_size=4, fields=("cls",), errors=ErrorOptions(verify=f"{served}/SHA256SUMS"))
-    assert [s.sha256 for s in ds.source.shards] == [line.split()[0] for line in
-                                                     (www / "SHA256SUMS").read_text().splitlines()]
+    assert [s.sha256 for s in ds.source.shards] == [
+        line.split()[0] for line in (www / "SHA256SUMS").read_text().splitlines()
+    ]
     assert values(ds) == list(range(15))
     tamper(www / "part-2.tar")
     source = resolve_source(remote, cache_dir=tmp_path / "cache2", retry=fast)

@@ -18,11 +18,10 @@ import torch
 from shardify.convert import ShardWriter, convert_items
 from shardify.convert.verify import verify_dataset
 from shardify.errors import ShardFormatError
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader.io import chunked as chunked_module
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
-from shardify.reader import BatchOptions, ErrorOptions, ShuffleOptions
 
 N = 61
 
@@ -30,9 +29,15 @@ N = 61
 def _sample(i: int) -> dict[str, object]:
     """Fields of every kind a chunk stores: a fixed-shape array (stacked), a label, text and
     json some samples lack, a variable-shape array, bytes (variable)."""
-    return {"__key__": f"s{i:04d}", "npy": np.full((3, 4, 4), i, dtype=np.uint8), "cls": i,
-            **({"txt": "t" * (i % 7)} if i % 3 else {}), **({"meta.json": {"i": i}} if i % 4 == 0 else {}),
-            "seq.npy": np.arange(i % 5, dtype=np.int32), "raw.bin": bytes([i % 256]) * (i % 3)}
+    return {
+        "__key__": f"s{i:04d}",
+        "npy": np.full((3, 4, 4), i, dtype=np.uint8),
+        "cls": i,
+        **({"txt": "t" * (i % 7)} if i % 3 else {}),
+        **({"meta.json": {"i": i}} if i % 4 == 0 else {}),
+        "seq.npy": np.arange(i % 5, dtype=np.int32),
+        "raw.bin": bytes([i % 256]) * (i % 3),
+    }
 
 
 def _write(root: Path, chunk: int | None, *, n: int = N, per_shard: int = 25) -> Path:
@@ -64,8 +69,15 @@ def test_chunked_reads_exactly_what_per_sample_reads(tmp_path: Path, chunk: int)
 
     def decoded(root: Path) -> list:
         ds = ShardedDataset(root, batch_size=5, map=dict, batching=BatchOptions(collate_fn=list), shuffle=True, seed=2)
-        return [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in s.items()
-                 if k not in ("__shard__", "__rng__", "__offset__")} for b in ds for s in b]
+        return [
+            {
+                k: v.tolist() if isinstance(v, np.ndarray) else v
+                for k, v in s.items()
+                if k not in ("__shard__", "__rng__", "__offset__")
+            }
+            for b in ds
+            for s in b
+        ]
 
     got, want = decoded(packed), decoded(plain)
     assert got == want and len(got) == N
@@ -76,8 +88,9 @@ def test_chunked_reads_exactly_what_per_sample_reads(tmp_path: Path, chunk: int)
 def test_stacked_arrays_are_views_and_decode_to_writable_copies(tmp_path: Path) -> None:
     root = _write(tmp_path / "c", 8)
     src = resolve_source(root)
-    reader = ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=False,
-                         chunks=[s.chunk for s in src.shards])
+    reader = ShardReader(
+        [s.url for s in src.shards], src.sizes, skip_damaged=False, chunks=[s.chunk for s in src.shards]
+    )
     a, b = list(reader.read(0, 2, 4))
     assert isinstance(a["npy"], np.ndarray) and a["npy"].base is not None and not a["npy"].flags.writeable
     assert np.shares_memory(a["npy"], b["npy"]) is False and a["npy"].base is b["npy"].base  # one chunk buffer
@@ -116,8 +129,15 @@ def test_a_shuffled_block_reads_its_own_bytes_not_its_whole_chunk(tmp_path: Path
     src = resolve_source(root)
     (shard,) = src.shards
     counter = [0]
-    reader = ShardReader([shard.url], [256], skip_damaged=False, chunks=[64], offsets=[shard.offsets],
-                         filesizes=[shard.filesize], opener=lambda url: (_Counting(url, counter), True))
+    reader = ShardReader(
+        [shard.url],
+        [256],
+        skip_damaged=False,
+        chunks=[64],
+        offsets=[shard.offsets],
+        filesizes=[shard.filesize],
+        opener=lambda url: (_Counting(url, counter), True),
+    )
     blocks = list(range(0, 256, 4))
     random.Random(0).shuffle(blocks)  # as a shuffled epoch visits them
     got = {s["__key__"]: s for b in blocks for s in reader.read(0, b, b + 4)}
@@ -154,7 +174,9 @@ def test_resume_mid_epoch_yields_the_rest_exactly_once(tmp_path: Path, chunk: in
     root = _write(tmp_path / "c", chunk)
 
     def make():
-        ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=6, block=2))
+        ds = ShardedDataset(
+            root, batch_size=3, fields=("cls",), shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=6, block=2)
+        )
         ds.set_epoch(1)
         return make_loader(ds, num_workers=workers)
 
@@ -179,8 +201,14 @@ def test_other_readers_see_one_sample_per_chunk_with_stacked_members(tmp_path: P
     with tarfile.open(first) as tar:
         names = tar.getnames()
         stacked = np.load(io.BytesIO(tar.extractfile("s0000.npy").read()))
-    assert names[:6] == ["s0000.chunk-keys", "s0000.cls", "s0000.meta.json", "s0000.npy", "s0000.raw.bin",
-                         "s0000.seq.npy"]
+    assert names[:6] == [
+        "s0000.chunk-keys",
+        "s0000.cls",
+        "s0000.meta.json",
+        "s0000.npy",
+        "s0000.raw.bin",
+        "s0000.seq.npy",
+    ]
     assert {n.split(".")[0] for n in names} == {"s0000", "s0010", "s0020"}  # 25 samples: chunks of 10, 10, 5
     assert stacked.shape == (10, 3, 4, 4) and stacked[7].max() == 7
     assert index["shardify"]["format_version"] == 3 and index["shardify"]["chunk"] == 10
@@ -199,7 +227,7 @@ def _damage_chunk(root: Path) -> tuple[Path, str]:
     data = bytearray(path.read_bytes())
     with tarfile.open(path) as tar:
         member = tar.getmember("s0005.cls")
-    data[member.offset_data + 24 + 8:member.offset_data + 24 + 16] = (10 ** 9).to_bytes(8, "little")
+    data[member.offset_data + 24 + 8 : member.offset_data + 24 + 16] = (10**9).to_bytes(8, "little")
     path.write_bytes(bytes(data))
     return path, "s0005"
 
@@ -216,11 +244,18 @@ def test_a_damaged_chunk_is_damage_of_its_shard(tmp_path: Path) -> None:
     assert [i for i, x in enumerate(items) if isinstance(x, Lost)] == list(range(5, 10))  # that chunk's samples
     with pytest.raises(ShardFormatError, match="damaged chunk"):
         list(ShardedDataset(root, batch_size=4, fields=("cls",)))
-    kept = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip")) for x in b.tolist()]
+    kept = [
+        x
+        for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip"))
+        for x in b.tolist()
+    ]
     assert len(kept) == N and not set(range(5, 10)) & set(kept)  # lost samples replaced by repeats
     # with verify=True the checksum catches it first: the whole shard is lost
-    checked = [x for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip", verify=True))
-               for x in b.tolist()]
+    checked = [
+        x
+        for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip", verify=True))
+        for x in b.tolist()
+    ]
     assert not set(range(25)) & set(checked)
     problems = [(p.shard, p.key, p.message) for p in verify_dataset(root).problems]
     assert len(problems) == 1 and problems[0][0] == path.name and f"'{key}': damaged chunk" in problems[0][2]
@@ -234,12 +269,13 @@ def test_a_chunk_whose_keys_are_not_its_own_is_damage(tmp_path: Path) -> None:
     with tarfile.open(path) as tar:
         member = tar.getmember("s0005.chunk-keys")
     at = member.offset_data + 24 + 8 * 6  # the keys' data, after the header and 6 offsets
-    assert data[at:at + 5] == b"s0005"
-    data[at:at + 5] = b"x0005"
+    assert data[at : at + 5] == b"s0005"
+    data[at : at + 5] = b"x0005"
     path.write_bytes(bytes(data))
     src = resolve_source(root)
-    reader = ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=False,
-                         chunks=[s.chunk for s in src.shards])
+    reader = ShardReader(
+        [s.url for s in src.shards], src.sizes, skip_damaged=False, chunks=[s.chunk for s in src.shards]
+    )
     with pytest.raises(ShardFormatError, match="key 's0005': damaged chunk: its first key is 'x0005'"):
         list(reader.read(0, 5, 7))
     assert any("its first key is 'x0005'" in p.message for p in verify_dataset(root).problems)
@@ -254,8 +290,17 @@ def test_verify_checks_the_samples_of_each_chunk(tmp_path: Path) -> None:
 
 def test_convert_items_and_shard_writer_write_the_same_chunked_bytes(tmp_path: Path) -> None:
     _write(tmp_path / "w", 6, per_shard=20)
-    convert_items(range(N), _sample, tmp_path / "i", samples_per_shard=20, shard_size=None, workers=2,
-                  fsync=False, progress=False, chunk=6)
+    convert_items(
+        range(N),
+        _sample,
+        tmp_path / "i",
+        samples_per_shard=20,
+        shard_size=None,
+        workers=2,
+        fsync=False,
+        progress=False,
+        chunk=6,
+    )
     w = json.loads((tmp_path / "w" / "train.json").read_text())["shardlist"]
     i = json.loads((tmp_path / "i" / "train.json").read_text())["shardlist"]
     assert [s["sha256"] for s in w] == [s["sha256"] for s in i] and len(w) == 4
@@ -265,8 +310,9 @@ def test_a_chunked_and_a_per_sample_stream_mix_exactly_once(tmp_path: Path) -> N
     from shardify.reader import Stream
 
     plain, packed = _write(tmp_path / "plain", None), _write(tmp_path / "chunked", 4)
-    ds = ShardedDataset([Stream(plain), Stream(packed)], batch_size=8, fields=("cls", "__stream__"), shuffle=True,
-                        seed=1)
+    ds = ShardedDataset(
+        [Stream(plain), Stream(packed)], batch_size=8, fields=("cls", "__stream__"), shuffle=True, seed=1
+    )
     got = sorted((int(s), int(c)) for cls, stream in ds for c, s in zip(cls, stream))
     assert got == sorted([(0, i) for i in range(N)] + [(1, i) for i in range(N)])
 
@@ -278,8 +324,11 @@ def test_a_truncated_chunked_shard_keeps_the_chunks_before_the_cut(tmp_path: Pat
         cut = tar.getmember("s0015.npy").offset_data + 100  # inside the 4th chunk
     path.write_bytes(path.read_bytes()[:cut])
     src = resolve_source(root)
-    kw = dict(chunks=[s.chunk for s in src.shards], offsets=[s.offsets for s in src.shards],
-              filesizes=[s.filesize for s in src.shards])
+    kw = dict(
+        chunks=[s.chunk for s in src.shards],
+        offsets=[s.offsets for s in src.shards],
+        filesizes=[s.filesize for s in src.shards],
+    )
     with pytest.raises(ShardFormatError, match=str(path.name)):
         list(ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=False, **kw).read(0, 0, 25))
     items = list(ShardReader([s.url for s in src.shards], src.sizes, skip_damaged=True, **kw).read(0, 0, 25))

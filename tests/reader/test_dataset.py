@@ -91,9 +91,15 @@ def key_and_pixels(sample: dict) -> tuple[str, torch.Tensor]:
 def test_one_and_two_workers_augment_a_key_identically(image_dataset):
     pixels = []
     for workers in (1, 2):
-        ds = ShardedDataset(image_dataset, batch_size=4, shuffle=True, seed=3, map=key_and_pixels,
-                            transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]),
-                            batching=BatchOptions(collate_fn=list))
+        ds = ShardedDataset(
+            image_dataset,
+            batch_size=4,
+            shuffle=True,
+            seed=3,
+            map=key_and_pixels,
+            transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]),
+            batching=BatchOptions(collate_fn=list),
+        )
         ds.set_epoch(2)
         got = {k: p for batch in make_loader(ds, num_workers=workers) for k, p in batch}
         assert len(got) == 22
@@ -132,10 +138,22 @@ def test_pickle_only_by_name(tmp_path, shards):
     with pytest.raises(SampleError, match="pickle"):
         list(ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list)))
     with pytest.raises(SampleError, match="pickle"):  # the skip policy does not hide it
-        list(ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list),
-                            errors=ErrorOptions(on_error="skip")))
-    ds = ShardedDataset(root, batch_size=1, fields=("pkl",), batching=BatchOptions(collate_fn=list),
-                        decoding=DecodeOptions(allow_pickle=True))
+        list(
+            ShardedDataset(
+                root,
+                batch_size=1,
+                fields=("pkl",),
+                batching=BatchOptions(collate_fn=list),
+                errors=ErrorOptions(on_error="skip"),
+            )
+        )
+    ds = ShardedDataset(
+        root,
+        batch_size=1,
+        fields=("pkl",),
+        batching=BatchOptions(collate_fn=list),
+        decoding=DecodeOptions(allow_pickle=True),
+    )
     assert list(ds) == [[{"x": 1}]]
 
 
@@ -144,15 +162,23 @@ def test_lengths(counting_dataset, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
     assert (len(counting(root, batch_size=4)), counting(root, batch_size=4).samples_per_rank) == (2, 6)
-    assert (len(counting(root, batch_size=4, drop_last=True)), counting(root, batch_size=4, drop_last=True).samples_per_rank) == (1, 5)
+    assert (
+        len(counting(root, batch_size=4, drop_last=True)),
+        counting(root, batch_size=4, drop_last=True).samples_per_rank,
+    ) == (1, 5)
     assert counting(root).num_samples == 22
 
 
 def test_bucketing_groups_by_length_and_keeps_counts(tmp_path, shards):
     samples = [(f"k{i:03d}", {"txt": ("x" * (1 + (i * 7) % 13)).encode()}) for i in range(40)]
     root = shards.write_dataset(tmp_path / "b", [samples[:25], samples[25:]])
-    ds = ShardedDataset(root, batch_size=4, fields=("txt",), shuffle=True,
-                        batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=20))
+    ds = ShardedDataset(
+        root,
+        batch_size=4,
+        fields=("txt",),
+        shuffle=True,
+        batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=20),
+    )
     batches = list(make_loader(ds, num_workers=2))
     assert len(batches) == len(ds) == 10
     assert sorted(s for b in batches for s in b) == sorted(s["txt"].decode() for _, s in samples)

@@ -226,8 +226,14 @@ def test_pt_with_non_tensor_payload_is_refused_by_weights_only(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("ext", "data"),
-    [("cls", b"seven"), ("json", b"{nope"), ("txt", b"\xff\xfe\xfa"), ("npy", b"garbage"), ("pt", b"garbage"),
-     ("jpg", b"garbage")],
+    [
+        ("cls", b"seven"),
+        ("json", b"{nope"),
+        ("txt", b"\xff\xfe\xfa"),
+        ("npy", b"garbage"),
+        ("pt", b"garbage"),
+        ("jpg", b"garbage"),
+    ],
 )
 def test_errors_name_the_field(ext: str, data: bytes) -> None:
     with pytest.raises(ValueError, match=f"field '{ext}'"):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     import torch.distributed as dist
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent('''
     with open(out, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
-''')
+""")
 
 
 def test_two_ranks_gloo_unequal_shards_fewer_than_ranks_times_workers(counting_dataset, tmp_path):
@@ -43,10 +43,16 @@ def test_two_ranks_gloo_unequal_shards_fewer_than_ranks_times_workers(counting_d
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(root), str(tmp_path / "rdv"),
-                               str(tmp_path / f"out{r}.json")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(root), str(tmp_path / "rdv"), str(tmp_path / f"out{r}.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     finally:

@@ -97,6 +97,7 @@ def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
 
 # -- shards missing or unreadable (issue 12, item 3) ------------------------------------------------
 
+
 def _gone(shard) -> None:
     shard.unlink()
 

@@ -26,7 +26,7 @@ TIME_LIMIT_S = 120
 # Imported by the child first: a clean-up of the loader that runs during interpreter shutdown
 # fails there (as the weakref module's did), so that it shows in stderr whatever the order in
 # which the interpreter clears its modules.
-PROBE = '''
+PROBE = """
 import sys
 from shardify.reader.delivery import loader as _loader
 
@@ -40,9 +40,9 @@ def _probed(self, workers):
 
 
 _loader.Loader._shut_down = _probed
-'''
+"""
 
-CHILD = '''
+CHILD = """
 import os, signal, sys, time
 sys.path.insert(0, os.path.dirname(__file__))
 import probe  # noqa: F401
@@ -65,7 +65,7 @@ with make_loader(ds, num_workers=2) as loader:
     loader.load_state_dict(loader.state_dict())
     rest = sum(1 for _ in loader)
     print("batches", got + rest, len(ds))
-'''
+"""
 
 
 def _small(root: Path, n: int = 400) -> Path:

@@ -13,10 +13,13 @@ from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import transforms as T
 
 
-@pytest.mark.parametrize("make", [
-    pytest.param(lambda fast: T.imagenet_train(64, fast_decode=fast), id="imagenet_train"),
-    pytest.param(lambda fast: T.RandomResizedCrop((48, 64), scale=(0.5, 1.0), fast_decode=fast), id="rrc"),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda fast: T.imagenet_train(64, fast_decode=fast), id="imagenet_train"),
+        pytest.param(lambda fast: T.RandomResizedCrop((48, 64), scale=(0.5, 1.0), fast_decode=fast), id="rrc"),
+    ],
+)
 def test_fast_decode_is_close_to_the_exact_path_and_not_equal(make) -> None:
     images = [jpeg_bytes(natural_image(200, 150, seed=s), quality=85) for s in range(6)]
     exact, fast = make(False), make(True)

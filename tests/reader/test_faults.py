@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from shardify.cli.bench import child_pids
 from shardify.errors import SampleError, WorkerError
 from shardify.reader import ErrorOptions, ShardedDataset, make_loader
-from shardify.cli.bench import child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +32,7 @@ TIME_LIMIT_S = 60
 
 
 # -- what a process holds ------------------------------------------------------------------------
+
 
 def _children() -> set[int]:
     return set(child_pids())
@@ -49,8 +50,12 @@ def _fds() -> dict[int, str]:
 
 def snapshot() -> dict[str, Any]:
     """Threads, open files and child processes of this process."""
-    return {"threads": len(os.listdir("/proc/self/task")), "fds": _fds(), "children": _children(),
-            "mp_children": {p.pid for p in multiprocessing.active_children()}}
+    return {
+        "threads": len(os.listdir("/proc/self/task")),
+        "fds": _fds(),
+        "children": _children(),
+        "mp_children": {p.pid for p in multiprocessing.active_children()},
+    }
 
 
 def assert_back_to(before: dict[str, Any], *, within: float = 15.0) -> None:
@@ -81,6 +86,7 @@ def counting(counting_dataset) -> Callable[..., ShardedDataset]:
         if "map" not in kw:
             kw.setdefault("fields", ("cls",))
         return ShardedDataset(root, batch_size=4, shuffle=True, **kw)
+
     return make
 
 
@@ -102,6 +108,7 @@ def _values(batches: list[Any]) -> list[int]:
 
 
 # -- a worker killed mid-epoch --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per_epoch"])
 def test_killed_worker_gives_a_clear_error_then_resumes_exactly(counting, warm, persistent: bool) -> None:
@@ -143,8 +150,9 @@ def _hangs_once_on(sample: dict[str, Any], *, value: int, flag: Path) -> int:
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per_epoch"])
-def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(counting, warm, tmp_path: Path,
-                                                                          persistent: bool) -> None:
+def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(
+    counting, warm, tmp_path: Path, persistent: bool
+) -> None:
     """``make_loader(timeout=)``: a worker that never returns (a map= that hangs) is stopped, the
     loop gets a WorkerError saying so and how to go on, and the resumed epoch has every sample once."""
     import functools
@@ -154,8 +162,11 @@ def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(coun
     baseline = snapshot()
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent, timeout=2)
     got: list[list[int]] = []
-    with pytest.raises(WorkerError, match=r"no batch in 2 s \(timeout=\): one may hang.*epoch 0 after \d+ batches.*"
-                                          r"load_state_dict") as caught:
+    with pytest.raises(
+        WorkerError,
+        match=r"no batch in 2 s \(timeout=\): one may hang.*epoch 0 after \d+ batches.*"
+        r"load_state_dict",
+    ) as caught:
         for batch in loader:
             got.append([int(x) for x in batch])
     assert flag.exists() and f"after {len(got)} batches" in str(caught.value)
@@ -200,6 +211,7 @@ def test_worker_killed_while_the_loop_runs_its_own_code_then_resumes_with_the_de
 
 
 # -- an exception in a user transform -------------------------------------------------------------
+
 
 class NeedsTwoArguments(Exception):
     """An exception torch could not rebuild from a message alone."""
@@ -252,6 +264,7 @@ def test_transform_errors_are_skipped_and_counted_under_the_skip_policy(counting
 
 
 # -- nothing left behind ----------------------------------------------------------------------------
+
 
 def _leave_early(loader: Any, n: int = 2) -> None:
     for i, _ in enumerate(loader):
@@ -327,10 +340,16 @@ def test_repeated_early_exits_do_not_accumulate(counting, warm) -> None:
 
 # -- many epochs ---------------------------------------------------------------------------------
 
+
 def test_soak_memory_and_fds_flat_over_epochs() -> None:
     """A short run of tools/soak.py (run it by hand for 10 epochs): flat after the first epoch."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--epochs", "4", "--images", "400",
-                           "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "soak.py"), "--epochs", "4", "--images", "400", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     result = json.loads(proc.stdout)
     epochs = result["epochs"]

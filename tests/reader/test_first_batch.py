@@ -17,8 +17,9 @@ def _frozen_objects(sample: dict) -> int:
 
 @pytest.mark.parametrize("persistent", [True, False])
 def test_workers_start_with_the_parents_objects_frozen_and_the_parent_unfreezes(counting_dataset, persistent):
-    ds = ShardedDataset(counting_dataset([8, 8]), batch_size=4, map=_frozen_objects,
-                        batching=BatchOptions(collate_fn=list))
+    ds = ShardedDataset(
+        counting_dataset([8, 8]), batch_size=4, map=_frozen_objects, batching=BatchOptions(collate_fn=list)
+    )
     before = gc.get_freeze_count()
     held = [[i] for i in range(20_000)]  # tracked objects a worker inherits
     with make_loader(ds, num_workers=2, persistent_workers=persistent) as loader:
@@ -31,8 +32,9 @@ def test_workers_start_with_the_parents_objects_frozen_and_the_parent_unfreezes(
 
 
 def test_no_workers_freeze_nothing(counting_dataset):
-    ds = ShardedDataset(counting_dataset([8]), batch_size=4, map=_frozen_objects,
-                        batching=BatchOptions(collate_fn=list))
+    ds = ShardedDataset(
+        counting_dataset([8]), batch_size=4, map=_frozen_objects, batching=BatchOptions(collate_fn=list)
+    )
     before = gc.get_freeze_count()
     with make_loader(ds, num_workers=0) as loader:
         assert {c for batch in loader for c in batch} == {before}

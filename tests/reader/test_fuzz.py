@@ -24,8 +24,9 @@ from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, MAX_MEMBER_SIZE, padding, ust
 SIZES = (5, 6, 4)
 TARGET = "train-000001.tar"  # the shard every test damages: it holds global indices 5..10
 FIRST, COUNT = 5, 6
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 TIME_LIMIT_S = 90
@@ -57,7 +58,7 @@ def _tar_member(ti: tarfile.TarInfo, data: bytes = b"", fmt: int = tarfile.USTAR
         t.addfile(ti, io.BytesIO(data) if data else None)
     raw = buf.getvalue()
     end = len(raw)
-    while end >= BLOCK and raw[end - BLOCK:end] == bytes(BLOCK):
+    while end >= BLOCK and raw[end - BLOCK : end] == bytes(BLOCK):
         end -= BLOCK
     return raw[:end]
 
@@ -88,10 +89,14 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "device": (_tar_member(_info("evil.cls", tarfile.CHRTYPE, devmajor=1, devminor=5)), "character device"),
     "fifo": (_tar_member(_info("evil.cls", tarfile.FIFOTYPE)), "FIFO"),
     "non_utf8": (_tar_member(_info("evil\udcff.cls"), b"1"), "not UTF-8"),
-    "pax_huge_size": (_tar_member(_info("evil.cls", pax_headers={"size": str(1 << 40)}), b"", tarfile.PAX_FORMAT),
-                      "over the limit"),
-    "pax_huge_path": (_tar_member(_info("evil.cls", pax_headers={"path": "p" * 2_000_000}), b"1", tarfile.PAX_FORMAT),
-                      "declares"),
+    "pax_huge_size": (
+        _tar_member(_info("evil.cls", pax_headers={"size": str(1 << 40)}), b"", tarfile.PAX_FORMAT),
+        "over the limit",
+    ),
+    "pax_huge_path": (
+        _tar_member(_info("evil.cls", pax_headers={"path": "p" * 2_000_000}), b"1", tarfile.PAX_FORMAT),
+        "declares",
+    ),
     "size_8gib": (_header(b"evil.cls", MAX_MEMBER_SIZE), "over the limit"),
     "size_past_end": (_header(b"evil.cls", 1 << 30), "truncated"),
     "duplicate_key": (member("s001_00000.cls", b"99"), "appears"),  # "key appears again" or "field appears twice"
@@ -140,8 +145,13 @@ def _apply(shard: bytes, damage: tuple[str, object]) -> bytes:
 
 
 @FUZZ
-@given(damage=_damage, policy=st.sampled_from(["raise", "skip"]), verify=st.booleans(),
-       shuffle=st.booleans(), world=st.integers(1, 2))
+@given(
+    damage=_damage,
+    policy=st.sampled_from(["raise", "skip"]),
+    verify=st.booleans(),
+    shuffle=st.booleans(),
+    world=st.integers(1, 2),
+)
 def test_random_damage_errors_name_the_shard_or_skips_are_counted(
     dataset, monkeypatch, damage, policy: str, verify: bool, shuffle: bool, world: int
 ) -> None:
@@ -176,6 +186,7 @@ def test_random_damage_errors_name_the_shard_or_skips_are_counted(
 
 
 # -- hostile members, each kind ---------------------------------------------------------------------
+
 
 @FUZZ
 @given(kind=st.sampled_from(sorted(HOSTILE)), at=st.integers(0, COUNT), shuffle=st.booleans())
@@ -224,6 +235,7 @@ def test_hostile_shard_with_two_workers(dataset, policy: str) -> None:
 
 # -- memory never follows a declared size -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_member_declaring_far_more_than_the_file_holds_stays_small(dataset, policy: str) -> None:
     root, original = dataset
@@ -246,8 +258,7 @@ def test_member_declaring_far_more_than_the_file_holds_stays_small(dataset, poli
 
 def test_member_declaring_8_gib_is_refused_before_reading(dataset) -> None:
     root, original = dataset
-    (root / TARGET).write_bytes(original[: -len(END_OF_ARCHIVE)] + _header(b"big.bin", MAX_MEMBER_SIZE)
-                                + b"z" * BLOCK)
+    (root / TARGET).write_bytes(original[: -len(END_OF_ARCHIVE)] + _header(b"big.bin", MAX_MEMBER_SIZE) + b"z" * BLOCK)
     tracemalloc.start()
     try:
         with pytest.raises(ShardFormatError, match=f"{TARGET}.*declares {MAX_MEMBER_SIZE} bytes, over the limit"):

@@ -51,9 +51,14 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> dict:
     partition = {"train": ids[:96], "validation": ids[96:]}
     (work / "partition.json").write_text(json.dumps(partition))
     (work / "labels.json").write_text(json.dumps(labels))
-    result = convert_ids(data, work / "out", partition=work / "partition.json", labels=work / "labels.json",
-                         pt_to_npy=True, options=ConvertOptions(workers=1, progress=False, fsync=False,
-                                                                samples_per_shard=20))
+    result = convert_ids(
+        data,
+        work / "out",
+        partition=work / "partition.json",
+        labels=work / "labels.json",
+        pt_to_npy=True,
+        options=ConvertOptions(workers=1, progress=False, fsync=False, samples_per_shard=20),
+    )
     assert result.num_skipped == 0
     return {"data": data, "out": work / "out", "partition": partition, "labels": labels}
 
@@ -76,10 +81,16 @@ def test_every_id_and_label_comes_back_once_with_its_tensor(recipe, split: str) 
 
 def test_two_epochs_give_the_map_style_recipe_s_id_label_pairs(recipe) -> None:
     ids, labels = recipe["partition"]["train"], recipe["labels"]
-    theirs = DataLoader(TensorFiles(recipe["data"], ids, labels), batch_size=16, shuffle=True, num_workers=2,
-                        generator=torch.Generator().manual_seed(0))
-    ds = ShardedDataset(recipe["out"], split="train", batch_size=16, shuffle=True, seed=0,
-                        fields=("npy", "cls", "json"))
+    theirs = DataLoader(
+        TensorFiles(recipe["data"], ids, labels),
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(0),
+    )
+    ds = ShardedDataset(
+        recipe["out"], split="train", batch_size=16, shuffle=True, seed=0, fields=("npy", "cls", "json")
+    )
     orders = []
     with make_loader(ds, num_workers=2) as ours:
         for epoch in range(2):

@@ -41,14 +41,21 @@ def test_an_image_field_asked_by_another_name_says_to_use_image(tmp_path):
 def test_images_of_different_sizes_without_a_transform_say_to_add_a_resize(tmp_path):
     root = _images(tmp_path / "ds", [(8, 8), (10, 12)])
     ds = ShardedDataset(root, batch_size=2)
-    with pytest.raises(ValueError, match=r"cannot stack shapes.*need a transform that gives them one size: "
-                                         r"transform=transforms.imagenet_eval\(224\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot stack shapes.*need a transform that gives them one size: "
+        r"transform=transforms.imagenet_eval\(224\)",
+    ):
         next(iter(ds))
 
 
 def test_the_skip_reports_repeat_counts_say_what_they_count():
-    report = EpochReport(epoch=3, bad=2, lost=40, entries=(("s.tar", None, "shard s.tar: truncated"),) * 32
-                         + (("s.tar", "k1", "bad jpeg"),) * 2)
+    report = EpochReport(
+        epoch=3,
+        bad=2,
+        lost=40,
+        entries=(("s.tar", None, "shard s.tar: truncated"),) * 32 + (("s.tar", "k1", "bad jpeg"),) * 2,
+    )
     text = str(report)
     assert "(x" not in text
     assert "(32 samples of this shard lost for this reason, of those counted above: each worker lists its first" in text

@@ -17,12 +17,15 @@ from shardify.reader.plan.resume import PlanOptions
 from shardify.reader.plan.simulate import rank_batches
 
 
-@pytest.mark.parametrize("total, weights, want", [
-    pytest.param(10, [3, 1, 0.5], [7, 2, 1], id="largest-remainder"),
-    pytest.param(4, [1, 1, 1], [2, 1, 1], id="ties-to-the-first"),
-    pytest.param(0, [2, 5], [0, 0], id="empty-epoch"),
-    pytest.param(1_000_000, [3, 1, 0.5], [666667, 222222, 111111], id="issue-example"),
-])
+@pytest.mark.parametrize(
+    "total, weights, want",
+    [
+        pytest.param(10, [3, 1, 0.5], [7, 2, 1], id="largest-remainder"),
+        pytest.param(4, [1, 1, 1], [2, 1, 1], id="ties-to-the-first"),
+        pytest.param(0, [2, 5], [0, 0], id="empty-epoch"),
+        pytest.param(1_000_000, [3, 1, 0.5], [666667, 222222, 111111], id="issue-example"),
+    ],
+)
 def test_stream_counts(total, weights, want):
     assert stream_counts(total, weights) == want
 
@@ -83,8 +86,13 @@ def test_the_issue_example_523_samples_at_300_an_epoch():
         assert len(set(two[:523])) == 523
 
 
-@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6).filter(lambda s: sum(s) > 0),
-       count=st.integers(1, 60), seed=st.integers(0, 2**32), shuffle=st.booleans(), cycle=st.integers(0, 50))
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6).filter(lambda s: sum(s) > 0),
+    count=st.integers(1, 60),
+    seed=st.integers(0, 2**32),
+    shuffle=st.booleans(),
+    cycle=st.integers(0, 50),
+)
 def test_walk_property_from_any_cycle_start(sizes, count, seed, shuffle, cycle):
     n, rest = sum(sizes), count % sum(sizes)
     per_cycle = n // math.gcd(n, rest) if rest else 1  # epochs until a pass and an epoch end together
@@ -98,7 +106,8 @@ def test_stream_zero_of_one_source_is_the_old_epoch_order():
     sizes = [4, 9, 1, 6]
     for e in range(4):
         assert tuple(stream_take(sizes, count=20, epoch=e, seed=3, shuffle=True)) == shard_sequence(
-            sizes, shard_order(4, seed=3, epoch=e))
+            sizes, shard_order(4, seed=3, epoch=e)
+        )
 
 
 def test_empty_stream_asked_for_samples_is_refused():

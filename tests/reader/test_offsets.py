@@ -45,23 +45,40 @@ def _index(root: Path) -> dict:
 
 @pytest.mark.parametrize("chunk", [None, 3], ids=["per-sample", "chunked"])
 @pytest.mark.parametrize("writer", ["ShardWriter", "convert_items", "cli listing"])
-def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, writer: str,
-                                                                 chunk: int | None) -> None:
+def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, writer: str, chunk: int | None) -> None:
     """Per sample, or in a chunked split per chunk (the tar samples of its shards)."""
     out = tmp_path / "out"
     if writer == "ShardWriter":
         _dataset(out, chunk)
     elif writer == "convert_items":
-        convert_items(range(N), _sample, out, samples_per_shard=100, workers=2, fsync=False, progress=False,
-                      chunk=chunk)
+        convert_items(
+            range(N), _sample, out, samples_per_shard=100, workers=2, fsync=False, progress=False, chunk=chunk
+        )
     else:
         from shardify.cli import main
 
         listing = tmp_path / "rows.jsonl"
-        listing.write_text("".join(json.dumps({"id": f"r{i:04d}", "label": i % 3, "text": "t" * (i % 90)}) + "\n"
-                                   for i in range(N)))
-        assert main(["convert", "listing", str(listing), str(out), "--samples-per-shard", str(2 * OFFSET_STRIDE + 5), "--quiet",
-                     "--no-fsync", "--workers", "2", *(["--chunk", str(chunk)] if chunk else [])]) == 0
+        listing.write_text(
+            "".join(json.dumps({"id": f"r{i:04d}", "label": i % 3, "text": "t" * (i % 90)}) + "\n" for i in range(N))
+        )
+        assert (
+            main(
+                [
+                    "convert",
+                    "listing",
+                    str(listing),
+                    str(out),
+                    "--samples-per-shard",
+                    str(2 * OFFSET_STRIDE + 5),
+                    "--quiet",
+                    "--no-fsync",
+                    "--workers",
+                    "2",
+                    *(["--chunk", str(chunk)] if chunk else []),
+                ]
+            )
+            == 0
+        )
     shards = _index(out)["shardlist"]
     assert len(shards) >= (1 if writer == "ShardWriter" else 2)
     assert _index(out)["shardify"].get("chunk") == chunk
@@ -75,8 +92,13 @@ def test_every_writer_lists_the_offset_of_every_strideth_sample(tmp_path: Path, 
 def _reader(root: Path, offsets: bool = True) -> tuple[ShardReader, int]:
     src = resolve_source(root)
     (shard,) = src.shards
-    return ShardReader([shard.url], [shard.nsamples], skip_damaged=False,
-                       offsets=[shard.offsets] if offsets else None, chunks=[shard.chunk]), shard.nsamples
+    return ShardReader(
+        [shard.url],
+        [shard.nsamples],
+        skip_damaged=False,
+        offsets=[shard.offsets] if offsets else None,
+        chunks=[shard.chunk],
+    ), shard.nsamples
 
 
 def _plain(items: list) -> list:
@@ -85,13 +107,23 @@ def _plain(items: list) -> list:
 
 
 S = OFFSET_STRIDE
-RANGES = [(0, 4), (S - 4, S + 4), (S - 2, 2 * S + 2), (S, S + 1), (2 * S - 1, 2 * S + 1), (3 * S - 2, N),
-          (N - 3, N), (0, 1), (5, 2 * S - 8)]
+RANGES = [
+    (0, 4),
+    (S - 4, S + 4),
+    (S - 2, 2 * S + 2),
+    (S, S + 1),
+    (2 * S - 1, 2 * S + 1),
+    (3 * S - 2, N),
+    (N - 3, N),
+    (0, 1),
+    (5, 2 * S - 8),
+]
 
 
 @pytest.mark.parametrize("chunk", [None, CHUNK], ids=["per-sample", "chunked"])
-def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(tmp_path: Path, monkeypatch,
-                                                                   chunk: int | None) -> None:
+def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(
+    tmp_path: Path, monkeypatch, chunk: int | None
+) -> None:
     """Chunked: the windows are of chunks, and the samples equal the per-sample layout's."""
     root = _dataset(tmp_path / "ds", chunk)
     plain, n = _reader(root, offsets=False)
@@ -128,7 +160,7 @@ def test_a_shard_that_does_not_match_its_offsets_is_scanned_whole(tmp_path: Path
     elif tamper == "last too early":
         offsets[-1] = every[-2]
     elif tamper == "past the end":
-        offsets[-1] = every[-1] + 10 ** 6
+        offsets[-1] = every[-1] + 10**6
     else:  # the file is not the one the index was written for
         size += 512
     reader = ShardReader([src.shards[0].url], [n], skip_damaged=False, offsets=[offsets], filesizes=[size])
@@ -139,12 +171,19 @@ def test_a_shard_that_does_not_match_its_offsets_is_scanned_whole(tmp_path: Path
 
 
 def test_the_index_refuses_offsets_that_cannot_be_right_and_omits_none() -> None:
-    entry = {"url": "a.tar", "nsamples": 2 * OFFSET_STRIDE + 2, "filesize": 10 ** 6, "sha256": ""}
+    entry = {"url": "a.tar", "nsamples": 2 * OFFSET_STRIDE + 2, "filesize": 10**6, "sha256": ""}
     assert "offsets" not in ShardEntry.from_json(entry, source="t").to_json()
     good = ShardEntry.from_json({**entry, "offsets": [0, 5000, 9000]}, source="t")
     assert good.to_json()["offsets"] == [0, 5000, 9000]
-    for bad in ([0, 5000], [1, 5000, 9000], [0, 9000, 5000], [0, 5000, 10 ** 6], [0, "x", 9000], "0",
-                [0, 5000, 9000, 9500]):
+    for bad in (
+        [0, 5000],
+        [1, 5000, 9000],
+        [0, 9000, 5000],
+        [0, 5000, 10**6],
+        [0, "x", 9000],
+        "0",
+        [0, 5000, 9000, 9500],
+    ):
         with pytest.raises(ManifestError, match="offsets"):
             ShardEntry.from_json({**entry, "offsets": bad}, source="t")
 
@@ -159,4 +198,5 @@ def test_verify_reports_an_index_whose_offsets_do_not_match(tmp_path: Path) -> N
     assert [p.message for p in report.problems] == [
         f"the index's offset of sample {2 * OFFSET_STRIDE} is "
         f"{json.loads((root / 'train.json').read_text())['shardlist'][0]['offsets'][2]}, "
-        f"the shard's is {json.loads((root / 'train.json').read_text())['shardlist'][0]['offsets'][2] - 512}"]
+        f"the shard's is {json.loads((root / 'train.json').read_text())['shardlist'][0]['offsets'][2] - 512}"
+    ]

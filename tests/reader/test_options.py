@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 
 import shardify.reader.dataset
-from shardify.reader import (BatchOptions, CacheOptions, DecodeOptions, ErrorOptions, ReadOptions, SamplingOptions,
-                             ShardedDataset, ShuffleOptions, Stream)
+from shardify.reader import (
+    BatchOptions,
+    CacheOptions,
+    DecodeOptions,
+    ErrorOptions,
+    ReadOptions,
+    SamplingOptions,
+    ShardedDataset,
+    ShuffleOptions,
+    Stream,
+)
 from shardify.reader.deprecated import OLD_KEYWORDS
 from shardify.reader.options import GROUPS
 
@@ -80,7 +89,9 @@ def test_an_old_keyword_warns_and_reads_as_its_group(counting_dataset, name):
         old = ShardedDataset(root, **common, **old_kw)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        new = ShardedDataset(root, **common, **{group: GROUPS[group](**{OLD_KEYWORDS[k][1]: v for k, v in old_kw.items()})})
+        new = ShardedDataset(
+            root, **common, **{group: GROUPS[group](**{OLD_KEYWORDS[k][1]: v for k, v in old_kw.items()})}
+        )
     assert old.options == new.options
     if name.startswith("cache_"):  # the cache is the source's, not the workers' options
         assert getattr(new.source.fetch, name) == old_kw[name]
@@ -100,10 +111,17 @@ def test_cache_keywords_reach_the_fetch_options(counting_dataset):
 def test_several_old_keywords_of_one_group_make_one_group(counting_dataset):
     root = counting_dataset([7, 2, 13])
     with pytest.warns(DeprecationWarning):
-        old = ShardedDataset(root, batch_size=3, shuffle=True, fields=("cls",), shuffle_buffer=5, shuffle_block=2,
-                             on_error="skip")
-    new = ShardedDataset(root, batch_size=3, shuffle=True, fields=("cls",),
-                         shuffling=ShuffleOptions(buffer=5, block=2), errors=ErrorOptions(on_error="skip"))
+        old = ShardedDataset(
+            root, batch_size=3, shuffle=True, fields=("cls",), shuffle_buffer=5, shuffle_block=2, on_error="skip"
+        )
+    new = ShardedDataset(
+        root,
+        batch_size=3,
+        shuffle=True,
+        fields=("cls",),
+        shuffling=ShuffleOptions(buffer=5, block=2),
+        errors=ErrorOptions(on_error="skip"),
+    )
     assert old.options == new.options
 
 
@@ -127,16 +145,19 @@ def test_a_group_of_the_wrong_type_is_named(counting_dataset):
         ShardedDataset(root, batch_size=2, shuffling=ErrorOptions())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("make, message", [
-    pytest.param(lambda: ShuffleOptions(buffer=0), "buffer=0", id="shuffle-buffer"),
-    pytest.param(lambda: ShuffleOptions(block=0), "block=0", id="shuffle-block"),
-    pytest.param(lambda: BatchOptions(bucket_buffer=0), "bucket_buffer=0", id="bucket-buffer"),
-    pytest.param(lambda: SamplingOptions(samples_per_epoch=-1), "samples_per_epoch=-1", id="samples"),
-    pytest.param(lambda: DecodeOptions(max_member_bytes=-1), "max_member_bytes=-1", id="member-bytes"),
-    pytest.param(lambda: ErrorOptions(on_error="warn"), "on_error='warn'", id="on-error"),  # type: ignore[arg-type]
-    pytest.param(lambda: CacheOptions(dir="c", limit_bytes=-1), "limit_bytes=-1", id="cache-limit"),
-    pytest.param(lambda: CacheOptions(limit_bytes=10), "needs dir=", id="cache-limit-without-dir"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        pytest.param(lambda: ShuffleOptions(buffer=0), "buffer=0", id="shuffle-buffer"),
+        pytest.param(lambda: ShuffleOptions(block=0), "block=0", id="shuffle-block"),
+        pytest.param(lambda: BatchOptions(bucket_buffer=0), "bucket_buffer=0", id="bucket-buffer"),
+        pytest.param(lambda: SamplingOptions(samples_per_epoch=-1), "samples_per_epoch=-1", id="samples"),
+        pytest.param(lambda: DecodeOptions(max_member_bytes=-1), "max_member_bytes=-1", id="member-bytes"),
+        pytest.param(lambda: ErrorOptions(on_error="warn"), "on_error='warn'", id="on-error"),  # type: ignore[arg-type]
+        pytest.param(lambda: CacheOptions(dir="c", limit_bytes=-1), "limit_bytes=-1", id="cache-limit"),
+        pytest.param(lambda: CacheOptions(limit_bytes=10), "needs dir=", id="cache-limit-without-dir"),
+    ],
+)
 def test_each_group_checks_its_values(make, message):
     with pytest.raises(ValueError, match=message):
         make()
@@ -173,10 +194,16 @@ def test_an_old_keyword_fails_the_test_suite_and_other_deprecations_do_not(count
     with pytest.raises(DeprecationWarning, match=r"shuffle_buffer= -> shuffling=ShuffleOptions\(buffer=\.\.\.\)"):
         ShardedDataset(root, batch_size=2, shuffle_buffer=4)
     with warnings.catch_warnings(record=True) as seen:
-        warnings.warn_explicit("old_api() is deprecated", DeprecationWarning, "thirdparty/api.py", 1,
-                               module="thirdparty.api")
-        warnings.warn_explicit("torch.old_api() is deprecated", DeprecationWarning, shardify.reader.dataset.__file__,
-                               1, module="shardify.reader.dataset")
+        warnings.warn_explicit(
+            "old_api() is deprecated", DeprecationWarning, "thirdparty/api.py", 1, module="thirdparty.api"
+        )
+        warnings.warn_explicit(
+            "torch.old_api() is deprecated",
+            DeprecationWarning,
+            shardify.reader.dataset.__file__,
+            1,
+            module="shardify.reader.dataset",
+        )
     assert [w.category for w in seen] == [DeprecationWarning, DeprecationWarning]
 
 
@@ -222,11 +249,15 @@ def test_a_flat_record_is_checked_by_its_group_with_the_group_message(flat, grou
     assert "self." not in str(by_group.value)  # the value, not the code that holds it
 
 
-@pytest.mark.parametrize("flat, message", [
-    pytest.param({"batch_size": 0}, "batch_size=0 should be >= 1", id="batch-size"),
-    pytest.param({"batch_size": 2, "fields": ("cls",), "map": dict}, "fields=... or map=..., not both",
-                 id="fields-map"),
-])
+@pytest.mark.parametrize(
+    "flat, message",
+    [
+        pytest.param({"batch_size": 0}, "batch_size=0 should be >= 1", id="batch-size"),
+        pytest.param(
+            {"batch_size": 2, "fields": ("cls",), "map": dict}, "fields=... or map=..., not both", id="fields-map"
+        ),
+    ],
+)
 def test_the_flat_record_checks_the_dataset_keywords(flat, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ReadOptions(**flat)
@@ -234,12 +265,31 @@ def test_the_flat_record_checks_the_dataset_keywords(flat, message):
 
 def test_the_groups_of_a_flat_record_build_it_again():
     """``ReadOptions.groups`` is the inverse of ``from_groups``: no field is lost or crossed."""
-    opts = ReadOptions(batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None, fields=("cls",),
-                       collate_fn=list, shuffle_buffer=5, shuffle_block=2, bucket_length=_length, bucket_buffer=6,
-                       on_error="skip", allow_pickle=True, verify=True, samples_per_epoch=15, mark_repeats=True,
-                       max_member_bytes=4096)
-    assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ReadOptions)
-               if f.name not in ("transform", "map", "batch_size"))  # every grouped field off its default
-    again = ReadOptions.from_groups(batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None,
-                                    fields=("cls",), map=None, **opts.groups())
+    opts = ReadOptions(
+        batch_size=3,
+        shuffle=True,
+        seed=9,
+        drop_last=True,
+        transform=None,
+        fields=("cls",),
+        collate_fn=list,
+        shuffle_buffer=5,
+        shuffle_block=2,
+        bucket_length=_length,
+        bucket_buffer=6,
+        on_error="skip",
+        allow_pickle=True,
+        verify=True,
+        samples_per_epoch=15,
+        mark_repeats=True,
+        max_member_bytes=4096,
+    )
+    assert all(
+        getattr(opts, f.name) != f.default
+        for f in dataclasses.fields(ReadOptions)
+        if f.name not in ("transform", "map", "batch_size")
+    )  # every grouped field off its default
+    again = ReadOptions.from_groups(
+        batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None, fields=("cls",), map=None, **opts.groups()
+    )
     assert again == opts

@@ -47,13 +47,16 @@ def test_a_copy_for_a_new_process_has_no_iteration_and_refuses_a_place_loaded_he
         copy.take()
 
 
-@pytest.mark.parametrize("place, epoch, total, expected", [
-    pytest.param(at(1, 4), 1, 6, at(1, 4), id="same-epoch"),
-    pytest.param(at(1, 6), 1, 6, at(1, 6), id="same-epoch-finished"),
-    pytest.param(at(1, 6), 2, 6, None, id="other-epoch-finished"),
-    pytest.param(at(1, 4), 2, 6, "call set_epoch\\(1\\) before iterating", id="other-epoch-unfinished"),
-    pytest.param(at(1, 7), 1, 6, "7 batches of epoch 1 .* whose share has 6", id="more-than-the-share"),
-])
+@pytest.mark.parametrize(
+    "place, epoch, total, expected",
+    [
+        pytest.param(at(1, 4), 1, 6, at(1, 4), id="same-epoch"),
+        pytest.param(at(1, 6), 1, 6, at(1, 6), id="same-epoch-finished"),
+        pytest.param(at(1, 6), 2, 6, None, id="other-epoch-finished"),
+        pytest.param(at(1, 4), 2, 6, "call set_epoch\\(1\\) before iterating", id="other-epoch-unfinished"),
+        pytest.param(at(1, 7), 1, 6, "7 batches of epoch 1 .* whose share has 6", id="more-than-the-share"),
+    ],
+)
 def test_which_iteration_a_loaded_place_resumes(place, epoch, total, expected):
     if isinstance(expected, str):
         with pytest.raises(ValueError, match=expected):

@@ -64,10 +64,12 @@ def reference_take(sizes, *, count, epoch, seed, shuffle, stream=0, offset=0):
         return out
     passes, rest = divmod(count, n)
     for j in range(passes):
-        pass_seed = (seed if stream == 0 else derive_seed("cycle", seed, stream)) if j == 0 else derive_seed(
-            "pass", seed, stream, j)
-        reference_whole(sizes, shard_order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), offset, 0, n,
-                        out)
+        pass_seed = (
+            (seed if stream == 0 else derive_seed("cycle", seed, stream))
+            if j == 0
+            else derive_seed("pass", seed, stream, j)
+        )
+        reference_whole(sizes, shard_order(len(sizes), seed=pass_seed, epoch=epoch, shuffle=shuffle), offset, 0, n, out)
     if rest:  # positions [e r, (e + 1) r) of one pass read round and round; a new pass each lcm(n, r)
         lo = epoch * rest
         cycle = lo // math.lcm(n, rest)
@@ -89,11 +91,13 @@ SIZES = [
 
 SEQUENCES = {
     "shards-in-order": lambda sizes: epoch_sequence([sizes], counts=None, seed=0, epoch=0, shuffle=False, block=3),
-    "shards-shuffled": lambda sizes: epoch_sequence([sizes], counts=None, seed=5, epoch=2, shuffle=True, block=3,
-                                                    interleave=False),
+    "shards-shuffled": lambda sizes: epoch_sequence(
+        [sizes], counts=None, seed=5, epoch=2, shuffle=True, block=3, interleave=False
+    ),
     "blocks-of-3": lambda sizes: epoch_sequence([sizes], counts=None, seed=5, epoch=2, shuffle=True, block=3),
-    "two-streams-oversampled": lambda sizes: epoch_sequence([sizes, [3, 0, 2]], counts=[2 * sum(sizes) + 1, 4],
-                                                            seed=1, epoch=3, shuffle=True, block=2),
+    "two-streams-oversampled": lambda sizes: epoch_sequence(
+        [sizes, [3, 0, 2]], counts=[2 * sum(sizes) + 1, 4], seed=1, epoch=3, shuffle=True, block=2
+    ),
     # ranges that continue each other and empty ones: merging and skipping must match
     "hand-made": lambda sizes: ((0, 0, 2), (0, 2, 5), (1, 3, 3), (2, 1, 4), (0, 5, 6), (3, 0, 0)),
 }
@@ -107,8 +111,9 @@ def test_plan_worker_equals_the_reference(sizes, kind, drop_last):
     starts = sequence_starts(seq)
     for world, workers, batch_size in itertools.product((1, 2, 3, 7), (1, 2, 3), (1, 2, 5, 64)):
         for rank, worker in itertools.product(range(world), range(workers)):
-            kw = dict(rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size,
-                      drop_last=drop_last)
+            kw = dict(
+                rank=rank, world=world, worker=worker, workers=workers, batch_size=batch_size, drop_last=drop_last
+            )
             want = reference_plan(seq, **kw)
             assert plan_worker(seq, **kw) == want, kw
             assert plan_worker(seq, starts=starts, **kw) == want, kw
@@ -118,8 +123,9 @@ def test_plan_worker_equals_the_reference(sizes, kind, drop_last):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_stream_take_equals_the_reference(sizes, shuffle):
     n = sum(sizes)
-    for count, epoch, stream, offset in itertools.product((0, 1, n - 1, n, n + 2, 3 * n + 5), (0, 1, 4), (0, 2),
-                                                          (0, 10)):
+    for count, epoch, stream, offset in itertools.product(
+        (0, 1, n - 1, n, n + 2, 3 * n + 5), (0, 1, 4), (0, 2), (0, 10)
+    ):
         if count < 0 or (count and not n):
             continue
         kw = dict(count=count, epoch=epoch, seed=7, shuffle=shuffle, stream=stream, offset=offset)
@@ -139,8 +145,7 @@ def test_starts_are_prefix_sums_and_bad_ranges_are_named():
 def test_starts_of_another_sequence_are_refused():
     seq = ((0, 0, 2), (1, 0, 3))
     with pytest.raises(ValueError, match="starts has 2 entries, should be 3"):
-        plan_worker(seq, rank=0, world=1, worker=0, workers=1, batch_size=1, drop_last=False,
-                    starts=np.array([0, 2]))
+        plan_worker(seq, rank=0, world=1, worker=0, workers=1, batch_size=1, drop_last=False, starts=np.array([0, 2]))
 
 
 def reference_interleave(takes, *, block, seed, epoch):
@@ -153,7 +158,7 @@ def reference_interleave(takes, *, block, seed, epoch):
     out = []
     for p in perm.tolist():
         first = p * block
-        for s, i in flat[first:first + block]:
+        for s, i in flat[first : first + block]:
             if out and out[-1][0] == s and out[-1][2] == i and len(out[-1]) == 4 and out[-1][3] == p:
                 out[-1] = (s, out[-1][1], i + 1, p)
             else:

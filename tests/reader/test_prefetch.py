@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, ShardedDataset, make_loader
 from shardify.errors import SampleError
+from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DECODE_AHEAD, resolve_device
 from shardify.reader.sample.device_plan import EncodedBatch
@@ -16,8 +16,9 @@ from shardify.reader.sample.device_plan import EncodedBatch
 
 def batches(n: int = 3):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8, generator=g), torch.arange(2) + i)
-            for i in range(n)]
+    return [
+        (torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8, generator=g), torch.arange(2) + i) for i in range(n)
+    ]
 
 
 def expected(x: torch.Tensor) -> torch.Tensor:
@@ -37,10 +38,10 @@ def test_normalises_images_and_moves_everything_else_as_is():
 
 def test_bf16_channels_last_and_plain_scaling():
     x, _ = batches(1)[0]
-    (xo, _), = DevicePrefetcher([(x, 0)], device="cpu", dtype=torch.bfloat16, channels_last=True)
+    ((xo, _),) = DevicePrefetcher([(x, 0)], device="cpu", dtype=torch.bfloat16, channels_last=True)
     assert xo.dtype == torch.bfloat16 and xo.is_contiguous(memory_format=torch.channels_last)
     assert torch.allclose(xo.float(), expected(x), atol=0.03)
-    (xs,), = DevicePrefetcher([(x,)], device="cpu", normalize=False)
+    ((xs,),) = DevicePrefetcher([(x,)], device="cpu", normalize=False)
     assert torch.allclose(xs, x.float() / 255)
     with pytest.raises(ValueError, match="floating point"):
         DevicePrefetcher([], device="cpu", dtype=torch.int32)
@@ -48,14 +49,18 @@ def test_bf16_channels_last_and_plain_scaling():
 
 def test_nested_structures_and_non_image_tensors():
     x, y = batches(1)[0]
-    (out,) = DevicePrefetcher([{"img": x, "tokens": torch.zeros(2, 7, dtype=torch.uint8), "meta": ["a"]}],
-                              device="cpu")
+    (out,) = DevicePrefetcher([{"img": x, "tokens": torch.zeros(2, 7, dtype=torch.uint8), "meta": ["a"]}], device="cpu")
     assert out["img"].dtype == torch.float32 and out["tokens"].dtype == torch.uint8 and out["meta"] == ["a"]
 
 
 def test_make_loader_end_to_end_with_two_workers(image_dataset):
-    ds = ShardedDataset(image_dataset, batch_size=4, shuffle=True, drop_last=True,
-                        transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()]))
+    ds = ShardedDataset(
+        image_dataset,
+        batch_size=4,
+        shuffle=True,
+        drop_last=True,
+        transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()]),
+    )
     loader = make_loader(ds, num_workers=2, device="cpu", channels_last=True)
     assert loader.dataloader.persistent_workers and not loader.dataloader.pin_memory
     for epoch in range(2):
@@ -77,13 +82,21 @@ def test_cuda_without_cuda_is_a_clear_error(image_dataset):
 
 # The decode thread (device decode): the same code on CPU tensors, with a stand-in decoder.
 
+
 def _encoded(i: int, n: int = 2) -> EncodedBatch:
     """A stand-in EncodedBatch whose ``data`` carries the batch number."""
-    return EncodedBatch(data=torch.full((n,), i, dtype=torch.uint8), offsets=torch.arange(n + 1),
-                        boxes=torch.zeros(n, 4, dtype=torch.float64), bounds=torch.zeros(n, 4, dtype=torch.float64),
-                        flips=torch.zeros(n, dtype=torch.bool), pixels=torch.empty(0, 3, 4, 4, dtype=torch.uint8),
-                        pixel_rows=torch.empty(0, dtype=torch.int64), size=(4, 4),
-                        shards=["s"] * n, keys=[f"k{i}-{j}" for j in range(n)])
+    return EncodedBatch(
+        data=torch.full((n,), i, dtype=torch.uint8),
+        offsets=torch.arange(n + 1),
+        boxes=torch.zeros(n, 4, dtype=torch.float64),
+        bounds=torch.zeros(n, 4, dtype=torch.float64),
+        flips=torch.zeros(n, dtype=torch.bool),
+        pixels=torch.empty(0, 3, 4, 4, dtype=torch.uint8),
+        pixel_rows=torch.empty(0, dtype=torch.int64),
+        size=(4, 4),
+        shards=["s"] * n,
+        keys=[f"k{i}-{j}" for j in range(n)],
+    )
 
 
 def _images(batch: EncodedBatch) -> torch.Tensor:
@@ -105,8 +118,9 @@ def test_decode_runs_in_its_own_thread_in_order_and_ahead_of_the_loop():
         return _images(batch), None
 
     got = []
-    for images, labels in DevicePrefetcher([(_encoded(i), torch.tensor([i, i])) for i in range(6)],
-                                           device="cpu", normalize=False, decode=decode):
+    for images, labels in DevicePrefetcher(
+        [(_encoded(i), torch.tensor([i, i])) for i in range(6)], device="cpu", normalize=False, decode=decode
+    ):
         got.append((int(images[0, 0, 0, 0] * 255 + 0.5), labels.tolist()))
         has_zero.set()
     assert got == [(i, [i, i]) for i in range(6)]

@@ -19,10 +19,10 @@ import torch
 from shardify.convert import ShardWriter, convert_items
 from shardify.errors import LocationError, ShardFormatError
 from shardify.reader import CacheOptions, ErrorOptions, SamplingOptions, ShardedDataset, make_loader
+from shardify.reader.io.sources import resolve_source
+from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.tarfmt import OFFSET_STRIDE
-from shardify.remote import RetryPolicy, ShardFetchError
-from shardify.reader.io.sources import resolve_source
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")
 rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
@@ -53,8 +53,9 @@ def _point_shard(index: Path, url: str) -> None:
     index.write_text(json.dumps(obj))
 
 
-@pytest.mark.parametrize("where", ["../other/{name}", "file://{root}/other/{name}", "%2e%2e/other/{name}",
-                                   "http://localhost:1/ds/{name}"])
+@pytest.mark.parametrize(
+    "where", ["../other/{name}", "file://{root}/other/{name}", "%2e%2e/other/{name}", "http://localhost:1/ds/{name}"]
+)
 def test_a_remote_index_cannot_send_the_reader_elsewhere(www, where):
     index = www / "ds" / "train.json"
     name = json.loads(index.read_text())["shardlist"][1]["url"]
@@ -76,15 +77,18 @@ def test_a_local_index_stays_in_its_folder_and_relative_shards_still_resolve(www
     assert resolve_source(www / "ds" / "train.json").num_samples == 40
     with rangeserver.serve(www) as (base, _):
         assert resolve_source(f"{base}/ds").num_samples == 40
-    _point_shard(www / "ds" / "train.json", "../other/" + json.loads((www / "ds" / "train.json").read_text())
-                 ["shardlist"][1]["url"])
+    _point_shard(
+        www / "ds" / "train.json",
+        "../other/" + json.loads((www / "ds" / "train.json").read_text())["shardlist"][1]["url"],
+    )
     with pytest.raises(LocationError, match="refuses to read"):
         resolve_source(www / "ds" / "train.json")
 
 
 def _epoch(spec, *, cache=None, epoch_of=None, **kw) -> list[tuple[str, ...]]:
-    ds = ShardedDataset(spec, batch_size=4, shuffle=True, seed=3, fields=("__key__", "txt"),
-                        cache=cache or CacheOptions(), **kw)
+    ds = ShardedDataset(
+        spec, batch_size=4, shuffle=True, seed=3, fields=("__key__", "txt"), cache=cache or CacheOptions(), **kw
+    )
     ds.set_epoch(1)
     return [tuple(k for k in b[0]) for b in ds]
 
@@ -99,8 +103,15 @@ def test_every_writer_lists_each_sample_s_length_and_digest(tmp_path, writer):
     if writer == "ShardWriter":
         _dataset(out, n=21, per_shard=8)
     else:
-        convert_items(range(21), lambda i: {"txt": "y" * (i * 53 % 900), "cls": i % 3}, out, samples_per_shard=8,
-                      workers=2, fsync=False, progress=False)
+        convert_items(
+            range(21),
+            lambda i: {"txt": "y" * (i * 53 % 900), "cls": i % 3},
+            out,
+            samples_per_shard=8,
+            workers=2,
+            fsync=False,
+            progress=False,
+        )
     index = json.loads((out / "train.json").read_text())
     assert [e["nsamples"] for e in index["shardlist"]] == [8, 8, 5]
     for e in index["shardlist"]:
@@ -149,7 +160,7 @@ def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www)
     with rangeserver.serve(www) as (base, _):
         with pytest.raises(ShardFormatError) as e:
             _epoch(f"{base}/ds")
-    assert e.value.shard.endswith(entry["url"]) and e.value.key == "%09d" % 19
+    assert e.value.shard.endswith(entry["url"]) and e.value.key == f"{19:09d}"
     assert "checksum" in str(e.value)
 
 
@@ -159,8 +170,15 @@ def _node(spec: str, rank: int, world: int, cache: str, stop_after: int | None, 
     try:
         torch.set_num_threads(1)  # a forked child must not enter the OpenMP pool its parent started
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
-        ds = ShardedDataset(spec, batch_size=4, shuffle=True, seed=3, fields=("__key__", "__valid__"),
-                            cache=CacheOptions(dir=cache, limit_bytes=4096), sampling=SamplingOptions(mark_repeats=True))
+        ds = ShardedDataset(
+            spec,
+            batch_size=4,
+            shuffle=True,
+            seed=3,
+            fields=("__key__", "__valid__"),
+            cache=CacheOptions(dir=cache, limit_bytes=4096),
+            sampling=SamplingOptions(mark_repeats=True),
+        )
         keys: list[str] = []
         with make_loader(ds, num_workers=0) as loader:
             if state is not None:
@@ -215,10 +233,13 @@ def test_nodes_fetch_their_share_read_exactly_once_and_resume_on_another_world(w
     assert 8 <= len(head) <= 12 and sorted(head + rest) == [f"{i:09d}" for i in range(40)]
 
 
-@pytest.mark.parametrize(("fault", "message"), [
-    pytest.param({"short": 100}, "shorter range", id="short-range"),
-    pytest.param({"drop_after": 100}, "connection closed after 100 of", id="dropped-mid-range"),
-])
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        pytest.param({"short": 100}, "shorter range", id="short-range"),
+        pytest.param({"drop_after": 100}, "connection closed after 100 of", id="dropped-mid-range"),
+    ],
+)
 def test_a_short_or_dropped_range_is_retried_then_refused(www, fault, message):
     local = _epoch(www / "ds")
     with rangeserver.serve(www) as (base, served):

@@ -14,12 +14,10 @@ from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.pixels import encode_ppm
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader import transforms as T
-from shardify.reader.sample import decode
 from shardify.reader.sample import transforms as transforms_module
 from shardify.reader.sample.decode import DecodeError, decode_image
-from shardify.reader import ShuffleOptions
 
 SIZES = ((120, 90), (90, 120), (100, 100), (61, 47))
 
@@ -43,8 +41,9 @@ TRANSFORMS = {
     "eval": lambda: T.ResizeCenterCrop(resize=72, crop=64),
     "eval-at-stored-size": lambda: T.ResizeCenterCrop(resize=90, crop=64),
     "jitter": lambda: T.ScaleJitter(min_size=64, max_size=120, crop=48),
-    "train-colour": lambda: T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(),
-                                       T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)]),
+    "train-colour": lambda: T.Compose(
+        [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)]
+    ),
 }
 
 
@@ -101,8 +100,14 @@ def test_raw_pixels_are_never_decoded(monkeypatch) -> None:
     """No Pillow, no libjpeg: the crop transforms and the whole-image path view the bytes."""
     data = [ppm(k) for k in range(8)]
     train, evaluate = T.imagenet_train(64), T.ResizeCenterCrop(resize=90, crop=64)
-    want = [(T.run_image_transform(train, d, rng=random.Random(k)), T.run_image_transform(evaluate, d, rng=random.Random(k)),
-             T.run_image_transform(None, d, rng=random.Random(k))) for k, d in enumerate(data)]
+    want = [
+        (
+            T.run_image_transform(train, d, rng=random.Random(k)),
+            T.run_image_transform(evaluate, d, rng=random.Random(k)),
+            T.run_image_transform(None, d, rng=random.Random(k)),
+        )
+        for k, d in enumerate(data)
+    ]
 
     def refuse(*_a, **_k) -> None:
         raise AssertionError("a raw image was decoded")
@@ -111,8 +116,11 @@ def test_raw_pixels_are_never_decoded(monkeypatch) -> None:
         monkeypatch.setattr(transforms_module, name, refuse)
     monkeypatch.setattr(Image, "open", refuse)
     for k, d in enumerate(data):
-        got = (T.run_image_transform(train, d, rng=random.Random(k)), T.run_image_transform(evaluate, d, rng=random.Random(k)),
-               T.run_image_transform(None, d, rng=random.Random(k)))
+        got = (
+            T.run_image_transform(train, d, rng=random.Random(k)),
+            T.run_image_transform(evaluate, d, rng=random.Random(k)),
+            T.run_image_transform(None, d, rng=random.Random(k)),
+        )
         assert all(torch.equal(a, b) for a, b in zip(got, want[k]))
 
 
@@ -131,7 +139,8 @@ def test_no_warning_and_the_members_bytes_are_left_alone() -> None:
         "from shardify.pixels import encode_ppm\n"
         "from shardify.reader import transforms as T\n"
         "data = encode_ppm(natural_image(120, 90, seed=1)); before = bytes(data)\n"
-        "for t in (T.imagenet_train(64), T.ResizeCenterCrop(resize=90, crop=64), T.RandomResizedCrop(90, scale=(1, 1)), None):\n"
+        "for t in (T.imagenet_train(64), T.ResizeCenterCrop(resize=90, crop=64), "
+        "T.RandomResizedCrop(90, scale=(1, 1)), None):\n"
         "    for k in range(20):\n"
         "        T.run_image_transform(t, data, rng=random.Random(k)).fill_(0)\n"
         "assert data == before\n"
@@ -171,8 +180,16 @@ def raw_dataset(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 def _dataset(root, **kw) -> ShardedDataset:  # noqa: ANN001
-    return ShardedDataset(root, batch_size=3, shuffle=True, seed=11, transform=T.imagenet_train(32),
-                          shuffling=ShuffleOptions(buffer=5, block=2), drop_last=True, **kw)
+    return ShardedDataset(
+        root,
+        batch_size=3,
+        shuffle=True,
+        seed=11,
+        transform=T.imagenet_train(32),
+        shuffling=ShuffleOptions(buffer=5, block=2),
+        drop_last=True,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])

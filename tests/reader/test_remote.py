@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import errno
 import gzip
-import json
 import hashlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -27,15 +27,15 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.synth import make_imagefolder
+from shardify.convert.write.run import convert_imagefolder
 from shardify.errors import ManifestError, ShardFormatError
 from shardify.reader import CacheOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.io.cache import FetchOptions, ShardCache, shard_cache
-from shardify.remote import RetryPolicy, ShardFetchError, join_url
 from shardify.reader.io.sources import Source, resolve_source
 from shardify.reader.io.stream import ShardReader
+from shardify.remote import RetryPolicy, ShardFetchError, join_url
 
 FAST = RetryPolicy(retries=3, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, chunk_bytes=1024)
 NAMES: list[str] = []
@@ -154,8 +154,9 @@ def server(dataset: Path) -> Iterator[tuple[str, Faults]]:
 
 def keys_of(source: Source, *, opener: Any = None) -> list[list[str]]:
     """Every shard's keys, read whole through a ShardReader (as a worker does)."""
-    reader = ShardReader([s.url for s in source.shards], source.sizes, skip_damaged=False,
-                         opener=opener or source.open_tar)
+    reader = ShardReader(
+        [s.url for s in source.shards], source.sizes, skip_damaged=False, opener=opener or source.open_tar
+    )
     try:
         return [[str(x["__key__"]) for x in reader.read(i, 0, n)] for i, n in enumerate(source.sizes)]
     finally:
@@ -166,8 +167,15 @@ def test_an_epoch_over_http_matches_the_local_one_batch_for_batch(dataset, serve
     url, faults = server
 
     def batches(where: str) -> list[tuple[Any, ...]]:
-        ds = ShardedDataset(where, split="train", batch_size=4, shuffle=True, seed=3, shuffling=ShuffleOptions(block=2),
-                            transform=T.ResizeCenterCrop(resize=24, crop=16))
+        ds = ShardedDataset(
+            where,
+            split="train",
+            batch_size=4,
+            shuffle=True,
+            seed=3,
+            shuffling=ShuffleOptions(block=2),
+            transform=T.ResizeCenterCrop(resize=24, crop=16),
+        )
         ds.set_epoch(1)
         return [tuple(batch) for batch in make_loader(ds, num_workers=2)]
 
@@ -212,8 +220,11 @@ def test_dropped_connection_resumes_with_range_and_same_samples(dataset, server,
 def test_wrong_content_range_is_refused(server):
     url, faults = server
     faults.drop[SHARD], faults.wrong_range = 3000, True
-    with pytest.raises(ShardFetchError, match=r"Range bytes=3000-, the server answered 206 with "
-                                              r"Content-Range 'bytes 2999-\d+/\d+'"):
+    with pytest.raises(
+        ShardFetchError,
+        match=r"Range bytes=3000-, the server answered 206 with "
+        r"Content-Range 'bytes 2999-\d+/\d+'",
+    ):
         keys_of(resolve_source(url, retry=FAST))
 
 
@@ -235,11 +246,14 @@ def test_server_that_ignores_range_restarts_the_shard_without_duplicates(dataset
     assert [s for _, s in faults.gets(SHARD)] == [200, 200] and faults.gets(SHARD)[1][0] is not None
 
 
-@pytest.mark.parametrize(("status", "attempts", "cause"), [
-    pytest.param(503, 4, "gave up after 4 attempts.*HTTP 503", id="5xx-retried"),
-    pytest.param(429, 4, "gave up after 4 attempts.*HTTP 429", id="429-retried"),
-    pytest.param(403, 1, "cannot fetch: HTTP 403", id="4xx-at-once"),
-])
+@pytest.mark.parametrize(
+    ("status", "attempts", "cause"),
+    [
+        pytest.param(503, 4, "gave up after 4 attempts.*HTTP 503", id="5xx-retried"),
+        pytest.param(429, 4, "gave up after 4 attempts.*HTTP 429", id="429-retried"),
+        pytest.param(403, 1, "cannot fetch: HTTP 403", id="4xx-at-once"),
+    ],
+)
 def test_failing_server_gives_a_clear_error_after_the_budget(server, status, attempts, cause):
     url, faults = server
     src = resolve_source(url, retry=FAST)
@@ -381,13 +395,16 @@ def test_fsspec_url_reads_like_local(dataset):
         fs.rm("/remote-test", recursive=True)
 
 
-@pytest.mark.parametrize(("base", "relative", "want"), [
-    pytest.param("http://h/ds/train.json", "train-000000.tar", "http://h/ds/train-000000.tar", id="http"),
-    pytest.param("https://h/a/b/x.json", "../s.tar", "https://h/a/s.tar", id="http-parent"),
-    pytest.param("s3://bucket/ds/train.json", "train-000000.tar", "s3://bucket/ds/train-000000.tar", id="s3"),
-    pytest.param("s3://bucket/ds/train.json", "sub/../x.tar", "s3://bucket/ds/x.tar", id="s3-dots"),
-    pytest.param("http://h/ds/train.json", "s3://other/x.tar", "s3://other/x.tar", id="absolute"),
-])
+@pytest.mark.parametrize(
+    ("base", "relative", "want"),
+    [
+        pytest.param("http://h/ds/train.json", "train-000000.tar", "http://h/ds/train-000000.tar", id="http"),
+        pytest.param("https://h/a/b/x.json", "../s.tar", "https://h/a/s.tar", id="http-parent"),
+        pytest.param("s3://bucket/ds/train.json", "train-000000.tar", "s3://bucket/ds/train-000000.tar", id="s3"),
+        pytest.param("s3://bucket/ds/train.json", "sub/../x.tar", "s3://bucket/ds/x.tar", id="s3-dots"),
+        pytest.param("http://h/ds/train.json", "s3://other/x.tar", "s3://other/x.tar", id="absolute"),
+    ],
+)
 def test_shard_urls_are_relative_to_the_index(base, relative, want):
     assert join_url(base, relative) == want
 
@@ -403,9 +420,16 @@ def test_options_are_checked():
 
 def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset, server, tmp_path):
     url, faults = server
-    ds = ShardedDataset(url, split="train", batch_size=4, shuffle=True, seed=0, shuffling=ShuffleOptions(block=2),
-                        transform=T.ResizeCenterCrop(resize=24, crop=16),
-                        cache=CacheOptions(dir=tmp_path / "cache", ranged=False))
+    ds = ShardedDataset(
+        url,
+        split="train",
+        batch_size=4,
+        shuffle=True,
+        seed=0,
+        shuffling=ShuffleOptions(block=2),
+        transform=T.ResizeCenterCrop(resize=24, crop=16),
+        cache=CacheOptions(dir=tmp_path / "cache", ranged=False),
+    )
     loader = make_loader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -418,18 +442,32 @@ def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset
 def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, server):
     url, faults = server
     faults.fail[SHARD] = 503
-    ds = ShardedDataset(resolve_source(url, retry=FAST), batch_size=4, errors=ErrorOptions(on_error="skip"),
-                        transform=T.ResizeCenterCrop(resize=24, crop=16))
+    ds = ShardedDataset(
+        resolve_source(url, retry=FAST),
+        batch_size=4,
+        errors=ErrorOptions(on_error="skip"),
+        transform=T.ResizeCenterCrop(resize=24, crop=16),
+    )
     batches = list(ds)
     assert len(batches) == len(ds) == 5
     report = ds.last_epoch_report
     assert report.lost == 4 and any(SHARD in shard and "503" in why for shard, _, why in report.entries)
 
 
-@pytest.mark.parametrize("spec", [
-    "{path}", "{path}/manifest.json", "{path}/train.json", "file://{path}", "file://{path}/train.json",
-    "{url}", "{url}/", "{url}/manifest.json", "{url}/train.json",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "{path}",
+        "{path}/manifest.json",
+        "{path}/train.json",
+        "file://{path}",
+        "file://{path}/train.json",
+        "{url}",
+        "{url}/",
+        "{url}/manifest.json",
+        "{url}/train.json",
+    ],
+)
 def test_info_and_verify_accept_what_the_reader_accepts(dataset, server, spec, capsys):
     from shardify.cli import main
 
@@ -486,11 +524,19 @@ def test_a_full_disk_names_the_shard_and_the_cache_and_leaves_no_entry(dataset, 
     info = src.shards[1]
     if where == "write":
         real_open = open
-        monkeypatch.setattr(cache_mod, "open", lambda p, mode="r", *a, **k: _FullDisk(real_open(p, mode, *a, **k), 700)
-                            if ".part-" in str(p) else real_open(p, mode, *a, **k), raising=False)
+        monkeypatch.setattr(
+            cache_mod,
+            "open",
+            lambda p, mode="r", *a, **k: (
+                _FullDisk(real_open(p, mode, *a, **k), 700) if ".part-" in str(p) else real_open(p, mode, *a, **k)
+            ),
+            raising=False,
+        )
     else:
+
         def fsync(fd: int) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         monkeypatch.setattr(cache_mod.os, "fsync", fsync)
     with pytest.raises(ShardFetchError) as caught:
         src.open_tar(info.url)
@@ -516,11 +562,13 @@ def test_the_old_module_path_is_a_deprecated_alias_of_shardify_remote() -> None:
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            "try:\n    import shardify.reader.io.remote\nexcept DeprecationWarning as e:\n    print('warned:', e)\n"
-            "warnings.simplefilter('ignore')\n"
-            "import shardify.reader.io.remote as old, shardify.remote as new\n"
-            "print(old.RetryPolicy is new.RetryPolicy and old.fetch_range is new.fetch_range)")
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import shardify.reader.io.remote\nexcept DeprecationWarning as e:\n    print('warned:', e)\n"
+        "warnings.simplefilter('ignore')\n"
+        "import shardify.reader.io.remote as old, shardify.remote as new\n"
+        "print(old.RetryPolicy is new.RetryPolicy and old.fetch_range is new.fetch_range)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "warned: shardify.reader.io.remote is deprecated: import from shardify.remote" in out
     assert out.strip().endswith("True")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, ShuffleOptions, make_loader
 from shardify.reader.delivery.state import seal_state
-from shardify.reader import BatchOptions, SamplingOptions, ShuffleOptions
 
 
 class CountingCrop:
@@ -33,8 +32,15 @@ def calls(log: Path) -> int:
 
 
 def dataset(root, log: Path, **kw) -> ShardedDataset:
-    return ShardedDataset(root, batch_size=3, shuffle=True, seed=11, transform=CountingCrop(log),
-                          shuffling=ShuffleOptions(buffer=5, block=2), **kw)
+    return ShardedDataset(
+        root,
+        batch_size=3,
+        shuffle=True,
+        seed=11,
+        transform=CountingCrop(log),
+        shuffling=ShuffleOptions(buffer=5, block=2),
+        **kw,
+    )
 
 
 def same(a, b) -> bool:
@@ -108,7 +114,13 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
     root = shards.write_dataset(tmp_path / "b", [samples[:25], samples[25:]])
 
     def make():
-        ds = ShardedDataset(root, batch_size=4, fields=("txt",), batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=12), shuffle=True)
+        ds = ShardedDataset(
+            root,
+            batch_size=4,
+            fields=("txt",),
+            batching=BatchOptions(collate_fn=list, bucket_length=len, bucket_buffer=12),
+            shuffle=True,
+        )
         return ds, make_loader(ds, num_workers=2)
 
     ds, loader = make()
@@ -124,8 +136,12 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
     root = counting_dataset([7, 2, 13, 30, 1])
 
     def make(workers):
-        return make_loader(ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, seed=3,
-                                          shuffling=ShuffleOptions(buffer=4, block=3)), num_workers=workers)
+        return make_loader(
+            ShardedDataset(
+                root, batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3)
+            ),
+            num_workers=workers,
+        )
 
     loader = make(saved)
     it = iter(loader)
@@ -143,12 +159,21 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
 
 
 def _counting(root, *, shuffle_buffer=4, **kw):
-    return ShardedDataset(root, batch_size=2, fields=("cls", "__valid__"), shuffle=True, seed=3,
-                          shuffling=ShuffleOptions(buffer=shuffle_buffer, block=3),
-                          sampling=SamplingOptions(mark_repeats=True), **kw)
+    return ShardedDataset(
+        root,
+        batch_size=2,
+        fields=("cls", "__valid__"),
+        shuffle=True,
+        seed=3,
+        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=3),
+        sampling=SamplingOptions(mark_repeats=True),
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("a, b, k", [((2, 0), (3, 2), 2), ((3, 2), (1, 0), 1), ((1, 3), (2, 1), 4), ((2, 1), (2, 1), 3)])
+@pytest.mark.parametrize(
+    "a, b, k", [((2, 0), (3, 2), 2), ((3, 2), (1, 0), 1), ((1, 3), (2, 1), 4), ((2, 1), (2, 1), 3)]
+)
 def test_resume_on_another_world_and_workers_reads_the_rest_once(counting_dataset, monkeypatch, a, b, k):
     from collections import Counter
 
@@ -239,10 +264,15 @@ def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
     seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
     keyed = block_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, block=3)
     start = [0, 7, 9, 22, 52]
-    runs = {layout: [[start[s] + i for s, i, _ in b]
-                     for b in rank_batches(keyed if layout == 4 else seq, ds.layout_options(layout), epoch=2,
-                                           rank=0, world=1, workers=2)]
-            for layout in (2, 3, 4)}
+    runs = {
+        layout: [
+            [start[s] + i for s, i, _ in b]
+            for b in rank_batches(
+                keyed if layout == 4 else seq, ds.layout_options(layout), epoch=2, rank=0, world=1, workers=2
+            )
+        ]
+        for layout in (2, 3, 4)
+    }
     assert LAYOUT == 4 and runs[2][5:] != runs[3][5:] and runs[3] != runs[4]
     with make_loader(ds, num_workers=2) as loader:
         ds.set_epoch(2)

@@ -65,7 +65,7 @@ def test_the_documented_loop_resumes_exactly_and_goes_on(counting_dataset):
     loader.load_state_dict(state)
     resumed = run(loader, ds, state["epoch"], 3)
     first = [i for i, (e, _) in enumerate(full) if e == 1][0]
-    assert resumed == full[first + 4:]
+    assert resumed == full[first + 4 :]
 
 
 def test_a_state_saved_after_an_epochs_last_batch_allows_the_next_epoch_only(counting_dataset):

@@ -25,16 +25,19 @@ SIZES = [
 
 
 def opts(*, seed=0, batch_size=2, drop_last=False, shuffle=True, block=3, buffer=4):
-    return PlanOptions(seed=seed, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last, block=block,
-                       buffer=buffer)
+    return PlanOptions(
+        seed=seed, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last, block=block, buffer=buffer
+    )
 
 
 def part(seq, o, *, epoch, world, workers, upto=None, consumed=0, segment=0):
     """Every rank's batches of ``seq``: ``[consumed, upto)``; checks that all ranks have as many."""
-    per_rank = [rank_batches(seq, o, epoch=epoch, rank=r, world=world, workers=workers, consumed=consumed,
-                             segment=segment) for r in range(world)]
+    per_rank = [
+        rank_batches(seq, o, epoch=epoch, rank=r, world=world, workers=workers, consumed=consumed, segment=segment)
+        for r in range(world)
+    ]
     assert len({len(b) for b in per_rank}) == 1, "ranks yield different numbers of batches"
-    return [b[:None if upto is None else upto - consumed] for b in per_rank]
+    return [b[: None if upto is None else upto - consumed] for b in per_rank]
 
 
 def valid(parts):
@@ -54,8 +57,9 @@ def check_resume(streams, o, *, epoch, a, b, k, counts=None):
     rest = part(rest_seq, o, epoch=epoch, world=b[0], workers=b[1], segment=1)
     n = sequence_length(seq)
     assert sequence_length(rest_seq) == n - len({(s, i) for r in head for bb in r for s, i, ok in bb if ok})
-    assert len(rest[0]) == batches_per_rank(sequence_length(rest_seq), world=b[0], batch_size=o.batch_size,
-                                            drop_last=o.drop_last)
+    assert len(rest[0]) == batches_per_rank(
+        sequence_length(rest_seq), world=b[0], batch_size=o.batch_size, drop_last=o.drop_last
+    )
     seen = valid([head, rest])
     if o.drop_last:
         assert max(seen.values(), default=1) == 1 and set(seen) <= set(everything(seq))
@@ -133,8 +137,9 @@ def test_a_segment_past_the_epoch_is_refused():
 
 
 @given(
-    streams=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
-                     min_size=1, max_size=3),
+    streams=st.lists(
+        st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(lambda s: sum(s) > 0), min_size=1, max_size=3
+    ),
     ratios=st.lists(st.floats(0.05, 2.5), min_size=3, max_size=3),
     a=st.sampled_from(TOPOLOGIES + [(5, 4)]),
     b=st.sampled_from(TOPOLOGIES + [(5, 4)]),
@@ -145,8 +150,9 @@ def test_a_segment_past_the_epoch_is_refused():
     drop_last=st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
-def test_a_mixed_epoch_never_holds_a_sample_twice_resumed_anywhere(streams, ratios, a, b, batch_size, seed, epoch,
-                                                                   cut, drop_last):
+def test_a_mixed_epoch_never_holds_a_sample_twice_resumed_anywhere(
+    streams, ratios, a, b, batch_size, seed, epoch, cut, drop_last
+):
     """Streams subsampled or oversampled (any epoch, so the extra part may cross the end of a
     pass), resumed on another topology anywhere: every sample of stream i is read count // N or
     count // N + 1 times (never twice while the stream has unseen ones), exactly once over the

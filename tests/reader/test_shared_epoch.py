@@ -36,14 +36,20 @@ def test_stepping_past_a_finished_epoch_keeps_its_resume_point():
     assert cells.start() == (1, 8, (Segment(2, 1, 3),), LAYOUT)
 
 
-@pytest.mark.parametrize("call, message", [
-    pytest.param(lambda c: c.set_epoch(-1), "epoch=-1 should be >= 0", id="epoch"),
-    pytest.param(lambda c: c.resume_at(0, -2), "batches=-2 should be >= 0", id="batches"),
-    pytest.param(lambda c: c.resume_at(0, 1, layout=5), "layout=5 should be one of", id="layout"),
-    pytest.param(lambda c: c.resume_at(0, 1, history=[Segment(1, 1, 1)] * (MAX_SEGMENTS + 1)),
-                 f"a state holds at most {MAX_SEGMENTS}", id="history"),
-    pytest.param(lambda c: c.step_past(-1), "epoch=-1 should be >= 0", id="step-past"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        pytest.param(lambda c: c.set_epoch(-1), "epoch=-1 should be >= 0", id="epoch"),
+        pytest.param(lambda c: c.resume_at(0, -2), "batches=-2 should be >= 0", id="batches"),
+        pytest.param(lambda c: c.resume_at(0, 1, layout=5), "layout=5 should be one of", id="layout"),
+        pytest.param(
+            lambda c: c.resume_at(0, 1, history=[Segment(1, 1, 1)] * (MAX_SEGMENTS + 1)),
+            f"a state holds at most {MAX_SEGMENTS}",
+            id="history",
+        ),
+        pytest.param(lambda c: c.step_past(-1), "epoch=-1 should be >= 0", id="step-past"),
+    ],
+)
 def test_a_bad_value_is_refused_and_changes_nothing(call, message):
     cells = SharedEpoch()
     cells.resume_at(3, 2)

@@ -15,9 +15,15 @@ from shardify.reader.sample import transforms as T
 from shardify.reader.show import contact_sheet, spread_positions
 
 
-@pytest.mark.parametrize("total, n, expected", [
-    (10, 4, [0, 2, 5, 7]), (3, 8, [0, 1, 2]), (1, 1, [0]), (100, 1, [0]),
-])
+@pytest.mark.parametrize(
+    "total, n, expected",
+    [
+        (10, 4, [0, 2, 5, 7]),
+        (3, 8, [0, 1, 2]),
+        (1, 1, [0]),
+        (100, 1, [0]),
+    ],
+)
 def test_spread_positions(total: int, n: int, expected: list[int]) -> None:
     assert spread_positions(total, n) == expected
 
@@ -30,7 +36,7 @@ def _tiles(img: np.ndarray, *, cols: int, rows: int, per_cell: int, tile: int) -
     for r in range(rows):
         for c in range(cols):
             x0, y0 = gap + c * (cell_w + gap), gap + r * (cell_h + gap)
-            out += [img[y0:y0 + tile, x0 + j * (tile + gap):x0 + j * (tile + gap) + tile] for j in range(per_cell)]
+            out += [img[y0 : y0 + tile, x0 + j * (tile + gap) : x0 + j * (tile + gap) + tile] for j in range(per_cell)]
     return out
 
 
@@ -55,10 +61,12 @@ def test_augmented_views_differ_and_match_the_loader(image_dataset: Path) -> Non
     assert len({v.tobytes() for v in views}) == 3  # three epochs, three different crops
     key, label = sheet.cells[0]
     assert label in {"a (0)", "b (1)", "c (2)"}
-    from shardify.reader.plan.shuffle import sample_rng
     from shardify.reader.io.stream import ShardReader
+    from shardify.reader.plan.shuffle import sample_rng
 
-    data = next(iter(ShardReader([source.shards[0].url], [source.shards[0].nsamples], skip_damaged=False).read(0, 0, 1)))
+    data = next(
+        iter(ShardReader([source.shards[0].url], [source.shards[0].nsamples], skip_damaged=False).read(0, 0, 1))
+    )
     assert data["__key__"] == key
     expected = T.run_image_transform(transform, data["jpg"], rng=sample_rng(0, 1, key))  # epoch 1's view
     assert np.array_equal(views[1], expected.permute(1, 2, 0).numpy())  # the loader's draw for this key and epoch
@@ -74,8 +82,13 @@ def test_split_without_images_gets_a_text_summary(tmp_path: Path, capsys) -> Non
         torch.save(torch.zeros(2, 5), data / f"id{i}.pt")
     (tmp_path / "p.json").write_text('{"train": ["id0", "id1", "id2"]}')
     (tmp_path / "l.json").write_text('{"id0": 0, "id1": 1, "id2": 2}')
-    convert_ids(data, tmp_path / "out", partition=tmp_path / "p.json", labels=tmp_path / "l.json",
-                options=ConvertOptions(workers=1, progress=False, fsync=False))
+    convert_ids(
+        data,
+        tmp_path / "out",
+        partition=tmp_path / "p.json",
+        labels=tmp_path / "l.json",
+        options=ConvertOptions(workers=1, progress=False, fsync=False),
+    )
     assert main(["show", str(tmp_path / "out"), "-o", str(tmp_path / "x.png")]) == EXIT_OK
     out = capsys.readouterr()
     assert "no images" in out.out and "Tensor (2, 5) torch.float32" in out.out and "cls=0" in out.out

@@ -62,7 +62,31 @@ def test_without_a_ramp_the_order_is_the_one_saved_states_were_planned_with():
     assert buffer_order(24, buffer_size=6, rng=random.Random(7)) == old
     assert buffer_order(24, buffer_size=6, rng=random.Random(7), initial=6) == old
     assert worker_order(24, rng=random.Random(7), block=3, buffer_size=6)[1] == [
-        20, 18, 21, 7, 6, 12, 14, 13, 22, 0, 19, 8, 23, 11, 1, 3, 9, 15, 2, 16, 17, 10, 4, 5]
+        20,
+        18,
+        21,
+        7,
+        6,
+        12,
+        14,
+        13,
+        22,
+        0,
+        19,
+        8,
+        23,
+        11,
+        1,
+        3,
+        9,
+        15,
+        2,
+        16,
+        17,
+        10,
+        4,
+        5,
+    ]
     assert buffer_order(24, buffer_size=6, rng=random.Random(7), initial=2) != old
 
 

@@ -29,24 +29,29 @@ def test_permutation_figure():
 
 # -- the shuffle buffer's ramp (plan layout 3): a first batch early, the epoch as well mixed ----------
 
+
 def _class_sorted_batches(*, world: int, ramp: bool, epoch: int, workers: int = 4, batch_size: int = 256):
     """Rank 0's batches of 100 class-sorted shards of 1,000 samples (class = global index // 1000)."""
     from shardify.reader.plan.mix import epoch_sequence
     from shardify.reader.plan.resume import PlanOptions
     from shardify.reader.plan.simulate import rank_batches
 
-    o = PlanOptions(seed=0, shuffle=True, batch_size=batch_size, drop_last=False, block=4, buffer=1024, ramp=ramp,
-                    vectorised=False)  # layout 3's buffer: the figures below were measured on it
+    o = PlanOptions(
+        seed=0, shuffle=True, batch_size=batch_size, drop_last=False, block=4, buffer=1024, ramp=ramp, vectorised=False
+    )  # layout 3's buffer: the figures below were measured on it
     seq = epoch_sequence([[1000] * 100], counts=None, seed=0, epoch=epoch, shuffle=True, block=4)
     batches = rank_batches(seq, o, epoch=epoch, rank=0, world=world, workers=workers)
     return [[(s * 1000 + i) // 1000 for s, i, _ in b] for b in batches if len(b) == batch_size]
 
 
-@pytest.mark.parametrize("world, slack", [
-    pytest.param(1, 0.005, id="25000-per-worker"),
-    # 3,125 samples per worker: the ramp (1,920 reads) is over half of each share
-    pytest.param(8, 0.03, id="3125-per-worker"),
-])
+@pytest.mark.parametrize(
+    "world, slack",
+    [
+        pytest.param(1, 0.005, id="25000-per-worker"),
+        # 3,125 samples per worker: the ramp (1,920 reads) is over half of each share
+        pytest.param(8, 0.03, id="3125-per-worker"),
+    ],
+)
 def test_the_ramp_costs_little_mixing_over_the_epoch(world, slack):
     """Class-sorted shards, blocks of 4 (the hard case: a block is 4 samples of one class).
     Only each worker's first batches, while its buffer grows, mix less."""
@@ -56,7 +61,7 @@ def test_the_ramp_costs_little_mixing_over_the_epoch(world, slack):
         filled = [len(set(b)) / full for b in _class_sorted_batches(world=world, ramp=False, epoch=epoch)]
         mean, mean_filled = sum(ramped) / len(ramped), sum(filled) / len(filled)
         assert mean >= 0.9 and mean >= mean_filled - slack
-        later = ramped[4 * 4:]  # after each of the 4 workers' first 4 batches (its ramp: 3.75 batches)
+        later = ramped[4 * 4 :]  # after each of the 4 workers' first 4 batches (its ramp: 3.75 batches)
         assert sum(later) / len(later) >= mean_filled - 0.01
 
 

@@ -41,10 +41,13 @@ def test_split_is_required_when_there_are_several(tmp_path, shards):
         resolve_source(root / "train.json", split="val")
 
 
-@pytest.mark.parametrize("spec", [
-    pytest.param("https://example.invalid/ds", id="url"),
-    pytest.param("notes.txt", id="not-a-dataset"),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param("https://example.invalid/ds", id="url"),
+        pytest.param("notes.txt", id="not-a-dataset"),
+    ],
+)
 def test_unusable_sources_say_why(spec, tmp_path):
     from shardify.remote import RetryPolicy
 
@@ -73,8 +76,13 @@ def test_gzip_shards_read_like_plain_ones(counting_dataset, tmp_path, suffix):
     for i in range(3):
         data = (root / f"train-{i:06d}.tar").read_bytes()
         (tmp_path / f"part-{i}{suffix}").write_bytes(gzip.compress(data, mtime=0))
-    ds = ShardedDataset(str(tmp_path / ("part-{0..2}" + suffix)), batch_size=4, fields=("cls",),
-                        shuffle=True, shuffling=ShuffleOptions(block=3, buffer=5))
+    ds = ShardedDataset(
+        str(tmp_path / ("part-{0..2}" + suffix)),
+        batch_size=4,
+        fields=("cls",),
+        shuffle=True,
+        shuffling=ShuffleOptions(block=3, buffer=5),
+    )
     assert ds.source.sizes == [7, 2, 13]
     assert values(ds) == list(range(22))
 
@@ -87,12 +95,18 @@ def test_webdataset_tarwriter_shards(tmp_path):
             for i in range(5):
                 g = s * 5 + i
                 sink.write({"__key__": f"dir.d/sample{i:04d}", "cls": g, "seg.txt": f"text {g}"})
-    ds = ShardedDataset(str(tmp_path / "wds-{0..1}.tar"), batch_size=3, fields=("cls", "seg.txt"),
-                        batching=BatchOptions(collate_fn=list))
+    ds = ShardedDataset(
+        str(tmp_path / "wds-{0..1}.tar"),
+        batch_size=3,
+        fields=("cls", "seg.txt"),
+        batching=BatchOptions(collate_fn=list),
+    )
     samples = [s for batch in ds for s in batch]
     assert sorted(samples)[:10] == [(g, f"text {g}") for g in range(10)]
     ours = sorted(c for c, _ in samples[:10])
-    theirs = sorted(int(s["cls"]) for s in wds.WebDataset(str(tmp_path / "wds-{0..1}.tar"), shardshuffle=False).decode())
+    theirs = sorted(
+        int(s["cls"]) for s in wds.WebDataset(str(tmp_path / "wds-{0..1}.tar"), shardshuffle=False).decode()
+    )
     assert ours == theirs
 
 
@@ -112,6 +126,12 @@ def test_gnu_tar_shards_with_long_names_and_directories(tmp_path):
             for f in files:
                 tf.add(src / f, arcname=f)
     for shuffle in (False, True):  # shuffled: ranges out of order, read forward (long names)
-        ds = ShardedDataset(str(out), batch_size=2, fields=("cls", "txt"), batching=BatchOptions(collate_fn=list),
-                            shuffle=shuffle, shuffling=ShuffleOptions(block=1, buffer=2))
+        ds = ShardedDataset(
+            str(out),
+            batch_size=2,
+            fields=("cls", "txt"),
+            batching=BatchOptions(collate_fn=list),
+            shuffle=shuffle,
+            shuffling=ShuffleOptions(block=1, buffer=2),
+        )
         assert sorted(s for batch in ds for s in batch) == [(i, f"t{i}") for i in range(4)]

@@ -15,8 +15,9 @@ from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, Shuff
 from shardify.reader.delivery.state import STATE_VERSION, seal_state
 
 SIZES = [7, 2, 13, 30, 1]  # 53 samples
-OPTIONS: dict[str, Any] = dict(batch_size=2, fields=("cls",), shuffle=True, seed=3,
-                               shuffling=ShuffleOptions(buffer=4, block=3))
+OPTIONS: dict[str, Any] = dict(
+    batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3)
+)
 
 
 def values(batches: list[Any]) -> list[list[int]]:
@@ -55,23 +56,39 @@ def _drop(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 EDITS = [
-    pytest.param(lambda s: {**s, "epoch": s["epoch"] + 1}, "field 'epoch' is 3, which does not match its checksum",
-                 id="edited-epoch"),
+    pytest.param(
+        lambda s: {**s, "epoch": s["epoch"] + 1},
+        "field 'epoch' is 3, which does not match its checksum",
+        id="edited-epoch",
+    ),
     pytest.param(lambda s: {**s, "batches": 2}, "field 'batches' is 2, which does not match", id="edited-batches"),
-    pytest.param(lambda s: {**s, "history": [[2, 1, 3]]}, r"field 'history' is \[\[2, 1, 3\]\], which does not",
-                 id="edited-history"),
+    pytest.param(
+        lambda s: {**s, "history": [[2, 1, 3]]},
+        r"field 'history' is \[\[2, 1, 3\]\], which does not",
+        id="edited-history",
+    ),
     pytest.param(lambda s: {**s, "seed": 4}, "field 'seed' is 4, which does not match", id="edited-seed"),
-    pytest.param(lambda s: {**s, "plan": {**s["plan"], "batch_size": 3}}, "field 'plan' is .*, which does not",
-                 id="edited-plan"),
-    pytest.param(lambda s: {**s, "data": [{**s["data"][0], "version": "x"}]}, "field 'data' is .*, which does not",
-                 id="edited-data"),
-    pytest.param(lambda s: {**s, "check": {**s["check"], "epoch": "0" * 12}}, "field 'epoch' is 2, which does not",
-                 id="edited-check"),
+    pytest.param(
+        lambda s: {**s, "plan": {**s["plan"], "batch_size": 3}}, "field 'plan' is .*, which does not", id="edited-plan"
+    ),
+    pytest.param(
+        lambda s: {**s, "data": [{**s["data"][0], "version": "x"}]},
+        "field 'data' is .*, which does not",
+        id="edited-data",
+    ),
+    pytest.param(
+        lambda s: {**s, "check": {**s["check"], "epoch": "0" * 12}},
+        "field 'epoch' is 2, which does not",
+        id="edited-check",
+    ),
     pytest.param(_drop("history"), "field 'history' is missing", id="dropped-history"),
     pytest.param(_drop("batches"), "field 'batches' is missing", id="dropped-batches"),
     pytest.param(_drop("check"), "field 'check' is None", id="dropped-check"),
-    pytest.param(lambda s: {**s, "check": {k: v for k, v in s["check"].items() if k != "layout"}},
-                 "field 'check' has no checksum of field 'layout'", id="dropped-checksum"),
+    pytest.param(
+        lambda s: {**s, "check": {k: v for k, v in s["check"].items() if k != "layout"}},
+        "field 'check' has no checksum of field 'layout'",
+        id="dropped-checksum",
+    ),
     pytest.param(_truncated_json, "field '[a-z_]+' is missing", id="truncated-json"),
     pytest.param(lambda s: {**s, "note": 1}, "field 'note' is not part of a version 3 state", id="added-field"),
 ]
@@ -90,16 +107,28 @@ def test_an_edited_or_incomplete_state_is_refused_naming_the_field(counting_data
 OTHER_OPTIONS = [
     pytest.param({"batch_size": 3}, "field 'plan.batch_size' is 2, this loader has 3", id="batch-size"),
     pytest.param({"shuffle": False}, "field 'plan.shuffle' is True, this loader has False", id="shuffle"),
-    pytest.param({"shuffling": ShuffleOptions(buffer=4, block=4)},
-                 "field 'plan.shuffle_block' is 3, this loader has 4", id="shuffle-block"),
-    pytest.param({"shuffling": ShuffleOptions(buffer=8, block=3)},
-                 "field 'plan.shuffle_buffer' is 4, this loader has 8", id="shuffle-buffer"),
+    pytest.param(
+        {"shuffling": ShuffleOptions(buffer=4, block=4)},
+        "field 'plan.shuffle_block' is 3, this loader has 4",
+        id="shuffle-block",
+    ),
+    pytest.param(
+        {"shuffling": ShuffleOptions(buffer=8, block=3)},
+        "field 'plan.shuffle_buffer' is 4, this loader has 8",
+        id="shuffle-buffer",
+    ),
     pytest.param({"drop_last": True}, "field 'plan.drop_last' is False, this loader has True", id="drop-last"),
     pytest.param({"seed": 4}, "field 'seed' is 3, this loader has 4", id="seed"),
-    pytest.param({"sampling": SamplingOptions(samples_per_epoch=40)},
-                 r"field 'plan.stream_counts' is \[53\], this loader has \[40\]", id="samples-per-epoch"),
-    pytest.param({"batching": BatchOptions(bucket_length=int)}, "field 'plan.bucketed' is False, this loader has True",
-                 id="bucketing"),
+    pytest.param(
+        {"sampling": SamplingOptions(samples_per_epoch=40)},
+        r"field 'plan.stream_counts' is \[53\], this loader has \[40\]",
+        id="samples-per-epoch",
+    ),
+    pytest.param(
+        {"batching": BatchOptions(bucket_length=int)},
+        "field 'plan.bucketed' is False, this loader has True",
+        id="bucketing",
+    ),
 ]
 
 
@@ -119,8 +148,11 @@ def test_a_state_of_another_conversion_with_the_same_sizes_is_refused(counting_d
     assert resumed(other, state) == full[4:]  # the same data in another folder resumes
     changed = counting_dataset(SIZES, name="changed")
     shards.write_dataset(changed, [[(k + "x", f) for k, f in s] for s in shards.counting(SIZES)])
-    with pytest.raises(ValueError, match=r"field 'data\[0\].digest' is '[0-9a-f]{16}', this loader has "
-                                         r"'[0-9a-f]{16}' for .*changed: the state was saved on other data"):
+    with pytest.raises(
+        ValueError,
+        match=r"field 'data\[0\].digest' is '[0-9a-f]{16}', this loader has "
+        r"'[0-9a-f]{16}' for .*changed: the state was saved on other data",
+    ):
         make_loader(ShardedDataset(changed, **OPTIONS)).load_state_dict(state)
 
 
@@ -140,8 +172,11 @@ def test_a_state_of_another_dataset_version_is_refused_naming_both(tmp_path):
     _write(out, 100, overwrite=True)  # converted again: same sizes, another version
     new = json.loads((out / "train.json").read_text())["shardify"]["version"]
     assert new != old
-    with pytest.raises(ValueError, match=f"field 'data\\[0\\].version' is '{old}', this loader reads version "
-                                         f"'{new}' of .*: the state was saved on another version"):
+    with pytest.raises(
+        ValueError,
+        match=f"field 'data\\[0\\].version' is '{old}', this loader reads version "
+        f"'{new}' of .*: the state was saved on another version",
+    ):
         make_loader(ShardedDataset(out, **OPTIONS)).load_state_dict(state)
 
 
@@ -177,8 +212,11 @@ def test_a_version_2_state_mid_epoch_of_part_of_a_pass_is_refused(counting_datas
     part = SamplingOptions(samples_per_epoch=count)
     state, _ = saved(root, sampling=part)
     loader = make_loader(ShardedDataset(root, **OPTIONS, sampling=part))
-    with pytest.raises(ValueError, match=f"field 'version' is 2, saved 4 batches into epoch 2, in which stream 0 "
-                                         f"reads {count} of its 53 samples .*Restart epoch 2"):
+    with pytest.raises(
+        ValueError,
+        match=f"field 'version' is 2, saved 4 batches into epoch 2, in which stream 0 "
+        f"reads {count} of its 53 samples .*Restart epoch 2",
+    ):
         loader.load_state_dict(as_version_2(state))
     start, full = saved(root, stop=0, sampling=part)  # at the start of the epoch: nothing to mismatch
     assert resumed(root, as_version_2(start), sampling=part) == full
@@ -202,13 +240,19 @@ def _iter_state(root: Path, stop: int = 3) -> dict[str, Any]:
     return json.loads(json.dumps(ds.state_dict()))
 
 
-@pytest.mark.parametrize("edit, message", [
-    pytest.param(lambda s: {**s, "batches": s["batches"] + 1}, "field 'batches' is 4, which does not match",
-                 id="edited-batches"),
-    pytest.param(lambda s: {**s, "worker": 1}, "field 'worker' is 1, which does not match", id="edited-worker"),
-    pytest.param(_drop("data"), "field 'data' is missing", id="dropped-data"),
-    pytest.param(_drop("check"), "field 'check' is None", id="dropped-check"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        pytest.param(
+            lambda s: {**s, "batches": s["batches"] + 1},
+            "field 'batches' is 4, which does not match",
+            id="edited-batches",
+        ),
+        pytest.param(lambda s: {**s, "worker": 1}, "field 'worker' is 1, which does not match", id="edited-worker"),
+        pytest.param(_drop("data"), "field 'data' is missing", id="dropped-data"),
+        pytest.param(_drop("check"), "field 'check' is None", id="dropped-check"),
+    ],
+)
 def test_an_edited_dataset_state_is_refused_naming_the_field(counting_dataset, edit, message):
     root = counting_dataset(SIZES)
     state = _iter_state(root)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.diagnosis import STAGES, WORKER_STAGES, Measured
@@ -176,8 +177,9 @@ def test_the_advice_blames_the_workers_cpu_only_when_they_were_busy() -> None:
     idle workers (an epoch of a few batches each, seen on a 16-core GPU host) point at the epoch's start."""
     from shardify.reader.delivery.diagnosis import LoaderContext, _advice
 
-    ctx = LoaderContext(workers=15, cores=16, remote=False, cached=False, device="cuda", device_decode=False,
-                        chunked=False)
+    ctx = LoaderContext(
+        workers=15, cores=16, remote=False, cached=False, device="cuda", device_decode=False, chunked=False
+    )
     busy = _advice("input", "decode", 0.95, 1.0, ctx)
     idle = _advice("input", "decode", 0.40, 1.0, ctx)
     assert "every core is busy" in busy and "longer epochs" not in busy

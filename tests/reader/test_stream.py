@@ -58,8 +58,7 @@ def truncated(tmp_path, data: bytes, at: int, name: str = "t.tar") -> str:
 def test_truncated_shard_raises_naming_it_or_keeps_what_precedes(shard, tmp_path, kind):
     cut = 11 * 4 * 512 + 700  # inside sample 11 (each sample: 2 members of 1 block + header)
     data = shard["bytes"][:cut]
-    url = truncated(tmp_path, gzip.compress(data, mtime=0) if kind == "tgz" else data, len(data) * 2,
-                    name=f"t.{kind}")
+    url = truncated(tmp_path, gzip.compress(data, mtime=0) if kind == "tgz" else data, len(data) * 2, name=f"t.{kind}")
     with pytest.raises(ShardFormatError, match=f"shard {url}"):
         list(ShardReader([url], [20], skip_damaged=False).read(0, 0, 20))
     items = list(ShardReader([url], [20], skip_damaged=True).read(0, 0, 20))

@@ -26,10 +26,14 @@ def two_sources(tmp_path, shards, counting_dataset):
 
 
 def mixed(web, books, **kw):
-    return ShardedDataset([Stream(web, weight=2, fields=("cls", "__stream__", "__valid__")),
-                           Stream(books, weight=1, map=from_books)],
-                          batch_size=4, shuffle=True, seed=1,
-                          sampling=SamplingOptions(samples_per_epoch=30, mark_repeats=True), **kw)
+    return ShardedDataset(
+        [Stream(web, weight=2, fields=("cls", "__stream__", "__valid__")), Stream(books, weight=1, map=from_books)],
+        batch_size=4,
+        shuffle=True,
+        seed=1,
+        sampling=SamplingOptions(samples_per_epoch=30, mark_repeats=True),
+        **kw,
+    )
 
 
 def values(batches):
@@ -73,8 +77,9 @@ def test_mixed_resume_on_other_workers_keeps_exact_counts(two_sources):
 
 def test_samples_per_epoch_with_one_source(counting_dataset):
     root = counting_dataset([7, 2, 13])
-    ds = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True,
-                        sampling=SamplingOptions(samples_per_epoch=10))
+    ds = ShardedDataset(
+        root, batch_size=5, fields=("cls",), shuffle=True, sampling=SamplingOptions(samples_per_epoch=10)
+    )
     seen = []
     for epoch in range(4):
         ds.set_epoch(epoch)
@@ -82,8 +87,9 @@ def test_samples_per_epoch_with_one_source(counting_dataset):
         assert len(got) == 10 and len(set(got)) == 10
         seen += got
     assert len(set(seen[:20])) == 20 and set(seen[:30]) == set(range(22))  # all once before any twice
-    big = ShardedDataset(root, batch_size=5, fields=("cls",), shuffle=True,
-                         sampling=SamplingOptions(samples_per_epoch=50))
+    big = ShardedDataset(
+        root, batch_size=5, fields=("cls",), shuffle=True, sampling=SamplingOptions(samples_per_epoch=50)
+    )
     got = Counter(x for b in big for x in b.tolist())
     assert sum(got.values()) == 50 and set(got.values()) <= {2, 3}
 
@@ -95,8 +101,14 @@ def test_mark_repeats_counts_every_sample_once_over_ranks(counting_dataset, monk
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        ds = ShardedDataset(root, batch_size=batch_size, shuffle=True, seed=2,
-                            sampling=SamplingOptions(mark_repeats=True), map=lambda d: (int(d["cls"]), d["__valid__"]))
+        ds = ShardedDataset(
+            root,
+            batch_size=batch_size,
+            shuffle=True,
+            seed=2,
+            sampling=SamplingOptions(mark_repeats=True),
+            map=lambda d: (int(d["cls"]), d["__valid__"]),
+        )
         batches = list(make_loader(ds, num_workers=0))
         lengths.add(len(batches))
         for cls, ok in batches:
@@ -115,7 +127,7 @@ def test_special_fields_need_their_option(counting_dataset):
     with pytest.raises(TypeError, match="not both"):
         ShardedDataset([Stream(root), str(root)], batch_size=2)
     ds = ShardedDataset(Stream(root), batch_size=3, fields=("cls", "__stream__", "__key__"))
-    (cls, stream, keys), = list(ds)
+    ((cls, stream, keys),) = list(ds)
     assert stream.tolist() == [0, 0, 0] and list(keys) == ["s000_00000", "s000_00001", "s000_00002"]
 
 
@@ -133,4 +145,7 @@ def test_gzip_shards_are_read_whole_not_in_blocks(tmp_path, shards) -> None:
     assert sorted(int(x) for b in make_loader(ds, num_workers=2) for x in b) == list(range(120))
     plain = tmp_path / "plain.tar"
     plain.write_bytes(shards.tar_bytes(shards.counting([40])[0]))
-    assert len(tuple(ShardedDataset([str(plain)], batch_size=8, shuffle=True, seed=3, fields=("cls",)).epoch_sequence(0))) > 1
+    assert (
+        len(tuple(ShardedDataset([str(plain)], batch_size=8, shuffle=True, seed=3, fields=("cls",)).epoch_sequence(0)))
+        > 1
+    )

@@ -123,8 +123,14 @@ def test_rrc_statistics() -> None:
     assert abs(ratios_a.mean()) < 0.02  # log-uniform, symmetric
     # Against the reference run on an independent stream: same distribution of areas.
     ref_rng = random.Random(12345)
-    ref = np.array([h * w / 160000 for _, _, h, w in
-                    (reference_rrc_params(400, 400, (0.08, 1.0), (3 / 4, 4 / 3), ref_rng) for _ in range(4000))])
+    ref = np.array(
+        [
+            h * w / 160000
+            for _, _, h, w in (
+                reference_rrc_params(400, 400, (0.08, 1.0), (3 / 4, 4 / 3), ref_rng) for _ in range(4000)
+            )
+        ]
+    )
     assert abs(areas_a.mean() - ref.mean()) < 0.02 and 0.45 < areas_a.mean() < 0.54  # uniform, thinned at the top
     for q in (0.1, 0.3, 0.5, 0.8):
         assert abs(np.mean(areas_a < q) - np.mean(ref < q)) < 0.03
@@ -146,7 +152,11 @@ ALL_GEOMETRIC = {
     "imagenet_eval": T.imagenet_eval(),
     "scale_jitter": T.ScaleJitter(),
     "rrc_jitter_flip": T.Compose(
-        [T.RandomResizedCrop(160), T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4), T.RandomHorizontalFlip()]
+        [
+            T.RandomResizedCrop(160),
+            T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4),
+            T.RandomHorizontalFlip(),
+        ]
     ),
 }
 
@@ -413,8 +423,11 @@ def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, mode: str) -> None
 
     if decode._simplejpeg is None:
         pytest.skip("simplejpeg not installed")
-    data = jpeg_bytes(natural_image(500, 375, seed=5).convert(mode).convert("RGB") if mode == "RGB"
-                      else natural_image(500, 375, seed=5).convert("L"))
+    data = jpeg_bytes(
+        natural_image(500, 375, seed=5).convert(mode).convert("RGB")
+        if mode == "RGB"
+        else natural_image(500, 375, seed=5).convert("L")
+    )
     t = T.imagenet_train(224)
     fast = [t.apply_encoded(data, random.Random(i)) for i in range(6)]
     monkeypatch.setattr(decode, "_simplejpeg", None)

@@ -20,9 +20,7 @@ import pytest
 import torch
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader import ShardedDataset, make_loader
-from shardify.reader import DecodeOptions, ErrorOptions
-
+from shardify.reader import DecodeOptions, ErrorOptions, ShardedDataset, make_loader
 
 TIME_LIMIT_S = 60
 """A hang fails the test instead of stalling the run (see tests/conftest.py)."""
@@ -65,11 +63,14 @@ EXPECTED = {
 @pytest.fixture
 def evil_dataset(tmp_path: Path, shards):
     """``make(ext)`` -> (dataset root, marker path): 2 shards of 4 samples, each with a payload field."""
+
     def make(ext: str) -> tuple[Path, Path]:
         marker = tmp_path / f"pwned-{ext}"
-        data = [[(f"s{s}_{i}", {"cls": str(i).encode(), ext: _encode(ext, marker)}) for i in range(4)]
-                for s in range(2)]
+        data = [
+            [(f"s{s}_{i}", {"cls": str(i).encode(), ext: _encode(ext, marker)}) for i in range(4)] for s in range(2)
+        ]
         return shards.write_dataset(tmp_path / ext, data), marker
+
     return make
 
 
@@ -101,9 +102,13 @@ def test_malicious_pickle_under_the_skip_policy(evil_dataset, ext: str) -> None:
 
 def test_some_malicious_samples_are_skipped_and_counted(tmp_path: Path, shards) -> None:
     marker = tmp_path / "pwned"
-    data = [[(f"s{s}_{i}", {"cls": str(i).encode(),
-                            "pt": _encode("pt", marker) if i == 1 else _encode_safe_pt(i)}) for i in range(4)]
-            for s in range(2)]
+    data = [
+        [
+            (f"s{s}_{i}", {"cls": str(i).encode(), "pt": _encode("pt", marker) if i == 1 else _encode_safe_pt(i)})
+            for i in range(4)
+        ]
+        for s in range(2)
+    ]
     root = shards.write_dataset(tmp_path / "mixed", data)
     ds = ShardedDataset(root, batch_size=2, fields=("cls", "pt"), errors=ErrorOptions(on_error="skip"))
     with make_loader(ds, num_workers=2) as loader:
@@ -146,6 +151,7 @@ def test_unselected_pickle_fields_are_never_decoded(evil_dataset) -> None:
 
 # -- checksums ---------------------------------------------------------------------------------------
 
+
 def _tamper(shard: Path) -> None:
     """Change one label digit: the tar stays well formed, only the checksum can tell."""
     raw = bytearray(shard.read_bytes())
@@ -186,7 +192,9 @@ def test_tampered_shard_is_skipped_whole_and_counted(counting_dataset, monkeypat
     seen, lost, counts = set(), 0, []
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
-        ds = ShardedDataset(root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True, on_error="skip"), shuffle=True)
+        ds = ShardedDataset(
+            root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True, on_error="skip"), shuffle=True
+        )
         with make_loader(ds, num_workers=2) as loader:
             batches = list(loader)
         counts.append(len(batches))
@@ -201,7 +209,9 @@ def test_tampered_shard_is_skipped_whole_and_counted(counting_dataset, monkeypat
 def test_verify_needs_checksums(counting_dataset) -> None:
     root = counting_dataset([3])
     with pytest.raises(ValueError, match="sha256"):
-        ShardedDataset([str(root / "train-000000.tar")], batch_size=2, fields=("cls",), errors=ErrorOptions(verify=True))
+        ShardedDataset(
+            [str(root / "train-000000.tar")], batch_size=2, fields=("cls",), errors=ErrorOptions(verify=True)
+        )
 
 
 def test_shardify_verify_finds_the_same_tampering(counting_dataset, capsys) -> None:
