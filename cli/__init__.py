@@ -18,7 +18,9 @@ __all__ = ["main", "entrypoint", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_
 def __getattr__(name: str) -> Any:
     # Lazy, so that ``python -m shardify.cli`` does not find its __main__ imported already.
     if name in ("main", "entrypoint", "build_parser"):
-        from shardify.cli import __main__ as cli_main
+        from shardify.cli import (
+            __main__ as cli_main,
+        )  # deferred: python -m shardify.cli must not find __main__ imported
 
         return getattr(cli_main, name)
     raise AttributeError(f"module 'shardify.cli' has no attribute {name!r}")

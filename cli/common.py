@@ -49,7 +49,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 def split_source(dataset: str | os.PathLike[str], split: str | None) -> Any:
     """The reader's :class:`~shardify.reader.io.sources.Source` of ``split``, else of the only
     split, else of ``train`` when there is one (``--split``'s default for reading commands)."""
-    from shardify.reader.io.sources import resolve_source
+    from shardify.reader.io.sources import resolve_source  # deferred: the reader loads torch
 
     try:
         return resolve_source(dataset, split=split)

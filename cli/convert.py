@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, count, human
+from shardify.errors import InputError
 
 __all__ = ["add_parser", "run", "convert_options"]
 
@@ -219,11 +220,15 @@ def _python_args(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_python(args: argparse.Namespace) -> Any:
-    from shardify.convert.options import parse_size
-    from shardify.convert.pyapi.items import ItemsOptions, JsonlItems, convert_items, load_function
-    from shardify.convert.pyapi.values import ValueOptions
-    from shardify.convert.write.run import ConvertResult
-    from shardify.errors import InputError
+    from shardify.convert.options import parse_size  # deferred: the writer loads Pillow and numpy
+    from shardify.convert.pyapi.items import (
+        ItemsOptions,
+        JsonlItems,
+        convert_items,
+        load_function,
+    )  # deferred: the writer loads Pillow and numpy
+    from shardify.convert.pyapi.values import ValueOptions  # deferred: the writer loads Pillow and numpy
+    from shardify.convert.write.run import ConvertResult  # deferred: the writer loads Pillow and numpy
 
     classes: tuple[str, ...] = ()
     if args.classes:
@@ -261,7 +266,7 @@ def _convert_python(args: argparse.Namespace) -> Any:
 
 def convert_options(args: argparse.Namespace) -> Any:
     """The :class:`~shardify.convert.options.ConvertOptions` of ``convert imagefolder/ids/listing``'s arguments."""
-    from shardify.convert.options import ConvertOptions, parse_size
+    from shardify.convert.options import ConvertOptions, parse_size  # deferred: the writer loads Pillow and numpy
 
     return ConvertOptions(
         split=args.split or "train",
@@ -295,7 +300,7 @@ def convert_options(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Convert; print each split's summary on stderr. ``EXIT_SKIPPED`` when inputs were skipped."""
-    from shardify.convert.write import run as convert_run
+    from shardify.convert.write import run as convert_run  # deferred: the writer loads Pillow and numpy
 
     if args.kind == "ids" and args.split is not None:
         raise UsageError("convert ids takes its splits from --partition; --split is not used there")

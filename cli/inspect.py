@@ -59,7 +59,7 @@ _SAMPLE_SHARDS = 2
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from shardify.convert.verify import dataset_info
+    from shardify.convert.verify import dataset_info  # deferred: the writer loads Pillow and numpy
 
     shards = args.sample_shards
     if shards is None:  # remote shards would be downloaded for it: only when asked
@@ -162,7 +162,7 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from shardify.convert.verify import verify_dataset
+    from shardify.convert.verify import verify_dataset  # deferred: the writer loads Pillow and numpy
 
     report = verify_dataset(args.dataset, splits=args.split, decode=args.decode, progress=not args.quiet)
     if args.json:
@@ -190,8 +190,8 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from shardify.reader.sample import transforms as T
-    from shardify.reader.show import contact_sheet
+    from shardify.reader.sample import transforms as T  # deferred: the reader loads torch
+    from shardify.reader.show import contact_sheet  # deferred: the reader loads torch
 
     source = split_source(args.dataset, args.split)
     transform = T.imagenet_train(args.size) if args.augment else None

@@ -19,7 +19,7 @@ DatasetVersionError naming both versions; it never reads wrong samples)."""
 
 def run_gc(args: argparse.Namespace) -> int:
     """Remove (or with ``--dry-run`` list) what :func:`collect_garbage` finds."""
-    from shardify.convert.write.versions import collect_garbage
+    from shardify.convert.write.versions import collect_garbage  # deferred: the writer loads Pillow and numpy
 
     result = collect_garbage(args.dataset, dry_run=args.dry_run)
     for name in result.removed:

@@ -19,7 +19,7 @@ A split without images is measured for reading only (the output says what is not
 
 def run_bench_command(args: argparse.Namespace) -> int:
     """Measure; print the table (or JSON). A progress bar on stderr when it is a terminal."""
-    from shardify.cli.bench import format_bench, run_bench
+    from shardify.cli.bench import format_bench, run_bench  # deferred: the reader loads torch
 
     result = run_bench(
         args.dataset,

@@ -67,6 +67,7 @@ from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.collate import default_collate
+from shardify.reader.sample.device_plan import plan_on_device
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches, stream_processors
 from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
@@ -182,8 +183,6 @@ class ShardedDataset(IterableDataset):
             self.streams = tuple(dataclasses.replace(st, source=s) for st, s in zip(self.streams, sources))
         self.decode_device: torch.device | None = None
         if groups["decoding"].device is not None:  # workers only plan; batches are decoded there (make_loader)
-            from shardify.reader.sample.device_plan import plan_on_device
-
             self.decode_device, self.options, self.streams = plan_on_device(
                 groups["decoding"].device, self.options, self.streams
             )

@@ -23,6 +23,8 @@ from PIL import Image, ImageDraw, ImageFont
 from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample.decode import IMAGE_EXTS, decode_field, decode_image, tensor_to_pil
+from shardify.reader.sample.transforms import run_image_transform
 
 __all__ = ["Sheet", "contact_sheet", "spread_positions", "describe_value"]
 
@@ -93,8 +95,6 @@ def _label(sample: dict[str, object], classes: tuple[str, ...]) -> str:
 
 def describe_value(ext: str, data: bytes) -> str:
     """A short readable description of one field's value (decoded by extension)."""
-    from shardify.reader.sample.decode import decode_field
-
     try:
         value = decode_field(ext, data)
     except Exception as e:  # noqa: BLE001 - a summary names the failure instead of raising
@@ -133,15 +133,10 @@ def _fit(img: Image.Image, tile: int) -> Image.Image:
 
 
 def _image_field(sample: dict[str, object]) -> bytes | None:
-    from shardify.reader.sample.decode import IMAGE_EXTS
-
     return next((v for k, v in sample.items() if k in IMAGE_EXTS and isinstance(v, bytes)), None)
 
 
 def _views(data: bytes, key: str, transform: Callable[..., Any] | None, views: int, seed: int) -> list[Image.Image]:
-    from shardify.reader.sample.decode import decode_image, tensor_to_pil
-    from shardify.reader.sample.transforms import run_image_transform
-
     out = [decode_image(data)]
     if transform is not None:
         for epoch in range(views):

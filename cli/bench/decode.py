@@ -11,6 +11,7 @@ import time
 import torch
 
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample import transforms as T
 
 __all__ = ["fast_decode_figures"]
 
@@ -21,8 +22,6 @@ def fast_decode_figures(encoded: list[tuple[str, bytes]], image_size: int, *, pa
     ``passes`` alternating passes, so what load remains hits both alike), their ratio, and the
     pixel difference of the outputs (mean and max absolute, in 0..255 levels; share of
     values that differ)."""
-    from shardify.reader.sample import transforms as T
-
     exact = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()])
     fast = T.Compose([T.RandomResizedCrop(image_size, fast_decode=True), T.RandomHorizontalFlip()])
     best = {"exact": 0.0, "fast": 0.0}

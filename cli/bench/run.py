@@ -42,7 +42,10 @@ from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
 from shardify.reader.options import ShuffleOptions
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample import transforms as T
+from shardify.reader.sample.decode import decode_image
 from shardify.reader.sample.fields import output_fields
+from shardify.reader.sample.transforms import RandomResizedCrop, run_image_transform
 
 __all__ = ["run_bench", "process_memory", "child_pids"]
 
@@ -108,8 +111,6 @@ class PlainCropFlip:
     """What a webdataset user writes: RandomResizedCrop + flip on the decoded PIL image, to uint8 CHW."""
 
     def __init__(self, size: int) -> None:
-        from shardify.reader.sample.transforms import RandomResizedCrop
-
         self.size = size
         self._crop = RandomResizedCrop(size)  # only its torchvision-equivalent parameter draw
 
@@ -225,9 +226,6 @@ def _run(
     fast_decode: bool,
     steps: _Steps,
 ) -> dict[str, Any]:
-    from shardify.reader.sample import transforms as T
-    from shardify.reader.sample.decode import decode_image
-
     transform = T.Compose([T.RandomResizedCrop(image_size, fast_decode=fast_decode), T.RandomHorizontalFlip()])
     result: dict[str, Any] = {
         "dataset": dataset,
@@ -352,8 +350,6 @@ def _run_without_images(
 
 def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
     """Decode and augment every image as a loader worker would (per-key RNG); (start, seconds)."""
-    from shardify.reader.sample.transforms import run_image_transform
-
     t0 = time.perf_counter()
     for key, data in encoded:
         run_image_transform(transform, data, rng=sample_rng(0, 1, key))

@@ -20,6 +20,7 @@ from typing import Any
 from shardify.convert.driverpool import Ahead
 from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, item_repr, pack
 from shardify.convert.pyapi.supervise import Limits, map_supervised
+from shardify.convert.write.engine_ray import ray_session
 
 # (re-exported: the names items.py and the tests have always taken from here)
 __all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "map_ordered", "item_repr", "pack", "died"]
@@ -114,8 +115,6 @@ def _check_picklable(runner: ChunkRunner) -> None:
 def _map_ray(
     runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None, limits: Limits | None = None
 ) -> Iterator[tuple[Chunk, ChunkOut]]:
-    from shardify.convert.write.engine_ray import ray_session  # deferred: Ray is an optional extra
-
     with ray_session(address) as ray:
         remote = ray.remote(max_retries=3, retry_exceptions=False)(_call_runner)
         runner_ref = ray.put(runner)

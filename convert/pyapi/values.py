@@ -33,6 +33,7 @@ import numpy as np
 from shardify import npy
 from shardify.errors import ArrayFormatError, EncodeError, KeyRuleError
 from shardify.keys import check_ext, key_from_name
+from shardify.pixels import encode_ppm, to_rgb
 
 __all__ = ["ValueOptions", "encode_array", "encode_value", "encode_sample", "sample_key", "ORIGINAL_KEY_FIELD"]
 
@@ -103,8 +104,6 @@ def _encode_image(value: Any, kind: str, options: ValueOptions) -> bytes:
         value = Image.fromarray(value)
     fmt = _IMAGE_FORMATS[kind]
     if fmt == "PPM":  # pre-decoded pixels, as --raw-pixels stores them: the reader crops without decoding
-        from shardify.pixels import encode_ppm, to_rgb
-
         return encode_ppm(to_rgb(value))
     params: dict[str, Any] = {"quality": options.quality} if fmt in ("JPEG", "WEBP") else {}
     if fmt == "WEBP":

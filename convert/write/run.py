@@ -32,6 +32,7 @@ from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.write.engine import ProgressBar, run_local
+from shardify.convert.write.engine_ray import run_ray
 from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output, output_failed, undone_on_failure
 from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
 from shardify.convert.write.versions import begin_version, folder_state, load_manifest, read_marker, remove_stale_shards
@@ -396,8 +397,6 @@ def _convert_split(
 
     try:
         if options.engine == "ray":
-            from shardify.convert.write.engine_ray import run_ray
-
             run_ray(todo, address=options.ray_address, bar=bar, on_result=finished)
         else:
             run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)

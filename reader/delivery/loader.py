@@ -40,6 +40,7 @@ from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_st
 from shardify.reader.delivery.stats import LoaderMeter
 from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import detect_rank_world
+from shardify.reader.sample.device_decode import DeviceDecoder, nvjpeg_decoder
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
@@ -220,8 +221,6 @@ class Loader:
         if self._prefetch is not None:
             options = dict(self._prefetch)
             if self.dataset.decode_device is not None:
-                from shardify.reader.sample.device_decode import DeviceDecoder
-
                 options["decode"] = DeviceDecoder(
                     resolve_device(self._prefetch["device"]),
                     jpeg_decoder=options.pop("jpeg_decoder", None),
@@ -384,8 +383,6 @@ def make_loader(
             raise ValueError(f"{device=} but the dataset decodes on device={str(dataset.decode_device)!r}")
         device = dataset.decode_device
         if jpeg_decoder is None:
-            from shardify.reader.sample.device_decode import nvjpeg_decoder
-
             jpeg_decoder = nvjpeg_decoder()  # fails now, naming torchvision, if it is missing
     target = torch.device(device) if device is not None else None
     if target is not None and target.type == "cuda" and not torch.cuda.is_available():

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from shardify.reader.delivery.stats import MainClock
+from shardify.reader.sample.device_decode import fill_rows
 from shardify.reader.sample.device_plan import EncodedBatch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
@@ -138,8 +139,6 @@ class DevicePrefetcher:
         out = self._apply(batch, self._convert, replaced)
         if not replaced:
             return out
-        from shardify.reader.sample.device_decode import fill_rows
-
         for rows, n in replaced:  # one per image column; fill_rows takes every column's rows
             out = fill_rows(out, rows, n)
         return out

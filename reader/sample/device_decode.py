@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from shardify.errors import DeviceDecodeError, SampleError
+from shardify.reader.sample.decode import decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import MAX_CHUNK_BYTES, augment_batch
 from shardify.reader.sample.device_plan import EncodedBatch
 
@@ -54,8 +55,6 @@ def nvjpeg_decoder() -> JpegDecoder:
 
 def pil_decoder(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Pillow on the CPU, then moved: the CPU stand-in for nvJPEG (tests, machines without a GPU)."""
-    from shardify.reader.sample.decode import decode_image, pil_to_tensor
-
     return [pil_to_tensor(decode_image(t.numpy().tobytes())).to(device) for t in encoded]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
+from shardify.reader.sample.decode import IMAGE_EXTS
 from shardify.reader.sample.pipeline import IMAGE_FIELD, field_spec, selected_fields
 
 if TYPE_CHECKING:
@@ -56,8 +57,6 @@ def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where
     default (see the module docstring). Raises :class:`~shardify.errors.FieldError` naming
     ``where`` and what the split holds.
     """
-    from shardify.reader.sample.decode import IMAGE_EXTS
-
     held = tuple(held)
     if requested is not None:
         if held:

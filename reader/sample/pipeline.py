@@ -31,6 +31,10 @@ from shardify.reader.io.stream import Item, Lost, ShardReader
 from shardify.reader.plan.assign import Range, WorkerPlan
 from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
 from shardify.reader.sample.clock import CLOCK, augmenting
+from shardify.reader.sample.collate import bucket_batches
+from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
+from shardify.reader.sample.device_plan import PLACEHOLDER_HINT, PlannedImage
+from shardify.reader.sample.transforms import run_image_transform
 
 if TYPE_CHECKING:
     from shardify.reader.io.sources import Source
@@ -121,8 +125,6 @@ def field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
 def selected_fields(fields: Sequence[str]) -> frozenset[str]:
     """Every extension the output columns ``fields`` may take (``"image"`` is any image
     extension): what the shard reader loads; other fields are never read into memory."""
-    from shardify.reader.sample.decode import IMAGE_EXTS
-
     return frozenset(ext for spec in fields for ext in field_spec(spec, IMAGE_EXTS))
 
 
@@ -149,10 +151,6 @@ class SampleProcessor:
         skip_errors: bool,
         unique_keys: bool,
     ) -> None:
-        from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
-        from shardify.reader.sample.device_plan import PlannedImage
-        from shardify.reader.sample.transforms import run_image_transform
-
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
         self._planned = PlannedImage
@@ -174,8 +172,6 @@ class SampleProcessor:
             where = f"field {self._field!r}: " if self._field is not None else ""
             reason = f"{where}{type(e).__name__}: {e}"
             if "PlannedImage" in reason:
-                from shardify.reader.sample.device_plan import PLACEHOLDER_HINT
-
                 reason += f" ({PLACEHOLDER_HINT})"
             if not self._skip or isinstance(e, self._refused):
                 raise SampleError(reason, shard=shard, key=key) from e
@@ -282,7 +278,6 @@ def bucketed(
     outputs: Iterator[Any], *, batch_size: int, length: Callable[[Any], int], buffer_size: int, rng: Any
 ) -> Iterator[list[Any]]:
     """Group ``outputs`` by ``length`` (skipped samples count as 0) into ``ceil(n / batch_size)`` lists."""
-    from shardify.reader.sample.collate import bucket_batches
 
     def key(x: Any) -> int:
         return 0 if isinstance(x, Bad) else length(x)
