@@ -28,6 +28,7 @@ from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, Shard
 from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
+from shardify.sampletable import DIGEST_BYTES, SampleTable
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
@@ -57,18 +58,43 @@ class VerifyReport:
 
 
 class _HashingReader:
-    """A forward-only view of a file that hashes what is read (so seeks are disabled)."""
+    """A forward-only view of a file that hashes what is read (so seeks are disabled); with a
+    per-sample table, also each sample's bytes, against its digest (``mismatched``: the sample
+    numbers whose bytes do not hash to the table's digest)."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, table: bytes = b"") -> None:
         self.f = f
         self.hash = hashlib.sha256()
         self.size = 0
+        self._ranges = SampleTable(table).ranges() if table else []
+        self._at = 0  # the sample whose bytes come next
+        self._sample = hashlib.sha256()
+        self.mismatched: list[int] = []
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n)
         self.hash.update(data)
+        if self._ranges:
+            self._hash_samples(memoryview(data), self.size)
         self.size += len(data)
         return data
+
+    def _hash_samples(self, data: memoryview, pos: int) -> None:
+        while data and self._at < len(self._ranges):
+            start, stop, digest = self._ranges[self._at]
+            if pos >= stop:
+                self._at += 1
+                continue
+            take = max(0, start - pos)  # bytes before this sample (none: samples are contiguous)
+            data, pos = data[take:], pos + take
+            part = data[: stop - pos]
+            self._sample.update(part)
+            data, pos = data[len(part) :], pos + len(part)
+            if pos == stop:
+                if self._sample.digest()[:DIGEST_BYTES] != digest:
+                    self.mismatched.append(self._at)
+                self._sample = hashlib.sha256()
+                self._at += 1
 
     def seekable(self) -> bool:
         return False
@@ -131,10 +157,11 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
             continue
         with f:
-            reader = _HashingReader(f)
+            reader = _HashingReader(f, entry.samples if not index.chunk else b"")
             # (of a stream that cannot seek, iter_members calls read() alone: all this one has)
             stream = cast(BinaryIO, reader)
             count = units = 0
+            shard_keys: list[str] = []  # in order: to name a sample whose bytes fail the table
             offsets: list[int] = []  # of samples (chunks) 0, OFFSET_STRIDE, ...: what the index should list
             try:
                 for unit in iter_samples(iter_members(stream, shard=entry.url), shard=entry.url):
@@ -142,6 +169,7 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
                         offsets.append(int(unit["__offset__"]))  # type: ignore[call-overload]
                     for sample in _unit_samples(unit, index, units, entry.nsamples, entry.url):
                         count += 1
+                        shard_keys.append(str(sample.get("__key__")))
                         try:
                             _check_sample(split, entry.url, sample, index, keys, decode, problems)
                         except Exception as e:  # any sample, however hostile, is a reported problem
@@ -163,6 +191,11 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(Problem(split, entry.url, None, f"size is {reader.size}, the index says {entry.filesize}"))
         if entry.sha256 and reader.hash.hexdigest() != entry.sha256:
             problems.append(Problem(split, entry.url, None, "sha256 does not match the index (corrupt or replaced)"))
+        for n in reader.mismatched:
+            key = shard_keys[n] if n < len(shard_keys) else None
+            problems.append(
+                Problem(split, entry.url, key, f"sample {n}'s bytes do not match the index's per-sample checksum")
+            )
         if count != entry.nsamples:
             problems.append(Problem(split, entry.url, None, f"holds {count} samples, the index says {entry.nsamples}"))
         elif entry.offsets and list(entry.offsets) != offsets:
