@@ -449,6 +449,11 @@ def _convert_split(
     return summary, index
 
 
+MAX_TABLE_SAMPLES = 10_000_000
+"""Splits of more samples keep no per-sample table in their JSON index (28 bytes of JSON a sample:
+280 MB at this count, parsed by every rank); their remote reads fetch and verify whole shards."""
+
+
 def finish_split(
     fs: OutputFS,
     split: str,
@@ -477,6 +482,7 @@ def finish_split(
     _write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
     counts = Counter(_reason_class(p.reason) for p in ignored)
     counts.update(ignored_counts or {})
+    tables = sum(r.nsamples for r in ordered) <= MAX_TABLE_SAMPLES
     index = SplitIndex(
         split=split,
         shards=tuple(
@@ -486,7 +492,7 @@ def finish_split(
                 filesize=r.filesize,
                 sha256=r.sha256,
                 offsets=r.offsets,
-                samples=r.samples,
+                samples=r.samples if tables else b"",
             )
             for r in ordered
         ),
