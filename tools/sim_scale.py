@@ -99,6 +99,46 @@ def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
     return out
 
 
+def _sizes(n: int, args: argparse.Namespace) -> list[int]:
+    per_sample = member_size(int(args.sample_kb * 1000)) + member_size(3)
+    per_shard = max(1, int(args.shard_mb * 1e6) // per_sample)
+    shards = math.ceil(n / per_shard)
+    return [per_shard] * (shards - 1) + [n - per_shard * (shards - 1)]
+
+
+def chart(args: argparse.Namespace) -> None:
+    """Plan one worker's epoch at each of ``args.sizes`` samples (each in a fresh process, as
+    :func:`main` does) and draw the time and the memory planning added, per plan layout."""
+    import matplotlib  # deferred: only the chart needs it
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    rows = []
+    for samples in args.sizes:
+        plan = _time_plan(_sizes(int(samples), args), args)
+        rows.append((int(samples), plan))
+        print(json.dumps({"samples": int(samples), **plan}))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for kind, label in (("keyed", "layout 4 (keyed block order)"), ("whole", "layout 3 (whole permutation)")):
+        points = [(n, p[kind]) for n, p in rows if kind in p]
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        left.plot(xs, [q["one_worker_s"] for _, q in points], marker="o", label=label)
+        right.plot(xs, [(q["rss_peak"] - q["rss_before"]) / 1e6 for _, q in points], marker="o", label=label)
+    for ax, what in ((left, "seconds to plan one worker's epoch"), (right, "MB that planning added")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("samples in the epoch")
+        ax.set_ylabel(what)
+        ax.legend()
+    fig.suptitle(f"world {args.world:,} x {args.workers} workers, block {args.block}: one worker, fresh process")
+    fig.tight_layout()
+    fig.savefig(args.chart, dpi=110)
+    print(f"chart: {args.chart}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=float, default=1e9)
@@ -118,7 +158,17 @@ def main() -> None:
         "(memory: ~100 B each)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--chart",
+        default=None,
+        metavar="PNG",
+        help="plan at each of --sizes instead, and draw one worker's plan time and added memory per layout",
+    )
+    ap.add_argument("--sizes", type=float, nargs="+", default=[1e7, 1e8, 1e9], help="sample counts for --chart")
     args = ap.parse_args()
+    if args.chart:
+        chart(args)
+        return
 
     n = int(args.samples)
     payload = int(args.sample_kb * 1000)
