@@ -163,20 +163,27 @@ def _http_error(e: urllib.error.HTTPError, start: int) -> Exception:
     return _Permanent(what)
 
 
+def _fsspec_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """``(filesystem, path)`` of a non-HTTP URL through fsspec; _Permanent when fsspec or its
+    backend for the URL's scheme is missing."""
+    try:
+        import fsspec  # deferred: an optional dependency, needed only for non-HTTP URLs
+    except ImportError as e:
+        raise _Permanent(
+            f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'"
+        ) from e
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except (ImportError, ValueError) as e:
+        raise _Permanent(f"no fsspec backend for this URL: {e}") from e
+    return fs, path
+
+
 class _FsspecBody:
     """Like :class:`_HttpBody`, for any fsspec URL (resumes by seeking)."""
 
     def __init__(self, url: str, start: int, storage_options: Mapping[str, Any] | None = None) -> None:
-        try:
-            import fsspec
-        except ImportError as e:
-            raise _Permanent(
-                f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'"
-            ) from e
-        try:
-            fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        except (ImportError, ValueError) as e:
-            raise _Permanent(f"no fsspec backend for this URL: {e}") from e
+        fs, path = _fsspec_fs(url, storage_options)
         self._f: Any = fs.open(path, "rb")
         size = getattr(self._f, "size", None)
         self.start, self.total = start, size if isinstance(size, int) else None
@@ -410,16 +417,7 @@ def _http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
 
 
 def _fsspec_range(url: str, start: int, stop: int, storage_options: Mapping[str, Any] | None) -> bytes:
-    try:
-        import fsspec  # deferred: an optional dependency, needed only for non-HTTP URLs
-    except ImportError as e:
-        raise _Permanent(
-            f"reading {url.split('://', 1)[0]}:// URLs needs fsspec: pip install 'shardify[remote]'"
-        ) from e
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-    except (ImportError, ValueError) as e:
-        raise _Permanent(f"no fsspec backend for this URL: {e}") from e
+    fs, path = _fsspec_fs(url, storage_options)
     try:
         data = bytes(fs.cat_file(path, start=start, end=stop))
     except Exception as e:
