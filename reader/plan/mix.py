@@ -146,16 +146,22 @@ def shard_permutation(num_shards: int, *, seed: int, epoch: int, shuffle: bool =
     return np.random.RandomState(derive_seed("shards", seed, epoch) % 2**32).permutation(num_shards)
 
 
+def _counts_per_stream(streams: Sequence[Sequence[int]], counts: Sequence[int] | None) -> Sequence[int]:
+    """``counts``, one per stream (None: each stream's whole size); ValueError if they do not pair."""
+    if counts is None:
+        return [sum(s) for s in streams]
+    if len(counts) != len(streams):
+        raise ValueError(f"{len(counts)=} should be {len(streams)}, one per stream")
+    return counts
+
+
 def block_sequence(
     streams: Sequence[Sequence[int]], *, counts: Sequence[int] | None, seed: int, epoch: int, block: int
 ) -> BlockSequence:
     """Layout 4's shuffled epoch: each stream's take (``counts``; None: each stream once, its
     shards in :func:`shard_permutation` order) as arrays, in blocks of ``block`` samples put in
     a keyed order that a worker evaluates on its own share (:class:`BlockSequence`)."""
-    if counts is None:
-        counts = [sum(s) for s in streams]
-    if len(counts) != len(streams):
-        raise ValueError(f"{len(counts)=} should be {len(streams)}, one per stream")
+    counts = _counts_per_stream(streams, counts)
     pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     offset = 0
     for i, (sizes, count) in enumerate(zip(streams, counts)):
@@ -191,10 +197,7 @@ def epoch_sequence(
 ) -> tuple[Range, ...]:
     """The epoch's samples in order: each stream's take (``counts``; None: each stream once),
     then, with ``shuffle`` and ``interleave``, blocks of ``block`` samples in a seeded order."""
-    if counts is None:
-        counts = [sum(s) for s in streams]
-    if len(counts) != len(streams):
-        raise ValueError(f"{len(counts)=} should be {len(streams)}, one per stream")
+    counts = _counts_per_stream(streams, counts)
     if block < 1:
         raise ValueError(f"{block=} should be >= 1")
     takes: list[Range] = []
