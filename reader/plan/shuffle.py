@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -105,6 +105,24 @@ def ramp_start(buffer_size: int) -> int:
     return max(1, min(RAMP_START, buffer_size // 16))
 
 
+def _ramp(n: int, *, size: int, initial: int | None, draw: Callable[[], float]) -> tuple[list[int], list[int], int]:
+    """The shuffle buffer's ramp, shared by :func:`buffer_order` and its numpy twin: start with
+    ``initial`` items (None: a full buffer of ``size``), then emit one and read two until full.
+    ``draw()`` gives a float in [0, 1) per step. Returns ``(buffer, emitted, next item to read)``."""
+    t = size if initial is None else max(1, min(initial, size))
+    buf = list(range(t))
+    out: list[int] = []
+    while len(buf) < size and t < n:  # the ramp: emit one, read two
+        j = int(draw() * len(buf))
+        out.append(buf[j])
+        buf[j] = t
+        t += 1
+        if t < n:
+            buf.append(t)
+            t += 1
+    return buf, out, t
+
+
 def buffer_order(n: int, *, buffer_size: int, rng: random.Random, initial: int | None = None) -> list[int]:
     """The order in which a shuffle buffer of ``buffer_size`` emits items read as ``0..n-1``.
 
@@ -117,18 +135,8 @@ def buffer_order(n: int, *, buffer_size: int, rng: random.Random, initial: int |
     size = min(buffer_size, n)
     if size <= 1:
         return list(range(n))
-    t = size if initial is None else max(1, min(initial, size))
-    buf = list(range(t))
-    out: list[int] = []
     rand = rng.random
-    while len(buf) < size and t < n:  # the ramp: emit one, read two
-        j = int(rand() * len(buf))
-        out.append(buf[j])
-        buf[j] = t
-        t += 1
-        if t < n:
-            buf.append(t)
-            t += 1
+    buf, out, t = _ramp(n, size=size, initial=initial, draw=rand)
     for k in range(t, n):  # full: emit one, read one (with no ramp, the only loop)
         j = int(rand() * size)
         out.append(buf[j])
@@ -168,18 +176,8 @@ def _buffer_emitted(n: int, *, size: int, initial: int | None, rng: np.random.Ra
     size = min(size, n)
     if size <= 1:
         return np.arange(n, dtype=np.int64)
-    t = size if initial is None else max(1, min(initial, size))
-    buf = list(range(t))
-    out: list[int] = []
     draws = iter(rng.random_sample(size).tolist())
-    while len(buf) < size and t < n:  # the ramp: emit one, read two
-        j = int(next(draws) * len(buf))
-        out.append(buf[j])
-        buf[j] = t
-        t += 1
-        if t < n:
-            buf.append(t)
-            t += 1
+    buf, out, t = _ramp(n, size=size, initial=initial, draw=draws.__next__)
     slots = (rng.random_sample(n - t) * len(buf)).astype(np.int64)  # the full buffer: emit one, read one
     by_slot = np.argsort(slots, kind="stable")  # the steps by slot, in step order within one
     first = np.ones(len(by_slot), dtype=bool)
