@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_gpu_step import _dataset  # tools/: the dataset and transform the GPU benchmarks read
 
-from shardify.reader import DecodeOptions, ShardedDataset
-from shardify.reader import transforms as T
 from shardify.reader.sample.device_augment import augment_batch
-from shardify.reader.sample.device_decode import DeviceDecoder, nvjpeg_decoder, pil_decoder
+from shardify.reader.sample.device_decode import DeviceDecoder, encoded_images, nvjpeg_decoder, pil_decoder
 from shardify.reader.sample.device_plan import EncodedBatch
 
 
@@ -53,18 +52,8 @@ def _encoded(batch: Any) -> EncodedBatch:
 
 def measure(dataset: str | Path, *, device: str, batch_size: int, size: int, reps: int) -> dict[str, Any]:
     dev = torch.device(device)
-    ds = ShardedDataset(
-        dataset,
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=True,
-        transform=T.imagenet_train(size),
-        decoding=DecodeOptions(device=dev),
-    )
-    batch = _encoded(next(iter(ds)))
-    offsets = batch.offsets.tolist()
-    rows = [i for i in range(len(batch.keys)) if offsets[i + 1] > offsets[i]]
-    encoded = [batch.data[offsets[i] : offsets[i + 1]] for i in rows]
+    batch = _encoded(next(iter(_dataset(dataset, batch_size, size, "device", dev))))  # bench_gpu_step's dataset
+    rows, encoded = encoded_images(batch)
     jpeg = nvjpeg_decoder() if dev.type == "cuda" else pil_decoder
     decoded = jpeg(encoded, dev)
     idx = torch.tensor(rows)

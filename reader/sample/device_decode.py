@@ -29,7 +29,7 @@ from shardify.reader.sample.decode import decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import MAX_CHUNK_BYTES, augment_batch
 from shardify.reader.sample.device_plan import EncodedBatch
 
-__all__ = ["JpegDecoder", "nvjpeg_decoder", "pil_decoder", "DeviceDecoder", "fill_rows"]
+__all__ = ["JpegDecoder", "nvjpeg_decoder", "pil_decoder", "DeviceDecoder", "encoded_images", "fill_rows"]
 
 JpegDecoder = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 """``decoder(encoded, device)``: 1-D uint8 CPU tensors to uint8 [3, H, W] RGB tensors on ``device``."""
@@ -56,6 +56,14 @@ def nvjpeg_decoder() -> JpegDecoder:
 def pil_decoder(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Pillow on the CPU, then moved: the CPU stand-in for nvJPEG (tests, machines without a GPU)."""
     return [pil_to_tensor(decode_image(t.numpy().tobytes())).to(device) for t in encoded]
+
+
+def encoded_images(batch: EncodedBatch) -> tuple[list[int], list[torch.Tensor]]:
+    """``(rows, encoded)``: the rows of ``batch`` that hold JPEG bytes (the others were decoded
+    in the workers) and each one's bytes, a view of ``batch.data``."""
+    offsets = batch.offsets.tolist()
+    rows = [i for i in range(len(batch.keys)) if offsets[i + 1] > offsets[i]]
+    return rows, [batch.data[offsets[i] : offsets[i + 1]] for i in rows]
 
 
 def fill_rows(obj: Any, rows: torch.Tensor, batch: int) -> Any:
@@ -128,9 +136,7 @@ class DeviceDecoder:
         these images included."""
         n = len(batch.keys)
         h, w = batch.size
-        offsets = batch.offsets.tolist()
-        rows = [i for i in range(n) if offsets[i + 1] > offsets[i]]
-        encoded = [batch.data[offsets[i] : offsets[i + 1]] for i in rows]
+        rows, encoded = encoded_images(batch)
         bad: dict[int, str] = {}
         decoded = self._decode_all(encoded, rows, batch, bad) if rows else []
         out = torch.empty((n, 3, h, w), dtype=torch.uint8, device=self.device)
