@@ -405,13 +405,7 @@ class ShardedDataset(IterableDataset):
             starts=starts,
         ).num_batches
         o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
-        samples = (
-            seq.total
-            if isinstance(seq, BlockSequence)
-            else int(starts[-1])
-            if starts is not None
-            else sequence_length(seq)
-        )
+        samples = int(starts[-1]) if starts is not None else sequence_length(seq)  # layout 4 has no starts
         rank_batches = batches_per_rank(samples, world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
         last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
         return loaded_place(place, epoch=epoch, total=total, holds_last=last)
