@@ -23,8 +23,8 @@ def mirror() -> Path:
     if spec is None or spec.loader is None:
         raise RuntimeError("docs/hooks/api_layout.py not found")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # (it builds the mirror as it loads, as MkDocs loads it)
-    return Path(module.make_mirror())
+    spec.loader.exec_module(module)  # it builds the mirror as it loads, as MkDocs loads it
+    return Path(module.MIRROR)
 
 
 def main(argv: list[str] | None = None) -> int:
