@@ -70,7 +70,7 @@ from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.device_plan import plan_on_device
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches, stream_processors
-from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
+from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, sample_tagger
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
 
@@ -491,9 +491,8 @@ class ShardedDataset(IterableDataset):
             collate = functools.partial(pool.collate, collate)
         tag = None
         if self._tag_stream or o.mark_repeats:
-            tag = functools.partial(
-                tag_samples,
-                plan=plan,
+            tag = sample_tagger(
+                plan,
                 streams=self._stream_sizes if self._tag_stream else None,
                 mark_repeats=o.mark_repeats,
             )

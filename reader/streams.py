@@ -22,7 +22,16 @@ from shardify.reader.io.stream import Item
 from shardify.reader.plan.assign import WorkerPlan
 from shardify.reader.plan.mix import stream_counts
 
-__all__ = ["Stream", "resolve_streams", "mixed_source", "MixedOpener", "stream_weights", "epoch_counts", "tag_samples"]
+__all__ = [
+    "Stream",
+    "resolve_streams",
+    "mixed_source",
+    "MixedOpener",
+    "stream_weights",
+    "epoch_counts",
+    "tag_samples",
+    "sample_tagger",
+]
 
 
 @dataclass(frozen=True)
@@ -143,21 +152,32 @@ class MixedOpener:
         return self._sources[self._owner[url]].open_tar(url)
 
 
-def tag_samples(
-    items: Iterator[tuple[int, Item]], plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None, mark_repeats: bool
-) -> Iterator[tuple[int, Item]]:
-    """Add ``__stream__`` (when ``streams``, each stream's shard sizes, is given) and, with
-    ``mark_repeats``, ``__valid__`` to each sample dict of a worker's ``(position, item)``s."""
+def sample_tagger(
+    plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None, mark_repeats: bool
+) -> Callable[[tuple[int, Item]], tuple[int, Item]]:
+    """A function adding ``__stream__`` (when ``streams``, each stream's shard sizes, is given)
+    and, with ``mark_repeats``, ``__valid__`` to the sample dict of a worker's ``(position, item)``."""
     of = array.array("i")
     if streams is not None:
         first = list(itertools.accumulate((len(s) for s in streams), initial=0))
         for shard, a, b in plan.ranges:
             of.extend([bisect_right(first, shard) - 1] * (b - a))
     repeats = plan.repeats() if mark_repeats else None
-    for p, item in items:
+
+    def tag(pair: tuple[int, Item]) -> tuple[int, Item]:
+        p, item = pair
         if type(item) is dict:
             if streams is not None:
                 item["__stream__"] = of[p]
             if repeats is not None:
                 item["__valid__"] = p not in repeats
-        yield p, item
+        return pair
+
+    return tag
+
+
+def tag_samples(
+    items: Iterator[tuple[int, Item]], plan: WorkerPlan, *, streams: Sequence[Sequence[int]] | None, mark_repeats: bool
+) -> Iterator[tuple[int, Item]]:
+    """:func:`sample_tagger` applied to each of a worker's ``(position, item)``s."""
+    return map(sample_tagger(plan, streams=streams, mark_repeats=mark_repeats), items)

@@ -401,9 +401,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M40",
         "under on_error='skip' every rank keeps its batch count (a batch with no good sample borrows)",
-        "reader/sample/pipeline.py",
-        "        if good is None:\n            held.append(items)\n            continue",
-        "        if good is None:\n            continue",
+        "reader/stages/batch.py",
+        "        if good is None:\n            self._held.append(items)\n            return",
+        "        if good is None:\n            return",
         (
             "tests/reader/test_errors.py::test_a_batch_with_no_good_sample_borrows_from_the_next",
             "tests/reader/test_errors.py::test_skip_counts_reports_and_keeps_batch_counts_equal",

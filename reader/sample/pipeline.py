@@ -1,40 +1,34 @@
-"""One worker's epoch: read its share in shuffled order, decode and augment, batch, pad.
+"""One worker's epoch: the per-sample processing, and the wiring of the worker's stages.
 
-Stages, each a generator over the previous one:
-
-1. :func:`read_positions`: the worker's positions in read order, skipping those already
-   consumed before a resume; each run of consecutive positions is one ranged shard read.
-2. :func:`shardify.reader.plan.shuffle.reorder`: the encoded samples in output order (what the
-   shuffle buffer holds: encoded bytes, never decoded tensors).
-3. :class:`SampleProcessor`: decode and transform one sample into its output (or a
-   :class:`Bad` marker under the skip policy); augmentation RNG seeded by (seed, epoch, key).
-4. :func:`cut` (or :func:`bucketed`, grouping by length) into the plan's batches, then
-   :func:`batches`: replace bad samples by repeats of good samples of the same batch (so
-   every rank still yields the same number of batches) and collate.
-
-:func:`share_batches` chains them for one worker's share of an epoch.
+:class:`SampleProcessor` decodes and transforms one sample into its output (or a :class:`Bad`
+marker under the skip policy), its augmentation RNG seeded by (seed, epoch, key). The stages
+that read, shuffle, process, batch and collate a worker's share are in
+:mod:`shardify.reader.stages` (one file each); :func:`share_batches` wires them for one
+worker's share of an epoch (:func:`shardify.reader.stages.chain.worker_stages`).
+:func:`read_positions`, :func:`cut`, :func:`cut_processed`, :func:`bucketed` and
+:func:`batches` are those stages as plain generator functions, kept for their callers.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import os
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from shardify.errors import SampleError
 from shardify.reader.io.stream import Item, Lost, ShardReader
 from shardify.reader.plan.assign import Range, WorkerPlan
-from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
+from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.clock import CLOCK, augmenting
-from shardify.reader.sample.collate import bucket_batches
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
 from shardify.reader.sample.device_plan import PLACEHOLDER_HINT, PlannedImage
 from shardify.reader.sample.transforms import run_image_transform
+from shardify.reader.stages.batch import Bucketed, Cut, Fill, fill
+from shardify.reader.stages.chain import state_at_batch, worker_stages
+from shardify.reader.stages.process import Process, by_stream
+from shardify.reader.stages.read import Read, read_runs
 
 if TYPE_CHECKING:
     from shardify.reader.io.sources import Source
@@ -60,58 +54,15 @@ IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
 
 
-@dataclass(frozen=True, slots=True)
-class Bad:
-    """A sample that was skipped: unreadable (``lost``) or failing to decode or transform."""
-
-    shard: str
-    key: str | None
-    reason: str
-    lost: bool
-
-
 def read_positions(
     reader: ShardReader, ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
 ) -> Iterator[tuple[int, Item]]:
-    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones.
-    The reader is told all the reads first (:meth:`ShardReader.plan`), so remote ranges are fetched ahead."""
-    runs = list(_runs(ranges, order, consumed))
-    reader.plan((shard, first, first + count) for _, shard, first, count in runs)
-    try:
-        for p, shard, first, count in runs:
-            for k, item in enumerate(reader.read(shard, first, first + count)):
-                yield p + k, item
-    finally:
-        reader.plan(())  # stopped early (an error, a break): what was fetched ahead is not wanted
+    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones
+    (the :class:`~shardify.reader.stages.read.Read` stage)."""
+    return Read(reader, ranges, order, consumed)
 
 
-def _runs(
-    ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
-) -> Iterator[tuple[int, int, int, int]]:
-    """``(position, shard, first sample, count)`` of each read, in order: consecutive positions
-    in one shard range are read together."""
-    starts = [0]
-    for _, a, b in ranges:
-        starts.append(starts[-1] + b - a)
-    i, n = 0, len(order)
-    while i < n:
-        p = order[i]
-        if consumed is not None and consumed[p]:
-            i += 1
-            continue
-        r = bisect.bisect_right(starts, p) - 1
-        end = starts[r + 1]
-        j = i + 1
-        while (
-            j < n
-            and order[j] == order[j - 1] + 1
-            and order[j] < end
-            and not (consumed is not None and consumed[order[j]])
-        ):
-            j += 1
-        shard, a, _ = ranges[r]
-        yield p, shard, a + p - starts[r], j - i
-        i = j
+_runs = read_runs
 
 
 def field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
@@ -216,48 +167,18 @@ class SampleProcessor:
         return out[0] if len(out) == 1 else tuple(out)
 
 
-def _fill(items: list[Any], donor: Any) -> list[Any]:
-    """Replace each Bad by the nearest earlier good item of the batch, else the next, else ``donor``."""
-    out = list(items)
-    good = [i for i, x in enumerate(out) if not isinstance(x, Bad)]
-    for i, x in enumerate(out):
-        if isinstance(x, Bad):
-            j = bisect.bisect_left(good, i)
-            out[i] = out[good[j - 1]] if j > 0 else (out[good[j]] if j < len(good) else donor)
-    return out
+_fill = fill
 
 
 def cut(outputs: Iterator[Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
-    """Group ``outputs`` into lists of ``sizes``."""
-    for size in sizes:
-        yield [next(outputs) for _ in range(size)]
+    """Group ``outputs`` into lists of ``sizes`` (the :class:`~shardify.reader.stages.batch.Cut` stage)."""
+    return Cut(outputs, sizes)
 
 
 def cut_processed(items: Iterator[Any], process: Callable[[Any], Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
     """:func:`cut` of ``map(process, items)``, each group read whole, then processed: the
     :data:`~shardify.reader.sample.clock.CLOCK` gets the reading and processing time per batch."""
-    clock = CLOCK
-    for size in sizes:
-        t0 = time.perf_counter()
-        group = [next(items) for _ in range(size)]
-        t1 = time.perf_counter()
-        out = list(map(process, group))
-        clock.process += time.perf_counter() - t1
-        clock.read += t1 - t0
-        yield out
-
-
-def _timed_items(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, the time taken by each added to the clock's reading (the bucketing path)."""
-    clock = CLOCK
-    while True:
-        t = time.perf_counter()
-        try:
-            x = next(items)
-        except StopIteration:
-            return
-        clock.read += time.perf_counter() - t
-        yield x
+    return Process(Cut(items, sizes), process, batched=True)
 
 
 def _timed(fn: Callable[[Any], Any], stage: str) -> Callable[[Any], Any]:
@@ -278,11 +199,9 @@ def bucketed(
     outputs: Iterator[Any], *, batch_size: int, length: Callable[[Any], int], buffer_size: int, rng: Any
 ) -> Iterator[list[Any]]:
     """Group ``outputs`` by ``length`` (skipped samples count as 0) into ``ceil(n / batch_size)`` lists."""
-
-    def key(x: Any) -> int:
-        return 0 if isinstance(x, Bad) else length(x)
-
-    return bucket_batches(outputs, batch_size=batch_size, length=key, buffer_size=buffer_size, rng=rng, drop_last=False)
+    return Bucketed(
+        lambda: outputs, batch_size=batch_size, length=length, buffer_size=buffer_size, make_rng=lambda: rng
+    )
 
 
 def batches(
@@ -291,44 +210,9 @@ def batches(
     collate: Callable[[list[Any]], Any],
     on_bad: Callable[[Bad], None],
 ) -> Iterator[Any]:
-    """Collate each group, replacing skipped samples (see :func:`_fill`); one batch per group.
-
-    A group with no good sample takes the first good sample of the next group (it is held
-    until one arrives), or at the very end the last good sample seen; so the batch count never
-    changes. Only when this worker met no good sample at all does it raise.
-    """
-    held: list[list[Any]] = []
-    last_good: Any = None
-    seen_good = False
-    first_bad: Bad | None = None
-    for items in groups:
-        good = None
-        for x in items:
-            if isinstance(x, Bad):
-                on_bad(x)
-                first_bad = first_bad or x
-            elif good is None:
-                good = x
-        if good is None:
-            held.append(items)
-            continue
-        for h in held:
-            yield collate(_fill(h, good))
-        held = []
-        filled = _fill(items, good)
-        last_good, seen_good = filled[-1], True
-        yield collate(filled)
-    if held:
-        if not seen_good:
-            first_bad = first_bad or Bad("?", None, "?", lost=False)
-            raise SampleError(
-                f"every sample of this worker's {len(held)} remaining batches was skipped; "
-                f"nothing to pad them with (first: {first_bad.reason})",
-                shard=first_bad.shard,
-                key=first_bad.key,
-            )
-        for h in held:
-            yield collate(_fill(h, last_good))
+    """Collate each group, replacing skipped samples (the :class:`~shardify.reader.stages.batch.Fill`
+    stage, then ``collate``); one batch per group."""
+    return map(collate, Fill(iter(groups), on_bad=on_bad))
 
 
 def stream_processors(
@@ -367,40 +251,34 @@ def share_batches(
     processors: Sequence[SampleProcessor],
     collate: Callable[[list[Any]], Any],
     on_bad: Callable[[Bad], None],
-    tag: Callable[[Iterator[tuple[int, Item]]], Iterator[tuple[int, Item]]] | None,
+    tag: Callable[[tuple[int, Item]], tuple[int, Item]] | None,
 ) -> Iterator[Any]:
     """The batches of a worker's ``plan`` after its first ``skip``: ``read`` and ``out`` are its
     read and output orders (:func:`~shardify.reader.plan.resume.share_order`), ``sizes`` the
-    sizes of the batches left. ``processors``: one per stream; ``tag`` marks each item's stream
-    (and repeats) when the output needs it. Lazy: nothing is read before the first batch is asked for.
-    """
+    sizes of the batches left (``plan.batch_sizes()[skip:]``). ``processors``: one per stream;
+    ``tag`` marks each ``(position, item)``'s stream (and repeats) when the output needs it
+    (:func:`~shardify.reader.streams.sample_tagger`). Lazy: nothing is read before the first
+    batch is asked for."""
     o = options
-    # Bucketing groups by decoded length, so a resume replays the worker's share from its start.
-    done = 0 if o.bucket_length is not None else min(skip * o.batch_size, len(out))
-    mask = None
-    if done:
-        mask = bytearray(len(out))
-        for p in out[:done]:
-            mask[p] = 1
-    process: Callable[[Item], Any] = processors[0]
-    if len(processors) > 1:
-
-        def process(item: Item) -> Any:
-            return processors[cast(int, item["__stream__"]) if isinstance(item, dict) else 0](item)
-
-    items = read_positions(reader, plan.ranges, read, mask)
-    if tag is not None:
-        items = tag(items)
-    if o.bucket_length is None:
-        groups: Iterator[list[Any]] = cut_processed(reorder(items, out[done:]), process, sizes)
-    else:  # grouped by decoded length: timed per sample
-        outputs = map(_timed(process, "process"), _timed_items(reorder(items, out[done:])))
-        groups = bucketed(
-            outputs,
-            batch_size=o.batch_size,
-            length=o.bucket_length,
-            buffer_size=o.bucket_buffer or 16 * o.batch_size,
-            rng=random.Random(derive_seed("bucket", o.seed, epoch, rank, worker)),
-        )
-        groups = itertools.islice(groups, skip, None)
-    return batches(groups, collate=_timed(collate, "collate"), on_bad=on_bad)
+    stages = worker_stages(
+        reader,
+        plan,
+        read=read,
+        out=out,
+        process=by_stream(processors),
+        collate=collate,
+        on_bad=on_bad,
+        tag=tag,
+        bucket_length=o.bucket_length,
+        bucket_buffer=o.bucket_buffer,
+        seed=o.seed,
+        epoch=epoch,
+        rank=rank,
+        worker=worker,
+    )
+    if skip:
+        bucketed = o.bucket_length is not None
+        stages.load_state_dict(state_at_batch(skip, batch_size=plan.batch_size, samples=len(out), bucketed=bucketed))
+    if len(sizes) != plan.num_batches - skip:
+        raise ValueError(f"sizes has {len(sizes)} batches; the plan has {plan.num_batches - skip} after {skip=}")
+    return stages

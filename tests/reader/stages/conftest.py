@@ -1,4 +1,5 @@
-"""The one save/restore check every reader stage passes: the ``check_midpoints`` fixture.
+"""The one save/restore check every reader stage passes: the ``check_midpoints`` fixture; and
+``fake_reader``, a tiny in-memory shard reader (item ``(shard, i)`` has ``x = 100 * shard + i``).
 
 ``check_midpoints(make)``: ``make()`` builds a fresh stage (with its sources) over the same data.
 For each midpoint: take that many items, save the state, then (1) the rest from the same stage
@@ -10,7 +11,7 @@ by value).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,3 +69,25 @@ def check_midpoints(make: Callable[[], Stage[Any]], midpoints: Iterable[int] | N
 def check_midpoints_fixture() -> Callable[..., list[Any]]:
     """:func:`check_midpoints`, for the tests of every stage."""
     return check_midpoints
+
+
+class FakeReader:
+    """Records what it was asked to plan and read."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int, int]] = []
+        self.planned: list[list[tuple[int, int, int]]] = []
+
+    def plan(self, runs: Iterable[tuple[int, int, int]]) -> None:
+        self.planned.append(list(runs))
+
+    def read(self, shard: int, start: int, stop: int) -> Iterator[Any]:
+        self.reads.append((shard, start, stop))
+        for i in range(start, stop):
+            yield {"__key__": f"s{shard}/{i}", "__shard__": f"shard-{shard}", "x": shard * 100 + i}
+
+
+@pytest.fixture(name="fake_reader")
+def fake_reader_fixture() -> type[FakeReader]:
+    """:class:`FakeReader`, the class: each test makes as many as its stages need."""
+    return FakeReader
