@@ -30,7 +30,6 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -56,15 +55,12 @@ from shardify.reader.options import (
 )
 from shardify.reader.plan.assign import (
     batches_per_rank,
-    plan_worker,
     resumed_role,
     samples_per_rank,
-    sequence_length,
-    sequence_starts,
 )
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.mix import layout_sequence
-from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
+from shardify.reader.plan.epoch import EpochInputs, EpochPlan
+from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.device_plan import plan_on_device
@@ -205,14 +201,23 @@ class ShardedDataset(IterableDataset):
             or map is not None
             or any(s.map is not None for s in self.streams)
         )
+        self.epoch_inputs = EpochInputs(
+            seed=o.seed,
+            shuffle=o.shuffle,
+            batch_size=o.batch_size,
+            drop_last=o.drop_last,
+            block=o.shuffle_block,
+            buffer=o.shuffle_buffer,
+            stream_sizes=self._stream_sizes,
+            counts=self._counts,
+            blocks=self._blocks,
+        )
         self._checksums = source_checksums(self.source) if o.verify else None
         self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
         self._report = SharedReport()
         self._rank_world: tuple[int, int] | None = None
         self._reader: tuple[int, ShardReader] | None = None
         self.batch_slots = WorkerSlots()  # make_loader's Loader attaches its channel while workers start
-        # (key, sequence, starts): the last epoch's
-        self._planned: tuple[tuple, tuple | BlockSequence, np.ndarray | None] | None = None
         self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
 
     # -- what the main process controls ------------------------------------------------------
@@ -293,47 +298,14 @@ class ShardedDataset(IterableDataset):
     def layout_options(self, layout: int) -> PlanOptions:
         """The options of this dataset's plan under ``layout`` (layouts before 3: no buffer ramp;
         before 4: the buffer simulated in Python)."""
-        o = self.options
-        return PlanOptions(
-            seed=o.seed,
-            shuffle=o.shuffle,
-            batch_size=o.batch_size,
-            drop_last=o.drop_last,
-            block=o.shuffle_block,
-            buffer=o.shuffle_buffer,
-            ramp=layout >= 3,
-            vectorised=layout >= 4,
-        )
+        return self.epoch_inputs.plan_options(layout)
 
     def epoch_sequence(
         self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT
     ) -> tuple | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
         under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
-        return self._sequence(epoch, tuple(history), layout)[0]
-
-    def _sequence(
-        self, epoch: int, history: tuple[Segment, ...], layout: int
-    ) -> tuple[tuple | BlockSequence, np.ndarray | None]:
-        """``(sequence, sequence_starts)`` of an epoch, planned once per process and epoch: a
-        process's workers, its next iteration and a resume check reuse them (pure functions)."""
-        o = self.options
-        key = (epoch, history, layout, o.seed, o.shuffle, o.shuffle_block, o.batch_size, o.drop_last, o.shuffle_buffer)
-        if self._planned is None or self._planned[0] != key:
-            seq = layout_sequence(
-                self._stream_sizes,
-                counts=self._counts,
-                seed=o.seed,
-                epoch=epoch,
-                shuffle=o.shuffle,
-                block=o.shuffle_block,
-                layout=layout,
-                blocks=self._blocks,
-            )
-            if history:
-                seq = resumed_sequence(seq, history, self.layout_options(layout), epoch=epoch)
-            self._planned = (key, seq, sequence_starts(seq))
-        return self._planned[1], self._planned[2]
+        return self.epoch_inputs.sequence(epoch, history, layout)[0]
 
     @property
     def last_epoch_report(self) -> EpochReport:
@@ -356,7 +328,6 @@ class ShardedDataset(IterableDataset):
         state = dict(self.__dict__)
         state["_rank_world"] = detect_rank_world()
         state["_reader"] = None
-        state["_planned"] = None  # a spawned worker plans its epoch itself rather than unpickle it
         return state
 
     # -- one process's place: torchdata's StatefulDataLoader protocol ---------------------------
@@ -388,27 +359,22 @@ class ShardedDataset(IterableDataset):
         world = detect_world(self._rank_world if get_worker_info() is not None else None)
         self._place.load(load_iter_state(self, state, world=world.world, workers=world.workers))
 
-    def _take_pending(self, epoch: int, world: World) -> IterPosition | None:
-        """The place loaded for this iteration, if any (see :meth:`load_state_dict`)."""
+    def _take_pending(self, epoch: int, world: World) -> tuple[IterPosition, EpochPlan] | None:
+        """The place loaded for this iteration, if any (see :meth:`load_state_dict`), and its plan."""
         place = self._place.take()
         if place is None:
             return None
-        seq, starts = self._sequence(place.epoch, place.history, place.layout)
-        total = plan_worker(
-            seq,
+        plan = self.epoch_inputs.worker(
+            place.epoch,
             rank=world.rank,
             world=world.world,
             worker=place.role,
             workers=world.workers,
-            batch_size=self.options.batch_size,
-            drop_last=self.options.drop_last,
-            starts=starts,
-        ).num_batches
-        o = self.options  # batch b of the rank is worker b % workers's: the epoch's last is this role's?
-        samples = int(starts[-1]) if starts is not None else sequence_length(seq)  # layout 4 has no starts
-        rank_batches = batches_per_rank(samples, world=world.world, batch_size=o.batch_size, drop_last=o.drop_last)
-        last = rank_batches > 0 and place.role == (rank_batches - 1) % world.workers
-        return loaded_place(place, epoch=epoch, total=total, holds_last=last)
+            history=place.history,
+            layout=place.layout,
+        )
+        loaded = loaded_place(place, epoch=epoch, total=plan.num_batches, holds_last=plan.holds_last)
+        return None if loaded is None else (loaded, plan)
 
     # -- what runs in each worker --------------------------------------------------------------
 
@@ -443,8 +409,10 @@ class ShardedDataset(IterableDataset):
         slot = self._report.begin(world.worker, world.workers, in_worker=in_worker, epoch=epoch)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         loaded = self._take_pending(epoch, world)
+        plan: EpochPlan | None = None
         if loaded is not None:
-            role, skip, history, layout = loaded.role, loaded.batches, loaded.history, loaded.layout
+            place, plan = loaded
+            role, skip, history, layout = place.role, place.batches, place.history, place.layout
         pool = self.batch_slots.pool(world.worker) if in_worker else None
         self._place.position = IterPosition(
             epoch=epoch,
@@ -456,6 +424,7 @@ class ShardedDataset(IterableDataset):
             layout=layout,
         )
         return self._run(
+            plan,
             World(world.rank, world.world, role, world.workers),
             slot,
             position=self._place.position,
@@ -464,28 +433,34 @@ class ShardedDataset(IterableDataset):
         )
 
     def _run(
-        self, world: World, slot: int, *, position: IterPosition, log_report: bool, pool: SlotPool | None
+        self,
+        epoch_plan: EpochPlan | None,
+        world: World,
+        slot: int,
+        *,
+        position: IterPosition,
+        log_report: bool,
+        pool: SlotPool | None,
     ) -> Iterator[Any]:
-        """The batches of ``world.worker``'s share (its plan role) from ``position``, counted there."""
+        """The batches of ``world.worker``'s share (its plan role) from ``position``, counted there;
+        ``epoch_plan``: that share's plan when the caller has it already."""
         o = self.options
-        epoch, skip, history, layout = position.epoch, position.batches, position.history, position.layout
-        seq, starts = self._sequence(epoch, history, layout)
-        plan = plan_worker(
-            seq,
-            rank=world.rank,
-            world=world.world,
-            worker=world.worker,
-            workers=world.workers,
-            batch_size=o.batch_size,
-            drop_last=o.drop_last,
-            starts=starts,
-        )
+        epoch, skip = position.epoch, position.batches
+        if epoch_plan is None:
+            epoch_plan = self.epoch_inputs.worker(
+                epoch,
+                rank=world.rank,
+                world=world.world,
+                worker=world.worker,
+                workers=world.workers,
+                history=position.history,
+                layout=position.layout,
+            )
+        plan = epoch_plan.share
         sizes = plan.batch_sizes()[skip:]
         if not sizes:
             return
-        read, out = share_order(
-            plan, self.layout_options(layout), epoch=epoch, rank=world.rank, worker=world.worker, segment=len(history)
-        )
+        read, out = epoch_plan.orders()
         collate: Callable[[list[Any]], Any] = default_collate if o.collate_fn is None else o.collate_fn
         if pool is not None:
             collate = functools.partial(pool.collate, collate)
@@ -510,8 +485,8 @@ class ShardedDataset(IterableDataset):
                     skip=skip,
                     options=o,
                     epoch=epoch,
-                    rank=world.rank,
-                    worker=world.worker,
+                    rank=epoch_plan.rank,
+                    worker=epoch_plan.worker,
                     processors=processors,
                     collate=collate,
                     on_bad=functools.partial(self._report.record_bad, slot),

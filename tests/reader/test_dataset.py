@@ -203,11 +203,12 @@ def test_spawned_workers_see_epoch_rank_and_report(counting_dataset, monkeypatch
 def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
     """The plan is a pure function: a process plans an epoch's sequence once and reuses it;
     a new epoch is planned anew, a new order of the same samples."""
-    import shardify.reader.dataset as dataset_module
+    import shardify.reader.plan.epoch as epoch_module
 
     calls: list[int] = []
-    real = dataset_module.layout_sequence
-    monkeypatch.setattr(dataset_module, "layout_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
+    real = epoch_module.layout_sequence
+    monkeypatch.setattr(epoch_module, "layout_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
+    epoch_module._sequence.cache_clear()  # planned by an earlier test of the same inputs
     ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
     first = run(ds)
     assert run(ds) == first
