@@ -37,7 +37,7 @@ from shardify.reader.delivery.batchpool import SlotPool, WorkerSlots
 from shardify.reader.delivery.place import ProcessPlace, loaded_place
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, SharedEpoch
-from shardify.reader.delivery.state import IterPosition, load_iter_state, make_iter_state
+from shardify.reader.delivery.state import IterPosition, ResumeBasis, load_iter_state, make_iter_state
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.ranged import range_fetcher
@@ -212,6 +212,12 @@ class ShardedDataset(IterableDataset):
             counts=self._counts,
             blocks=self._blocks,
         )
+        self.resume_basis = ResumeBasis.of(
+            self.epoch_inputs,
+            [st.source for st in self.streams],  # type: ignore[misc]
+            bucketed=o.bucket_length is not None,
+            bucket_buffer=o.bucket_buffer,
+        )
         self._checksums = source_checksums(self.source) if o.verify else None
         self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
         self._report = SharedReport()
@@ -346,7 +352,7 @@ class ShardedDataset(IterableDataset):
             place = IterPosition(
                 epoch=self.epoch, role=world.worker, workers=world.workers, world=world.world, batches=0, layout=LAYOUT
             )
-        return make_iter_state(self, place)
+        return make_iter_state(self.resume_basis, place)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make this process's next iteration go on from ``state`` (from :meth:`state_dict`).
@@ -357,7 +363,7 @@ class ShardedDataset(IterableDataset):
         and a finished one is dropped.
         """
         world = detect_world(self._rank_world if get_worker_info() is not None else None)
-        self._place.load(load_iter_state(self, state, world=world.world, workers=world.workers))
+        self._place.load(load_iter_state(self.resume_basis, state, world=world.world, workers=world.workers))
 
     def _take_pending(self, epoch: int, world: World) -> tuple[IterPosition, EpochPlan] | None:
         """The place loaded for this iteration, if any (see :meth:`load_state_dict`), and its plan."""

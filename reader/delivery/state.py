@@ -36,6 +36,11 @@ Lightning through it) asks each worker for it after every batch it makes, keeps 
 goes with the last batch the training loop took, and gives it back to the same worker of a
 new loader, which then yields exactly the batches after it. It carries ``data`` and ``check``
 as the loader's state does, and is refused the same way when edited, cut or from other data.
+
+States are made from and checked against a :class:`ResumeBasis`: a plain frozen value of what
+must match to resume (the plan's inputs, bucketing, each stream's data identity and name),
+built once by the dataset (``ShardedDataset.resume_basis``); a dataset given instead is read
+for its ``resume_basis``.
 """
 
 from __future__ import annotations
@@ -43,21 +48,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
-from shardify.reader.plan.assign import batches_per_rank, sequence_length
+from shardify.reader.plan.assign import batches_per_rank
+from shardify.reader.plan.epoch import EpochInputs
 from shardify.reader.plan.resume import LAYOUTS, Segment
 
 if TYPE_CHECKING:
     from shardify.reader.io.sources import Source
-    from shardify.reader.options import ReadOptions
 
 __all__ = [
+    "ResumeBasis",
     "StateSource",
     "STATE_VERSION",
     "ITER_STATE_KIND",
@@ -74,30 +79,61 @@ __all__ = [
 STATE_VERSION = 3
 
 
-class StateSource(Protocol):
-    """What a state is made from and checked against: the plan's inputs, not a dataset object
-    (:class:`~shardify.reader.dataset.ShardedDataset` is one; so can a test's plain value be)."""
+@dataclass(frozen=True)
+class ResumeBasis:
+    """What a state must match to resume: a plain value, built once by the dataset."""
 
-    options: ReadOptions
+    inputs: EpochInputs
+    """The plan's inputs: seed, plan options, each stream's shard sizes and samples per epoch."""
+    bucketed: bool = False
+    bucket_buffer: int | None = None
+    data: tuple[tuple[str | None, str], ...] = ()
+    """Each stream's ``(version, digest)`` (:func:`data_identity`)."""
+    names: tuple[str, ...] = ()
+    """Each stream's name, for messages."""
+
+    @classmethod
+    def of(
+        cls, inputs: EpochInputs, sources: Sequence[Source], *, bucketed: bool, bucket_buffer: int | None
+    ) -> ResumeBasis:
+        """The basis of a dataset planned by ``inputs`` reading one stream from each of ``sources``."""
+        identities = [data_identity(s) for s in sources]
+        return cls(
+            inputs=inputs,
+            bucketed=bucketed,
+            bucket_buffer=bucket_buffer if bucketed else None,
+            data=tuple((d["version"], d["digest"]) for d in identities),
+            names=tuple(s.name for s in sources),
+        )
 
     @property
-    def streams(self) -> Sequence[Any]: ...  # each with a ``.source`` (its data identity and name)
+    def stream_samples(self) -> tuple[int, ...]:
+        """Samples of each stream's data (one pass)."""
+        return tuple(sum(sizes) for sizes in self.inputs.stream_sizes)
 
     @property
-    def num_samples(self) -> int: ...
+    def stream_counts(self) -> tuple[int, ...]:
+        """Samples each stream gives an epoch."""
+        return self.inputs.counts if self.inputs.counts is not None else self.stream_samples
 
     @property
-    def samples_per_epoch(self) -> int: ...
+    def num_samples(self) -> int:
+        return sum(self.stream_samples)
+
+
+class HasResumeBasis(Protocol):
+    """A dataset: what states are made from, through its ``resume_basis``."""
 
     @property
-    def stream_counts(self) -> tuple[int, ...]: ...
+    def resume_basis(self) -> ResumeBasis: ...
 
-    @property
-    def stream_samples(self) -> tuple[int, ...]: ...
 
-    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = (), layout: int = ...) -> Any: ...
+StateSource: TypeAlias = "ResumeBasis | HasResumeBasis"
+"""What the functions here take: the basis, or a dataset holding one."""
 
-    def __len__(self) -> int: ...  # batches each rank yields per epoch
+
+def _basis(source: StateSource) -> ResumeBasis:
+    return source if isinstance(source, ResumeBasis) else source.resume_basis
 
 
 _CHECKED = (
@@ -132,20 +168,20 @@ _ITER_CHECKED = (
 """The fields of a dataset (per-process) state that its ``check`` covers."""
 
 
-def _plan_fields(ds: StateSource, version: int = STATE_VERSION) -> dict[str, Any]:
-    o = ds.options
+def _plan_fields(basis: ResumeBasis, version: int = STATE_VERSION) -> dict[str, Any]:
+    o = basis.inputs
     plan: dict[str, Any] = {
         "batch_size": o.batch_size,
         "drop_last": o.drop_last,
         "shuffle": o.shuffle,
-        "shuffle_block": o.shuffle_block,
-        "shuffle_buffer": o.shuffle_buffer,
-        "streams": list(ds.stream_samples),
-        "stream_counts": list(ds.stream_counts),
+        "shuffle_block": o.block,
+        "shuffle_buffer": o.buffer,
+        "streams": list(basis.stream_samples),
+        "stream_counts": list(basis.stream_counts),
     }
     if version >= 3:
-        plan["bucketed"] = o.bucket_length is not None
-        plan["bucket_buffer"] = o.bucket_buffer if o.bucket_length is not None else None
+        plan["bucketed"] = basis.bucketed
+        plan["bucket_buffer"] = basis.bucket_buffer
     return plan
 
 
@@ -168,15 +204,9 @@ def data_identity(source: Source) -> dict[str, Any]:
     return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
 
 
-_IDENTITIES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = weakref.WeakKeyDictionary()
-
-
-def _identities(ds: StateSource) -> list[dict[str, Any]]:
-    """Each stream's :func:`data_identity`, computed once per dataset object (in each process)."""
-    cached = _IDENTITIES.get(ds)
-    if cached is None:
-        cached = _IDENTITIES[ds] = [data_identity(st.source) for st in ds.streams]
-    return [dict(d) for d in cached]
+def _identities(basis: ResumeBasis) -> list[dict[str, Any]]:
+    """Each stream's :func:`data_identity`, as a state holds them."""
+    return [{"version": version, "digest": digest} for version, digest in basis.data]
 
 
 def _field_check(name: str, value: Any) -> str:
@@ -197,19 +227,20 @@ def make_state(
     ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int, world: int, workers: int
 ) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
+    b = _basis(ds)
     return seal_state(
         {
             "version": STATE_VERSION,
             "epoch": epoch,
             "batches": batches,
-            "seed": ds.options.seed,
+            "seed": b.inputs.seed,
             "world": world,
             "workers": workers,
-            "num_batches": len(ds),
+            "num_batches": b.inputs.rank_batches(epoch, world=world),  # a whole epoch's: len(dataset)
             "history": [[s.world, s.workers, s.batches] for s in history],
             "layout": layout,
-            "plan": _plan_fields(ds),
-            "data": _identities(ds),
+            "plan": _plan_fields(b),
+            "data": _identities(b),
         }
     )
 
@@ -243,13 +274,13 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
         raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 3 state")
 
 
-def _check_data(ds: StateSource, saved: Any, what: str = "loader") -> None:
+def _check_data(ds: ResumeBasis, saved: Any, what: str = "loader") -> None:
     """Refuse a state saved on other data: another dataset, conversion or version."""
     have = _identities(ds)
     if not isinstance(saved, list) or len(saved) != len(have):
         raise ValueError(f"{what} state field 'data' is {saved!r}; this loader reads {len(have)} stream(s): {have!r}")
     for i, (found, mine) in enumerate(zip(saved, have)):
-        name = ds.streams[i].source.name
+        name = ds.names[i]
         if not isinstance(found, dict):
             raise ValueError(f"{what} state field 'data[{i}]' is {found!r}; want {{'version': ..., 'digest': ...}}")
         if found.get("version") != mine["version"]:
@@ -266,7 +297,7 @@ def _check_data(ds: StateSource, saved: Any, what: str = "loader") -> None:
             )
 
 
-def _check_part_passes(ds: StateSource, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
+def _check_part_passes(ds: ResumeBasis, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
     """A version 2 state mid-epoch where a stream reads part of a pass: that part changed since."""
     if not batches and not history:
         return
@@ -291,7 +322,7 @@ def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> in
     return value
 
 
-def _check_plan(ds: StateSource, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
+def _check_plan(ds: ResumeBasis, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
     """Refuse a state whose plan options (those that decide an epoch's batches) are not ``ds``'s."""
     saved = state.get("plan")
     if not isinstance(saved, dict):
@@ -315,37 +346,35 @@ def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segm
 
 
 def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
-    """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one)."""
-    if history:  # plans the rest once here, so that a bad state fails now and not in a worker
-        left = sequence_length(ds.epoch_sequence(epoch, history=history, layout=layout))
-    else:
-        left = ds.samples_per_epoch
-    return batches_per_rank(left, world=world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last)
+    """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one).
+    With a history it plans the rest here once, so that a bad state fails now and not in a worker."""
+    return _basis(ds).inputs.rank_batches(epoch, world=world, history=history, layout=layout)
 
 
 def load_state(
     ds: StateSource, state: dict[str, Any], *, world: int, workers: int
 ) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
+    b = _basis(ds)
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
         raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1, 2 and {STATE_VERSION}")
     if version == STATE_VERSION:
         _check_integrity(state)
-        _check_data(ds, state.get("data"))
-    if state.get("seed") != ds.options.seed:
-        raise ValueError(f"loader state field 'seed' is {state.get('seed')!r}, this loader has {ds.options.seed!r}")
+        _check_data(b, state.get("data"))
+    if state.get("seed") != b.inputs.seed:
+        raise ValueError(f"loader state field 'seed' is {state.get('seed')!r}, this loader has {b.inputs.seed!r}")
     epoch, batches = _int(state, "epoch", 0), _int(state, "batches", 0)
     saved_world = _int(state, "world", 1)
     saved_workers = _int(state, "workers", 1) if "workers" in state else workers
     if version == 1:
-        if len(ds.streams) > 1 or ds.samples_per_epoch != ds.num_samples:
+        if len(b.inputs.stream_sizes) > 1 or b.inputs.samples_per_epoch != b.num_samples:
             raise ValueError(
                 "a version 1 loader state was saved from one source read whole each epoch; "
                 "this loader mixes streams or sets samples_per_epoch"
             )
         expected = batches_per_rank(
-            ds.num_samples, world=saved_world, batch_size=ds.options.batch_size, drop_last=ds.options.drop_last
+            b.num_samples, world=saved_world, batch_size=b.inputs.batch_size, drop_last=b.inputs.drop_last
         )
         if state.get("num_batches") != expected:
             raise ValueError(
@@ -355,13 +384,13 @@ def load_state(
         history: tuple[Segment, ...] = ()
         layout = 1
     else:
-        _check_plan(ds, state, what="loader", version=version)
+        _check_plan(b, state, what="loader", version=version)
         history, layout = _history_and_layout(state, what="loader")
         if version == 2:
-            _check_part_passes(ds, epoch, batches, history)
+            _check_part_passes(b, epoch, batches, history)
     segment = Segment(saved_world, saved_workers, batches)
     if (saved_world, saved_workers) != (world, workers):
-        if ds.options.bucket_length is not None:
+        if b.bucketed:
             raise ValueError(
                 f"this loader state was saved with world={saved_world}, workers={saved_workers}; with "
                 f"bucket_length, a resume needs the same world and workers (have {world=}, {workers=})"
@@ -372,7 +401,7 @@ def load_state(
                 f"a state holds at most {MAX_SEGMENTS}"
             )
         history, batches, saved_world = history + (segment,), 0, world
-    have = epoch_batches(ds, epoch, history=history, layout=layout, world=world)
+    have = b.inputs.rank_batches(epoch, world=world, history=history, layout=layout)
     if batches > have:
         raise ValueError(f"loader state has {batches=} but each rank has {have} batches in epoch {epoch}")
     return epoch, batches, history, layout
@@ -397,6 +426,7 @@ class IterPosition:
 
 def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
     """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
+    b = _basis(ds)
     return seal_state(
         {
             "kind": ITER_STATE_KIND,
@@ -406,11 +436,11 @@ def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
             "workers": pos.workers,
             "world": pos.world,
             "batches": pos.batches,
-            "seed": ds.options.seed,
+            "seed": b.inputs.seed,
             "history": [[s.world, s.workers, s.batches] for s in pos.history],
             "layout": pos.layout,
-            "plan": _plan_fields(ds),
-            "data": _identities(ds),
+            "plan": _plan_fields(b),
+            "data": _identities(b),
         }
     )
 
@@ -421,6 +451,7 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
     It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
     place says nothing about the others', so another topology needs the loader's state.
     """
+    b = _basis(ds)
     if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
         kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise ValueError(
@@ -432,10 +463,10 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
             f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}"
         )
     _check_integrity(state, _ITER_CHECKED, "dataset")
-    _check_data(ds, state.get("data"), "dataset")
-    if state.get("seed") != ds.options.seed:
-        raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {ds.options.seed!r}")
-    _check_plan(ds, state, what="dataset")
+    _check_data(b, state.get("data"), "dataset")
+    if state.get("seed") != b.inputs.seed:
+        raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {b.inputs.seed!r}")
+    _check_plan(b, state, what="dataset")
     saved_world, saved_workers = _int(state, "world", 1, "dataset"), _int(state, "workers", 1, "dataset")
     if (saved_world, saved_workers) != (world, workers):
         raise ValueError(

@@ -270,3 +270,24 @@ def test_a_dataset_state_of_other_data_is_refused(counting_dataset, shards):
     with pytest.raises(ValueError, match=r"dataset state field 'data\[0\].digest' is '[0-9a-f]{16}'.*other data"):
         ShardedDataset(changed, **OPTIONS).load_state_dict(state)
     ShardedDataset(counting_dataset(SIZES, name="copy"), **OPTIONS).load_state_dict(state)  # a copy elsewhere loads
+
+
+def test_a_state_is_made_from_the_datasets_plain_resume_basis(counting_dataset):
+    """The state functions take a plain frozen value (what must match to resume), not the dataset."""
+    import pickle
+
+    from shardify.reader.delivery.state import load_state, make_state
+
+    root = counting_dataset([5, 7, 3])
+    ds = ShardedDataset(root, batch_size=4, shuffle=True, seed=3)
+    basis = ds.resume_basis
+    assert pickle.loads(pickle.dumps(basis)) == basis and hash(basis) == hash(
+        ShardedDataset(root, batch_size=4, shuffle=True, seed=3).resume_basis
+    )
+    kw = dict(epoch=1, batches=2, history=(), layout=4, world=1, workers=1)
+    state = make_state(basis, **kw)
+    assert state == make_state(ds, **kw)
+    assert load_state(basis, state, world=1, workers=1) == (1, 2, (), 4)
+    other = ShardedDataset(root, batch_size=4, shuffle=True, seed=4).resume_basis
+    with pytest.raises(ValueError, match="field 'seed' is 3, this loader has 4"):
+        load_state(other, state, world=1, workers=1)
