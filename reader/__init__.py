@@ -1,11 +1,11 @@
 """The training side: stream shards into a PyTorch training loop.
 
 ``ShardedDataset`` yields whole batches, the same number on every rank, exactly once per
-epoch, from one source or weighted ``Stream``s, its rarer options in small groups
-(``ShuffleOptions``, ``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``ErrorOptions``,
-``CacheOptions``); ``make_loader`` wraps it in a DataLoader with device prefetch and an exact
-``state_dict``. ``transforms`` holds the built-in augmentations (uint8 CHW output); ``split_keys`` lists a
-split's sample keys in stored order.
+epoch, from one source or weighted ``Stream``s, its rarer options in four small groups
+(``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``CacheOptions``; ``ShuffleOptions`` and
+``ErrorOptions``, the groups they replaced, for one release); ``make_loader`` wraps it in a
+DataLoader with device prefetch and an exact ``state_dict``. ``transforms`` holds the built-in
+augmentations (uint8 CHW output); ``split_keys`` lists a split's sample keys in stored order.
 """
 
 from __future__ import annotations

@@ -1,12 +1,21 @@
 """The options of a ``ShardedDataset``: a few small frozen groups, and ``ReadOptions``, their flat record.
 
 What a user passes most stays a keyword of :class:`~shardify.reader.ShardedDataset` itself
-(``split``, ``batch_size``, ``shuffle``, ``seed``, ``transform``, ``fields``, ``map``,
-``drop_last``); the rest comes in groups named by what they are for::
+(``split``, ``batch_size``, ``shuffle``, ``seed``, ``transform``, ``fields``, ``map``); the rest
+comes in four groups named by what they are for::
 
     ShardedDataset(path, split="train", batch_size=256, shuffle=True,
-                   shuffling=ShuffleOptions(buffer=4096), errors=ErrorOptions(on_error="skip"),
+                   batching=BatchOptions(drop_last=True), sampling=SamplingOptions(shuffle_buffer=4096),
+                   decoding=DecodeOptions(on_error="skip"),
                    cache=CacheOptions(dir="/local/ssd/cache", limit_bytes=200 * 10**9))
+
+``batching`` (:class:`BatchOptions`): how samples become batches, the last partial one
+included; ``sampling`` (:class:`SamplingOptions`): which samples an epoch holds and in what
+order (with ``batch_size``, ``seed`` and the data, what an epoch's plan is a function of);
+``decoding`` (:class:`DecodeOptions`): how members are checked and decoded, and what a bad one
+does; ``cache`` (:class:`CacheOptions`): how remote shards are fetched. :class:`ShuffleOptions`
+and :class:`ErrorOptions`, the groups ``shuffling=`` and ``errors=`` took, still work for one
+release (:mod:`shardify.reader.deprecated`).
 
 Each group checks its own values, and only there. :class:`ReadOptions` is what the dataset
 keeps and its workers read on the hot path: every option under one flat name, built once from
@@ -39,9 +48,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ShuffleOptions:
-    """How ``shuffle=True`` mixes: ``buffer`` encoded samples per worker, visited in random blocks
-    of ``block`` samples; the epoch's sequence is cut into blocks of ``block`` samples too, each
-    read with one seek (larger: longer runs per seek, less mixing)."""
+    """Deprecated, for one release: ``shuffling=ShuffleOptions(buffer=, block=)`` is
+    ``sampling=SamplingOptions(shuffle_buffer=, shuffle_block=)``."""
 
     buffer: int = 1024
     block: int = 4
@@ -55,11 +63,14 @@ class ShuffleOptions:
 class BatchOptions:
     """How samples become batches: ``collate_fn`` (default: ``default_collate``); with
     ``bucket_length(output) -> int``, batches of samples of similar length, grouped within
-    ``bucket_buffer`` samples (default: 16 batches; a resume then needs the same topology)."""
+    ``bucket_buffer`` samples (default: 16 batches; a resume then needs the same topology).
+    ``drop_last``: each rank drops the samples of its last partial batch (else the ranks' last
+    batches are evened out with a few repeated samples, see ``SamplingOptions.mark_repeats``)."""
 
     collate_fn: Callable[[list[Any]], Any] | None = None
     bucket_length: Callable[[Any], int] | None = None
     bucket_buffer: int | None = None
+    drop_last: bool = False
 
     def __post_init__(self) -> None:
         if self.bucket_buffer is not None and self.bucket_buffer < 1:
@@ -68,41 +79,58 @@ class BatchOptions:
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """What an epoch holds: ``samples_per_epoch`` over all ranks (default: every sample of every
-    stream once; fewer: a new subset each epoch, more: oversampling); ``mark_repeats``: the
-    ``__valid__`` field, False for the few samples repeated so every rank yields as many
-    batches (only without ``drop_last``), for exact evaluation."""
+    """Which samples an epoch holds and in what order. ``samples_per_epoch`` over all ranks
+    (default: every sample of every stream once; fewer: a new subset each epoch, more:
+    oversampling); ``mark_repeats``: the ``__valid__`` field, False for the few samples repeated
+    so every rank yields as many batches (only without ``drop_last``), for exact evaluation.
+    How ``shuffle=True`` mixes: ``shuffle_buffer`` encoded samples per worker, visited in random
+    blocks of ``shuffle_block`` samples; the epoch's sequence is cut into blocks of
+    ``shuffle_block`` samples too, each read with one seek (larger: longer runs per seek, less
+    mixing)."""
 
     samples_per_epoch: int | None = None
     mark_repeats: bool = False
+    shuffle_buffer: int = 1024
+    shuffle_block: int = 4
 
     def __post_init__(self) -> None:
         if self.samples_per_epoch is not None and self.samples_per_epoch < 0:
             raise ValueError(f"SamplingOptions: samples_per_epoch={self.samples_per_epoch} should be >= 0")
+        if self.shuffle_buffer < 1 or self.shuffle_block < 1:
+            raise ValueError(
+                f"SamplingOptions: shuffle_buffer={self.shuffle_buffer} and shuffle_block={self.shuffle_block} "
+                "should be >= 1"
+            )
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How members are decoded: pickle fields only with ``allow_pickle``; a shard holding a
-    member over ``max_member_bytes`` (default 2 GiB) is damaged. ``device``: where images are
-    decoded; None (default) in the workers, ``"cuda"`` on the GPU with nvJPEG, the workers only
-    drawing each image's crop and flip (see :mod:`shardify.reader.sample.device_plan`)."""
+    """How members are checked and decoded, and what a bad one does: pickle fields only with
+    ``allow_pickle``; a shard holding a member over ``max_member_bytes`` (default 2 GiB) is
+    damaged. ``device``: where images are decoded; None (default) in the workers, ``"cuda"`` on
+    the GPU with nvJPEG, the workers only drawing each image's crop and flip (see
+    :mod:`shardify.reader.sample.device_plan`). ``on_error``: ``"raise"`` (naming the shard and
+    key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
+    good samples of the same batch). ``verify``: check each shard's SHA-256 before use; True
+    takes them from the split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file."""
 
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER
     device: str | Any | None = None
+    on_error: Literal["raise", "skip"] = "raise"
+    verify: bool | ChecksumSpec = False
 
     def __post_init__(self) -> None:
         if self.max_member_bytes < 0:
             raise ValueError(f"DecodeOptions: max_member_bytes={self.max_member_bytes} should be >= 0")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"DecodeOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 
 
 @dataclass(frozen=True)
 class ErrorOptions:
-    """What is checked and what a failure does. ``on_error``: ``"raise"`` (naming the shard and
-    key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
-    good samples of the same batch). ``verify``: check each shard's SHA-256 before use; True
-    takes them from the split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file."""
+    """Deprecated, for one release: ``errors=ErrorOptions(on_error=, verify=)`` is
+    ``decoding=DecodeOptions(on_error=, verify=)``."""
 
     on_error: Literal["raise", "skip"] = "raise"
     verify: bool | ChecksumSpec = False
@@ -148,11 +176,9 @@ class CacheOptions:
 
 
 GROUPS: dict[str, type] = {
-    "shuffling": ShuffleOptions,
     "batching": BatchOptions,
     "sampling": SamplingOptions,
     "decoding": DecodeOptions,
-    "errors": ErrorOptions,
     "cache": CacheOptions,
 }
 """Each group keyword of ``ShardedDataset`` and its class."""
@@ -204,13 +230,24 @@ class ReadOptions:
         """The option groups this record was built from (:meth:`from_groups`'s keywords; ``verify``
         as a bool, a checksum spec having been applied to the sources already)."""
         return {
-            "shuffling": ShuffleOptions(buffer=self.shuffle_buffer, block=self.shuffle_block),
             "batching": BatchOptions(
-                collate_fn=self.collate_fn, bucket_length=self.bucket_length, bucket_buffer=self.bucket_buffer
+                collate_fn=self.collate_fn,
+                bucket_length=self.bucket_length,
+                bucket_buffer=self.bucket_buffer,
+                drop_last=self.drop_last,
             ),
-            "sampling": SamplingOptions(samples_per_epoch=self.samples_per_epoch, mark_repeats=self.mark_repeats),
-            "decoding": DecodeOptions(allow_pickle=self.allow_pickle, max_member_bytes=self.max_member_bytes),
-            "errors": ErrorOptions(on_error=self.on_error, verify=self.verify),
+            "sampling": SamplingOptions(
+                samples_per_epoch=self.samples_per_epoch,
+                mark_repeats=self.mark_repeats,
+                shuffle_buffer=self.shuffle_buffer,
+                shuffle_block=self.shuffle_block,
+            ),
+            "decoding": DecodeOptions(
+                allow_pickle=self.allow_pickle,
+                max_member_bytes=self.max_member_bytes,
+                on_error=self.on_error,
+                verify=self.verify,
+            ),
         }
 
     @classmethod
@@ -220,33 +257,30 @@ class ReadOptions:
         batch_size: int,
         shuffle: bool,
         seed: int,
-        drop_last: bool,
         transform: Callable[..., Any] | None,
         fields: tuple[str, ...] | None,
         map: Callable[[dict[str, Any]], Any] | None,
-        shuffling: ShuffleOptions,
         batching: BatchOptions,
         sampling: SamplingOptions,
         decoding: DecodeOptions,
-        errors: ErrorOptions,
     ) -> ReadOptions:
         """The flat record of the dataset's keywords and groups (the cache is the source's, not here)."""
         return cls(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
-            drop_last=drop_last,
+            drop_last=batching.drop_last,
             transform=transform,
             fields=fields,
             map=map,
             collate_fn=batching.collate_fn,
-            shuffle_buffer=shuffling.buffer,
-            shuffle_block=shuffling.block,
+            shuffle_buffer=sampling.shuffle_buffer,
+            shuffle_block=sampling.shuffle_block,
             bucket_length=batching.bucket_length,
             bucket_buffer=batching.bucket_buffer,
-            on_error=errors.on_error,
+            on_error=decoding.on_error,
             allow_pickle=decoding.allow_pickle,
-            verify=errors.verify is not False,
+            verify=decoding.verify is not False,
             samples_per_epoch=sampling.samples_per_epoch,
             mark_repeats=sampling.mark_repeats,
             max_member_bytes=decoding.max_member_bytes,

@@ -65,10 +65,10 @@ def test_the_rewritten_calls_read_as_the_old_ones(tmp_path):
         capture_output=True,
     )
     new = script.read_text()
-    assert "shuffling=ShuffleOptions(buffer=8, block=2)" in new
-    assert 'errors=ErrorOptions(on_error="skip")' in new and "batching=BatchOptions(collate_fn=list)" in new
-    assert "mine(root, errors=ErrorOptions(verify=True), sampling=SamplingOptions(samples_per_epoch=3))" in new
-    assert "from shardify.reader import BatchOptions, ErrorOptions, SamplingOptions, ShuffleOptions\n" in new
+    assert "sampling=SamplingOptions(shuffle_buffer=8, shuffle_block=2)" in new
+    assert 'decoding=DecodeOptions(on_error="skip")' in new and "batching=BatchOptions(collate_fn=list)" in new
+    assert "mine(root, decoding=DecodeOptions(verify=True), sampling=SamplingOptions(samples_per_epoch=3))" in new
+    assert "from shardify.reader import BatchOptions, DecodeOptions, SamplingOptions\n" in new
     with pytest.warns(DeprecationWarning):
         before = _load(OLD, "old")
         old_ds, old_mine = before["make"](root), before["via_mine"](root)  # type: ignore[operator]
@@ -142,16 +142,41 @@ def test_groups_already_imported_are_not_imported_again_and_strings_are_left_alo
     """An import line inside a string is not the module's: the new import goes after the real
     (parenthesised) one, only for the groups not bound yet, and the string is unchanged."""
     new, calls = _upgrade_source()(IMPORTED)
-    assert calls == 1 and 'shuffling=ShuffleOptions(buffer=8), errors=ErrorOptions(on_error="skip")' in new
+    assert calls == 1 and 'sampling=SamplingOptions(shuffle_buffer=8), decoding=DecodeOptions(on_error="skip")' in new
     compile(new, "imported.py", "exec")
     assert _bound(new) == {
         "ShardedDataset": "shardify.reader",
         "ShuffleOptions": "shardify.reader",
-        "ErrorOptions": "shardify.reader",
+        "SamplingOptions": "shardify.reader",
+        "DecodeOptions": "shardify.reader",
     }
     assert new.count("import ShardedDataset") == 1 and new.count("ShuffleOptions)") == 1
     assert 'CHILD = textwrap.dedent("""\nfrom shardify.reader import ShardedDataset\nprint(ShardedDataset)\n""")' in new
-    assert new.index("from shardify.reader import ErrorOptions\n") < new.index("CHILD")
+    assert new.index("from shardify.reader import DecodeOptions, SamplingOptions\n") < new.index("CHILD")
+
+
+MERGED = """from shardify.reader import BatchOptions, ShardedDataset, ShuffleOptions
+
+SHUFFLE = ShuffleOptions(buffer=3)
+
+
+def read(root):
+    return ShardedDataset(root, batch_size=2, batching=BatchOptions(collate_fn=list), drop_last=True,
+                          shuffling=ShuffleOptions(buffer=8, block=2), errors=ErrorOptions())
+
+
+def kept(root):
+    return ShardedDataset(root, batch_size=2, shuffling=SHUFFLE)
+"""
+
+
+def test_old_keywords_join_a_group_given_and_old_groups_become_their_new_group():
+    new, calls = _upgrade_source()(MERGED)
+    assert calls == 1
+    assert "batch_size=2, batching=BatchOptions(collate_fn=list, drop_last=True),\n" in new
+    assert "sampling=SamplingOptions(shuffle_buffer=8, shuffle_block=2), decoding=DecodeOptions())" in new
+    assert "shuffling=SHUFFLE" in new  # a group in a variable is left for the warning to name
+    compile(new, "merged.py", "exec")
 
 
 DEPRECATION_TESTS = ("tests/reader/test_options.py", "tests/test_tools_upgrade.py")

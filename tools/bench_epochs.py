@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardify.reader import BatchOptions
+
 
 def _status_kb(pid: int) -> dict[str, int]:
     """``VmRSS`` and ``VmHWM`` of ``pid``, in KB."""
@@ -63,7 +65,9 @@ def main() -> None:
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(args.rank), str(args.world)
     from shardify.reader import ShardedDataset, make_loader
 
-    ds = ShardedDataset(ds_path, batch_size=args.batch_size, shuffle=True, seed=0, drop_last=True)
+    ds = ShardedDataset(
+        ds_path, batch_size=args.batch_size, shuffle=True, seed=0, batching=BatchOptions(drop_last=True)
+    )
     rows = []
     with make_loader(ds, num_workers=args.workers) as loader:
         for epoch in range(args.epochs):

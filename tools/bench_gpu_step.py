@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardify.reader import DecodeOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DevicePrefetcher
 
@@ -179,7 +179,7 @@ def _dataset(dataset: str | Path, batch_size: int, image_size: int, decode: str,
         dataset,
         batch_size=batch_size,
         shuffle=True,
-        drop_last=True,
+        batching=BatchOptions(drop_last=True),
         transform=T.imagenet_train(image_size),
         decoding=DecodeOptions(device=dev if decode == "device" else None),
     )

@@ -31,7 +31,7 @@ from shardify.convert.options import ConvertOptions
 from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.run import convert_imagefolder
 from shardify.manifest import Manifest
-from shardify.reader import ShardedDataset
+from shardify.reader import BatchOptions, ShardedDataset
 from shardify.reader import transforms as T
 
 __all__ = ["main"]
@@ -77,7 +77,12 @@ def epoch_rate(dataset: Path, preset: str, epoch: int) -> tuple[float, float]:
     workers, torch on one thread): the first is the rate per core, which other jobs on a
     shared machine disturb far less than the second."""
     ds = ShardedDataset(
-        dataset, batch_size=64, shuffle=preset == "train", seed=0, transform=PRESETS[preset](), drop_last=False
+        dataset,
+        batch_size=64,
+        shuffle=preset == "train",
+        seed=0,
+        transform=PRESETS[preset](),
+        batching=BatchOptions(drop_last=False),
     )
     ds.set_epoch(epoch)
     n = 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import rangeserver
 
-from shardify.reader import CacheOptions, ShardedDataset, ShuffleOptions
+from shardify.reader import CacheOptions, SamplingOptions, ShardedDataset
 from shardify.reader import transforms as T
 from shardify.sampletable import SampleTable
 
@@ -40,7 +40,7 @@ def _epoch_seconds(
         seed=0,
         transform=transform,
         fields=fields,
-        shuffling=ShuffleOptions(block=block),
+        sampling=SamplingOptions(shuffle_block=block),
         cache=CacheOptions(requests=requests),
     )
     ds.set_epoch(0)

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardify.reader import BatchOptions
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,7 +70,13 @@ def run(work: Path, *, classes: int, per_class: int) -> None:
     from shardify.reader import transforms as T
 
     ds = ShardedDataset(
-        out, split="train", batch_size=16, shuffle=True, seed=0, transform=T.imagenet_train(224), drop_last=True
+        out,
+        split="train",
+        batch_size=16,
+        shuffle=True,
+        seed=0,
+        transform=T.imagenet_train(224),
+        batching=BatchOptions(drop_last=True),
     )
     loader = make_loader(ds, num_workers=2, device="cpu")
     for epoch in range(2):
@@ -100,7 +108,13 @@ def run(work: Path, *, classes: int, per_class: int) -> None:
     state = loader.state_dict()
     del it
     resumed_ds = ShardedDataset(
-        out, split="train", batch_size=16, shuffle=True, seed=0, transform=T.imagenet_train(224), drop_last=True
+        out,
+        split="train",
+        batch_size=16,
+        shuffle=True,
+        seed=0,
+        transform=T.imagenet_train(224),
+        batching=BatchOptions(drop_last=True),
     )
     resumed = make_loader(resumed_ds, num_workers=2, device="cpu")
     resumed.load_state_dict(state)

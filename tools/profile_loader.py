@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
 
-from shardify.reader import DecodeOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.collate import default_collate
@@ -52,7 +52,7 @@ def _best(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def _read_all(ds: ShardedDataset) -> list[tuple[str, bytes]]:
-    reader = ds._shard_reader()
+    reader = ds._readers.get(ds._setup, ds.options)  # the dataset's own reader, in this process
     out = []
     for i, shard in enumerate(ds.source.shards):
         for item in reader.read(i, 0, shard.nsamples):
@@ -138,7 +138,13 @@ def loader_rates(
             torch.cuda.synchronize()
 
     out: dict[str, float] = {"workers": workers}
-    ds = ShardedDataset(dataset, batch_size=batch_size, shuffle=True, drop_last=True, transform=T.imagenet_train(size))
+    ds = ShardedDataset(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        batching=BatchOptions(drop_last=True),
+        transform=T.imagenet_train(size),
+    )
     with make_loader(ds, num_workers=workers) as loader:
         wall, cpu, n = _drain(epochs(loader, ds), batches, sync)
     out |= {"cpu_path_img_s": n / wall, "main_ms_per_batch": 1e3 * cpu / batches}
@@ -146,7 +152,7 @@ def loader_rates(
         dataset,
         batch_size=batch_size,
         shuffle=True,
-        drop_last=True,
+        batching=BatchOptions(drop_last=True),
         transform=T.imagenet_train(size),
         decoding=DecodeOptions(device="cpu"),
     )
@@ -164,7 +170,7 @@ def loader_rates(
             dataset,
             batch_size=batch_size,
             shuffle=True,
-            drop_last=True,
+            batching=BatchOptions(drop_last=True),
             transform=T.imagenet_train(size),
             decoding=DecodeOptions(device="cuda"),
         )

@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from shardify.reader import BatchOptions
+
 __all__ = ["EpochStats", "soak", "flat", "main"]
 
 
@@ -85,7 +87,13 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -
     from shardify.reader import ShardedDataset, make_loader
     from shardify.reader import transforms as T
 
-    ds = ShardedDataset(data, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(size), drop_last=True)
+    ds = ShardedDataset(
+        data,
+        batch_size=batch_size,
+        shuffle=True,
+        transform=T.imagenet_train(size),
+        batching=BatchOptions(drop_last=True),
+    )
     stats: list[EpochStats] = []
     with make_loader(ds, num_workers=workers, persistent_workers=True) as loader:
         for epoch in range(epochs):

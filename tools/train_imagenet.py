@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from shardify.reader import ShardedDataset, make_loader
+from shardify.reader import BatchOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         shuffle=True,
         seed=args.seed,
         transform=T.imagenet_train(args.size),
-        drop_last=True,
+        batching=BatchOptions(drop_last=True),
         map=with_key if args.log_keys else None,
     )
     loader = make_loader(ds, num_workers=args.workers, device=device)

@@ -1,8 +1,11 @@
 """Rewrite calls of ``ShardedDataset`` that use the deprecated keywords into the option groups.
 
 ``python tools/upgrade_options.py FILE.py ...`` rewrites each ``ShardedDataset(...)`` call in
-place: ``shuffle_buffer=4, on_error="skip"`` becomes ``shuffling=ShuffleOptions(buffer=4),
-errors=ErrorOptions(on_error="skip")``, and imports the groups it used that the module does
+place: ``shuffle_buffer=4, on_error="skip", drop_last=True`` becomes
+``sampling=SamplingOptions(shuffle_buffer=4), decoding=DecodeOptions(on_error="skip"),
+batching=BatchOptions(drop_last=True)`` (added to the group's call when the call gives that
+group already), ``shuffling=ShuffleOptions(buffer=4)`` becomes
+``sampling=SamplingOptions(shuffle_buffer=4)``, and imports the groups it used that the module does
 not import yet (``from shardify.reader import ...`` at its top level: after its last shardify
 import, or after its docstring and leading imports). ``--also NAME`` rewrites calls of your own
 helpers that pass their keywords on to ``ShardedDataset`` too; ``--check`` only lists what it
@@ -17,7 +20,7 @@ import ast
 import sys
 from pathlib import Path
 
-from shardify.reader.deprecated import OLD_KEYWORDS
+from shardify.reader.deprecated import OLD_GROUPS, OLD_KEYWORDS
 from shardify.reader.options import GROUPS
 
 __all__ = ["upgrade_source"]
@@ -30,13 +33,28 @@ def _offsets(src: str) -> list[int]:
     return starts
 
 
+def _group_call(node: ast.expr, cls: str) -> ast.Call | None:
+    """``node`` when it is a literal ``cls(...)`` call of keyword arguments only, else None."""
+    if isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Name) and node.func.id == cls:
+        return node
+    return None
+
+
 def upgrade_source(src: str, *, names: frozenset[str] = frozenset({"ShardedDataset"})) -> tuple[str, int]:
-    """``(new source, calls rewritten)`` for the Python source ``src``."""
+    """``(new source, calls rewritten)`` for the Python source ``src``.
+
+    Each deprecated keyword becomes a field of its group, and each deprecated group
+    (``shuffling=ShuffleOptions(...)``, ``errors=ErrorOptions(...)``, written as a literal call)
+    the fields of the group it was folded into; a group the call gives already as a literal
+    call gets the fields added to it. A deprecated group given as anything else is left as is."""
     lines = src.splitlines(keepends=True)
     starts = _offsets(src)
 
     def at(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
         return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode())
+
+    def seg(node: ast.AST) -> str:
+        return ast.get_source_segment(src, node) or ""
 
     edits: list[tuple[int, int, str]] = []
     used: set[str] = set()
@@ -46,30 +64,41 @@ def upgrade_source(src: str, *, names: frozenset[str] = frozenset({"ShardedDatas
             continue
         f = node.func
         name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-        old = [k for k in node.keywords if k.arg in OLD_KEYWORDS]
-        if name not in names or not old:
+        if name not in names:
+            continue
+        by_group: dict[str, list[tuple[ast.keyword, list[str]]]] = {}
+        for k in node.keywords:
+            if k.arg in OLD_KEYWORDS:
+                group, field = OLD_KEYWORDS[k.arg]
+                by_group.setdefault(group, []).append((k, [f"{field}={seg(k.value)}"]))
+            elif k.arg in OLD_GROUPS:
+                cls, group, renames = OLD_GROUPS[k.arg]
+                call = _group_call(k.value, cls.__name__)
+                if call is not None and all(a.arg in renames for a in call.keywords):
+                    fields = [f"{renames[a.arg]}={seg(a.value)}" for a in call.keywords]  # type: ignore[index]
+                    by_group.setdefault(group, []).append((k, fields))
+        if not by_group:
             continue
         calls += 1
         args = sorted([*node.args, *node.keywords], key=lambda a: (a.lineno, a.col_offset))
-        groups: dict[str, list[ast.keyword]] = {}
-        for k in old:
-            groups.setdefault(OLD_KEYWORDS[k.arg][0], []).append(k)  # type: ignore[index]
-        for group, kws in groups.items():
+        given = {k.arg: k for k in node.keywords if k.arg in GROUPS}
+        for group, olds in by_group.items():
             cls = GROUPS[group].__name__
+            inner = ", ".join(field for _, fields in olds for field in fields)
+            target = _group_call(given[group].value, cls) if group in given else None
+            if group in given and target is None:
+                continue  # the group is given as a variable: leave the old keywords (they still work)
             used.add(cls)
-            inner = ", ".join(
-                f"{OLD_KEYWORDS[k.arg][1]}={ast.get_source_segment(src, k.value)}"  # type: ignore[index]
-                for k in kws
-            )
-            first = kws[0]
-            edits.append(
-                (
-                    at(first.lineno, first.col_offset),
-                    at(first.end_lineno, first.end_col_offset),  # type: ignore[arg-type]
-                    f"{group}={cls}({inner})",
-                )
-            )
-            for k in kws[1:]:  # the others of the group go, with the separator before them
+            gone = olds
+            if target is not None:
+                end = at(target.end_lineno, target.end_col_offset) - 1  # type: ignore[arg-type]
+                edits.append((end, end, (", " if target.keywords else "") + inner))
+            else:
+                first = olds[0][0]
+                span = (at(first.lineno, first.col_offset), at(first.end_lineno, first.end_col_offset))  # type: ignore[arg-type]
+                edits.append((*span, f"{group}={cls}({inner})"))
+                gone = olds[1:]
+            for k, _ in gone:  # the others go, with the separator before them
                 prev = args[args.index(k) - 1]
                 edits.append((at(prev.end_lineno, prev.end_col_offset), at(k.end_lineno, k.end_col_offset), ""))  # type: ignore[arg-type]
     for a, b, text in sorted(edits, reverse=True):

@@ -36,11 +36,11 @@ from shardify.cli.bench.decode import fast_decode_figures
 from shardify.cli.bench.shuffle import shuffle_figures
 from shardify.cli.common import split_source
 from shardify.progress import progress_bar
+from shardify.reader import SamplingOptions
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
-from shardify.reader.options import ShuffleOptions
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import transforms as T
 from shardify.reader.sample.decode import decode_image
@@ -277,7 +277,7 @@ def _run(
         shuffle=True,
         seed=0,
         transform=transform,
-        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block),
+        sampling=SamplingOptions(shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block),
     )
     _loader_figures(result, ds, num_workers=num_workers, epochs=epochs, base=base, steps=steps)
     del ds
@@ -333,7 +333,7 @@ def _run_without_images(
         shuffle=True,
         seed=0,
         fields=fields,
-        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=shuffle_block),
+        sampling=SamplingOptions(shuffle_buffer=shuffle_buffer, shuffle_block=shuffle_block),
     )
     result["fields"] = list(fields)
     result["not_measured"] = (

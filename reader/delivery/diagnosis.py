@@ -205,7 +205,9 @@ def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, 
                 if not c.cached
                 else "a larger cache (CacheOptions(limit_bytes=...))"
             )
-            tips.append("a larger block for remote reads (ShuffleOptions(block=...): fewer, longer ranged reads)")
+            tips.append(
+                "a larger block for remote reads (SamplingOptions(shuffle_block=...): fewer, longer ranged reads)"
+            )
         if not c.chunked:
             tips.append("the compact layout for small samples (shardify convert --chunk N)")
     elif dominant == "decode":

@@ -16,11 +16,17 @@ and reading nothing would skip an epoch without a word. ``set_epoch(epoch + 1)``
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 from shardify.errors import ResumeError
-from shardify.reader.delivery.state import IterPosition
+from shardify.reader.delivery.state import IterPosition, ResumeBasis, load_iter_state, make_iter_state
+from shardify.reader.plan.assign import resumed_role
+from shardify.reader.plan.epoch import EpochInputs, EpochPlan
+from shardify.reader.plan.resume import LAYOUT, Segment
+from shardify.reader.plan.world import World
 
 __all__ = ["ProcessPlace", "loaded_place"]
 
@@ -46,6 +52,65 @@ class ProcessPlace:
     def load(self, place: IterPosition) -> None:
         """Keep ``place`` (checked by ``load_iter_state``) for this process's next iteration."""
         self._pending = (os.getpid(), place)
+
+    def state_dict(self, basis: ResumeBasis, *, epoch: int, world: World) -> dict[str, Any]:
+        """The state of this process's place (the dataset's ``state_dict``): the iteration under
+        way, else the place loaded, else the start of ``epoch`` as ``world.worker``."""
+        place = self.saved()
+        if place is None:
+            place = IterPosition(
+                epoch=epoch, role=world.worker, workers=world.workers, world=world.world, batches=0, layout=LAYOUT
+            )
+        return make_iter_state(basis, place)
+
+    def load_state_dict(self, basis: ResumeBasis, state: dict[str, Any], *, world: World) -> None:
+        """Check ``state`` against ``basis`` and this process's topology now; keep it for the next iteration."""
+        self.load(load_iter_state(basis, state, world=world.world, workers=world.workers))
+
+    def begin(
+        self, inputs: EpochInputs, *, world: World, epoch: int, consumed: int, history: tuple[Segment, ...], layout: int
+    ) -> tuple[IterPosition, EpochPlan | Callable[[], EpochPlan]]:
+        """Where this process's iteration of ``epoch`` starts, and its share's plan (or what makes
+        it, when the first batch is asked for): a place loaded for it, else DataLoader worker
+        ``world.worker``'s role after the ``consumed`` batches of the resume point, from
+        ``history`` under ``layout`` (:meth:`SharedEpoch.start`)."""
+        role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
+        loaded = self.take_planned(inputs, epoch=epoch, world=world)
+        plan: EpochPlan | Callable[[], EpochPlan]
+        if loaded is not None:
+            place, plan = loaded
+            role, skip, history, layout = place.role, place.batches, place.history, place.layout
+        else:
+            ranks = dict(rank=world.rank, world=world.world, workers=world.workers)
+            plan = functools.partial(inputs.worker, epoch, worker=role, history=history, layout=layout, **ranks)
+        self.position = IterPosition(
+            epoch=epoch,
+            role=role,
+            workers=world.workers,
+            world=world.world,
+            batches=skip,
+            history=history,
+            layout=layout,
+        )
+        return self.position, plan
+
+    def take_planned(self, inputs: EpochInputs, *, epoch: int, world: World) -> tuple[IterPosition, EpochPlan] | None:
+        """The place loaded for an iteration of ``epoch`` starting now, with its share's plan,
+        if one was loaded and is of that epoch (see :func:`loaded_place`)."""
+        place = self.take()
+        if place is None:
+            return None
+        plan = inputs.worker(
+            place.epoch,
+            rank=world.rank,
+            world=world.world,
+            worker=place.role,
+            workers=world.workers,
+            history=place.history,
+            layout=place.layout,
+        )
+        loaded = loaded_place(place, epoch=epoch, total=plan.num_batches, holds_last=plan.holds_last)
+        return None if loaded is None else (loaded, plan)
 
     def take(self) -> IterPosition | None:
         """The place loaded for the iteration starting now, once; it must be this process's."""

@@ -12,6 +12,8 @@ would drop it (another than the saved one, or than the next one after a finished
 :class:`~shardify.errors.ResumeError` naming the saved epoch and batches, rather than read a
 whole epoch the caller did not mean to (a loop restarted from epoch 0 after loading a state).
 ``clear_resume`` drops a point on purpose.
+
+:class:`EpochControl` is that API on a dataset (``ds.set_epoch``, ``ds.resume_at``, ...).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from shardify.errors import ResumeError
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, Segment
 
-__all__ = ["MAX_SEGMENTS", "SharedEpoch"]
+__all__ = ["MAX_SEGMENTS", "SharedEpoch", "EpochControl"]
 
 MAX_SEGMENTS = 16
 """Resumes of one epoch on another topology that a state can hold."""
@@ -130,3 +132,50 @@ class SharedEpoch:
             return epoch, 0, (), LAYOUT
         history, layout = self.resume_history
         return epoch, int(self._cells[_RESUME_BATCHES]), history, layout
+
+
+class EpochControl:
+    """The epoch and resume point of a dataset, set in the main process: its ``_shared_epoch``'s."""
+
+    _shared_epoch: SharedEpoch
+
+    @property
+    def epoch(self) -> int:
+        return self._shared_epoch.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (shard order, shuffle, augmentation).
+
+        A resume point (``resume_at``, or the loader's ``load_state_dict``) survives only if it
+        is for this same epoch; one that no iteration has started from yet is not dropped
+        silently: another epoch raises :class:`~shardify.errors.ResumeError` naming the saved
+        epoch and batches (the epoch after a finished one is allowed). ``clear_resume()`` drops it.
+        """
+        self._shared_epoch.set_epoch(epoch)
+
+    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
+        """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded).
+
+        ``history``: the parts of the epoch consumed before on other topologies (their samples
+        are left out and the rest is planned anew); ``layout``: the epoch's (see :data:`LAYOUT`).
+        """
+        self._shared_epoch.resume_at(epoch, batches, history=history, layout=layout)
+
+    def resume_after_end(self, epoch: int) -> None:
+        """Make the next iteration ``epoch + 1``'s: ``epoch`` was read to its end (a state saved
+        after its last batch, as Lightning does). Its resume point stays, so ``set_epoch(epoch)``
+        still asks for its (empty) rest."""
+        self._shared_epoch.step_past(epoch)
+
+    def clear_resume(self) -> None:
+        self._shared_epoch.clear_resume()
+
+    @property
+    def resume_history(self) -> tuple[tuple[Segment, ...], int]:
+        """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
+        return self._shared_epoch.resume_history
+
+    @property
+    def resume_point(self) -> tuple[int, int] | None:
+        """``(epoch, batches)`` the next iteration resumes from, if any."""
+        return self._shared_epoch.resume_point

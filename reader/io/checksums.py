@@ -1,4 +1,4 @@
-"""Shard checksums given by the user, for ``ShardedDataset(errors=ErrorOptions(verify=...))`` on shards without a
+"""Shard checksums given by the user, for ``ShardedDataset(decoding=DecodeOptions(verify=...))`` on shards without a
 split index (a list or a pattern, e.g. webdataset shards served over HTTP).
 
 ``verify=`` takes a mapping ``{shard: sha256 hex}`` or the path or URL of a sidecar file in
@@ -97,6 +97,6 @@ def source_checksums(source: Source) -> tuple[str, ...]:
         raise ValueError(
             f"verify=True needs each shard's sha256 from a split index, and {missing[0]} has none "
             f"({len(missing)} of {len(source.shards)} shards; shards given as a list or pattern have no manifest: "
-            "pass errors=ErrorOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)"
+            "pass decoding=DecodeOptions(verify={shard: sha256}) or verify='SHA256SUMS', a sha256sum file)"
         )
     return tuple(s.sha256 for s in source.shards)

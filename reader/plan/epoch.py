@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from shardify.reader.plan.resume import LAYOUT, PlanOptions, Segment, resumed_se
 
 __all__ = ["EpochInputs", "EpochPlan"]
 
-Sequence_ = tuple | BlockSequence  # an epoch's sequence: (shard, start, stop) ranges, or layout 4's blocks
+Sequence_ = tuple[Any, ...] | BlockSequence  # an epoch's sequence: (shard, start, stop) ranges, or layout 4's blocks
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from torch.utils.data import get_worker_info
 
 from shardify.convert import ShardWriter
 from shardify.errors import ShardFormatError, WorkerError
-from shardify.reader import ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import ShardReader
 
@@ -53,8 +53,8 @@ def _rank_samples(source: object, monkeypatch: pytest.MonkeyPatch, *, rank: int,
         shuffle=True,
         seed=11,
         fields=("cls",),
-        drop_last=True,
-        shuffling=ShuffleOptions(buffer=8, block=4),
+        batching=BatchOptions(drop_last=True),
+        sampling=SamplingOptions(shuffle_buffer=8, shuffle_block=4),
     )
     ds.set_epoch(epoch)
     return [int(x) for batch in ds for x in batch]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shardify.convert import ShardWriter
-from shardify.reader import ShardedDataset, ShuffleOptions
+from shardify.reader import SamplingOptions, ShardedDataset
 from shardify.reader import transforms as T
 
 __all__ = ["write_images", "dataset", "take", "sdl_main"]
@@ -36,7 +36,7 @@ def dataset(root: Path, **kw: Any) -> ShardedDataset:
         batch_size=3,
         shuffle=True,
         seed=7,
-        shuffling=ShuffleOptions(buffer=5, block=2),
+        sampling=SamplingOptions(shuffle_buffer=5, shuffle_block=2),
         transform=T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip()]),
         fields=("__key__", "image", "cls"),
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.tarfmt import END_OF_ARCHIVE, padding, ustar_header
 
 TIME_LIMIT_S = 120
@@ -75,9 +75,9 @@ def write_png_bomb_tar(path: Path) -> Path:
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys
-    from shardify.reader import ErrorOptions, ShardedDataset, make_loader
+    from shardify.reader import DecodeOptions, ShardedDataset, make_loader
     url, fields, policy = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
-    ds = ShardedDataset([url], batch_size=1, fields=fields, errors=ErrorOptions(on_error=policy))
+    ds = ShardedDataset([url], batch_size=1, fields=fields, decoding=DecodeOptions(on_error=policy))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         got = [repr(b) for b in make_loader(ds, num_workers=0)]
@@ -114,8 +114,7 @@ def test_a_member_over_max_member_bytes_is_refused_before_it_is_read(tmp_path, p
         [url],
         batch_size=1,
         fields=("cls", "bin;cls"),
-        errors=ErrorOptions(on_error=policy),
-        decoding=DecodeOptions(max_member_bytes=64 << 20),
+        decoding=DecodeOptions(max_member_bytes=64 << 20, on_error=policy),
         batching=BatchOptions(collate_fn=list),
     )
     over = f"shard {url}, key 'k1': member declares {ZEROS} bytes, over the limit of {64 << 20}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import ManifestError, ShardFormatError
-from shardify.reader import ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError
 
@@ -57,30 +57,30 @@ def test_user_checksums_pass_intact_shards_and_catch_a_tampered_one(www, how):
     sums = str(www / "SHA256SUMS")
     if how == "mapping":
         sums = {line.split()[1]: line.split()[0] for line in (www / "SHA256SUMS").read_text().splitlines()}
-    ds = ShardedDataset(urls(www), batch_size=4, fields=("cls",), errors=ErrorOptions(verify=sums))
+    ds = ShardedDataset(urls(www), batch_size=4, fields=("cls",), decoding=DecodeOptions(verify=sums))
     assert values(ds, workers=2) == list(range(15))
     tamper(www / "part-1.tar")
     assert len(values(ShardedDataset(urls(www), batch_size=4, fields=("cls",)))) == 15  # unnoticed without
     with pytest.raises(ShardFormatError, match=r"part-1\.tar: sha256 .* does not match"):
-        values(ShardedDataset(urls(www), batch_size=4, fields=("cls",), errors=ErrorOptions(verify=sums)), workers=2)
-    ds = ShardedDataset(urls(www), batch_size=4, fields=("cls",), errors=ErrorOptions(verify=sums, on_error="skip"))
+        values(ShardedDataset(urls(www), batch_size=4, fields=("cls",), decoding=DecodeOptions(verify=sums)), workers=2)
+    ds = ShardedDataset(urls(www), batch_size=4, fields=("cls",), decoding=DecodeOptions(verify=sums, on_error="skip"))
     assert set(values(ds)) == set(range(5)) | set(range(10, 15)) and ds.last_epoch_report.lost == 5
 
 
 def test_checksums_given_wrong_are_refused_when_the_dataset_is_made(www):
     with pytest.raises(ValueError, match="verify=True needs each shard's sha256.*SHA256SUMS"):
-        ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify=True))
+        ShardedDataset(urls(www), batch_size=4, decoding=DecodeOptions(verify=True))
     with pytest.raises(ValueError, match=r"no checksum for shard .*part-2\.tar"):
         ShardedDataset(
-            urls(www), batch_size=4, errors=ErrorOptions(verify={"part-0.tar": "0" * 64, "part-1.tar": "0" * 64})
+            urls(www), batch_size=4, decoding=DecodeOptions(verify={"part-0.tar": "0" * 64, "part-1.tar": "0" * 64})
         )
     with pytest.raises(ValueError, match="not 64 hex digits"):
-        ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify={"part-0.tar": "abc"}))
+        ShardedDataset(urls(www), batch_size=4, decoding=DecodeOptions(verify={"part-0.tar": "abc"}))
     (www / "BAD").write_text("not a checksum line\n")
     with pytest.raises(ManifestError, match="BAD, line 1: want"):
-        ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify=str(www / "BAD")))
+        ShardedDataset(urls(www), batch_size=4, decoding=DecodeOptions(verify=str(www / "BAD")))
     with pytest.raises(ManifestError, match="cannot read the checksum file"):
-        ShardedDataset(urls(www), batch_size=4, errors=ErrorOptions(verify=str(www / "MISSING")))
+        ShardedDataset(urls(www), batch_size=4, decoding=DecodeOptions(verify=str(www / "MISSING")))
 
 
 @pytest.fixture
@@ -104,13 +104,13 @@ def test_a_shard_list_over_http_is_checked_against_a_sidecar_over_http(www, serv
     remote = [f"{served}/part-{i}.tar" for i in range(3)]
     fast = RetryPolicy(retries=1, backoff_s=0.0, max_backoff_s=0.0)
     source = resolve_source(remote, cache_dir=tmp_path / "cache", retry=fast)
-    ds = ShardedDataset(source, batch_size=4, fields=("cls",), errors=ErrorOptions(verify=f"{served}/SHA256SUMS"))
+    ds = ShardedDataset(source, batch_size=4, fields=("cls",), decoding=DecodeOptions(verify=f"{served}/SHA256SUMS"))
     assert [s.sha256 for s in ds.source.shards] == [
         line.split()[0] for line in (www / "SHA256SUMS").read_text().splitlines()
     ]
     assert values(ds) == list(range(15))
     tamper(www / "part-2.tar")
     source = resolve_source(remote, cache_dir=tmp_path / "cache2", retry=fast)
-    ds = ShardedDataset(source, batch_size=4, fields=("cls",), errors=ErrorOptions(verify=f"{served}/SHA256SUMS"))
+    ds = ShardedDataset(source, batch_size=4, fields=("cls",), decoding=DecodeOptions(verify=f"{served}/SHA256SUMS"))
     with pytest.raises(ShardFetchError, match=r"part-2\.tar: .*sha256 is .* the manifest says"):
         values(ds)

@@ -18,7 +18,13 @@ import torch
 from shardify.convert import ShardWriter, convert_items
 from shardify.convert.verify import verify_dataset
 from shardify.errors import ShardFormatError
-from shardify.reader import BatchOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import (
+    BatchOptions,
+    DecodeOptions,
+    SamplingOptions,
+    ShardedDataset,
+    make_loader,
+)
 from shardify.reader.io import chunked as chunked_module
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import Lost, ShardReader
@@ -175,7 +181,12 @@ def test_resume_mid_epoch_yields_the_rest_exactly_once(tmp_path: Path, chunk: in
 
     def make():
         ds = ShardedDataset(
-            root, batch_size=3, fields=("cls",), shuffle=True, seed=7, shuffling=ShuffleOptions(buffer=6, block=2)
+            root,
+            batch_size=3,
+            fields=("cls",),
+            shuffle=True,
+            seed=7,
+            sampling=SamplingOptions(shuffle_buffer=6, shuffle_block=2),
         )
         ds.set_epoch(1)
         return make_loader(ds, num_workers=workers)
@@ -246,14 +257,16 @@ def test_a_damaged_chunk_is_damage_of_its_shard(tmp_path: Path) -> None:
         list(ShardedDataset(root, batch_size=4, fields=("cls",)))
     kept = [
         x
-        for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip"))
+        for b in ShardedDataset(root, batch_size=4, fields=("cls",), decoding=DecodeOptions(on_error="skip"))
         for x in b.tolist()
     ]
     assert len(kept) == N and not set(range(5, 10)) & set(kept)  # lost samples replaced by repeats
     # with verify=True the checksum catches it first: the whole shard is lost
     checked = [
         x
-        for b in ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip", verify=True))
+        for b in ShardedDataset(
+            root, batch_size=4, fields=("cls",), decoding=DecodeOptions(on_error="skip", verify=True)
+        )
         for x in b.tolist()
     ]
     assert not set(range(25)) & set(checked)

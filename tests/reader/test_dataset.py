@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from shardify.errors import FieldError, SampleError
-from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import (
+    BatchOptions,
+    DecodeOptions,
+    SamplingOptions,
+    ShardedDataset,
+    make_loader,
+)
 from shardify.reader import transforms as T
 
 
@@ -29,7 +35,7 @@ def counting(root, **kw) -> ShardedDataset:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_zero_and_two_workers_give_the_same_samples(counting_dataset, shuffle):
     root = counting_dataset([7, 2, 13])
-    ds = counting(root, shuffle=shuffle, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
+    ds = counting(root, shuffle=shuffle, seed=5, sampling=SamplingOptions(shuffle_buffer=4, shuffle_block=2))
     zero, two = run(ds, 0), run(ds, 2)
     assert len(zero) == len(two) == len(ds) == 8
     assert sorted(flat(zero)) == sorted(flat(two)) == list(range(22))
@@ -46,7 +52,7 @@ def test_every_rank_same_count_and_exactly_once(counting_dataset, monkeypatch):
             for rank in range(world):
                 monkeypatch.setenv("RANK", str(rank))
                 monkeypatch.setenv("WORLD_SIZE", str(world))
-                ds = counting(root, batch_size=2, shuffle=True, drop_last=drop_last)
+                ds = counting(root, batch_size=2, shuffle=True, batching=BatchOptions(drop_last=drop_last))
                 batches = run(ds, 2 if rank == 0 else 0)
                 assert len(batches) == len(ds)
                 assert sum(map(len, batches)) == (ds.samples_per_rank if not drop_last else len(ds) * 2)
@@ -111,7 +117,9 @@ def test_one_and_two_workers_augment_a_key_identically(image_dataset):
 
 
 def test_default_output_is_images_and_labels(image_dataset):
-    ds = ShardedDataset(image_dataset, batch_size=8, transform=T.RandomResizedCrop(16), drop_last=True)
+    ds = ShardedDataset(
+        image_dataset, batch_size=8, transform=T.RandomResizedCrop(16), batching=BatchOptions(drop_last=True)
+    )
     batches = list(ds)
     assert len(batches) == len(ds) == 2
     images, labels = batches[0]
@@ -144,7 +152,7 @@ def test_pickle_only_by_name(tmp_path, shards):
                 batch_size=1,
                 fields=("pkl",),
                 batching=BatchOptions(collate_fn=list),
-                errors=ErrorOptions(on_error="skip"),
+                decoding=DecodeOptions(on_error="skip"),
             )
         )
     ds = ShardedDataset(
@@ -163,8 +171,8 @@ def test_lengths(counting_dataset, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     assert (len(counting(root, batch_size=4)), counting(root, batch_size=4).samples_per_rank) == (2, 6)
     assert (
-        len(counting(root, batch_size=4, drop_last=True)),
-        counting(root, batch_size=4, drop_last=True).samples_per_rank,
+        len(counting(root, batch_size=4, batching=BatchOptions(drop_last=True))),
+        counting(root, batch_size=4, batching=BatchOptions(drop_last=True)).samples_per_rank,
     ) == (1, 5)
     assert counting(root).num_samples == 22
 
@@ -190,7 +198,7 @@ def test_spawned_workers_see_epoch_rank_and_report(counting_dataset, monkeypatch
     root = counting_dataset([5, 5])
     (root / "train-000001.tar").write_bytes(b"garbage" * 100)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    ds = ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(root, batch_size=2, fields=("cls",), shuffle=True, decoding=DecodeOptions(on_error="skip"))
     loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     orders = []
     for epoch in (0, 1):
@@ -209,7 +217,9 @@ def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
     real = epoch_module.layout_sequence
     monkeypatch.setattr(epoch_module, "layout_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
     epoch_module._sequence.cache_clear()  # planned by an earlier test of the same inputs
-    ds = counting(counting_dataset([7, 2, 13]), shuffle=True, seed=5, shuffling=ShuffleOptions(buffer=4, block=2))
+    ds = counting(
+        counting_dataset([7, 2, 13]), shuffle=True, seed=5, sampling=SamplingOptions(shuffle_buffer=4, shuffle_block=2)
+    )
     first = run(ds)
     assert run(ds) == first
     assert calls == [0]

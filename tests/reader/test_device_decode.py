@@ -21,7 +21,7 @@ from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.errors import DeviceDecodeError, SampleError
-from shardify.reader import BatchOptions, DecodeOptions, ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.collate import pad_collate
@@ -187,7 +187,9 @@ def _write(shards: SimpleNamespace, root: Path, samples: list) -> Path:
     return shards.write_dataset(root, samples, classes=("a", "b", "c", "d", "e"))
 
 
-def _make(root: Path, *, device: bool, transform: object = None, **kw: object) -> ShardedDataset:
+def _make(
+    root: Path, *, device: bool, transform: object = None, on_error: str = "raise", **kw: object
+) -> ShardedDataset:
     return ShardedDataset(
         root,
         batch_size=6,
@@ -195,7 +197,7 @@ def _make(root: Path, *, device: bool, transform: object = None, **kw: object) -
         seed=5,
         fields=("image", "cls", "__key__"),
         transform=transform or T.imagenet_train(96),
-        decoding=DecodeOptions(device="cpu" if device else None),
+        decoding=DecodeOptions(device="cpu" if device else None, on_error=on_error),  # type: ignore[arg-type]
         **kw,
     )
 
@@ -288,8 +290,7 @@ def test_an_image_no_decoder_reads_raises_naming_shard_and_key(tmp_path: Path, s
 
 def test_skip_replaces_a_bad_image_and_its_label_and_counts_it(tmp_path: Path, shards: SimpleNamespace) -> None:
     root = _with_bad_sample(shards, tmp_path / "ds")
-    skip = ErrorOptions(on_error="skip")
-    cpu_ds, dev_ds = _make(root, device=False, errors=skip), _make(root, device=True, errors=skip)
+    cpu_ds, dev_ds = _make(root, device=False, on_error="skip"), _make(root, device=True, on_error="skip")
     with (
         make_loader(dev_ds, num_workers=2, device="cpu", jpeg_decoder=pil_decoder) as dev,
         make_loader(cpu_ds, num_workers=2, device="cpu") as cpu,

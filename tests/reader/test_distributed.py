@@ -12,13 +12,14 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     import torch.distributed as dist
-    from shardify.reader import ShardedDataset, make_loader
+    from shardify.reader import BatchOptions, ShardedDataset, make_loader
 
     rank, root, rdv, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method="file://" + rdv, rank=rank, world_size=2)
     result = {}
     for drop_last in (False, True):
-        ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, seed=4, drop_last=drop_last)
+        batching = BatchOptions(drop_last=drop_last)
+        ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, seed=4, batching=batching)
         loader = make_loader(ds, num_workers=2)
         for epoch in range(2):
             ds.set_epoch(epoch)

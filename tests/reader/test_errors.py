@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader import ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 
 
@@ -37,7 +37,7 @@ def test_skip_counts_reports_and_keeps_batch_counts_equal(corrupt_dataset, monke
     counts, bad = [], 0
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
-        ds = images(corrupt_dataset, errors=ErrorOptions(on_error="skip"))
+        ds = images(corrupt_dataset, decoding=DecodeOptions(on_error="skip"))
         with caplog.at_level(logging.WARNING, logger="shardify.reader"):
             batches = list(make_loader(ds, num_workers=2))
         counts.append(len(batches))
@@ -53,7 +53,7 @@ def test_skip_counts_reports_and_keeps_batch_counts_equal(corrupt_dataset, monke
 def test_reading_in_process_logs_the_report_once(corrupt_dataset, caplog):
     """Without workers the dataset itself logs the epoch's report at its end (the loader logs
     it only for its workers): once, naming the sample."""
-    ds = images(corrupt_dataset, errors=ErrorOptions(on_error="skip"))
+    ds = images(corrupt_dataset, decoding=DecodeOptions(on_error="skip"))
     with caplog.at_level(logging.WARNING, logger="shardify.reader"):
         assert len(list(make_loader(ds, num_workers=0))) == len(ds)
     assert caplog.text.count("skipped 1 bad samples") == 1 and "img00007" in caplog.text
@@ -71,7 +71,7 @@ def test_truncated_shard_with_skip_keeps_earlier_samples_and_reports_the_loss(tm
     root = shards.write_dataset(tmp_path / "t", shards.counting([6, 10]))
     shard = root / "train-000001.tar"
     shard.write_bytes(shard.read_bytes()[: 5 * 2048 + 100])  # 2 KiB a sample: damage in global 11
-    ds = ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), decoding=DecodeOptions(on_error="skip"))
     batches = [[int(x) for x in b] for b in ds]
     assert len(batches) == len(ds) == 4 and all(len(b) == 4 for b in batches)
     # 11..15 are lost (10, read in full before the damaged header, is kept); repeats of good
@@ -84,7 +84,7 @@ def test_truncated_shard_with_skip_keeps_earlier_samples_and_reports_the_loss(tm
 def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
     root = shards.write_dataset(tmp_path / "g", shards.counting([4, 4, 4]))
     (root / "train-000001.tar").write_bytes(b"\x00garbage" * 300)
-    ds = ShardedDataset(root, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), decoding=DecodeOptions(on_error="skip"))
     assert [[int(x) for x in b] for b in ds] == [[0, 1, 2, 3], [8] * 4, [8, 9, 10, 11]]
     assert ds.last_epoch_report.lost == 4
     (root / "train-000002.tar").write_bytes(b"\x00garbage" * 300)
@@ -112,7 +112,7 @@ def _a_directory(shard) -> None:
 @pytest.mark.parametrize("damage", [_gone, _a_directory], ids=["deleted", "directory"])
 def test_a_shard_gone_between_epochs_follows_the_error_policy(tmp_path, shards, workers, policy, damage):
     root = shards.write_dataset(tmp_path / "d", shards.counting([8, 12, 8]))
-    ds = ShardedDataset(root, batch_size=4, fields=("cls",), shuffle=True, errors=ErrorOptions(on_error=policy))
+    ds = ShardedDataset(root, batch_size=4, fields=("cls",), shuffle=True, decoding=DecodeOptions(on_error=policy))
     with make_loader(ds, num_workers=workers) as loader:
         assert sorted(int(x) for b in loader for x in b) == list(range(28))  # every shard scanned and open
         damage(root / "train-000001.tar")
@@ -143,7 +143,7 @@ def test_a_listed_shard_missing_or_unreadable_follows_the_error_policy(tmp_path,
         with pytest.raises(ShardFormatError, match=f"shard {urls[1]}: "):
             ShardedDataset(urls, batch_size=4, fields=("cls",))
         return
-    ds = ShardedDataset(urls, batch_size=4, fields=("cls",), errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(urls, batch_size=4, fields=("cls",), decoding=DecodeOptions(on_error="skip"))
     assert [u for u, _ in ds.source.unreadable] == [urls[1]] and ds.num_samples == 6
     with make_loader(ds, num_workers=2) as loader:
         assert sorted(int(x) for b in loader for x in b) == list(range(6))

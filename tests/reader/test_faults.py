@@ -22,7 +22,7 @@ import pytest
 
 from shardify.cli.bench import child_pids
 from shardify.errors import SampleError, WorkerError
-from shardify.reader import ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -254,7 +254,7 @@ def test_map_error_of_any_type_reaches_the_trainer(counting, workers: int) -> No
 
 
 def test_transform_errors_are_skipped_and_counted_under_the_skip_policy(counting) -> None:
-    ds = counting(map=_raise_on_7, errors=ErrorOptions(on_error="skip"))
+    ds = counting(map=_raise_on_7, decoding=DecodeOptions(on_error="skip"))
     with make_loader(ds, num_workers=2) as loader:
         batches = list(loader)
     assert len(batches) == len(ds) and 7 not in _values(batches)

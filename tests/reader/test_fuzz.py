@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardify.errors import ShardFormatError, ShardifyError
-from shardify.reader import ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, MAX_MEMBER_SIZE, padding, ustar_header
 
 SIZES = (5, 6, 4)
@@ -165,7 +165,7 @@ def test_random_damage_errors_name_the_shard_or_skips_are_counted(
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
         try:
-            batches, ds = read(root, errors=ErrorOptions(on_error=policy, verify=verify), shuffle=shuffle)
+            batches, ds = read(root, decoding=DecodeOptions(on_error=policy, verify=verify), shuffle=shuffle)
         except ShardifyError as e:
             assert policy == "raise", f"skip policy raised {e!r}"
             assert isinstance(e, ShardFormatError) or "s001_" in str(e), e
@@ -197,7 +197,7 @@ def test_hostile_member_anywhere_in_a_shard(dataset, kind: str, at: int, shuffle
     with pytest.raises(ShardFormatError) as caught:
         read(root, shuffle=shuffle)
     assert TARGET in str(caught.value) and message in str(caught.value), caught.value
-    batches, ds = read(root, shuffle=shuffle, errors=ErrorOptions(on_error="skip"))
+    batches, ds = read(root, shuffle=shuffle, decoding=DecodeOptions(on_error="skip"))
     assert len(batches) == len(ds) and all(len(b) == 3 for b in batches[:-1])
     report = ds.last_epoch_report
     # The samples before the damage are kept (all their members were read before it), except
@@ -219,7 +219,7 @@ def test_a_shard_list_with_a_hostile_member_fails_when_counted(dataset) -> None:
 def test_hostile_shard_with_two_workers(dataset, policy: str) -> None:
     root, original = dataset
     (root / TARGET).write_bytes(_insert(original, 3, HOSTILE["dotdot"][0]))
-    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, errors=ErrorOptions(on_error=policy))
+    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, decoding=DecodeOptions(on_error=policy))
     loader = make_loader(ds, num_workers=2)
     try:
         if policy == "raise":
@@ -248,7 +248,7 @@ def test_member_declaring_far_more_than_the_file_holds_stays_small(dataset, poli
             with pytest.raises(ShardFormatError, match=f"{TARGET}.*truncated"):
                 read(root)
         else:
-            batches, ds = read(root, errors=ErrorOptions(on_error="skip"))
+            batches, ds = read(root, decoding=DecodeOptions(on_error="skip"))
             assert len(batches) == len(ds) and not ds.last_epoch_report  # every sample precedes the damage
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -29,7 +29,7 @@ from shardify.reader import (
     ShuffleOptions,
     Stream,
 )
-from shardify.reader.deprecated import OLD_KEYWORDS
+from shardify.reader.deprecated import OLD_GROUPS, OLD_KEYWORDS
 from shardify.reader.options import GROUPS
 
 
@@ -48,6 +48,7 @@ VALUES = {
     "collate_fn": list,
     "bucket_length": _length,
     "bucket_buffer": 6,
+    "drop_last": True,
     "samples_per_epoch": 15,
     "mark_repeats": True,
     "allow_pickle": True,
@@ -98,7 +99,7 @@ def test_an_old_keyword_warns_and_reads_as_its_group(counting_dataset, name):
     else:  # the flat record keeps the old names
         assert getattr(new.options, name) == (True if name == "verify" else old_kw[name])
     assert old.source.fetch == new.source.fetch
-    assert old._checksums == new._checksums
+    assert old._setup.checksums == new._setup.checksums
     assert _epoch(old) == _epoch(new)
 
 
@@ -119,18 +120,66 @@ def test_several_old_keywords_of_one_group_make_one_group(counting_dataset):
         batch_size=3,
         shuffle=True,
         fields=("cls",),
-        shuffling=ShuffleOptions(buffer=5, block=2),
-        errors=ErrorOptions(on_error="skip"),
+        sampling=SamplingOptions(shuffle_buffer=5, shuffle_block=2),
+        decoding=DecodeOptions(on_error="skip"),
     )
     assert old.options == new.options
 
 
 @pytest.mark.parametrize("name", sorted(OLD_KEYWORDS))
-def test_an_old_keyword_with_its_group_is_an_error(counting_dataset, name):
+def test_an_old_keyword_with_its_group_setting_it_too_is_an_error(counting_dataset, name):
     root = counting_dataset([4])
-    group, _ = OLD_KEYWORDS[name]
+    group, field = OLD_KEYWORDS[name]
+    both = GROUPS[group](
+        **{OLD_KEYWORDS[k][1]: v for k, v in {name: _value(name, root), **_others(name, root)}.items()}
+    )
     with pytest.raises(TypeError, match=rf"pass {name}=\.\.\. or {group}={GROUPS[group].__name__}\(\.\.\.\), not both"):
-        ShardedDataset(root, batch_size=2, **{name: _value(name, root), group: GROUPS[group]()})
+        ShardedDataset(root, batch_size=2, **{name: _value(name, root), group: both})
+
+
+def test_an_old_keyword_is_folded_into_its_group_given_without_it(counting_dataset):
+    root = counting_dataset([7, 2, 13])
+    with pytest.warns(DeprecationWarning, match=r"drop_last= -> batching=BatchOptions\(drop_last=\.\.\.\)"):
+        old = ShardedDataset(
+            root, batch_size=3, fields=("cls",), drop_last=True, batching=BatchOptions(collate_fn=list)
+        )
+    assert old.options.drop_last and old.options.collate_fn is list
+    new = ShardedDataset(root, batch_size=3, fields=("cls",), batching=BatchOptions(collate_fn=list, drop_last=True))
+    assert old.options == new.options and len(old) == len(new) == 7
+
+
+OLD_GROUP_VALUES = {
+    "shuffling": (ShuffleOptions(buffer=5, block=2), SamplingOptions(shuffle_buffer=5, shuffle_block=2)),
+    "errors": (ErrorOptions(on_error="skip", verify=True), DecodeOptions(on_error="skip", verify=True)),
+}
+
+
+def test_every_old_group_is_covered():
+    assert set(OLD_GROUP_VALUES) == set(OLD_GROUPS)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_GROUPS))
+def test_an_old_group_warns_and_reads_as_the_group_it_was_folded_into(counting_dataset, name):
+    root = counting_dataset([7, 2, 13])
+    old_value, new_value = OLD_GROUP_VALUES[name]
+    group = OLD_GROUPS[name][1]
+    common = dict(batch_size=3, shuffle=True, seed=4, fields=("cls",))
+    with pytest.warns(DeprecationWarning, match=rf"{name}={type(old_value).__name__}\(\.\.\.\) -> {group}="):
+        old = ShardedDataset(root, **common, **{name: old_value})
+    new = ShardedDataset(root, **common, **{group: new_value})
+    assert old.options == new.options and _epoch(old) == _epoch(new)
+    with pytest.warns(DeprecationWarning):  # beside its new group, folded into it
+        both = ShardedDataset(
+            root,
+            **common,
+            **{
+                name: old_value,
+                group: GROUPS[group](allow_pickle=True) if group == "decoding" else GROUPS[group](samples_per_epoch=9),
+            },
+        )
+    assert {k: getattr(both.options, k) for k in ("shuffle_buffer", "shuffle_block", "on_error")} == {
+        k: getattr(new.options, k) for k in ("shuffle_buffer", "shuffle_block", "on_error")
+    }
 
 
 def test_an_unknown_keyword_is_a_type_error(counting_dataset):
@@ -150,6 +199,9 @@ def test_a_group_of_the_wrong_type_is_named(counting_dataset):
     [
         pytest.param(lambda: ShuffleOptions(buffer=0), "buffer=0", id="shuffle-buffer"),
         pytest.param(lambda: ShuffleOptions(block=0), "block=0", id="shuffle-block"),
+        pytest.param(lambda: SamplingOptions(shuffle_buffer=0), "shuffle_buffer=0", id="sampling-shuffle-buffer"),
+        pytest.param(lambda: SamplingOptions(shuffle_block=0), "shuffle_block=0", id="sampling-shuffle-block"),
+        pytest.param(lambda: DecodeOptions(on_error="warn"), "on_error='warn'", id="decode-on-error"),  # type: ignore[arg-type]
         pytest.param(lambda: BatchOptions(bucket_buffer=0), "bucket_buffer=0", id="bucket-buffer"),
         pytest.param(lambda: SamplingOptions(samples_per_epoch=-1), "samples_per_epoch=-1", id="samples"),
         pytest.param(lambda: DecodeOptions(max_member_bytes=-1), "max_member_bytes=-1", id="member-bytes"),
@@ -173,7 +225,7 @@ def test_the_common_case_is_one_line_and_warns_nothing(counting_dataset):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ds = ShardedDataset(root, split="train", batch_size=4, shuffle=True, fields=("cls",))
-    assert ds.options.shuffle_buffer == ShuffleOptions().buffer
+    assert ds.options.shuffle_buffer == SamplingOptions().shuffle_buffer
     assert sorted(x for b in _epoch(ds) for x in b) == list(range(22))
 
 
@@ -191,7 +243,9 @@ def test_an_old_keyword_fails_the_test_suite_and_other_deprecations_do_not(count
     tests of the deprecation above expect it with ``pytest.warns``), while another package's
     ``DeprecationWarning`` stays a warning, even one attributed to shardify's call of it."""
     root = counting_dataset([4])
-    with pytest.raises(DeprecationWarning, match=r"shuffle_buffer= -> shuffling=ShuffleOptions\(buffer=\.\.\.\)"):
+    with pytest.raises(
+        DeprecationWarning, match=r"shuffle_buffer= -> sampling=SamplingOptions\(shuffle_buffer=\.\.\.\)"
+    ):
         ShardedDataset(root, batch_size=2, shuffle_buffer=4)
     with warnings.catch_warnings(record=True) as seen:
         warnings.warn_explicit(
@@ -209,9 +263,9 @@ def test_an_old_keyword_fails_the_test_suite_and_other_deprecations_do_not(count
 
 _CHILD = textwrap.dedent("""
     import sys, warnings
-    from shardify.reader import ShardedDataset, ShuffleOptions
+    from shardify.reader import SamplingOptions, ShardedDataset
     warnings.warn_explicit("old_api() is deprecated", DeprecationWarning, "thirdparty/api.py", 1)
-    ShardedDataset(sys.argv[1], batch_size=2, shuffling=ShuffleOptions(buffer=4))
+    ShardedDataset(sys.argv[1], batch_size=2, sampling=SamplingOptions(shuffle_buffer=4))
     print("the groups and other deprecations pass")
     ShardedDataset(sys.argv[1], batch_size=2, shuffle_buffer=4)
     print("the old keyword passed")
@@ -228,12 +282,12 @@ def test_an_old_keyword_fails_a_python_process_that_a_test_starts(counting_datas
 
 # A flat ReadOptions field with a bad value, and the group (with the same bad value) that owns its check.
 FLAT_CHECKS = [
-    pytest.param({"shuffle_buffer": 0}, lambda: ShuffleOptions(buffer=0), id="shuffle-buffer"),
-    pytest.param({"shuffle_block": 0}, lambda: ShuffleOptions(block=0), id="shuffle-block"),
+    pytest.param({"shuffle_buffer": 0}, lambda: SamplingOptions(shuffle_buffer=0), id="shuffle-buffer"),
+    pytest.param({"shuffle_block": 0}, lambda: SamplingOptions(shuffle_block=0), id="shuffle-block"),
     pytest.param({"bucket_buffer": 0}, lambda: BatchOptions(bucket_buffer=0), id="bucket-buffer"),
     pytest.param({"samples_per_epoch": -1}, lambda: SamplingOptions(samples_per_epoch=-1), id="samples"),
     pytest.param({"max_member_bytes": -1}, lambda: DecodeOptions(max_member_bytes=-1), id="member-bytes"),
-    pytest.param({"on_error": "warn"}, lambda: ErrorOptions(on_error="warn"), id="on-error"),  # type: ignore[arg-type]
+    pytest.param({"on_error": "warn"}, lambda: DecodeOptions(on_error="warn"), id="on-error"),  # type: ignore[arg-type]
 ]
 
 
@@ -290,6 +344,6 @@ def test_the_groups_of_a_flat_record_build_it_again():
         if f.name not in ("transform", "map", "batch_size")
     )  # every grouped field off its default
     again = ReadOptions.from_groups(
-        batch_size=3, shuffle=True, seed=9, drop_last=True, transform=None, fields=("cls",), map=None, **opts.groups()
+        batch_size=3, shuffle=True, seed=9, transform=None, fields=("cls",), map=None, **opts.groups()
     )
     assert again == opts

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardify.errors import SampleError
-from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, ShardedDataset, make_loader
+from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, BatchOptions, DevicePrefetcher, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DECODE_AHEAD, resolve_device
 from shardify.reader.sample.device_plan import EncodedBatch
@@ -58,7 +58,7 @@ def test_make_loader_end_to_end_with_two_workers(image_dataset):
         image_dataset,
         batch_size=4,
         shuffle=True,
-        drop_last=True,
+        batching=BatchOptions(drop_last=True),
         transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()]),
     )
     loader = make_loader(ds, num_workers=2, device="cpu", channels_last=True)

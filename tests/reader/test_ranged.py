@@ -18,7 +18,7 @@ import torch
 
 from shardify.convert import ShardWriter, convert_items
 from shardify.errors import LocationError, ShardFormatError
-from shardify.reader import CacheOptions, ErrorOptions, SamplingOptions, ShardedDataset, make_loader
+from shardify.reader import CacheOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.sampletable import SampleTable, sample_digest
@@ -143,9 +143,9 @@ def test_an_index_without_a_sample_table_reads_whole_shards_as_before(www):
     for e in obj["shardlist"]:
         del e["samples"]
     index.write_text(json.dumps(obj))
-    local = _epoch(www / "ds" / "train.json", errors=ErrorOptions(verify=True))
+    local = _epoch(www / "ds" / "train.json", decoding=DecodeOptions(verify=True))
     with rangeserver.serve(www) as (base, served):
-        assert _epoch(f"{base}/ds/train.json", errors=ErrorOptions(verify=True)) == local
+        assert _epoch(f"{base}/ds/train.json", decoding=DecodeOptions(verify=True)) == local
     assert served.sent >= sum(e["filesize"] for e in obj["shardlist"])
 
 

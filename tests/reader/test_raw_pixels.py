@@ -14,7 +14,7 @@ from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.pixels import encode_ppm
-from shardify.reader import ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.sample import transforms as transforms_module
 from shardify.reader.sample.decode import DecodeError, decode_image
@@ -186,8 +186,8 @@ def _dataset(root, **kw) -> ShardedDataset:  # noqa: ANN001
         shuffle=True,
         seed=11,
         transform=T.imagenet_train(32),
-        shuffling=ShuffleOptions(buffer=5, block=2),
-        drop_last=True,
+        sampling=SamplingOptions(shuffle_buffer=5, shuffle_block=2),
+        batching=BatchOptions(drop_last=True),
         **kw,
     )
 

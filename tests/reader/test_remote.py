@@ -30,7 +30,13 @@ from shardify.convert.options import ConvertOptions
 from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.run import convert_imagefolder
 from shardify.errors import ManifestError, ShardFormatError
-from shardify.reader import CacheOptions, ErrorOptions, ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import (
+    CacheOptions,
+    DecodeOptions,
+    SamplingOptions,
+    ShardedDataset,
+    make_loader,
+)
 from shardify.reader import transforms as T
 from shardify.reader.io.cache import FetchOptions, ShardCache, shard_cache
 from shardify.reader.io.sources import Source, resolve_source
@@ -173,7 +179,7 @@ def test_an_epoch_over_http_matches_the_local_one_batch_for_batch(dataset, serve
             batch_size=4,
             shuffle=True,
             seed=3,
-            shuffling=ShuffleOptions(block=2),
+            sampling=SamplingOptions(shuffle_block=2),
             transform=T.ResizeCenterCrop(resize=24, crop=16),
         )
         ds.set_epoch(1)
@@ -426,7 +432,7 @@ def test_dataset_cache_dir_shared_by_two_workers_fetches_each_shard_once(dataset
         batch_size=4,
         shuffle=True,
         seed=0,
-        shuffling=ShuffleOptions(block=2),
+        sampling=SamplingOptions(shuffle_block=2),
         transform=T.ResizeCenterCrop(resize=24, crop=16),
         cache=CacheOptions(dir=tmp_path / "cache", ranged=False),
     )
@@ -445,7 +451,7 @@ def test_unreachable_shard_under_the_skip_policy_is_counted_not_raised(dataset, 
     ds = ShardedDataset(
         resolve_source(url, retry=FAST),
         batch_size=4,
-        errors=ErrorOptions(on_error="skip"),
+        decoding=DecodeOptions(on_error="skip"),
         transform=T.ResizeCenterCrop(resize=24, crop=16),
     )
     batches = list(ds)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.delivery.state import seal_state
 
 
@@ -38,7 +38,7 @@ def dataset(root, log: Path, **kw) -> ShardedDataset:
         shuffle=True,
         seed=11,
         transform=CountingCrop(log),
-        shuffling=ShuffleOptions(buffer=5, block=2),
+        sampling=SamplingOptions(shuffle_buffer=5, shuffle_block=2),
         **kw,
     )
 
@@ -138,7 +138,12 @@ def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_d
     def make(workers):
         return make_loader(
             ShardedDataset(
-                root, batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3)
+                root,
+                batch_size=2,
+                fields=("cls",),
+                shuffle=True,
+                seed=3,
+                sampling=SamplingOptions(shuffle_buffer=4, shuffle_block=3),
             ),
             num_workers=workers,
         )
@@ -165,8 +170,7 @@ def _counting(root, *, shuffle_buffer=4, **kw):
         fields=("cls", "__valid__"),
         shuffle=True,
         seed=3,
-        shuffling=ShuffleOptions(buffer=shuffle_buffer, block=3),
-        sampling=SamplingOptions(mark_repeats=True),
+        sampling=SamplingOptions(mark_repeats=True, shuffle_buffer=shuffle_buffer, shuffle_block=3),
         **kw,
     )
 
@@ -260,7 +264,7 @@ def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
     from shardify.reader.plan.simulate import rank_batches
 
     root = counting_dataset([7, 2, 13, 30, 1])
-    ds = _counting(root, shuffle_buffer=40)  # a ramp from 2 samples to 40
+    ds = _counting(root, sampling=SamplingOptions(shuffle_buffer=40))  # a ramp from 2 samples to 40
     seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
     keyed = block_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, block=3)
     start = [0, 7, 9, 22, 52]
@@ -278,13 +282,13 @@ def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
         ds.set_epoch(2)
         assert [cls.tolist() for cls, _ in loader] == runs[4]  # an epoch now: the keyed block order
     for layout in (2, 3, 4):
-        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+        with make_loader(_counting(root, sampling=SamplingOptions(shuffle_buffer=40)), num_workers=2) as loader:
             loader.dataset.set_epoch(2)
             it = iter(loader)
             head = [next(it)[0].tolist() for _ in range(5)]
             state = seal_state({**loader.state_dict(), "layout": layout})  # as saved by the code of that layout
             del it
-        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+        with make_loader(_counting(root, sampling=SamplingOptions(shuffle_buffer=40)), num_workers=2) as loader:
             loader.load_state_dict(state)
             rest = [cls.tolist() for cls, _ in loader]
             assert loader.state_dict()["layout"] == layout

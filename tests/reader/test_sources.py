@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardify.errors import ManifestError
-from shardify.reader import BatchOptions, ShardedDataset, ShuffleOptions
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset
 from shardify.reader.io.sources import expand_shards, resolve_source
 
 
@@ -81,7 +81,7 @@ def test_gzip_shards_read_like_plain_ones(counting_dataset, tmp_path, suffix):
         batch_size=4,
         fields=("cls",),
         shuffle=True,
-        shuffling=ShuffleOptions(block=3, buffer=5),
+        sampling=SamplingOptions(shuffle_block=3, shuffle_buffer=5),
     )
     assert ds.source.sizes == [7, 2, 13]
     assert values(ds) == list(range(22))
@@ -132,6 +132,6 @@ def test_gnu_tar_shards_with_long_names_and_directories(tmp_path):
             fields=("cls", "txt"),
             batching=BatchOptions(collate_fn=list),
             shuffle=shuffle,
-            shuffling=ShuffleOptions(block=1, buffer=2),
+            sampling=SamplingOptions(shuffle_block=1, shuffle_buffer=2),
         )
         assert sorted(s for batch in ds for s in batch) == [(i, f"t{i}") for i in range(4)]

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from shardify.convert import ShardWriter
-from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, ShuffleOptions, make_loader
+from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.delivery.state import STATE_VERSION, seal_state
 
 SIZES = [7, 2, 13, 30, 1]  # 53 samples
 OPTIONS: dict[str, Any] = dict(
-    batch_size=2, fields=("cls",), shuffle=True, seed=3, shuffling=ShuffleOptions(buffer=4, block=3)
+    batch_size=2, fields=("cls",), shuffle=True, seed=3, sampling=SamplingOptions(shuffle_buffer=4, shuffle_block=3)
 )
 
 
@@ -108,19 +108,23 @@ OTHER_OPTIONS = [
     pytest.param({"batch_size": 3}, "field 'plan.batch_size' is 2, this loader has 3", id="batch-size"),
     pytest.param({"shuffle": False}, "field 'plan.shuffle' is True, this loader has False", id="shuffle"),
     pytest.param(
-        {"shuffling": ShuffleOptions(buffer=4, block=4)},
+        {"sampling": SamplingOptions(shuffle_buffer=4, shuffle_block=4)},
         "field 'plan.shuffle_block' is 3, this loader has 4",
         id="shuffle-block",
     ),
     pytest.param(
-        {"shuffling": ShuffleOptions(buffer=8, block=3)},
+        {"sampling": SamplingOptions(shuffle_buffer=8, shuffle_block=3)},
         "field 'plan.shuffle_buffer' is 4, this loader has 8",
         id="shuffle-buffer",
     ),
-    pytest.param({"drop_last": True}, "field 'plan.drop_last' is False, this loader has True", id="drop-last"),
+    pytest.param(
+        {"batching": BatchOptions(drop_last=True)},
+        "field 'plan.drop_last' is False, this loader has True",
+        id="drop-last",
+    ),
     pytest.param({"seed": 4}, "field 'seed' is 3, this loader has 4", id="seed"),
     pytest.param(
-        {"sampling": SamplingOptions(samples_per_epoch=40)},
+        {"sampling": SamplingOptions(samples_per_epoch=40, shuffle_buffer=4, shuffle_block=3)},
         r"field 'plan.stream_counts' is \[53\], this loader has \[40\]",
         id="samples-per-epoch",
     ),
@@ -200,7 +204,7 @@ def test_a_version_2_state_of_whole_passes_still_loads_and_resumes_exactly(count
     root = counting_dataset(SIZES)
     state, full = saved(root, stop=stop)
     assert resumed(root, as_version_2(state)) == full[stop:]
-    two = SamplingOptions(samples_per_epoch=106)  # two whole passes
+    two = SamplingOptions(samples_per_epoch=106, shuffle_buffer=4, shuffle_block=3)  # two whole passes
     state, full = saved(root, stop=stop, sampling=two)
     assert resumed(root, as_version_2(state), sampling=two) == full[stop:]
 
@@ -209,9 +213,9 @@ def test_a_version_2_state_of_whole_passes_still_loads_and_resumes_exactly(count
 def test_a_version_2_state_mid_epoch_of_part_of_a_pass_is_refused(counting_dataset, count):
     """The rule for the part of a pass changed after version 2: such a state would resume another epoch."""
     root = counting_dataset(SIZES)
-    part = SamplingOptions(samples_per_epoch=count)
+    part = SamplingOptions(samples_per_epoch=count, shuffle_buffer=4, shuffle_block=3)
     state, _ = saved(root, sampling=part)
-    loader = make_loader(ShardedDataset(root, **OPTIONS, sampling=part))
+    loader = make_loader(ShardedDataset(root, **{**OPTIONS, "sampling": part}))
     with pytest.raises(
         ValueError,
         match=f"field 'version' is 2, saved 4 batches into epoch 2, in which stream 0 "

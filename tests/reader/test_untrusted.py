@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader import DecodeOptions, ErrorOptions, ShardedDataset, make_loader
+from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 
 TIME_LIMIT_S = 60
 """A hang fails the test instead of stalling the run (see tests/conftest.py)."""
@@ -89,7 +89,7 @@ def test_malicious_pickle_never_runs_when_read_with_workers(evil_dataset, ext: s
 @pytest.mark.parametrize("ext", sorted(EXPECTED))
 def test_malicious_pickle_under_the_skip_policy(evil_dataset, ext: str) -> None:
     root, marker = evil_dataset(ext)
-    ds = ShardedDataset(root, batch_size=2, fields=("cls", ext), errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(root, batch_size=2, fields=("cls", ext), decoding=DecodeOptions(on_error="skip"))
     if ext in ("pkl", "pickle", "pyd"):
         # A refused pickle is a setting to change, not bad data: it raises even when skipping.
         with make_loader(ds, num_workers=2) as loader, pytest.raises(SampleError, match="allow_pickle=True"):
@@ -110,7 +110,7 @@ def test_some_malicious_samples_are_skipped_and_counted(tmp_path: Path, shards) 
         for s in range(2)
     ]
     root = shards.write_dataset(tmp_path / "mixed", data)
-    ds = ShardedDataset(root, batch_size=2, fields=("cls", "pt"), errors=ErrorOptions(on_error="skip"))
+    ds = ShardedDataset(root, batch_size=2, fields=("cls", "pt"), decoding=DecodeOptions(on_error="skip"))
     with make_loader(ds, num_workers=2) as loader:
         batches = list(loader)
     assert len(batches) == len(ds) == 4
@@ -166,7 +166,7 @@ def test_verify_passes_and_hashes_each_shard_once_per_process(counting_dataset, 
     calls: list[int] = []
     real = stream.file_sha256
     monkeypatch.setattr(stream, "file_sha256", lambda f: (calls.append(1), real(f))[1])
-    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, errors=ErrorOptions(verify=True))
+    ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, decoding=DecodeOptions(verify=True))
     for epoch in range(2):
         ds.set_epoch(epoch)
         assert sorted(int(x) for b in ds for x in b) == list(range(15))
@@ -178,7 +178,7 @@ def test_tampered_shard_reads_silently_without_verify_and_fails_with_it(counting
     _tamper(root / "train-000001.tar")
     values = sorted(int(x) for b in ShardedDataset(root, batch_size=3, fields=("cls",)) for x in b)
     assert values != list(range(15))  # the tar is fine; the label changed
-    ds = ShardedDataset(root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True))
+    ds = ShardedDataset(root, batch_size=3, fields=("cls",), decoding=DecodeOptions(verify=True))
     with make_loader(ds, num_workers=2) as loader, pytest.raises(ShardFormatError) as caught:
         list(loader)
     assert "train-000001.tar" in str(caught.value) and "sha256" in str(caught.value)
@@ -193,7 +193,7 @@ def test_tampered_shard_is_skipped_whole_and_counted(counting_dataset, monkeypat
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         ds = ShardedDataset(
-            root, batch_size=3, fields=("cls",), errors=ErrorOptions(verify=True, on_error="skip"), shuffle=True
+            root, batch_size=3, fields=("cls",), decoding=DecodeOptions(verify=True, on_error="skip"), shuffle=True
         )
         with make_loader(ds, num_workers=2) as loader:
             batches = list(loader)
@@ -210,7 +210,7 @@ def test_verify_needs_checksums(counting_dataset) -> None:
     root = counting_dataset([3])
     with pytest.raises(ValueError, match="sha256"):
         ShardedDataset(
-            [str(root / "train-000000.tar")], batch_size=2, fields=("cls",), errors=ErrorOptions(verify=True)
+            [str(root / "train-000000.tar")], batch_size=2, fields=("cls",), decoding=DecodeOptions(verify=True)
         )
 
 

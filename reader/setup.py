@@ -1,0 +1,149 @@
+"""What a ``ShardedDataset`` is built from: its keywords merged into options, its streams resolved,
+and what the plan and the workers need of them, derived once.
+
+:func:`merged_options` folds the dataset's keywords, its option groups and the deprecated
+keywords (:mod:`shardify.reader.deprecated`) into the flat :class:`ReadOptions`;
+:func:`opened_streams` resolves the source into streams (remote fetch options from
+``CacheOptions``, checksums given with ``DecodeOptions(verify=...)``); :meth:`ReadSetup.of` derives
+the rest: the mixed source, each stream's output fields, the epoch plan's inputs
+(:class:`~shardify.reader.plan.epoch.EpochInputs`) and what a state must match to resume
+(:class:`~shardify.reader.delivery.state.ResumeBasis`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
+
+from shardify.reader.delivery.state import ResumeBasis
+from shardify.reader.deprecated import apply_old_keywords
+from shardify.reader.io.checksums import source_checksums, with_checksums
+from shardify.reader.io.sources import Source, SourceLike, is_gzip
+from shardify.reader.options import ReadOptions, with_defaults
+from shardify.reader.plan.epoch import EpochInputs
+from shardify.reader.sample.fields import stream_fields
+from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams
+
+__all__ = ["merged_options", "opened_streams", "ReadSetup"]
+
+
+def merged_options(
+    groups: Mapping[str, Any],
+    deprecated: Mapping[str, Any],
+    *,
+    known: Sequence[str],
+    batch_size: int | None,
+    shuffle: bool,
+    seed: int,
+    transform: Callable[..., Any] | None,
+    fields: Sequence[str] | None,
+    map: Callable[[dict[str, Any]], Any] | None,
+) -> tuple[ReadOptions, dict[str, Any]]:
+    """``(flat options, each group)`` of the dataset's keywords, its ``groups`` (None: the
+    group's defaults) and the ``deprecated`` keywords; ``known``: the dataset's keywords, to name
+    a misspelt one."""
+    merged = with_defaults(apply_old_keywords(deprecated, groups, known=known, stacklevel=4))
+    if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
+        raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
+    options = ReadOptions.from_groups(
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        transform=transform,
+        fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None),
+        map=map,
+        batching=merged["batching"],
+        sampling=merged["sampling"],
+        decoding=merged["decoding"],
+    )
+    return options, merged
+
+
+def opened_streams(
+    source: SourceLike | Source | Stream | Sequence[Stream], *, split: str | None, groups: Mapping[str, Any]
+) -> tuple[Stream, ...]:
+    """The streams of ``source``, each with its resolved :class:`Source` (fetched as ``groups["cache"]``
+    says; with the checksums ``groups["decoding"].verify`` gives, when it gives them)."""
+    where, decoding = groups["cache"], groups["decoding"]
+    streams = resolve_streams(
+        source,
+        split=split,
+        cache_dir=where.dir,
+        cache_limit_bytes=where.limit_bytes,
+        skip_unreadable=decoding.on_error == "skip",
+        remote={"allow_locations": where.allow_locations, "ranged": where.ranged, "requests": where.requests},
+    )
+    verify = decoding.verify
+    if verify is not False and verify is not True:
+        streams = tuple(
+            dataclasses.replace(st, source=with_checksums(cast(Source, st.source), verify)) for st in streams
+        )
+    return tuple(streams)
+
+
+@dataclass(frozen=True)
+class ReadSetup:
+    """What the plan and the workers need of a dataset's options and streams, derived once."""
+
+    options: ReadOptions
+    streams: tuple[Stream, ...]
+    sources: tuple[Source, ...]
+    source: Source
+    """The streams' shards as one source (the dataset's shard numbering)."""
+    counts: tuple[int, ...] | None
+    """Samples each stream gives an epoch; None: each sample once."""
+    stream_fields: tuple[tuple[str, ...], ...]
+    tag_stream: bool
+    """Each sample says its stream (``__stream__``): several streams, or an output that asks."""
+    checksums: Any
+    epoch_inputs: EpochInputs
+    resume_basis: ResumeBasis
+
+    @property
+    def opener(self) -> Callable[[str], tuple[BinaryIO, bool]]:
+        """Opens a shard through the source it belongs to."""
+        return MixedOpener(self.sources) if len(self.sources) > 1 else self.source.open_tar
+
+    @classmethod
+    def of(cls, options: ReadOptions, streams: Sequence[Stream]) -> ReadSetup:
+        o = options
+        sources = tuple(cast(Source, s.source) for s in streams)  # resolved by now
+        source = mixed_source(sources)
+        counts = epoch_counts(streams, samples_per_epoch=o.samples_per_epoch)
+        columns = tuple(stream_fields(s, fields=o.fields, map=o.map) for s in streams)
+        wanted = {f for fields in columns for f in fields}
+        if "__valid__" in wanted and not o.mark_repeats:
+            raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
+        inputs = EpochInputs(
+            seed=o.seed,
+            shuffle=o.shuffle,
+            batch_size=o.batch_size,
+            drop_last=o.drop_last,
+            block=o.shuffle_block,
+            buffer=o.shuffle_buffer,
+            stream_sizes=tuple(tuple(s.sizes) for s in sources),
+            counts=counts,
+            # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from
+            # its start once per block, so datasets with such shards keep whole shards. (A property
+            # of the format, not of where shards live: the same dataset reads alike locally and remotely.)
+            blocks=not any(is_gzip(sh.url) for sh in source.shards),
+        )
+        return cls(
+            options=o,
+            streams=tuple(streams),
+            sources=sources,
+            source=source,
+            counts=counts,
+            stream_fields=columns,
+            tag_stream=len(sources) > 1
+            or "__stream__" in wanted
+            or o.map is not None
+            or any(s.map is not None for s in streams),
+            checksums=source_checksums(source) if o.verify else None,
+            epoch_inputs=inputs,
+            resume_basis=ResumeBasis.of(
+                inputs, sources, bucketed=o.bucket_length is not None, bucket_buffer=o.bucket_buffer
+            ),
+        )

@@ -1,0 +1,116 @@
+"""What runs in each worker (or in the training process without workers): one share's batches.
+
+:func:`share_batches` wires the worker's stages (:func:`shardify.reader.sample.pipeline.share_batches`)
+for its :class:`~shardify.reader.plan.epoch.EpochPlan` from a position, over this process's
+:class:`ShardReader` (:class:`ProcessReader`: one per process, never shared by a forked copy),
+and counts each batch it yields in the position, so that a state taken after it counts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from shardify.reader.delivery.report import SharedReport
+from shardify.reader.delivery.state import IterPosition
+from shardify.reader.io.ranged import range_fetcher
+from shardify.reader.io.stream import ShardReader
+from shardify.reader.options import ReadOptions
+from shardify.reader.plan.epoch import EpochPlan
+from shardify.reader.sample.fields import loaded_fields
+from shardify.reader.sample.pipeline import share_batches as wired_batches
+from shardify.reader.sample.pipeline import stream_processors
+from shardify.reader.setup import ReadSetup
+from shardify.reader.streams import sample_tagger
+
+__all__ = ["ProcessReader", "share_batches"]
+
+
+class ProcessReader:
+    """This process's :class:`ShardReader` of a dataset, made on first use (a forked copy makes its own)."""
+
+    def __init__(self) -> None:
+        self._reader: tuple[int, ShardReader] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_reader": None}  # open files stay in the process that opened them
+
+    def get(self, setup: ReadSetup, options: ReadOptions) -> ShardReader:
+        pid = os.getpid()
+        if self._reader is None or self._reader[0] != pid:  # a forked copy must not share files
+            shards = setup.source.shards
+            self._reader = (
+                pid,
+                ShardReader(
+                    [s.url for s in shards],
+                    [s.nsamples for s in shards],
+                    skip_damaged=options.on_error == "skip",
+                    checksums=setup.checksums,
+                    opener=setup.opener,
+                    fields=loaded_fields(setup.stream_fields),
+                    max_member=options.max_member_bytes,
+                    offsets=[s.offsets for s in shards],
+                    filesizes=[s.filesize for s in shards],
+                    chunks=[s.chunk for s in shards],
+                    ranged=range_fetcher(setup.sources),
+                ),
+            )
+        return self._reader[1]
+
+
+def share_batches(
+    plan: EpochPlan | Callable[[], EpochPlan],
+    position: IterPosition,
+    *,
+    setup: ReadSetup,
+    readers: ProcessReader,
+    collate: Callable[[list[Any]], Any],
+    report: SharedReport,
+    slot: int,
+    on_end: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
+    for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
+    is called once all were. The reader is closed when the share ends or the iteration stops."""
+    if not isinstance(plan, EpochPlan):
+        plan = plan()
+    o, share, skip = setup.options, plan.share, position.batches
+    sizes = share.batch_sizes()[skip:]
+    if not sizes:
+        return
+    read, out = plan.orders()
+    tag = None
+    if setup.tag_stream or o.mark_repeats:
+        tag = sample_tagger(
+            share,
+            streams=setup.epoch_inputs.stream_sizes if setup.tag_stream else None,
+            mark_repeats=o.mark_repeats,
+        )
+    processors = stream_processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
+    reader = readers.get(setup, o)
+    try:
+        batches = wired_batches(
+            reader,
+            share,
+            read=read,
+            out=out,
+            sizes=sizes,
+            skip=skip,
+            options=o,
+            epoch=plan.epoch,
+            rank=plan.rank,
+            worker=plan.worker,
+            processors=processors,
+            collate=collate,
+            on_bad=functools.partial(report.record_bad, slot),
+            tag=tag,
+        )
+        for batch in report.stages.timed(slot, batches):
+            position.batches += 1  # before the yield: a state taken after next() counts this batch
+            yield batch
+    finally:
+        reader.close()
+    if on_end is not None:
+        on_end()
