@@ -1,5 +1,6 @@
 """The reader's stages: small iterators over their source, each saving and restoring its place.
 
-``Read -> Shuffle -> Process (decode, augment) -> Batch -> Collate -> Transport`` run in each
-worker; ``DevicePrefetch`` in the training process. Every stage follows :class:`Stage`.
+``Read -> Shuffle -> Process (decode, augment) -> Batch (Cut or Bucketed, then Fill) -> Collate
+-> Transport`` run in each worker (:mod:`~shardify.reader.stages.chain` wires them);
+``DevicePrefetch`` in the training process. Every stage follows :class:`~shardify.reader.stages.base.Stage`.
 """

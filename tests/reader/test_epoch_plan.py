@@ -31,6 +31,11 @@ def test_shares_cover_the_epoch_once_and_one_worker_holds_the_ranks_last_batch(l
                 for w in range(workers)
             ]
             assert sum(p.holds_last for p in plans) == (1 if plans[0].rank_batches else 0)
+            if plans[0].rank_batches:  # round robin: the last worker of those with the most batches
+                most = max(p.num_batches for p in plans)
+                assert [p.holds_last for p in plans].index(True) == max(
+                    w for w, p in enumerate(plans) if p.num_batches == most
+                )
             assert sum(p.num_batches for p in plans) == plans[0].rank_batches
             assert plans[0].rank_batches == inputs.rank_batches(epoch, world=world, layout=layout)
             for p in plans:

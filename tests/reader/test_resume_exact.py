@@ -264,7 +264,7 @@ def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
     from shardify.reader.plan.simulate import rank_batches
 
     root = counting_dataset([7, 2, 13, 30, 1])
-    ds = _counting(root, sampling=SamplingOptions(shuffle_buffer=40))  # a ramp from 2 samples to 40
+    ds = _counting(root, shuffle_buffer=40)  # a ramp from 2 samples to 40
     seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
     keyed = block_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, block=3)
     start = [0, 7, 9, 22, 52]
@@ -282,13 +282,13 @@ def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
         ds.set_epoch(2)
         assert [cls.tolist() for cls, _ in loader] == runs[4]  # an epoch now: the keyed block order
     for layout in (2, 3, 4):
-        with make_loader(_counting(root, sampling=SamplingOptions(shuffle_buffer=40)), num_workers=2) as loader:
+        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
             loader.dataset.set_epoch(2)
             it = iter(loader)
             head = [next(it)[0].tolist() for _ in range(5)]
             state = seal_state({**loader.state_dict(), "layout": layout})  # as saved by the code of that layout
             del it
-        with make_loader(_counting(root, sampling=SamplingOptions(shuffle_buffer=40)), num_workers=2) as loader:
+        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
             loader.load_state_dict(state)
             rest = [cls.tolist() for cls, _ in loader]
             assert loader.state_dict()["layout"] == layout
