@@ -7,6 +7,8 @@ import itertools
 
 import pytest
 
+import shardify.reader.plan.epoch as epoch_module
+from shardify.reader import ShardedDataset
 from shardify.reader.plan.assign import plan_worker
 from shardify.reader.plan.epoch import EpochInputs
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, Segment, share_order
@@ -67,3 +69,22 @@ def test_the_rest_after_history_is_planned_from_the_same_inputs() -> None:
     plan = inputs.worker(1, rank=0, world=1, worker=0, workers=1, history=history)
     assert plan.num_batches == left and plan.history == history
     assert left < inputs.rank_batches(1, world=1)
+
+
+def test_a_resumed_iteration_plans_its_share_once(counting_dataset, monkeypatch):
+    """A process resumed from a dataset state plans its share once: the check of the loaded
+    place and the iteration share one EpochPlan."""
+    root = counting_dataset([7, 2, 13])
+    kw = dict(batch_size=2, fields=("cls",), shuffle=True, seed=1)
+    ds = ShardedDataset(root, **kw)
+    full = [b.tolist() for b in ds]
+    it = iter(ds)
+    head = [next(it).tolist() for _ in range(3)]
+    state = ds.state_dict()
+    other = ShardedDataset(root, **kw)
+    other.load_state_dict(state)
+    calls: list[int] = []
+    real = epoch_module.plan_worker
+    monkeypatch.setattr(epoch_module, "plan_worker", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rest = [b.tolist() for b in other]
+    assert head + rest == full and len(calls) == 1

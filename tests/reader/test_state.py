@@ -4,6 +4,7 @@ resumed into a different epoch; version 2 and 1 states keep loading where they s
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from shardify.convert import ShardWriter
 from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
-from shardify.reader.delivery.state import STATE_VERSION, seal_state
+from shardify.reader.delivery.state import STATE_VERSION, load_state, make_state, seal_state
 
 SIZES = [7, 2, 13, 30, 1]  # 53 samples
 OPTIONS: dict[str, Any] = dict(
@@ -278,10 +279,6 @@ def test_a_dataset_state_of_other_data_is_refused(counting_dataset, shards):
 
 def test_a_state_is_made_from_the_datasets_plain_resume_basis(counting_dataset):
     """The state functions take a plain frozen value (what must match to resume), not the dataset."""
-    import pickle
-
-    from shardify.reader.delivery.state import load_state, make_state
-
     root = counting_dataset([5, 7, 3])
     ds = ShardedDataset(root, batch_size=4, shuffle=True, seed=3)
     basis = ds.resume_basis
