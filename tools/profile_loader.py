@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
+from bench_gpu_step import epochs  # type: ignore[import-not-found]  # tools/ is on sys.path
+from benchlib import corpus, timing  # type: ignore[import-not-found]
 
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
@@ -40,15 +41,6 @@ from shardify.reader.sample.decode import _simplejpeg, draft_scale, turbo_jpeg_s
 from shardify.reader.sample.device_plan import DevicePlanner, pack_planned
 
 __all__ = ["profile", "main"]
-
-
-def _best(fn: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _read_all(ds: ShardedDataset) -> list[tuple[str, bytes]]:
@@ -73,7 +65,7 @@ def stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limit
 def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limit: int) -> dict[str, float]:
     t = T.imagenet_train(size)
     ds = ShardedDataset(dataset, batch_size=batch_size, transform=t, fields=("image", "cls"))
-    read_s = _best(lambda: _read_all(ds), repeat)
+    read_s = timing.best_of(lambda: _read_all(ds), repeat)
     samples = _read_all(ds)[:limit]
     n = len(samples)
     read_us = read_s / len(_read_all(ds)) * 1e6
@@ -94,15 +86,15 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
     def plan() -> list[Any]:
         return [planner.apply_encoded(data, sample_rng(0, 0, key)) for key, data in samples]
 
-    decode_us = _best(decode_only, repeat) / n * 1e6
-    full_us = _best(decode_augment, repeat) / n * 1e6
-    plan_us = _best(plan, repeat) / n * 1e6
+    decode_us = timing.best_of(decode_only, repeat) / n * 1e6
+    full_us = timing.best_of(decode_augment, repeat) / n * 1e6
+    plan_us = timing.best_of(plan, repeat) / n * 1e6
     images = decode_augment()
     batch = [(images[i % n], i % 1000) for i in range(batch_size)]
-    collate_ms = _best(lambda: default_collate(batch), repeat) * 1e3
+    collate_ms = timing.best_of(lambda: default_collate(batch), repeat) * 1e3
     planned = plan()
     planned_batch = [planned[i % n] for i in range(batch_size)]
-    pack_ms = _best(lambda: pack_planned(planned_batch), repeat) * 1e3
+    pack_ms = timing.best_of(lambda: pack_planned(planned_batch), repeat) * 1e3
     return {
         "images": n,
         "read_us": read_us,
@@ -179,7 +171,7 @@ def copy_costs(*, batch_size: int, size: int, repeat: int) -> dict[str, float]:
     from shardify.reader.delivery.prefetch import DevicePrefetcher
 
     x = torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8)
-    pin_ms = _best(lambda: x.pin_memory(), repeat) * 1e3
+    pin_ms = timing.best_of(lambda: x.pin_memory(), repeat) * 1e3
     pinned = x.pin_memory()
     pre = DevicePrefetcher([], device="cuda")
 
@@ -187,7 +179,7 @@ def copy_costs(*, batch_size: int, size: int, repeat: int) -> dict[str, float]:
         pre._convert(pinned)
         torch.cuda.synchronize()
 
-    return {"pin_ms": pin_ms, "h2d_normalise_ms": _best(copy, repeat) * 1e3}
+    return {"pin_ms": pin_ms, "h2d_normalise_ms": timing.best_of(copy, repeat) * 1e3}
 
 
 def profile(
@@ -283,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    dataset = args.dataset or make_jpegs(args.out, args.images)
+    dataset = args.dataset or corpus.step_dataset(args.out, args.images)
     r = profile(
         dataset,
         workers=args.workers,
