@@ -5,6 +5,9 @@
   ``make_imagefolder(seed=0)`` with as many classes and images per class.
 - :func:`photo_dataset`: those photos converted by shardify's image-folder converter;
   :func:`step_dataset`: the one the GPU tools read.
+- :func:`jpegs`: photo-like JPEGs of one size, in memory; :func:`noise_dataset`: small JPEGs
+  of random pixels.
+- :func:`id_tensors`: ``<ID>.pt`` tensors with a partition and a labels file.
 - :func:`arrays` / :func:`arrays_dataset`: ``3x32x32`` uint8 arrays with an int label.
 - :func:`tiny_dataset`: samples of a label and 20 bytes of text, nothing to decode.
 - :func:`listing` / :func:`listing_tree` / :func:`listing_dataset`: a JSONL listing of IDs,
@@ -31,6 +34,9 @@ __all__ = [
     "photos",
     "photo_dataset",
     "step_dataset",
+    "jpegs",
+    "noise_dataset",
+    "id_tensors",
     "arrays",
     "arrays_dataset",
     "tiny_dataset",
@@ -112,6 +118,41 @@ def step_dataset(out: Path, images: int, *, copies: int = 1) -> Path:
     """The GPU tools' dataset: :func:`photo_dataset` of ``images`` photos in 10 classes, 100 a
     shard, each stored ``copies`` times (made once under ``out``)."""
     return photo_dataset(out, images, classes=10, copies=copies, samples_per_shard=100, shard_size=None)[1]
+
+
+def jpegs(count: int, *, width: int, height: int, quality: int = 90) -> list[bytes]:
+    """``count`` photo-like JPEGs of ``width`` x ``height``, in memory (seeds 0 to count - 1)."""
+    return [jpeg_bytes(natural_image(width, height, seed=i), quality=quality) for i in range(count)]
+
+
+def noise_dataset(root: Path, samples: int, *, shards: int) -> Path:
+    """``samples`` JPEGs of 64x64 random pixels with a label ``i % 10``, in ``shards`` shards (once):
+    small, hard to compress images, for figures where the decode should cost little."""
+    from shardify.convert import ShardWriter
+
+    if not (root / "manifest.json").exists():
+        rng = np.random.default_rng(0)
+        with ShardWriter(root, split="train", samples_per_shard=-(-samples // shards), fsync=False) as w:
+            for i in range(samples):
+                w.write({"jpg": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), "cls": i % 10})
+    return root
+
+
+def id_tensors(work: Path, *, samples: int, classes: int = 10, seed: int = 0) -> dict[str, Path]:
+    """``work/data/<ID>.pt`` tensors (3x32x32 float32), ``partition.json`` ({"train": ids}) and
+    ``labels.json``: the ID-labelled recipe's input."""
+    import torch  # deferred: only this corpus needs torch
+
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    ids = [f"img{i:06d}" for i in range(samples)]
+    labels = torch.randint(0, classes, (samples,), generator=g).tolist()
+    for ident in ids:
+        torch.save(torch.randn(3, 32, 32, generator=g), data / f"{ident}.pt")
+    (work / "partition.json").write_text(json.dumps({"train": ids}))
+    (work / "labels.json").write_text(json.dumps(dict(zip(ids, labels))))
+    return {"src": data, "partition": work / "partition.json", "labels": work / "labels.json"}
 
 
 def arrays(n: int, *, classes: int = 1000, seed: int = 0) -> tuple[list[np.ndarray], list[int]]:
