@@ -16,7 +16,8 @@ one on one core in this process (best of ``--repeat``):
   main process's CPU time per batch (receiving the batch from a worker, unpacking it);
   the same for the device-decode path's worker side (its batches are not decoded);
 - with ``--device cuda``: pinning a batch, the host-to-device copy and normalisation, and
-  img/s into the GPU for both paths (device decode with nvJPEG: needs torchvision).
+  img/s into the GPU for both paths (``tools/bench_gpu_step.py --feed``'s measurement; device
+  decode with nvJPEG: needs torchvision).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu_step import epochs  # type: ignore[import-not-found]  # tools/ is on sys.path
+from bench_gpu_step import epochs, feed_rate  # type: ignore[import-not-found]  # tools/ is on sys.path
 from benchlib import corpus, timing  # type: ignore[import-not-found]
 
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
@@ -148,21 +149,19 @@ def loader_rates(
     wall, cpu, n = _drain(epochs(raw, dev), batches, sync)
     del raw
     out |= {"device_worker_side_img_s": n / wall, "device_main_ms_per_batch": 1e3 * cpu / batches}
-    if device == "cuda":
-        with make_loader(ds, num_workers=workers, device="cuda") as loader:
-            wall, _, n = _drain(epochs(loader, ds), batches, sync)
-        out["cpu_path_into_gpu_img_s"] = n / wall
-        gpu = ShardedDataset(
-            dataset,
-            batch_size=batch_size,
-            shuffle=True,
-            drop_last=True,
-            transform=T.imagenet_train(size),
-            decoding=DecodeOptions(device="cuda"),
-        )
-        with make_loader(gpu, num_workers=workers) as loader:
-            wall, _, n = _drain(epochs(loader, gpu), batches, sync)
-        out["device_decode_into_gpu_img_s"] = n / wall
+    if device == "cuda":  # into the GPU: bench_gpu_step's --feed measurement, for both paths
+        for decode, key in (("workers", "cpu_path_into_gpu_img_s"), ("device", "device_decode_into_gpu_img_s")):
+            fed = feed_rate(
+                dataset,
+                device="cuda",
+                batch_size=batch_size,
+                image_size=size,
+                workers=workers,
+                steps=batches,
+                warmup=1,
+                decode=decode,
+            )
+            out[key] = fed["img_s"]
     return out
 
 
