@@ -23,11 +23,11 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from shardify import FORMAT_VERSION, __version__
 from shardify.convert.driverpool import map_in_order
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
+from shardify.convert.write.identity import fingerprint
 from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
@@ -251,19 +251,7 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
         candidates=_in_order(_key_chunk, specs, len(specs), options.workers),
     )
     order = plan_order(len(specs), seed=options.seed, split=options.split, shuffle=options.shuffle)
-    hasher = hashlib.sha256()
-    hasher.update(
-        json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "converter": __version__,
-                "source": scan.source,
-                "classes": scan.classes,
-                "options": options.shaping(),
-            },
-            sort_keys=True,
-        ).encode()
-    )
+    hasher = fingerprint(source=scan.source, classes=scan.classes, options=options.shaping())
     classes = tuple(scan.classes)
     raw = None if options.raw_pixels is None else (options.raw_pixels, options.raw_side)
     payload = total_payload_bytes(specs) if raw is None else sum(_sample_bytes(s, None, raw) for s in specs)
