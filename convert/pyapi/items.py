@@ -37,10 +37,10 @@ from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_rep
 from shardify.convert.pyapi.jsonlitems import JsonlItems, load_function
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info
 from shardify.convert.pyapi.supervise import Limits
-from shardify.convert.write.engine import ProgressBar
 from shardify.convert.write.identity import fingerprint
 from shardify.convert.write.outfs import WORK_DIR
 from shardify.convert.write.plan import shuffle_order
+from shardify.convert.write.progressbar import ProgressBar
 from shardify.convert.write.session import ConversionSession, SplitSummary
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.stream import ShardStream

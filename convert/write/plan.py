@@ -23,7 +23,7 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from shardify.convert.driverpool import map_in_order
+from shardify.convert.executor import LocalExecutor
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
@@ -304,40 +304,27 @@ _CHUNK = 1 << 13
 """Samples per job: about 1.5 MB of fingerprint input at most."""
 
 _T = TypeVar("_T")
-_worker_job: tuple[Callable[[Any, int, int], Any], Any] | None = None
-"""A planning process's work and what it reads, inherited through fork (never pickled)."""
 
 
 def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: int) -> Iterator[_T]:
     """``work(job, lo, hi)`` for each chunk ``lo..hi`` of ``range(n)``, in order: in
     ``workers`` forked processes (Linux) when ``n`` is big, at most two chunks a worker
-    ahead of the caller (so the caller holds a few MB of results)."""
+    ahead of the caller (so the caller holds a few MB of results); ``job`` reaches them
+    through fork, never pickled."""
     bounds = [(lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK)]
     workers = min(worker_count(workers), len(bounds))
     if workers < 2 or n < POOL_MIN_SAMPLES or sys.platform != "linux":
         for lo, hi in bounds:
             yield work(job, lo, hi)
         return
-    yield from map_in_order(
-        _work_in_worker,
-        bounds,
-        workers=workers,
-        method="fork",
-        what="planning the split",
-        initializer=_start_worker,
-        initargs=(work, job),
-    )
+    executor = LocalExecutor(workers=workers, window=2 * workers + 1, method="fork", what="planning the split")
+    with executor:
+        for _, result in executor.map(_work_on, bounds, args=(work, job)):
+            yield result
 
 
-def _start_worker(work: Callable[[Any, int, int], Any], job: Any) -> None:
-    global _worker_job
-    _worker_job = (work, job)
-
-
-def _work_in_worker(lo: int, hi: int) -> Any:
-    assert _worker_job is not None, "set by _start_worker"
-    work, job = _worker_job
-    return work(job, lo, hi)
+def _work_on(work: Callable[[Any, int, int], _T], job: Any, bounds: tuple[int, int]) -> _T:
+    return work(job, *bounds)
 
 
 def _key_chunk(specs: Sequence[SampleSpec], lo: int, hi: int) -> list[str]:

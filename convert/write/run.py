@@ -23,13 +23,13 @@ from shardify.convert.inputs.inputs import Scan
 from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
-from shardify.convert.write.engine import ProgressBar, run_local
-from shardify.convert.write.engine_ray import run_ray
 from shardify.convert.write.finish import write_report
 from shardify.convert.write.identity import converter_info
 from shardify.convert.write.outfs import WORK_DIR
 from shardify.convert.write.plan import ShardPlan, SplitPlan, plan_split
+from shardify.convert.write.progressbar import ProgressBar
 from shardify.convert.write.session import ConversionSession, ConvertResult, SplitSummary
+from shardify.convert.write.shards import write_shards
 from shardify.convert.write.shardtypes import ShardResult, ShardTask
 from shardify.errors import InputError
 from shardify.manifest import RawPixels, report_name
@@ -135,10 +135,14 @@ def _convert_split(session: ConversionSession, scan: Scan, plan: SplitPlan, opti
         results[r.index] = r
 
     try:
-        if options.engine == "ray":
-            run_ray(todo, address=options.ray_address, bar=bar, on_result=finished)
-        else:
-            run_local(todo, workers=options.num_workers, bar=bar, on_result=finished)
+        write_shards(
+            todo,
+            engine=options.engine,
+            workers=options.num_workers,
+            address=options.ray_address,
+            bar=bar,
+            on_result=finished,
+        )
     finally:
         bar.close()
     ordered = [results[i] for i in range(plan.num_shards)]
