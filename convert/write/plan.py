@@ -11,13 +11,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
-import json
 import random
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from operator import attrgetter
 from typing import Any, TypeVar, overload
 
@@ -28,6 +26,7 @@ from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
 from shardify.convert.write.identity import fingerprint
+from shardify.convert.write.metadata import metadata_json, metadata_needed, sample_meta
 from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
@@ -72,7 +71,7 @@ class ShardPlan:
     def samples(self) -> Iterator[PlannedSample]:
         """The samples in shard order, with their ``{key}.json`` members, made one at a time."""
         for spec, key in zip(self.specs, self.keys):
-            yield PlannedSample(key, spec, _meta(spec, key, self.metadata, self.classes))
+            yield PlannedSample(key, spec, sample_meta(spec, key, self.metadata, self.classes))
 
 
 @dataclass(frozen=True)
@@ -133,65 +132,6 @@ class SplitPlan:
     def shards(self) -> list[ShardPlan]:
         """Every shard's plan (materializes all samples: for small plans and tests)."""
         return [self.shard(i) for i in range(self.num_shards)]
-
-
-def metadata_json(spec: SampleSpec) -> bytes:
-    """The ``{key}.json`` member: original path or ID, label name, and source files.
-
-    Exactly ``json.dumps(meta, sort_keys=True, ensure_ascii=True, separators=(",", ":"))`` of
-    ``{"path": ..., "label": ..., "files": {ext: path}}`` (see :func:`_metadata_reference`),
-    written out by hand with json's own C string encoder: made once per sample, twice per
-    conversion, it was the plan's largest cost at 1.3 M image files.
-    """
-    head = "{"
-    files, identity = spec.files, spec.identity
-    if files and (len(files) != 1 or files[0].path != identity):  # [f.path for f in files] != [identity]
-        by_ext = {f.ext: f.path for f in files}
-        head += '"files":{' + ",".join(f"{_string(ext)}:{_string(by_ext[ext])}" for ext in sorted(by_ext)) + "},"
-    label = spec.label_name
-    if label is not None:
-        head += (
-            '"label":'
-            + (_string(label) if type(label) is str else str(label) if type(label) is int else _compact(label))
-            + ","
-        )
-    return (head + '"path":' + _string(identity) + "}").encode("ascii")
-
-
-_string: Callable[[str], str] = encode_basestring_ascii
-"""A str as a JSON string, ASCII only (json.dumps' own C encoder)."""
-
-
-def _compact(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-
-
-def _metadata_reference(spec: SampleSpec) -> bytes:
-    """:func:`metadata_json` through ``json.dumps`` (what it must equal; used by the tests)."""
-    meta: dict[str, object] = {"path": spec.identity}
-    if spec.label_name is not None:
-        meta["label"] = spec.label_name
-    if spec.files and [f.path for f in spec.files] != [spec.identity]:
-        meta["files"] = {f.ext: f.path for f in spec.files}
-    return _compact(meta).encode("ascii")
-
-
-def metadata_needed(spec: SampleSpec, key: str, classes: Sequence[str]) -> bool:
-    """Whether ``{key}.json`` holds anything the key, the other members and the split index
-    do not: the key is not the name as given (rewritten, or a path), a label name is not
-    ``classes[label]``, or a member came from a file (its original path)."""
-    if key != spec.name or spec.identity != spec.name or spec.files:
-        return True
-    name = spec.label_name
-    if name is None or name == spec.label:
-        return False
-    return not (isinstance(spec.label, int) and 0 <= spec.label < len(classes) and classes[spec.label] == name)
-
-
-def _meta(spec: SampleSpec, key: str, mode: str, classes: Sequence[str]) -> bytes | None:
-    if mode == "always" or metadata_needed(spec, key, classes):
-        return metadata_json(spec)
-    return None
 
 
 def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
@@ -348,7 +288,7 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     sizes: list[int] = []
     fragments: list[bytes] = []
     for spec, key in zip(picked, keys.take(positions)):
-        meta = _meta(spec, key, mode, classes)
+        meta = sample_meta(spec, key, mode, classes)
         sizes.append(_sample_bytes(spec, meta, raw))
         parts = [f"{key}\0{spec.label}\0".encode(), meta if meta is not None else b"\0"]
         for f in spec.files:
