@@ -157,7 +157,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M13",
         "the split index is written durably before the manifest that names it",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))\n    return index\n",
         "    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()), durable=False)\n"
         "    return index\n",
@@ -169,7 +169,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M14",
         "bad input is never dropped silently: skipped inputs are in the report",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "        for p in skipped + ignored\n",
         "        for p in ignored\n",
         (
@@ -294,7 +294,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M28",
         "resume of a conversion rewrites a damaged finished shard",
-        "convert/write/run.py",
+        "convert/write/session.py",
         "        return file_sha256(f) == result.sha256",
         "        return True",
         ("tests/convert/test_resume.py::test_damaged_finished_shard_is_rewritten_on_resume",),
@@ -302,7 +302,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M29",
         "a finished split is not replaced without --overwrite",
-        "convert/write/run.py",
+        "convert/write/session.py",
         "if finished and not overwrite:",
         "if False:",
         ("tests/convert/test_resume.py::test_finished_output_is_not_overwritten_without_flag",),
@@ -649,7 +649,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M66",
         "the split index is copied to {split}.json, the file wids opens",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "        fs.write_atomic(index_name(split), json_bytes(index.to_json()))\n",
         "        pass\n",
         ("tests/convert/test_pywriter.py::test_wids_opens_the_split",),
@@ -657,9 +657,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M67",
         "a rerun after an interruption reuses the finished shards (checked against their records)",
-        "convert/write/run.py",
-        "            if shard_matches(fs, result):\n                reusable[shard] = result",
-        "            if False:\n                reusable[shard] = result",
+        "convert/write/session.py",
+        "            return (result, record) if shard_matches(self.fs, result) else None",
+        "            return None",
         (
             "tests/convert/test_resume.py::test_sigkill_then_rerun_is_byte_identical",
             "tests/convert/test_resume.py::test_a_lost_record_costs_only_a_rewrite_of_its_shard",
