@@ -70,6 +70,7 @@ from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.device_plan import plan_on_device
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches, stream_processors
+from shardify.reader.stages.transport import Transport
 from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
@@ -487,8 +488,6 @@ class ShardedDataset(IterableDataset):
             plan, self.layout_options(layout), epoch=epoch, rank=world.rank, worker=world.worker, segment=len(history)
         )
         collate: Callable[[list[Any]], Any] = default_collate if o.collate_fn is None else o.collate_fn
-        if pool is not None:
-            collate = functools.partial(pool.collate, collate)
         tag = None
         if self._tag_stream or o.mark_repeats:
             tag = functools.partial(
@@ -500,25 +499,25 @@ class ShardedDataset(IterableDataset):
         processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
-            for batch in self._report.stages.timed(
-                slot,
-                share_batches(
-                    reader,
-                    plan,
-                    read=read,
-                    out=out,
-                    sizes=sizes,
-                    skip=skip,
-                    options=o,
-                    epoch=epoch,
-                    rank=world.rank,
-                    worker=world.worker,
-                    processors=processors,
-                    collate=collate,
-                    on_bad=functools.partial(self._report.record_bad, slot),
-                    tag=tag,
-                ),
-            ):
+            batches: Iterator[Any] = share_batches(
+                reader,
+                plan,
+                read=read,
+                out=out,
+                sizes=sizes,
+                skip=skip,
+                options=o,
+                epoch=epoch,
+                rank=world.rank,
+                worker=world.worker,
+                processors=processors,
+                collate=collate,
+                on_bad=functools.partial(self._report.record_bad, slot),
+                tag=tag,
+            )
+            if pool is not None:  # in a worker under make_loader: batches travel in recycled shared memory
+                batches = Transport(batches, pool)
+            for batch in self._report.stages.timed(slot, batches):
                 position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:

@@ -9,13 +9,13 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 
 - :class:`BatchChannel` (made by ``make_loader`` for one set of worker processes, registered
   in the main process): a shared ``int64`` table ``tokens[worker, slot]``; 0 means free.
-- :class:`SlotPool` (one per worker process): while :meth:`SlotPool.collate` runs, the
-  collate functions of :mod:`shardify.reader.sample.collate` draw their batch tensors from
-  :meth:`SlotPool.take`, which picks a free slot big enough (or makes one; past
-  ``max_slots`` it returns None and collate falls back to fresh shared memory) and writes a
-  fresh token into the table. The batch is then packed: each tensor over a slot becomes a
-  reference, each small tensor its bytes, and a slot's storage goes along the first time
-  the main process needs it.
+- :class:`SlotPool` (one per worker process): :meth:`SlotPool.send` (the Transport stage,
+  :mod:`shardify.reader.stages.transport`, calls it on each collated batch) copies each large
+  tensor of the batch into a free slot big enough (or makes one; past ``max_slots`` the tensor
+  travels as torch sends it, in fresh shared memory), writes a fresh token into the table and
+  packs the batch: each tensor copied into a slot becomes a reference, each small tensor its
+  bytes, and a slot's storage goes along the first time the main process needs it. The
+  collate functions know nothing of this: they return plain tensors.
 - In the main process, unpickling a packed batch (a :class:`Received`) maps new slot
   storages; :meth:`Received.unpack` makes tensors over the mapped slots. When the last
   tensor over a slot is freed, the slot's token is cleared if it still holds the same token;
@@ -36,10 +36,11 @@ import random
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.clock import CLOCK
 
 __all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
+# (active_pool: deprecated, always None; remove in the release after)
 
 MAX_SLOTS = 16
 """The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
@@ -57,12 +59,18 @@ INLINE_BYTES = 64 * 1024
 """Tensors up to this size (labels, lengths) travel by value inside the pickled batch."""
 
 _CHANNELS: dict[str, BatchChannel] = {}
-_ACTIVE: SlotPool | None = None
 
 
-def active_pool() -> SlotPool | None:
-    """The pool that batch tensors come from while :meth:`SlotPool.collate` runs (else None)."""
-    return _ACTIVE
+def active_pool() -> None:
+    """Deprecated, always None: no pool is active while a collate function runs any more (the
+    Transport stage copies the collated batch into a slot). Kept for one release."""
+    warnings.warn(
+        "batchpool.active_pool() is deprecated and always None: collate functions return plain tensors "
+        "and shardify.reader.stages.transport.Transport moves them into the slots",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def _capacity(nbytes: int) -> int:
@@ -208,8 +216,8 @@ class SlotPool:
         self._tokens = channel.tokens.numpy()[worker]
         self._tokens[:] = 0  # a new worker process: slots of an earlier one are not ours
         self._id = random.getrandbits(62)
-        self._slots: list[_Slot | None] = []  # None: given up (see pack)
-        self._taken: dict[int, int] = {}  # slot -> token, taken for the batch being made
+        self._slots: list[_Slot] = []
+        self._taken: dict[int, int] = {}  # slot -> token, taken for the batch being sent
         self._next_token = random.getrandbits(61) | 1
         self._generation = 0
 
@@ -220,77 +228,71 @@ class SlotPool:
     def _new_storage(self, nbytes: int) -> tuple[torch.UntypedStorage, int, int]:
         capacity = _capacity(nbytes)
         self._generation += 1
-        return torch.UntypedStorage._new_shared(capacity), capacity, self._generation
+        storage = torch.empty(capacity, dtype=torch.uint8).share_memory_().untyped_storage()
+        return storage, capacity, self._generation
 
-    def take(self, nbytes: int) -> torch.UntypedStorage | None:
-        """A free slot's storage of at least ``nbytes`` for this batch, or None (use fresh memory)."""
+    def _take(self, nbytes: int) -> int | None:
+        """A free slot of at least ``nbytes`` taken for the batch being sent, or None (none left)."""
         free = [i for i in range(len(self._slots)) if self._tokens[i] == 0 and i not in self._taken]
-        fits = [(i, s) for i in free if (s := self._slots[i]) is not None and nbytes <= s.capacity <= 4 * nbytes]
+        fits = [i for i in free if nbytes <= self._slots[i].capacity <= 4 * nbytes]
         if fits:
-            i, slot = min(fits, key=lambda f: f[1].capacity)
+            i = min(fits, key=lambda j: self._slots[j].capacity)
+        elif len(self._slots) < len(self._tokens):
+            i = len(self._slots)
+            self._slots.append(_Slot(*self._new_storage(nbytes)))
+        elif free:  # a free slot of the wrong size: replaced by a new one
+            i = free[0]
+            self._slots[i] = _Slot(*self._new_storage(nbytes))
         else:
-            if len(self._slots) < len(self._tokens):
-                i = len(self._slots)
-                self._slots.append(None)
-            elif free:
-                i = next((j for j in free if self._slots[j] is None), free[0])
-            else:
-                return None
-            slot = self._slots[i] = _Slot(*self._new_storage(nbytes))
+            return None
         token = self._token()
         self._tokens[i] = token
         self._taken[i] = token
-        return slot.storage
+        return i
 
-    def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Any:
-        """``collate_fn(samples)`` with batch tensors drawn from this pool, packed for sending."""
-        global _ACTIVE
-        _ACTIVE = self
+    def _into_slot(self, x: torch.Tensor) -> Any:
+        """``x`` copied into a slot (a reference to it there), by value if small, else ``x`` itself."""
+        if not _inlinable(x):
+            return x
+        nbytes = x.numel() * x.element_size()
+        if nbytes <= self.inline_bytes:
+            return _Inline.of(x)
+        i = self._take(nbytes)
+        if i is None:
+            return x  # out of slots: torch's own sharing
+        storage = self._slots[i].storage
+        dest = torch.empty(0, dtype=x.dtype).set_(storage, 0, tuple(x.shape))  # type: ignore[call-overload]
+        dest.copy_(x)
+        return _SlotRef(i, x.dtype, tuple(dest.shape), tuple(dest.stride()), 0)
+
+    def send(self, batch: Any) -> Packed:
+        """``batch`` ready to pickle: its large tensors copied into slots (as references), small
+        tensors by value; tensors inside objects other than tuples, lists and dicts are left to torch."""
+        start = time.perf_counter()
         try:
-            batch = collate_fn(samples)
+            payload = _map_leaves(batch, lambda x: self._into_slot(x) if isinstance(x, torch.Tensor) else x)
         except BaseException:
             for i in self._taken:
                 self._tokens[i] = 0
             self._taken.clear()
             raise
-        finally:
-            _ACTIVE = None
-        t = time.perf_counter()
-        packed = self.pack(batch)
-        CLOCK.transfer += time.perf_counter() - t
-        return packed
-
-    def pack(self, batch: Any) -> Packed:
-        """``batch`` ready to pickle: slot tensors as references, small tensors by value."""
-        by_pointer = {self._slots[i].storage.data_ptr(): i for i in self._taken}  # type: ignore[union-attr]
-        used: set[int] = set()
-
-        def encode(x: Any) -> Any:
-            if not isinstance(x, torch.Tensor) or not _inlinable(x):
-                return x
-            slot = by_pointer.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
-            if slot is not None:
-                used.add(slot)
-                return _SlotRef(slot, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()))
-            if x.numel() * x.element_size() <= self.inline_bytes:
-                return _Inline.of(x)
-            return x
-
-        payload = _map_leaves(batch, encode)
         refs = []
         for i, token in self._taken.items():
-            if i not in used:
-                # Not found among the tuples, lists and dicts of the batch: it may still sit in some
-                # other object, which torch pickles as usual (sharing the memory), so the slot is
-                # given up rather than written again.
-                self._slots[i] = None
-                self._tokens[i] = 0
-                continue
-            s = cast(_Slot, self._slots[i])  # a taken slot is never None
+            s = self._slots[i]
             refs.append((i, s.generation, token, None if s.sent else s.storage))
             s.sent = True
         self._taken = {}
+        CLOCK.transfer += time.perf_counter() - start
         return Packed(self._channel, self._id, self._worker, tuple(refs), payload)
+
+    def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Packed:
+        """Deprecated: ``send(collate_fn(samples))``. Kept for one release."""
+        warnings.warn(
+            "SlotPool.collate(collate_fn, samples) is deprecated: use SlotPool.send(collate_fn(samples))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.send(collate_fn(samples))
 
 
 class WorkerSlots:

@@ -1,8 +1,9 @@
 """Turn a list of samples into one batch, inside the workers; and length bucketing.
 
-``default_collate`` stacks each field into one preallocated tensor (in shared memory when it
-runs in a DataLoader worker, as torch's does, so the batch reaches the main process without
-another copy). ``pad_collate`` pads variable-size fields and returns lengths and a mask.
+``default_collate`` stacks each field into one preallocated tensor. These functions are pure:
+a list of samples in, plain tensors out; moving a batch into shared memory for the main process
+is the Transport stage's job (:mod:`shardify.reader.stages.transport`). ``pad_collate`` pads
+variable-size fields and returns lengths and a mask.
 ``bucket_batches`` groups samples of similar length to cut the padding.
 
 Under device decode (``DecodeOptions(device=...)``) an image field holds a
@@ -14,16 +15,13 @@ the batch has the CPU path's structure.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
-from shardify.reader.delivery.batchpool import active_pool
 from shardify.reader.sample.planned import PlannedColumn, PlannedImage
 
 __all__ = ["default_collate", "pad_collate", "bucket_batches"]
@@ -31,27 +29,6 @@ __all__ = ["default_collate", "pad_collate", "bucket_batches"]
 S = TypeVar("S")
 
 _NUMERIC_KINDS = frozenset("biufc")
-
-
-def empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor; in shared memory inside a DataLoader worker.
-
-    Under ``make_loader`` that memory is a recycled slot of the worker's pool
-    (:mod:`shardify.reader.delivery.batchpool`), and small tensors stay private (they travel by value).
-    """
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    pool = active_pool()
-    storage = None
-    if pool is not None:
-        if nbytes <= pool.inline_bytes:
-            return torch.empty(shape, dtype=dtype)
-        storage = pool.take(nbytes)
-    if storage is None:
-        storage = torch.UntypedStorage._new_shared(nbytes)
-    # (torch's stub wants a stride; left out, set_ takes the contiguous one)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))  # type: ignore[call-overload]
 
 
 def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -80,7 +57,7 @@ def _stack(values: list, where: str) -> torch.Tensor:
             dtype = torch.promote_types(dtype, t.dtype)
     if first.device.type != "cpu":
         return torch.stack(tensors).to(dtype)
-    out = empty_batch((len(tensors), *first.shape), dtype)
+    out = torch.empty((len(tensors), *first.shape), dtype=dtype)
     return torch.stack(tensors, out=out)
 
 
@@ -106,7 +83,7 @@ def _pad_planned(values: list[PlannedImage], where: str, multiple_of: int | None
             f"pad_collate's fields="
         )
     n = len(values)
-    mask = empty_batch((n, h, w), torch.bool).fill_(True)
+    mask = torch.empty((n, h, w), dtype=torch.bool).fill_(True)
     return PlannedColumn(values), torch.tensor([[h, w]] * n, dtype=torch.int64), mask
 
 
@@ -130,8 +107,8 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
     for d in dims:
         longest = max(t.shape[d] for t in tensors)
         shape[d] = -(-longest // multiple_of) * multiple_of if multiple_of else longest
-    padded = empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
-    mask = empty_batch((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
+    padded = torch.empty((len(tensors), *shape), dtype=dtype).fill_(pad_value)
+    mask = torch.empty((len(tensors), *(shape[d] for d in dims)), dtype=torch.bool).zero_()
     lengths = torch.tensor([[t.shape[d] for d in dims] for t in tensors], dtype=torch.int64)
     for i, t in enumerate(tensors):
         padded[i][tuple(slice(0, n) for n in t.shape)] = t

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from shardify.errors import DeviceDecodeError
-from shardify.reader.sample.collate import default_collate, empty_batch
+from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.decode import over_pixel_limit
 from shardify.reader.sample.planned import PLACEHOLDER_HINT, EncodedBatch, PlannedColumn, PlannedImage
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
@@ -173,7 +173,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     lengths = np.fromiter((0 if im.data is None else len(im.data) for im in images), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = empty_batch((int(offsets[-1]),), torch.uint8)
+    data = torch.empty((int(offsets[-1]),), dtype=torch.uint8)
     buf = data.numpy()
     for i, im in enumerate(images):
         if im.data is not None:
@@ -181,7 +181,7 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
     decoded = [im.pixels for im in images if im.pixels is not None]
     w, h = size
-    pixels = empty_batch((len(rows), 3, h, w), torch.uint8) if rows else torch.empty((0, 3, h, w), dtype=torch.uint8)
+    pixels = torch.empty((len(rows), 3, h, w), dtype=torch.uint8)
     for j, row in enumerate(decoded):
         pixels[j] = row
     return EncodedBatch(
