@@ -40,7 +40,7 @@ from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_st
 from shardify.reader.delivery.stats import LoaderMeter
 from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import detect_rank_world
-from shardify.reader.sample.device_decode import DeviceDecoder, nvjpeg_decoder
+from shardify.reader.sample.device_decode import nvjpeg_decoder
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
@@ -220,16 +220,15 @@ class Loader:
         batches = self._meter.workers(clock, batches)
         if self._prefetch is not None:
             options = dict(self._prefetch)
-            if self.dataset.decode_device is not None:
-                options["decode"] = DeviceDecoder(
-                    resolve_device(self._prefetch["device"]),
-                    jpeg_decoder=options.pop("jpeg_decoder", None),
-                    report=self.dataset.shared_report,
-                    epoch=self._epoch,
-                    skip=self.dataset.options.on_error == "skip",
-                )
-            else:
-                options.pop("jpeg_decoder", None)
+            decode = self.dataset.decode_strategy.device_stage(  # the strategy's device side, if it has one
+                resolve_device(self._prefetch["device"]),
+                jpeg_decoder=options.pop("jpeg_decoder", None),
+                report=self.dataset.shared_report,
+                epoch=self._epoch,
+                skip=self.dataset.options.on_error == "skip",
+            )
+            if decode is not None:
+                options["decode"] = decode
             batches = iter(DevicePrefetcher(batches, clock=self._meter.main, **options))
         batches = self._meter.loop(clock, batches, total=len(self) - self._batches)
         batch = None

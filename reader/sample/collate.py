@@ -5,12 +5,6 @@ a list of samples in, plain tensors out; moving a batch into shared memory for t
 is the Transport stage's job (:mod:`shardify.reader.stages.transport`). ``pad_collate`` pads
 variable-size fields and returns lengths and a mask.
 ``bucket_batches`` groups samples of similar length to cut the padding.
-
-Under device decode (``DecodeOptions(device=...)``) an image field holds a
-:class:`~shardify.reader.sample.device_plan.PlannedImage` (bytes and draws, no pixels yet): both
-collates keep such a column as a ``PlannedColumn`` list, which becomes one ``[B, 3, h, w]`` tensor on the device,
-and ``pad_collate`` gives it the lengths and mask the CPU path's padded images would have, so
-the batch has the CPU path's structure.
 """
 
 from __future__ import annotations
@@ -21,8 +15,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-
-from shardify.reader.sample.planned import PlannedColumn, PlannedImage
 
 __all__ = ["default_collate", "pad_collate", "bucket_batches"]
 
@@ -66,31 +58,8 @@ def _padded_dims(ndim: int) -> tuple[int, ...]:
     return (0,) if ndim <= 2 else tuple(range(1, ndim))
 
 
-def _pad_planned(values: list[PlannedImage], where: str, multiple_of: int | None) -> tuple[object, ...]:
-    """(images, lengths, mask) of images planned for device decode: the images stay a list (one
-    [B, 3, h, w] tensor once decoded on the device, which needs one size, so nothing is padded)."""
-    w, h = values[0].size
-    for i, v in enumerate(values):
-        if v.size != (w, h):
-            raise ValueError(
-                f"{where}: device decode makes one image size per batch; sample 0 is {h}x{w}, "
-                f"sample {i} (shard {v.shard}, key {v.key!r}) {v.size[1]}x{v.size[0]}"
-            )
-    if multiple_of and (h % multiple_of or w % multiple_of):
-        raise ValueError(
-            f"{where}: pad_collate({multiple_of=}) would pad the {h}x{w} images, and device decode "
-            f"does not pad: crop to a multiple of {multiple_of}, or leave the image field out of "
-            f"pad_collate's fields="
-        )
-    n = len(values)
-    mask = torch.empty((n, h, w), dtype=torch.bool).fill_(True)
-    return PlannedColumn(values), torch.tensor([[h, w]] * n, dtype=torch.int64), mask
-
-
 def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) -> tuple[object, ...]:
     """(padded, lengths, mask) for tensors that may differ in their padded dims."""
-    if type(values[0]) is PlannedImage:
-        return _pad_planned(values, where, multiple_of)
     tensors = [_as_tensor(v) for v in values]
     first = tensors[0]
     dims = _padded_dims(first.ndim)
@@ -118,10 +87,6 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
 
 def _collate(batch: list, where: str, leaf: Callable[[list, str], object], pad_here: Callable[[str], bool]) -> object:
     elem = batch[0]
-    if type(elem) is PlannedImage:
-        if not all(type(v) is PlannedImage for v in batch):
-            raise ValueError(f"{where}: sample 0 holds an image planned for device decode but not every sample does")
-        return leaf(batch, where) if pad_here(where) else PlannedColumn(batch)
     if _is_array(elem):
         if not all(_is_array(v) for v in batch):
             raise ValueError(f"{where}: sample 0 holds an array but not every sample does")
