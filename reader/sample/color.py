@@ -17,7 +17,8 @@ __all__ = ["ColorJitter"]
 def _blend(degenerate: torch.Tensor | float, x: torch.Tensor, factor: float) -> torch.Tensor:
     """Pillow's ``Image.blend(degenerate, x, factor)``: float32 maths, clipped, truncated."""
     d = degenerate if isinstance(degenerate, float) else degenerate.float()
-    return ((x.float() - d) * np.float32(factor) + d).clamp_(0, 255).to(torch.uint8)
+    out: torch.Tensor = ((x.float() - d) * np.float32(factor) + d).clamp_(0, 255).to(torch.uint8)
+    return out
 
 
 def _luma(x: torch.Tensor) -> torch.Tensor:

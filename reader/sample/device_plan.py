@@ -24,7 +24,7 @@ import os
 import random
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -212,9 +212,9 @@ class PlanningProcessor:
                     if rng is None:
                         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
                         rng = sample_rng(self._seed, self._epoch, sample_id)
-                    columns.append(self._planner.plan(item[ext], rng))  # type: ignore[arg-type]
+                    columns.append(self._planner.plan(cast(bytes, item[ext]), rng))
                 else:
-                    columns.append(decode_field(ext, item[ext], allow_pickle=self._allow_pickle))
+                    columns.append(decode_field(ext, cast(bytes, item[ext]), allow_pickle=self._allow_pickle))
             return PlannedSample(tuple(columns), shard, key)
         except Exception as e:
             reason = (f"field {field!r}: " if field is not None else "") + f"{type(e).__name__}: {e}"
@@ -249,8 +249,8 @@ def pack_planned(
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
     w, h = size
     pixels = torch.empty((len(rows), 3, h, w), dtype=torch.uint8)
-    for j, row in enumerate(rows):
-        pixels[j] = images[row].pixels
+    for j, decoded in enumerate(im.pixels for im in images if im.pixels is not None):
+        pixels[j] = decoded
     return EncodedBatch(
         data=data,
         offsets=torch.from_numpy(offsets),

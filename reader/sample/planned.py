@@ -81,7 +81,7 @@ class EncodedBatch(NamedTuple):
         )
 
 
-class _PlannedColumn(list):  # type: ignore[type-arg]
+class _PlannedColumn(list[Any]):
     """Deprecated: collate no longer sees planned images."""
 
 
