@@ -66,6 +66,7 @@ from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
+from shardify.reader.sample.collate import private_empty
 from shardify.reader.sample.decoders import Decoding, choose_decoding
 from shardify.reader.sample.fields import loaded_fields, stream_fields
 from shardify.reader.sample.pipeline import share_batches
@@ -485,7 +486,8 @@ class ShardedDataset(IterableDataset):
         read, out = share_order(
             plan, self.layout_options(layout), epoch=epoch, rank=world.rank, worker=world.worker, segment=len(history)
         )
-        collate = self.decode_strategy.collate(o)
+        # the batch tensors made in the worker's shared-memory slots (no copy on the way out), if it has them
+        collate = self.decode_strategy.collate(o, empty=pool.empty if pool is not None else private_empty)
         tag = None
         if self._tag_stream or o.mark_repeats:
             tag = functools.partial(

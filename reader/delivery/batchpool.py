@@ -9,13 +9,13 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 
 - :class:`BatchChannel` (made by ``make_loader`` for one set of worker processes, registered
   in the main process): a shared ``int64`` table ``tokens[worker, slot]``; 0 means free.
-- :class:`SlotPool` (one per worker process): :meth:`SlotPool.send` (the Transport stage,
-  :mod:`shardify.reader.stages.transport`, calls it on each collated batch) copies each large
-  tensor of the batch into a free slot big enough (or makes one; past ``max_slots`` the tensor
-  travels as torch sends it, in fresh shared memory), writes a fresh token into the table and
-  packs the batch: each tensor copied into a slot becomes a reference, each small tensor its
-  bytes, and a slot's storage goes along the first time the main process needs it. The
-  collate functions know nothing of this: they return plain tensors.
+- :class:`SlotPool` (one per worker process): a collate function given its allocator
+  (``default_collate(samples, empty=pool.empty)``) makes each large batch tensor over a free
+  slot big enough (or a new one; past ``max_slots`` private memory) and the slot's token is
+  set; :meth:`SlotPool.send` (the Transport stage, :mod:`shardify.reader.stages.transport`)
+  then packs the batch: a tensor over a slot becomes a reference (no copy), another large one
+  is copied into a slot (a collate that allocates for itself), a small one travels by value,
+  and a slot's storage goes along the first time the main process needs it.
 - In the main process, unpickling a packed batch (a :class:`Received`) maps new slot
   storages; :meth:`Received.unpack` makes tensors over the mapped slots. When the last
   tensor over a slot is freed, the slot's token is cleared if it still holds the same token;
@@ -31,6 +31,7 @@ and later batches use fresh shared memory, as without the pool.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import threading
@@ -38,9 +39,9 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -161,8 +162,8 @@ class SlotPool:
         self._tokens = channel.tokens.numpy()[worker]
         self._tokens[:] = 0  # a new worker process: slots of an earlier one are not ours
         self._id = random.getrandbits(62)
-        self._slots: list[_Slot] = []
-        self._taken: dict[int, int] = {}  # slot -> token, taken for the batch being sent
+        self._slots: list[_Slot | None] = []  # None: given up (see send)
+        self._taken: dict[int, int] = {}  # slot -> token, taken for the batch being made
         self._next_token = random.getrandbits(61) | 1
         self._generation = 0
 
@@ -177,45 +178,65 @@ class SlotPool:
         return storage, capacity, self._generation
 
     def _take(self, nbytes: int) -> int | None:
-        """A free slot of at least ``nbytes`` taken for the batch being sent, or None (none left)."""
+        """A free slot of at least ``nbytes`` taken for the batch being made, or None (none left)."""
         free = [i for i in range(len(self._slots)) if self._tokens[i] == 0 and i not in self._taken]
-        fits = [i for i in free if nbytes <= self._slots[i].capacity <= 4 * nbytes]
+        fits = [(i, s) for i in free if (s := self._slots[i]) is not None and nbytes <= s.capacity <= 4 * nbytes]
         if fits:
-            i = min(fits, key=lambda j: self._slots[j].capacity)
-        elif len(self._slots) < len(self._tokens):
-            i = len(self._slots)
-            self._slots.append(_Slot(*self._new_storage(nbytes)))
-        elif free:  # a free slot of the wrong size: replaced by a new one
-            i = free[0]
-            self._slots[i] = _Slot(*self._new_storage(nbytes))
+            i = min(fits, key=lambda f: f[1].capacity)[0]
         else:
-            return None
+            if len(self._slots) < len(self._tokens):
+                i = len(self._slots)
+                self._slots.append(None)
+            elif free:  # a given-up slot, else a free one of the wrong size: a new one there
+                i = next((j for j in free if self._slots[j] is None), free[0])
+            else:
+                return None
+            self._slots[i] = _Slot(*self._new_storage(nbytes))
         token = self._token()
         self._tokens[i] = token
         self._taken[i] = token
         return i
 
-    def _into_slot(self, x: torch.Tensor) -> Any:
-        """``x`` copied into a slot (a reference to it there), by value if small, else ``x`` itself."""
-        if not _inlinable(x):
-            return x
-        nbytes = x.numel() * x.element_size()
-        if nbytes <= self.inline_bytes:
-            return _Inline.of(x)
-        i = self._take(nbytes)
-        if i is None:
-            return x  # out of slots: torch's own sharing
-        storage = self._slots[i].storage
-        dest = torch.empty(0, dtype=x.dtype).set_(storage, 0, tuple(x.shape))  # type: ignore[call-overload]
-        dest.copy_(x)
-        return _SlotRef(i, x.dtype, tuple(dest.shape), tuple(dest.stride()), 0)
+    def _over(self, i: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        storage = cast(_Slot, self._slots[i]).storage  # a taken slot is never None
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor for the batch being made: over a free slot when it is large (so
+        :meth:`send` passes it on without a copy), else private memory. The allocator a collate
+        function takes (``default_collate(samples, empty=pool.empty)``)."""
+        shape = tuple(shape)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        i = self._take(nbytes) if nbytes > self.inline_bytes else None
+        return torch.empty(shape, dtype=dtype) if i is None else self._over(i, shape, dtype)
 
     def send(self, batch: Any) -> Packed:
-        """``batch`` ready to pickle: its large tensors copied into slots (as references), small
-        tensors by value; tensors inside objects other than tuples, lists and dicts are left to torch."""
+        """``batch`` ready to pickle: its large tensors as references to slots (made by :meth:`empty`,
+        or copied into one now), small tensors by value; tensors inside objects other than tuples,
+        lists and dicts are left to torch."""
         start = time.perf_counter()
+        by_pointer = {cast(_Slot, self._slots[i]).storage.data_ptr(): i for i in self._taken}
+        used: set[int] = set()
+
+        def encode(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or not _inlinable(x):
+                return x
+            i = by_pointer.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
+            if i is not None:  # made over a slot: no copy
+                used.add(i)
+                return _SlotRef(i, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()))
+            if x.numel() * x.element_size() <= self.inline_bytes:
+                return _Inline.of(x)
+            i = self._take(x.numel() * x.element_size())
+            if i is None:
+                return x  # out of slots: torch's own sharing
+            dest = self._over(i, tuple(x.shape), x.dtype)
+            dest.copy_(x)
+            used.add(i)
+            return _SlotRef(i, x.dtype, tuple(dest.shape), tuple(dest.stride()), 0)
+
         try:
-            payload = _map_leaves(batch, lambda x: self._into_slot(x) if isinstance(x, torch.Tensor) else x)
+            payload = _map_leaves(batch, encode)
         except BaseException:
             for i in self._taken:
                 self._tokens[i] = 0
@@ -223,7 +244,14 @@ class SlotPool:
             raise
         refs = []
         for i, token in self._taken.items():
-            s = self._slots[i]
+            if i not in used:
+                # Made by empty() but not among the tuples, lists and dicts of the batch (or left by a
+                # collate that failed): it may still sit in some other object, which torch pickles as
+                # usual (sharing the memory), so the slot is given up rather than written again.
+                self._slots[i] = None
+                self._tokens[i] = 0
+                continue
+            s = cast(_Slot, self._slots[i])
             refs.append((i, s.generation, token, None if s.sent else s.storage))
             s.sent = True
         self._taken = {}

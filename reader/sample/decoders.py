@@ -15,17 +15,20 @@
   (:class:`~shardify.errors.DeviceDecodeOptionsError`).
 
 Both answer ``processors(streams, columns, options, epoch=...)`` (one per stream),
-``collate(options)`` and ``device_stage(device, ...)`` (None: nothing to decode there).
+``collate(options, empty=...)`` (``empty``: the allocator of the batch tensors, the worker's
+shared-memory slots under make_loader) and ``device_stage(device, ...)`` (None: nothing to
+decode there).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
 
-from shardify.reader.sample.collate import default_collate
+from shardify.reader.sample.collate import Empty, default_collate, private_empty, with_allocator
 from shardify.reader.sample.device_decode import DeviceDecoder, JpegDecoder
 from shardify.reader.sample.device_plan import DevicePlanner, PlanningProcessor, checked_device, pack_samples
 from shardify.reader.sample.pipeline import stream_processors
@@ -45,8 +48,10 @@ class CpuDecoding:
     ) -> list[Processor]:
         return list(stream_processors(streams, columns, options, epoch=epoch))
 
-    def collate(self, options: Any) -> Callable[[list[Any]], Any]:
-        return default_collate if options.collate_fn is None else cast(Callable[[list[Any]], Any], options.collate_fn)
+    def collate(self, options: Any, *, empty: Empty = private_empty) -> Callable[[list[Any]], Any]:
+        """``collate_fn`` (default ``default_collate``), drawing from ``empty`` if it is one of shardify's."""
+        chosen = default_collate if options.collate_fn is None else options.collate_fn
+        return with_allocator(cast(Callable[[list[Any]], Any], chosen), empty)
 
     def device_stage(self, device: torch.device, **_: Any) -> None:
         return None
@@ -83,8 +88,9 @@ class DeviceDecoding:
             for s, fields, planner in zip(streams, columns, self._planners)
         ]
 
-    def collate(self, options: Any) -> Callable[[list[Any]], Any]:
-        return pack_samples
+    def collate(self, options: Any, *, empty: Empty = private_empty) -> Callable[[list[Any]], Any]:
+        """The strategy's own packing (:func:`pack_samples`), drawing from ``empty``."""
+        return functools.partial(pack_samples, empty=empty)
 
     def device_stage(
         self,

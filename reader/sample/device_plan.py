@@ -33,7 +33,7 @@ from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleE
 from shardify.reader.io.stream import Item, Lost
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import planned as _planned
-from shardify.reader.sample.collate import default_collate
+from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
 from shardify.reader.sample.pipeline import Bad, field_spec
 from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
@@ -224,10 +224,15 @@ class PlanningProcessor:
 
 
 def pack_planned(
-    images: Sequence[ImagePlan], *, shards: Sequence[str] | None = None, keys: Sequence[str] | None = None
+    images: Sequence[ImagePlan],
+    *,
+    shards: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+    empty: Empty = private_empty,
 ) -> EncodedBatch:
     """One :class:`EncodedBatch` of a batch's image plans (all of one output size); ``shards``
-    and ``keys`` name each row in messages."""
+    and ``keys`` name each row in messages; ``empty`` allocates the bytes and pixels (as for
+    :func:`~shardify.reader.sample.collate.default_collate`)."""
     shards = list(shards) if shards is not None else [""] * len(images)
     keys = list(keys) if keys is not None else [""] * len(images)
     size = images[0].size
@@ -241,14 +246,14 @@ def pack_planned(
     lengths = np.fromiter((0 if im.data is None else len(im.data) for im in images), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = torch.empty((int(offsets[-1]),), dtype=torch.uint8)
+    data = empty((int(offsets[-1]),), torch.uint8)
     buf = data.numpy()
     for i, im in enumerate(images):
         if im.data is not None:
             buf[offsets[i] : offsets[i + 1]] = np.frombuffer(im.data, dtype=np.uint8)
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
     w, h = size
-    pixels = torch.empty((len(rows), 3, h, w), dtype=torch.uint8)
+    pixels = empty((len(rows), 3, h, w), torch.uint8)
     for j, decoded in enumerate(im.pixels for im in images if im.pixels is not None):
         pixels[j] = decoded
     return EncodedBatch(
@@ -265,7 +270,7 @@ def pack_planned(
     )
 
 
-def pack_samples(samples: Sequence[PlannedSample]) -> Any:
+def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_empty) -> Any:
     """The device strategy's collate: the CPU path's ``default_collate`` structure, with one
     :class:`EncodedBatch` where that path has a stacked image column (one column: the value itself)."""
     width = len(samples[0].columns)
@@ -285,7 +290,8 @@ def pack_samples(samples: Sequence[PlannedSample]) -> Any:
                 f"batch[{j}]: sample 0 (shard {shards[0]}, key {keys[0]!r}) and sample {i} (shard "
                 f"{shards[i]}, key {keys[i]!r}) differ in whether this column is an image"
             )
-        out.append(pack_planned(column, shards=shards, keys=keys) if planned[0] else default_collate(column))
+        packed = pack_planned(column, shards=shards, keys=keys, empty=empty) if planned[0] else None
+        out.append(packed if packed is not None else default_collate(column, empty=empty))
     return out[0] if width == 1 else tuple(out)
 
 

@@ -155,6 +155,39 @@ def test_a_tensor_hidden_in_another_object_travels_as_torch_sends_it(channel):
     assert held.images[:, 0, 0, 0].tolist() == [10, 11, 12, 13]
 
 
+def test_a_batch_made_over_a_slot_is_sent_without_a_copy(channel):
+    pool = bp.SlotPool(channel, 0)
+    x, _ = batch = default_collate(images(4, 10), empty=pool.empty)
+    packed = pool.send(batch)
+    assert [type(v).__name__ for v in packed.payload] == ["_SlotRef", "_Inline"] and len(packed.refs) == 1
+    assert packed.refs[0][3].data_ptr() == x.data_ptr()  # the slot the collate wrote into, as it is
+    received, _ = send(packed).unpack()
+    assert torch.equal(received, x)
+
+
+def test_a_slot_made_by_a_failing_collate_is_given_up_at_the_next_send(channel):
+    pool = bp.SlotPool(channel, 0)
+
+    def broken(samples):
+        default_collate(samples, empty=pool.empty)
+        raise RuntimeError("user collate failed")
+
+    with pytest.raises(RuntimeError, match="user collate failed"):
+        broken(images(4, 0))
+    assert tokens(channel)[0] != 0
+    x, _ = send(pool.send(default_collate(images(4, 5), empty=pool.empty))).unpack()
+    assert int(x[3, 0, 0, 0]) == 8 and tokens(channel).count(0) == 2  # only the new batch's slot is held
+
+
+def test_a_slot_hidden_in_another_object_is_given_up_not_reused(channel):
+    pool = bp.SlotPool(channel, 0)
+    held = send(pool.send(Holder(default_collate(images(4, 10), empty=pool.empty)[0]))).unpack()
+    assert isinstance(held, Holder) and tokens(channel) == [0, 0, 0]
+    for i in range(6):  # every slot is written meanwhile; the held batch is not among them
+        send(pool.send(default_collate(images(4, 100 + i), empty=pool.empty))).unpack()
+    assert held.images[:, 0, 0, 0].tolist() == [10, 11, 12, 13]
+
+
 def test_structure_and_small_tensors_of_every_kind(channel):
     pool = bp.SlotPool(channel, 0)
     big = torch.arange(3 * 32 * 32, dtype=torch.float32).reshape(3, 32, 32)
@@ -185,7 +218,7 @@ def test_structure_and_small_tensors_of_every_kind(channel):
 def test_pad_collate_draws_padded_fields_and_masks_from_the_pool(channel):
     pool = bp.SlotPool(channel, 0)
     seqs = [torch.arange(n, dtype=torch.int64) for n in (100, 300)]
-    packed = pool.send(pad_collate(seqs))
+    packed = pool.send(pad_collate(seqs, empty=pool.empty))
     padded, lengths, mask = send(packed).unpack()
     assert [type(x).__name__ for x in packed.payload] == ["_SlotRef", "_Inline", "_SlotRef"]
     assert padded.shape == (2, 300) and lengths.tolist() == [100, 300]

@@ -97,6 +97,22 @@ def test_collate_is_pure_even_in_a_worker(monkeypatch: pytest.MonkeyPatch) -> No
     assert not padded.is_shared()
 
 
+def test_with_allocator_gives_shardifys_collates_the_allocator_and_leaves_others_alone() -> None:
+    import functools
+
+    made: list[tuple] = []
+
+    def empty(shape, dtype):  # noqa: ANN001, ANN202 - a test allocator
+        made.append((tuple(shape), dtype))
+        return torch.empty(tuple(shape), dtype=dtype)
+
+    C.with_allocator(C.default_collate, empty)(images(2))
+    C.with_allocator(functools.partial(pad_collate, multiple_of=4), empty)([torch.arange(3), torch.arange(5)])
+    assert made == [((2, 3, 4, 5), torch.uint8), ((2, 8), torch.int64), ((2, 8), torch.bool)]
+    own = lambda samples: samples  # noqa: E731
+    assert C.with_allocator(own, empty) is own
+
+
 # pad_collate
 
 
