@@ -51,3 +51,29 @@ def test_a_custom_collate_allocates_for_itself(image_dataset: Path) -> None:
     own = BatchOptions(collate_fn=lambda samples: SimpleNamespace(n=len(samples)))
     ds = ShardedDataset(image_dataset, batch_size=2, transform=T.imagenet_train(16), batching=own)
     assert ds.decode_strategy.collate(ds.options, empty=None) is ds.options.collate_fn  # type: ignore[arg-type]
+
+
+def test_the_device_strategys_errors_name_shard_and_key() -> None:
+    import pytest
+
+    from shardify.errors import SampleError
+    from shardify.reader.sample.device_plan import DevicePlanner, pack_samples
+    from shardify.reader.sample.planned import ImagePlan, PlannedSample
+
+    box = (0.0, 0.0, 8.0, 8.0)
+    a = PlannedSample((ImagePlan(b"x", box, box, (8, 8), False), 1), "s0.tar", "k0")
+    b = PlannedSample((ImagePlan(b"y", box, box, (8, 6), False), 2), "s1.tar", "k1")
+    with pytest.raises(ValueError, match=r"sample 1, shard s1.tar, key 'k1'.*one output size"):
+        pack_samples([a, b])
+    process = PlanningProcessor(
+        planner=DevicePlanner(T.imagenet_train(8)),
+        fields=["image", "cls"],
+        seed=0,
+        epoch=0,
+        allow_pickle=False,
+        skip_errors=False,
+        unique_keys=True,
+    )
+    with pytest.raises(SampleError, match=r"field 'jpg': DecodeError") as info:
+        process({"__shard__": "s2.tar", "__key__": "k2", "jpg": b"\xff\xd8"})
+    assert "s2.tar" in str(info.value) and "k2" in str(info.value)
