@@ -66,10 +66,11 @@ from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.mix import layout_sequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment, resumed_sequence, share_order
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
-from shardify.reader.sample.collate import default_collate
-from shardify.reader.sample.device_plan import plan_on_device
+from shardify.reader.sample.collate import private_empty
+from shardify.reader.sample.decoders import Decoding, choose_decoding
 from shardify.reader.sample.fields import loaded_fields, stream_fields
-from shardify.reader.sample.pipeline import share_batches, stream_processors
+from shardify.reader.sample.pipeline import share_batches
+from shardify.reader.stages.transport import Transport
 from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams, tag_samples
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
@@ -117,7 +118,8 @@ class ShardedDataset(IterableDataset):
     there with nvJPEG and crops, resizes, flips and normalises it in batched calls (images the
     workers cannot send as baseline JPEGs are decoded in the workers, counted in
     :attr:`last_epoch_report`). Needs a crop transform (optionally followed by
-    ``RandomHorizontalFlip``) and ``shardify[gpu]``; see :mod:`shardify.reader.sample.device_plan`.
+    ``RandomHorizontalFlip``) and ``shardify[gpu]``; ``map=``, a custom ``collate_fn=`` and
+    ``bucket_length=`` are refused there. See :mod:`shardify.reader.sample.decoders`.
     """
 
     def __init__(
@@ -181,11 +183,9 @@ class ShardedDataset(IterableDataset):
         if verify is not False and verify is not True:
             sources = [with_checksums(s, verify) for s in sources]
             self.streams = tuple(dataclasses.replace(st, source=s) for st, s in zip(self.streams, sources))
-        self.decode_device: torch.device | None = None
-        if groups["decoding"].device is not None:  # workers only plan; batches are decoded there (make_loader)
-            self.decode_device, self.options, self.streams = plan_on_device(
-                groups["decoding"].device, self.options, self.streams
-            )
+        # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
+        self.decode_strategy: Decoding = choose_decoding(groups["decoding"].device, self.options, self.streams)
+        self.decode_device: torch.device | None = self.decode_strategy.device
         self._sources = tuple(sources)
         self.source = mixed_source(sources)
         self._opener = MixedOpener(sources) if len(sources) > 1 else self.source.open_tar
@@ -486,9 +486,8 @@ class ShardedDataset(IterableDataset):
         read, out = share_order(
             plan, self.layout_options(layout), epoch=epoch, rank=world.rank, worker=world.worker, segment=len(history)
         )
-        collate: Callable[[list[Any]], Any] = default_collate if o.collate_fn is None else o.collate_fn
-        if pool is not None:
-            collate = functools.partial(pool.collate, collate)
+        # the batch tensors made in the worker's shared-memory slots (no copy on the way out), if it has them
+        collate = self.decode_strategy.collate(o, empty=pool.empty if pool is not None else private_empty)
         tag = None
         if self._tag_stream or o.mark_repeats:
             tag = functools.partial(
@@ -497,28 +496,28 @@ class ShardedDataset(IterableDataset):
                 streams=self._stream_sizes if self._tag_stream else None,
                 mark_repeats=o.mark_repeats,
             )
-        processors = stream_processors(self.streams, self._stream_fields, o, epoch=epoch)
+        processors = self.decode_strategy.processors(self.streams, self._stream_fields, o, epoch=epoch)
         reader = self._shard_reader()
         try:
-            for batch in self._report.stages.timed(
-                slot,
-                share_batches(
-                    reader,
-                    plan,
-                    read=read,
-                    out=out,
-                    sizes=sizes,
-                    skip=skip,
-                    options=o,
-                    epoch=epoch,
-                    rank=world.rank,
-                    worker=world.worker,
-                    processors=processors,
-                    collate=collate,
-                    on_bad=functools.partial(self._report.record_bad, slot),
-                    tag=tag,
-                ),
-            ):
+            batches: Iterator[Any] = share_batches(
+                reader,
+                plan,
+                read=read,
+                out=out,
+                sizes=sizes,
+                skip=skip,
+                options=o,
+                epoch=epoch,
+                rank=world.rank,
+                worker=world.worker,
+                processors=processors,
+                collate=collate,
+                on_bad=functools.partial(self._report.record_bad, slot),
+                tag=tag,
+            )
+            if pool is not None:  # in a worker under make_loader: batches travel in recycled shared memory
+                batches = Transport(batches, pool)
+            for batch in self._report.stages.timed(slot, batches):
                 position.batches += 1  # before the yield: a state taken after next() counts this batch
                 yield batch
         finally:

@@ -86,7 +86,7 @@ class DecodeOptions:
     """How members are decoded: pickle fields only with ``allow_pickle``; a shard holding a
     member over ``max_member_bytes`` (default 2 GiB) is damaged. ``device``: where images are
     decoded; None (default) in the workers, ``"cuda"`` on the GPU with nvJPEG, the workers only
-    drawing each image's crop and flip (see :mod:`shardify.reader.sample.device_plan`)."""
+    drawing each image's crop and flip (see :mod:`shardify.reader.sample.decoders`)."""
 
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER

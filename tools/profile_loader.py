@@ -85,7 +85,7 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
     planner = DevicePlanner(t)
 
     def plan() -> list[Any]:
-        return [planner.apply_encoded(data, sample_rng(0, 0, key)) for key, data in samples]
+        return [planner.plan(data, sample_rng(0, 0, key)) for key, data in samples]
 
     decode_us = timing.best_of(decode_only, repeat) / n * 1e6
     full_us = timing.best_of(decode_augment, repeat) / n * 1e6

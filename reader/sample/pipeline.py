@@ -33,7 +33,6 @@ from shardify.reader.plan.shuffle import derive_seed, reorder, sample_rng
 from shardify.reader.sample.clock import CLOCK, augmenting
 from shardify.reader.sample.collate import bucket_batches
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
-from shardify.reader.sample.device_plan import PLACEHOLDER_HINT, PlannedImage
 from shardify.reader.sample.transforms import run_image_transform
 
 if TYPE_CHECKING:
@@ -153,7 +152,6 @@ class SampleProcessor:
     ) -> None:
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
-        self._planned = PlannedImage
         self._images = IMAGE_EXTS
         self._seed, self._epoch = seed, epoch
         self._transform, self._map = transform, map
@@ -171,17 +169,9 @@ class SampleProcessor:
         except Exception as e:
             where = f"field {self._field!r}: " if self._field is not None else ""
             reason = f"{where}{type(e).__name__}: {e}"
-            if "PlannedImage" in reason:
-                reason += f" ({PLACEHOLDER_HINT})"
             if not self._skip or isinstance(e, self._refused):
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
-
-    def _located(self, value: Any, shard: str, key: str) -> Any:
-        """A value planned for device decode learns its sample's shard and key (for messages)."""
-        if type(value) is self._planned:
-            value.locate(shard, key)
-        return value
 
     def _rng(self, shard: str, key: str) -> Any:
         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
@@ -193,9 +183,7 @@ class SampleProcessor:
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
             for image_ext in skip:
-                decoded[image_ext] = self._located(
-                    self._run_transform(self._transform, sample[image_ext], rng=rng), shard, key
-                )
+                decoded[image_ext] = self._run_transform(self._transform, sample[image_ext], rng=rng)
             decoded["__rng__"] = rng
             map_fn = self._map
             return augmenting(lambda: map_fn(decoded))  # map= counts as augmentation
@@ -210,7 +198,7 @@ class SampleProcessor:
             if ext.rpartition(".")[2] in self._images:
                 if rng is None:
                     rng = self._rng(shard, key)
-                out.append(self._located(self._run_transform(self._transform, data, rng=rng), shard, key))
+                out.append(self._run_transform(self._transform, data, rng=rng))
             else:
                 out.append(self._decode_field(ext, data, allow_pickle=self._allow_pickle))
         return out[0] if len(out) == 1 else tuple(out)
@@ -364,7 +352,7 @@ def share_batches(
     epoch: int,
     rank: int,
     worker: int,
-    processors: Sequence[SampleProcessor],
+    processors: Sequence[Callable[[Item], Any]],
     collate: Callable[[list[Any]], Any],
     on_bad: Callable[[Bad], None],
     tag: Callable[[Iterator[tuple[int, Item]]], Iterator[tuple[int, Item]]] | None,
