@@ -735,8 +735,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M76",
         "under device decode, the columns other than images are collated as on the CPU path",
         "reader/sample/device_plan.py",
-        "        out.append(pack_planned(column, shards=shards, keys=keys) if planned[0] else default_collate(column))",
-        "        out.append(pack_planned(column, shards=shards, keys=keys) if planned[0] else list(column))",
+        "        out.append(packed if packed is not None else default_collate(column, empty=empty))",
+        "        out.append(packed if packed is not None else list(column))",
         ("tests/reader/test_device_decode.py::test_the_pipeline_gives_the_cpu_paths_batches",),
     ),
     M(
