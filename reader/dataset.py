@@ -37,8 +37,9 @@ them, ``sampling.samples_per_epoch`` split between the streams by weight.
 crop and flip (the same draws as on the CPU); ``make_loader`` decodes the batch there with
 nvJPEG and crops, resizes, flips and normalises it in batched calls (images the workers cannot
 send as baseline JPEGs are decoded in the workers, counted in :attr:`last_epoch_report`). Needs
-a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``; see
-:mod:`shardify.reader.sample.device_plan`.
+a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``; ``map=``,
+a custom ``collate_fn=`` and ``bucket_length=`` are refused there. See
+:mod:`shardify.reader.sample.decoders`.
 
 How it runs: the main process owns a few shared-memory cells (epoch and resume point:
 :mod:`shardify.reader.delivery.shared_epoch`; skip report: :mod:`shardify.reader.delivery.report`)
@@ -58,7 +59,6 @@ save and restore one process's place in its share: the protocol of torchdata's
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -76,8 +76,7 @@ from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
-from shardify.reader.sample.collate import default_collate
-from shardify.reader.sample.device_plan import plan_on_device
+from shardify.reader.sample.decoders import Decoding, choose_decoding
 from shardify.reader.setup import ReadSetup, merged_options, opened_streams
 from shardify.reader.streams import Stream
 from shardify.reader.worker import ProcessReader, share_batches
@@ -114,12 +113,9 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         )
         self.options, groups = merged_options(given, deprecated, known=known, **keywords)
         self.streams = opened_streams(source, split=split, groups=groups)
-        # -- decode on the device: workers only plan each image; make_loader decodes the batch there
-        self.decode_device: torch.device | None = None
-        if groups["decoding"].device is not None:
-            self.decode_device, self.options, self.streams = plan_on_device(
-                groups["decoding"].device, self.options, self.streams
-            )
+        # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
+        self.decode_strategy: Decoding = choose_decoding(groups["decoding"].device, self.options, self.streams)
+        self.decode_device: torch.device | None = self.decode_strategy.device
         self._setup = setup = ReadSetup.of(self.options, self.streams)
         self.source, self.epoch_inputs, self.resume_basis = setup.source, setup.epoch_inputs, setup.resume_basis
         self._shared_epoch = SharedEpoch()  # the epoch and resume point, seen by persistent workers
@@ -219,18 +215,15 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         position, plan = self._place.begin(
             self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history, layout=layout
         )
-        collate = default_collate if self.options.collate_fn is None else self.options.collate_fn
-        # -- transport: a worker's batches go through make_loader's shared-memory slots
-        pool = self.batch_slots.pool(world.worker) if in_worker else None
-        if pool is not None:
-            collate = functools.partial(pool.collate, collate)
+        pool = self.batch_slots.pool(world.worker) if in_worker else None  # under make_loader: shared memory
         end = None if in_worker else (lambda: self._report.warn(self.epoch))
         return share_batches(
             plan,
             position,
             setup=self._setup,
             readers=self._readers,
-            collate=collate,
+            decoding=self.decode_strategy,
+            slots=pool,
             report=self._report,
             slot=slot,
             on_end=end,

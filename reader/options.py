@@ -109,7 +109,7 @@ class DecodeOptions:
     ``allow_pickle``; a shard holding a member over ``max_member_bytes`` (default 2 GiB) is
     damaged. ``device``: where images are decoded; None (default) in the workers, ``"cuda"`` on
     the GPU with nvJPEG, the workers only drawing each image's crop and flip (see
-    :mod:`shardify.reader.sample.device_plan`). ``on_error``: ``"raise"`` (naming the shard and
+    :mod:`shardify.reader.sample.decoders`). ``on_error``: ``"raise"`` (naming the shard and
     key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
     good samples of the same batch). ``verify``: check each shard's SHA-256 before use; True
     takes them from the split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file."""

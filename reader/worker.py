@@ -13,16 +13,19 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shardify.reader.delivery.batchpool import SlotPool
 from shardify.reader.delivery.report import SharedReport
 from shardify.reader.delivery.state import IterPosition
 from shardify.reader.io.ranged import range_fetcher
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.options import ReadOptions
 from shardify.reader.plan.epoch import EpochPlan
+from shardify.reader.sample.collate import private_empty
+from shardify.reader.sample.decoders import Decoding
 from shardify.reader.sample.fields import loaded_fields
 from shardify.reader.sample.pipeline import share_batches as wired_batches
-from shardify.reader.sample.pipeline import stream_processors
 from shardify.reader.setup import ReadSetup
+from shardify.reader.stages.transport import Transport
 from shardify.reader.streams import sample_tagger
 
 __all__ = ["ProcessReader", "share_batches"]
@@ -66,14 +69,17 @@ def share_batches(
     *,
     setup: ReadSetup,
     readers: ProcessReader,
-    collate: Callable[[list[Any]], Any],
+    decoding: Decoding,
+    slots: SlotPool | None,
     report: SharedReport,
     slot: int,
     on_end: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
     for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
-    is called once all were. The reader is closed when the share ends or the iteration stops."""
+    is called once all were. ``decoding`` makes each sample's output and collates the batches,
+    in the worker's shared-memory ``slots`` when it has them (then the Transport stage sends them
+    through the slots). The reader is closed when the share ends or the iteration stops."""
     if not isinstance(plan, EpochPlan):
         plan = plan()
     o, share, skip = setup.options, plan.share, position.batches
@@ -88,10 +94,11 @@ def share_batches(
             streams=setup.epoch_inputs.stream_sizes if setup.tag_stream else None,
             mark_repeats=o.mark_repeats,
         )
-    processors = stream_processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
+    processors = decoding.processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
+    collate = decoding.collate(o, empty=slots.empty if slots is not None else private_empty)
     reader = readers.get(setup, o)
     try:
-        batches = wired_batches(
+        batches: Iterator[Any] = wired_batches(
             reader,
             share,
             read=read,
@@ -107,6 +114,8 @@ def share_batches(
             on_bad=functools.partial(report.record_bad, slot),
             tag=tag,
         )
+        if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
+            batches = Transport(batches, slots)
         for batch in report.stages.timed(slot, batches):
             position.batches += 1  # before the yield: a state taken after next() counts this batch
             yield batch

@@ -26,6 +26,7 @@ __all__ = [
     "ObjectArrayError",
     "EncodeError",
     "DeviceDecodeError",
+    "DeviceDecodeOptionsError",
     "ResumeError",
 ]
 
@@ -161,6 +162,12 @@ class EncodeError(ShardifyError, TypeError):
 
 class DeviceDecodeError(ShardifyError, RuntimeError):
     """Decoding on the device was asked for, but what it needs (CUDA, torchvision) is missing."""
+
+
+class DeviceDecodeOptionsError(ShardifyError, ValueError):
+    """An option that cannot run under ``DecodeOptions(device=...)``, which decodes the images
+    after the workers (``map=``, a custom ``collate_fn=``, ``bucket_length=``, a transform the
+    device cannot run): refused when the dataset is made, naming the option."""
 
 
 class ResumeError(ShardifyError, ValueError):

@@ -40,7 +40,7 @@ def test_no_bar_when_not_asked_for():
 
 
 def test_the_conversion_bar_follows_the_same_rule(monkeypatch):
-    from shardify.convert.write.engine import ProgressBar
+    from shardify.convert.write.progressbar import ProgressBar
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert ProgressBar(total=10, desc="train", enabled=True).bar is None

@@ -50,4 +50,5 @@ def test_every_system_gives_a_first_batch_of_the_same_shards(tmp_path: Path) -> 
         for rs in runs.values()
         for r in rs
     )
-    assert (tmp_path / "photos-40-shards" / "train.json").exists() and (tmp_path / "arrays-200" / "train.json").exists()
+    assert (tmp_path / "photos-40-c20-shards" / "train.json").exists()
+    assert (tmp_path / "arrays-200" / "train.json").exists()

@@ -45,16 +45,16 @@ def test_the_full_list_is_every_gpu_figure(tool, tmp_path: Path) -> None:
     resnet = figs[-1].argv
     assert {"--bf16", "--channels-last", "resnet50"} <= set(resnet)
     assert all(f.argv[f.argv.index("--batch-size") + 1] == "256" for f in figs[3:])
-    assert "--batch-size" not in figs[2].argv  # the device-side figure: bench_device_decode's default, 256
+    assert "--device-side" in figs[2].argv and "--batch-size" not in figs[2].argv  # its default: 256
 
 
 def test_the_device_side_figure_runs_and_reads_as_one_decode_threads_ceiling(tool, tmp_path: Path) -> None:
-    from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]
+    from benchlib.corpus import step_dataset  # type: ignore[import-not-found]
 
     from shardify.reader import ShardedDataset
 
-    dataset = make_jpegs(tmp_path, 16, copies=2)
-    once = make_jpegs(tmp_path, 16)
+    dataset = step_dataset(tmp_path, 16, copies=2)
+    once = step_dataset(tmp_path, 16)
     assert ShardedDataset(dataset, batch_size=4).num_samples == 2 * ShardedDataset(once, batch_size=4).num_samples
     device = next(f for f in tool.figures(dataset, device="cpu", quick=True) if f.group == "device")
     tool.run(device)
@@ -65,9 +65,9 @@ def test_the_device_side_figure_runs_and_reads_as_one_decode_threads_ceiling(too
 
 
 def test_a_tiny_figure_runs_for_real_and_the_report_judges_each_outcome(tool, tmp_path: Path) -> None:
-    from bench_gpu_step import make_jpegs  # type: ignore[import-not-found]
+    from benchlib.corpus import step_dataset  # type: ignore[import-not-found]
 
-    dataset = make_jpegs(tmp_path, 24)
+    dataset = step_dataset(tmp_path, 24)
     feed = next(
         f for f in tool.figures(dataset, device="cpu", quick=True) if f.name == "feed, device decode, 1 workers"
     )

@@ -1,4 +1,4 @@
-"""The ID-labelled recipe's runnable example (tools/demo_ids.py) and benchmark (tools/bench_ids.py) run."""
+"""The ID-labelled recipe's runnable example (examples/demo_ids.py) and benchmark (tools/bench_ids.py) run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ TIME_LIMIT_S = 180
 
 def test_demo_trains_two_epochs_and_names_every_validation_id(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "demo_ids.py"), "--dir", str(tmp_path), "--samples", "100"],
+        [sys.executable, str(ROOT / "examples" / "demo_ids.py"), "--dir", str(tmp_path), "--samples", "100"],
         capture_output=True,
         text=True,
         timeout=150,

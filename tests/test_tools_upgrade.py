@@ -209,7 +209,9 @@ def test_no_test_tool_or_doc_example_calls_shardeddataset_with_an_old_keyword():
     upgrade = _upgrade_source()
     files = [
         p
-        for p in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "tools").glob("*.py")])
+        for p in sorted(
+            [*(ROOT / "tests").rglob("*.py"), *(ROOT / "tools").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
+        )
         if str(p.relative_to(ROOT)) not in DEPRECATION_TESTS
     ]
     files += [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

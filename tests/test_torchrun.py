@@ -1,6 +1,6 @@
 """Multi-rank training under torchrun: 2 ranks x 2 workers, fewer shards than that, DDP on gloo.
 
-Runs tools/train_imagenet.py (the example users copy) for real: both ranks take the same
+Runs examples/train_imagenet.py (the example users copy) for real: both ranks take the same
 number of steps, together they see exactly the dataset, nothing hangs, and a run stopped
 after a checkpoint resumes with exactly the batches the uninterrupted run had left.
 """
@@ -39,7 +39,7 @@ def _train(dataset: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
-        str(ROOT / "tools" / "train_imagenet.py"),
+        str(ROOT / "examples" / "train_imagenet.py"),
         "--data",
         str(dataset),
         "--batch-size",

@@ -157,7 +157,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M13",
         "the split index is written durably before the manifest that names it",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))\n    return index\n",
         "    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()), durable=False)\n"
         "    return index\n",
@@ -169,7 +169,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M14",
         "bad input is never dropped silently: skipped inputs are in the report",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "        for p in skipped + ignored\n",
         "        for p in ignored\n",
         (
@@ -294,7 +294,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M28",
         "resume of a conversion rewrites a damaged finished shard",
-        "convert/write/run.py",
+        "convert/write/session.py",
         "        return file_sha256(f) == result.sha256",
         "        return True",
         ("tests/convert/test_resume.py::test_damaged_finished_shard_is_rewritten_on_resume",),
@@ -302,7 +302,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M29",
         "a finished split is not replaced without --overwrite",
-        "convert/write/run.py",
+        "convert/write/session.py",
         "if finished and not overwrite:",
         "if False:",
         ("tests/convert/test_resume.py::test_finished_output_is_not_overwritten_without_flag",),
@@ -649,7 +649,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M66",
         "the split index is copied to {split}.json, the file wids opens",
-        "convert/write/run.py",
+        "convert/write/finish.py",
         "        fs.write_atomic(index_name(split), json_bytes(index.to_json()))\n",
         "        pass\n",
         ("tests/convert/test_pywriter.py::test_wids_opens_the_split",),
@@ -657,9 +657,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M67",
         "a rerun after an interruption reuses the finished shards (checked against their records)",
-        "convert/write/run.py",
-        "            if shard_matches(fs, result):\n                reusable[shard] = result",
-        "            if False:\n                reusable[shard] = result",
+        "convert/write/session.py",
+        "            return (result, record) if shard_matches(self.fs, result) else None",
+        "            return None",
         (
             "tests/convert/test_resume.py::test_sigkill_then_rerun_is_byte_identical",
             "tests/convert/test_resume.py::test_a_lost_record_costs_only_a_rewrite_of_its_shard",
@@ -723,27 +723,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     M(
         "M75",
-        "under device decode, pad_collate gives the images the CPU path's (images, lengths, mask) form",
-        "reader/sample/collate.py",
-        "        return leaf(batch, where) if pad_here(where) else PlannedColumn(batch)",
-        "        return PlannedColumn(batch)",
-        ("tests/reader/test_device_decode.py::test_map_collate_and_bucketing_give_the_cpu_paths_batches",),
+        "under device decode, map= (which would see undecoded images) is refused when the dataset is made",
+        "reader/sample/device_plan.py",
+        "    if options.map is not None or any(s.map is not None for s in streams):",
+        "    if False:",
+        (
+            "tests/reader/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
+        ),
     ),
     M(
         "M76",
-        "under device decode, a column a custom collate kept as a list comes back as a list",
-        "reader/delivery/prefetch.py",
-        '            if obj.column == "stack":',
-        "            if True:",
-        ("tests/reader/test_device_decode.py::test_map_collate_and_bucketing_give_the_cpu_paths_batches",),
+        "under device decode, the columns other than images are collated as on the CPU path",
+        "reader/sample/device_plan.py",
+        "        out.append(packed if packed is not None else default_collate(column, empty=empty))",
+        "        out.append(packed if packed is not None else list(column))",
+        ("tests/reader/test_device_decode.py::test_the_pipeline_gives_the_cpu_paths_batches",),
     ),
     M(
         "M77",
-        "under device decode, a placeholder left outside a column is an error, never a batch",
+        "under device decode, a custom collate_fn (which would see undecoded images) is refused",
         "reader/sample/device_plan.py",
-        "    if kind is PlannedImage:\n",
-        "    if False:\n",
-        ("tests/reader/test_device_decode.py::test_map_or_collate_computing_on_a_planned_image_is_a_clear_error",),
+        "    if options.collate_fn is not None and options.collate_fn is not default_collate:",
+        "    if False:",
+        (
+            "tests/reader/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
+        ),
     ),
 )
 

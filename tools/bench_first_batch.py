@@ -3,11 +3,12 @@
 Run by hand (not a test):
     python tools/bench_first_batch.py [--data DIR] [--repeat 7] [--corpus photos,arrays] [--scale]
                                       [--old-code DIR]
+    python tools/bench_first_batch.py --breakdown [--scale-rows 1300000] [--rank 3] [--world 64]
 
-Makes (once, cached in ``--data``) two corpora: ``--photos`` natural-looking JPEGs of ImageNet
-sizes (``shardify.convert.synth``, 20 classes, converted with shardify's image-folder
-converter into 32 shards) and ``--arrays`` ``3x32x32`` uint8 arrays with int labels
-(``tools/bench_write.py``'s samples, written with ``ShardWriter`` into 32 shards). Then, for
+Makes (once, cached in ``--data``) two corpora (``tools/benchlib/corpus.py``): ``--photos``
+photo-like JPEGs of ImageNet sizes (20 classes, converted with shardify's image-folder
+converter) and ``--arrays`` ``3x32x32`` uint8 arrays with int labels (written with
+``ShardWriter`` into 32 shards). Then, for
 each corpus, it reads the same tar shards with shardify (``ShardedDataset`` + ``make_loader``)
 and with webdataset (``WebDataset(...).shuffle(1000)``, its default ``initial=100``, in a
 DataLoader), and the photos also as a plain ImageFolder-style map dataset in a DataLoader
@@ -19,8 +20,11 @@ process, the systems alternating, ``--repeat`` times; it prints min and median o
 - ``setup+first``: from constructing the dataset (imports done) to the first batch;
 
 and the imports, separately. ``--scale`` also times shardify at ``--scale-rows`` small
-samples (the listing of ``tools/bench_scale.py``, converted by ``tools/bench_start.py``) as
-rank ``--rank`` of ``--world`` (batch 256). ``--old-code DIR`` (repeatable) adds shardify run
+samples (the corpus's listing of IDs, labels and captions, converted) as rank ``--rank`` of
+``--world`` (batch 256). ``--breakdown`` says where that first batch goes, in one fresh
+process: resolving the source (manifest and index), the epoch's sequence (once per process),
+planning one worker's share for ``--world`` and for world 4096, scanning one shard's headers,
+and the first batch through a DataLoader with ``--workers`` workers. ``--old-code DIR`` (repeatable) adds shardify run
 from another checkout (e.g. ``mkdir /tmp/base && git archive HEAD~3 | tar -x -C /tmp/base``),
 alternating with this one: before/after on a shared machine. The page cache is warmed once before the runs.
 """
@@ -34,68 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from multiprocessing import get_context
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-CLASSES = 20
-
-# -- corpora ---------------------------------------------------------------------------------------
-
-
-def _photo_class(args: tuple[Path, int, int]) -> None:
-    root, c, per_class = args
-    from shardify.convert.synth import IMAGENET_SIZES, jpeg_bytes, natural_image
-
-    name = f"n{c:08d}"
-    (root / name).mkdir(parents=True, exist_ok=True)
-    for i in range(per_class):
-        s = c * 10_007 + i  # the seeds of convert.synth.make_imagefolder(seed=0)
-        w, h = IMAGENET_SIZES[s % len(IMAGENET_SIZES)]
-        (root / name / f"{name}_{i}.JPEG").write_bytes(jpeg_bytes(natural_image(w, h, seed=s)))
-
-
-def make_photos(data: Path, photos: int) -> tuple[Path, Path]:
-    """``(image folder, converted dataset)`` of ``photos`` JPEGs in 20 classes (made once)."""
-    folder, dataset = data / f"photos-{photos}", data / f"photos-{photos}-shards"
-    if not (dataset / "manifest.json").exists():
-        per_class = -(-photos // CLASSES)
-        t0 = time.perf_counter()
-        with get_context("fork").Pool(os.cpu_count() or 1) as pool:  # make_imagefolder's files, on every core
-            pool.map(_photo_class, [(folder, c, per_class) for c in range(CLASSES)])
-        from shardify.convert.options import ConvertOptions
-        from shardify.convert.write.run import convert_imagefolder
-
-        convert_imagefolder(folder, dataset, options=ConvertOptions(progress=False, fsync=False))
-        print(f"made and converted {photos} photos in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return folder, dataset
-
-
-def make_arrays(data: Path, arrays: int, shards: int = 32) -> Path:
-    """A dataset of ``arrays`` samples ``{"npy": uint8 3x32x32, "cls": int}`` in ``shards`` shards (made once)."""
-    dataset = data / f"arrays-{arrays}"
-    if not (dataset / "manifest.json").exists():
-        sys.path.insert(0, str(HERE))
-        from bench_write import _samples
-
-        from shardify.convert import ShardWriter
-
-        images, labels = _samples(arrays)
-        with ShardWriter(dataset, samples_per_shard=-(-arrays // shards), shard_size=None, fsync=False) as w:
-            for a, y in zip(images, labels):
-                w.write({"npy": a, "cls": y})
-    return dataset
-
-
-def warm(*roots: Path) -> None:
-    """Read every file under ``roots`` once, so that runs compare reading, not the disk."""
-    for root in roots:
-        for dirpath, _, names in os.walk(root):
-            for name in names:
-                with open(os.path.join(dirpath, name), "rb") as f:
-                    while f.read(1 << 24):
-                        pass
-
 
 # -- one measurement, in a fresh process ----------------------------------------------------------
 
@@ -150,17 +93,17 @@ def child(spec: dict) -> dict:
     if spec.get("code"):
         _use_code(spec["code"])
     t0 = time.perf_counter()
-    system, corpus, workers, bs = spec["system"], spec["corpus"], spec["workers"], spec["batch_size"]
+    system, kind, workers, bs = spec["system"], spec["corpus"], spec["workers"], spec["batch_size"]
     import torch
 
     if system == "shardify":
         from shardify.reader import BatchOptions, ShardedDataset, make_loader
         from shardify.reader import transforms as T
 
-        if corpus == "scale":
+        if kind == "scale":
             os.environ["RANK"], os.environ["WORLD_SIZE"] = str(spec["rank"]), str(spec["world"])
         t1 = time.perf_counter()
-        if corpus == "photos":
+        if kind == "photos":
             ds = ShardedDataset(
                 spec["dataset"],
                 batch_size=bs,
@@ -168,7 +111,7 @@ def child(spec: dict) -> dict:
                 seed=0,
                 transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
             )
-        elif corpus == "arrays":
+        elif kind == "arrays":
             ds = ShardedDataset(spec["dataset"], batch_size=bs, shuffle=True, seed=0, fields=("npy", "cls"))
         else:
             ds = ShardedDataset(
@@ -190,7 +133,7 @@ def child(spec: dict) -> dict:
         with open(os.path.join(spec["dataset"], "train.json")) as f:
             urls = [os.path.join(spec["dataset"], s["url"]) for s in json.load(f)["shardlist"]]
         pipe = wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False).shuffle(1000)
-        if corpus == "photos":
+        if kind == "photos":
             pipe = pipe.decode("pil").to_tuple("jpg;png", "cls").map_tuple(ns["crop_flip"], int)
         else:
             pipe = pipe.decode().to_tuple("npy", "cls")
@@ -230,7 +173,7 @@ def child(spec: dict) -> dict:
     it = iter(loader)
     batch = next(it)
     t3 = time.perf_counter()
-    n = len(batch[0]) if isinstance(batch, (tuple, list)) and corpus != "scale" else len(batch)
+    n = len(batch[0]) if isinstance(batch, (tuple, list)) and kind != "scale" else len(batch)
     del it, batch
     if hasattr(loader, "close"):
         loader.close()
@@ -245,11 +188,71 @@ def run_child(spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# -- where the first batch of one rank of a large world goes -------------------------------------
+
+_STAGES = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import torch
+from shardify.reader import BatchOptions, ShardedDataset
+from shardify.reader.io.sources import resolve_source
+from shardify.reader.plan.assign import plan_worker, sequence_starts
+from shardify.reader.plan.mix import epoch_sequence
+from shardify.tario import scan_layout
+t_import = time.perf_counter()
+ds_path, rank, world, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+src = resolve_source(ds_path)
+t_resolve = time.perf_counter()
+seq = epoch_sequence([src.sizes], counts=None, seed=0, epoch=0, shuffle=True, block=4)
+starts = sequence_starts(seq)
+t_sequence = time.perf_counter()
+plan_worker(seq, rank=rank, world=world, worker=0, workers=workers, batch_size=256, drop_last=True, starts=starts)
+t_plan = time.perf_counter()
+plan_worker(seq, rank=rank, world=4096, worker=0, workers=workers, batch_size=256, drop_last=True, starts=starts)
+t_plan4096 = time.perf_counter()
+with open(src.shards[0].url, "rb") as f:
+    layout = scan_layout(f, shard=src.shards[0].url)
+t_scan = time.perf_counter()
+os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+t_start = time.perf_counter()
+ds = ShardedDataset(ds_path, batch_size=256, shuffle=True, fields=("cls", "txt"),
+                    batching=BatchOptions(collate_fn=list))
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+it = iter(loader)
+next(it)
+t_first = time.perf_counter()
+print(json.dumps({"import_s": t_import - t0, "resolve_s": t_resolve - t_import,
+                  "sequence_s": t_sequence - t_resolve, "plan_s": t_plan - t_sequence,
+                  "plan_world4096_s": t_plan4096 - t_plan, "scan_one_shard_s": t_scan - t_plan4096,
+                  "shard_samples": len(layout), "shards": len(src.shards), "samples": src.num_samples,
+                  "first_batch_s": t_first - t_start}))
+"""
+
+
+def breakdown(dataset: Path, args: argparse.Namespace) -> int:
+    """Print where the first batch of rank ``--rank`` of ``--world`` goes (one fresh process)."""
+    argv = [str(dataset), str(args.rank), str(args.world), str(args.workers)]
+    out = subprocess.run([sys.executable, "-c", _STAGES, *argv], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"{r['samples']} samples in {r['shards']} shards ({r['shard_samples']} in shard 0); "
+        f"rank {args.rank} of {args.world}, {args.workers} workers"
+    )
+    print(
+        f"  first batch {r['first_batch_s']:.2f} s after ShardedDataset(...); separately: resolve source "
+        f"{r['resolve_s'] * 1000:.0f} ms, the epoch's sequence {r['sequence_s'] * 1000:.0f} ms (once per process), "
+        f"then plan one worker {r['plan_s'] * 1000:.1f} ms (world 4096: "
+        f"{r['plan_world4096_s'] * 1000:.1f} ms), scan one shard's headers {r['scan_one_shard_s'] * 1000:.0f} ms; "
+        f"imports {r['import_s']:.1f} s"
+    )
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
 # -- the runs -------------------------------------------------------------------------------------
-
-
-def _summary(values: list[float]) -> str:
-    return f"{min(values):.3f} / {statistics.median(values):.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,12 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a checkout of shardify to time beside this one (repeatable)",
     )
+    ap.add_argument("--breakdown", action="store_true", help="only where the --scale first batch goes, by stage")
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
+    # Deferred: a child (above) must choose its checkout (--old-code) before anything imports shardify.
+    from benchlib import corpus, timing
+
+    if args.breakdown:
+        return breakdown(corpus.listing_dataset(args.data, args.scale_rows), args)
 
     args.data.mkdir(parents=True, exist_ok=True)
     base = {"workers": args.workers, "batch_size": args.batch_size}
@@ -287,30 +296,28 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[tuple[str, dict]] = []  # (label, spec)
     corpora = [] if args.scale_only else [c for c in args.corpus.split(",") if c]
     systems = [s for s in args.systems.split(",") if s]
-    for corpus in corpora:
-        if corpus == "photos":
-            folder, dataset = make_photos(args.data, args.photos)
-            warm(folder, dataset)
+    for kind in corpora:
+        if kind == "photos":
+            folder, dataset = corpus.photo_dataset(args.data, args.photos)
+            corpus.warm(folder, dataset)
             paths = {"dataset": str(dataset), "folder": str(folder)}
-        elif corpus == "arrays":
-            dataset = make_arrays(args.data, args.arrays)
-            warm(dataset)
+        elif kind == "arrays":
+            per_shard = -(-args.arrays // 32)
+            dataset = corpus.arrays_dataset(
+                args.data / f"arrays-{args.arrays}", args.arrays, samples_per_shard=per_shard, shard_size=None
+            )
+            corpus.warm(dataset)
             paths = {"dataset": str(dataset)}
         else:
-            raise SystemExit(f"unknown corpus {corpus!r}; want photos or arrays")
+            raise SystemExit(f"unknown corpus {kind!r}; want photos or arrays")
         for system in systems:
-            if system == "folder" and corpus != "photos":
+            if system == "folder" and kind != "photos":
                 continue
             for code, label in codes if system == "shardify" else [("", system)]:
-                runs.append(
-                    (f"{corpus:7s} {label}", {**base, **paths, "system": system, "corpus": corpus, "code": code})
-                )
+                runs.append((f"{kind:7s} {label}", {**base, **paths, "system": system, "corpus": kind, "code": code}))
     if args.scale or args.scale_only:
-        sys.path.insert(0, str(HERE))
-        from bench_start import converted_listing
-
-        dataset = converted_listing(args.data, args.scale_rows)
-        warm(dataset)
+        dataset = corpus.listing_dataset(args.data, args.scale_rows)
+        corpus.warm(dataset)
         for code, label in codes:
             runs.append(
                 (
@@ -338,10 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'':60s} {'iter->first':>15s} {'setup+first':>15s} {'imports':>8s}")
     for label, rs in results.items():
-        print(
-            f"{label:60s} {_summary([r['iter_first_s'] for r in rs]):>15s} "
-            f"{_summary([r['setup_first_s'] for r in rs]):>15s} {statistics.median(r['import_s'] for r in rs):8.2f}"
-        )
+        first, setup = (timing.min_median([r[k] for r in rs]) for k in ("iter_first_s", "setup_first_s"))
+        print(f"{label:60s} {first:>15s} {setup:>15s} {statistics.median(r['import_s'] for r in rs):8.2f}")
     if args.json:
         print(json.dumps(results, indent=1))
     return 0

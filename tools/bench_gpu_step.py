@@ -9,7 +9,7 @@ augmenting, pinned memory, side-stream copy, normalisation on the device). The r
 (2)/(1) is what the input pipeline costs the step; near 1.0 means the GPU never waits. Runs
 on the CPU too (``--device cpu``: no streams, a smaller default model), where the figure
 mostly shows the cores shared between the model and the workers.
-Without ``--dataset``, a dataset of natural-looking JPEGs is made under ``--out``.
+Without ``--dataset``, a dataset of photo-like JPEGs is made under ``--out`` (``benchlib.corpus.step_dataset``).
 
 Issue 20's figures, one command each (on the GPU host; the JPEGs are made there):
 
@@ -20,9 +20,16 @@ Issue 20's figures, one command each (on the GPU host; the JPEGs are made there)
     python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --workers 15
     python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --decode device --workers 8
 
+    python tools/bench_gpu_step.py --device-side --dataset DIR   # device decode's own cost per batch
+
 ``--feed``: no model, the loop only takes batches (synchronising at the end): the loader's
-rate into the GPU. ``--decode device``: ``ShardedDataset(decoding=DecodeOptions(device="cuda"))`` (nvJPEG,
-needs torchvision). ``--model resnet50``: torchvision's ResNet-50 (bf16 autocast with
+rate into the GPU. ``--device-side``: where the device side of device decode spends its time,
+per batch (batches as the workers plan them, iterated in this process, no workers), timed on
+the device, each synchronised, best and median of ``--reps``: (1) the batched JPEG decode alone
+(``torchvision.io.decode_jpeg(list, device=...)``, nvJPEG); (2) crop, resize and flip alone
+(``augment_batch`` on the decoded images); (3) the whole :class:`DeviceDecoder` call.
+``--decode device``: ``ShardedDataset(decoding=DecodeOptions(device="cuda"))`` (nvJPEG, needs
+torchvision). ``--model resnet50``: torchvision's ResNet-50 (bf16 autocast with
 ``--bf16``).
 """
 
@@ -30,18 +37,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib import corpus, timing
 from torch import nn
 
 from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DevicePrefetcher
+from shardify.reader.sample.device_augment import augment_batch
+from shardify.reader.sample.device_decode import DeviceDecoder, encoded_images, nvjpeg_decoder, pil_decoder
+from shardify.reader.sample.device_plan import EncodedBatch
 
 
 def small_convnet(width: int = 32, classes: int = 1000) -> nn.Module:
@@ -168,8 +178,6 @@ def feed_rate(
 def _decoder(decode: str, dev: torch.device) -> dict[str, Any]:
     """On the CPU, device decode runs with Pillow in place of nvJPEG (a check of the tool only)."""
     if decode == "device" and dev.type == "cpu":
-        from shardify.reader.sample.device_decode import pil_decoder
-
         return {"jpeg_decoder": pil_decoder}
     return {}
 
@@ -233,6 +241,45 @@ def step_times(
     }
 
 
+def _encoded(batch: Any) -> EncodedBatch:
+    images = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if not isinstance(images, EncodedBatch):
+        raise TypeError(f"expected an EncodedBatch as the batch's first column, got {type(images).__name__}")
+    return images
+
+
+def device_side(dataset: str | Path, *, device: str, batch_size: int, size: int, reps: int) -> dict[str, Any]:
+    """``--device-side``: the device decode's parts timed on one batch; see the module docstring."""
+    dev = torch.device(device)
+    batch = _encoded(next(iter(_dataset(dataset, batch_size, size, "device", dev))))
+    rows, encoded = encoded_images(batch)
+    jpeg = nvjpeg_decoder() if dev.type == "cuda" else pil_decoder
+    decoded = jpeg(encoded, dev)
+    idx = torch.tensor(rows)
+
+    def timed(fn: Any) -> dict[str, float]:
+        fn()  # warm-up (nvJPEG handles, kernels)
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+        ms = [1000 * t for t in timing.runs(fn, reps, sync=sync)]
+        return {f"{k}_ms": v for k, v in timing.summary(ms).items()}
+
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "batch_size": batch_size,
+        "size": size,
+        "jpegs": len(encoded),
+        "megapixels": sum(im.shape[1] * im.shape[2] for im in decoded) / 1e6,
+    }
+    out["decode"] = timed(lambda: jpeg(encoded, dev))
+    out["augment"] = timed(
+        lambda: augment_batch(decoded, batch.boxes[idx], batch.bounds[idx], batch.flips[idx], batch.size)
+    )
+    whole = DeviceDecoder(dev, jpeg_decoder=jpeg)
+    out["whole"] = timed(lambda: whole(batch))
+    out["img_s_one_thread"] = batch_size / (out["whole"]["best_ms"] / 1000)
+    return out
+
+
 def epochs(loader: Any, ds: ShardedDataset) -> Any:
     """The loader's batches, epoch after epoch (``ds.set_epoch`` before each), without end."""
     epoch = 0
@@ -265,10 +312,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=["convnet", "resnet50"], default="convnet")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the model")
     p.add_argument("--feed", action="store_true", help="no model: img/s of the loader into the device")
+    p.add_argument("--device-side", action="store_true", help="device decode's own parts, per batch (JSON)")
+    p.add_argument("--reps", type=int, default=10, help="--device-side: timed runs of each part")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    dataset = args.dataset or make_jpegs(args.out, args.images, args.copies)
+    dataset = args.dataset or corpus.step_dataset(args.out, args.images, copies=args.copies)
     name = torch.cuda.get_device_name() if cuda else "CPU"
+    if args.device_side:
+        batch_size, size = args.batch_size or 256, args.size or 224
+        side = device_side(dataset, device=args.device, batch_size=batch_size, size=size, reps=args.reps)
+        print(json.dumps(side))
+        return 0
     if args.feed:
         f = feed_rate(
             dataset,
@@ -308,35 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         f"  of which waiting for the next batch: {r['wait_ms']:.1f} ms/step (host time in next(loader))"
     )
     return 0
-
-
-def make_jpegs(out: Path, images: int, copies: int = 1) -> Path:
-    """A converted dataset of ``images`` photo-like JPEGs of ImageNet's sizes (~110 KB), made once.
-
-    ``copies`` > 1 stores each image that many times under other names (hard links in the source
-    folder): an epoch long enough for every worker to make many batches, at the cost of making
-    ``images`` JPEGs. An epoch of a few batches measures the epoch's start, not the steady rate."""
-    from shardify.convert.options import ConvertOptions
-    from shardify.convert.synth import make_imagefolder
-    from shardify.convert.write.run import convert_imagefolder
-
-    tag = f"{images}" if copies == 1 else f"{images}x{copies}"
-    dataset = out / f"gpu-step-{tag}"
-    if not (dataset / "manifest.json").exists():
-        src = out / f"gpu-step-src-{tag}"
-        make_imagefolder(src, classes=10, per_class=-(-images // 10), seed=0)
-        for path in sorted(p for p in src.rglob("*") if p.is_file()) if copies > 1 else []:
-            for k in range(1, copies):
-                link = path.with_name(f"{path.stem}-copy{k}{path.suffix}")
-                if not link.exists():
-                    os.link(path, link)
-        convert_imagefolder(
-            src, dataset, options=ConvertOptions(samples_per_shard=100, shard_size=None, progress=False, fsync=False)
-        )
-    return dataset
-
-
-_make = make_jpegs
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib import corpus
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -44,20 +45,6 @@ class TensorFiles(Dataset):
         ident = self.ids[index]
         x = torch.load(self.root / f"{ident}.pt", weights_only=True)
         return (x, self.labels[ident], ident) if self.with_id else (x, self.labels[ident])
-
-
-def make_source(work: Path, *, samples: int, classes: int = 10, seed: int = 0) -> dict[str, Path]:
-    """``work/data/<ID>.pt`` tensors, ``partition.json`` ({"train": ids}) and ``labels.json``."""
-    data = work / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator().manual_seed(seed)
-    ids = [f"img{i:06d}" for i in range(samples)]
-    labels = torch.randint(0, classes, (samples,), generator=g).tolist()
-    for ident in ids:
-        torch.save(torch.randn(3, 32, 32, generator=g), data / f"{ident}.pt")
-    (work / "partition.json").write_text(json.dumps({"train": ids}))
-    (work / "labels.json").write_text(json.dumps(dict(zip(ids, labels))))
-    return {"src": data, "partition": work / "partition.json", "labels": work / "labels.json"}
 
 
 def _epoch(loader: Iterable[Any]) -> tuple[int, float]:
@@ -102,7 +89,7 @@ def run(work: Path, *, samples: int, workers: int, epochs: int, batch_size: int)
     from shardify.convert.write.run import convert_ids
     from shardify.reader import ShardedDataset, make_loader
 
-    src = make_source(work, samples=samples)
+    src = corpus.id_tensors(work, samples=samples)
     out = work / "shards"
     convert_ids(
         src["src"],
@@ -114,9 +101,7 @@ def run(work: Path, *, samples: int, workers: int, epochs: int, batch_size: int)
     )
     ids = json.loads(src["partition"].read_text())["train"]
     labels = json.loads(src["labels"].read_text())
-    for p in [*src["src"].iterdir(), *out.iterdir()]:  # warm the page cache
-        if p.is_file():
-            p.read_bytes()
+    corpus.warm(src["src"], out)
 
     theirs = DataLoader(
         TensorFiles(src["src"], ids, labels),

@@ -4,7 +4,7 @@
     python tools/bench_raw.py --images 1000 --sizes 256 --rounds 7 --out /tmp/bench-raw
 
 Makes (once, under ``--out``) an ImageFolder of natural-looking ImageNet-size JPEGs (the
-corpus ``tools/bench_read.py`` uses, :func:`shardify.convert.synth.make_imagefolder`) and
+corpus ``tools/bench_read.py`` uses, ``benchlib.corpus.photos``) and
 converts it as is and with ``--raw-pixels S`` for each S. Then, one core (one process, torch
 on one thread, warm page cache), it times (CPU time of the process, and wall-clock) one epoch of ``ShardedDataset``
 (read, crop, resize,
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from benchlib import corpus
 
 from shardify.convert.options import ConvertOptions
-from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.run import convert_imagefolder
 from shardify.manifest import Manifest
 from shardify.reader import BatchOptions, ShardedDataset
@@ -41,11 +40,7 @@ PRESETS = {"train": lambda: T.imagenet_train(224), "eval": lambda: T.imagenet_ev
 
 def build(out: Path, images: int, sizes: list[int]) -> dict[str, tuple[Path, float]]:
     """``{name: (dataset, seconds to convert)}``: ``jpeg`` and ``raw-S`` for each S (made if missing)."""
-    src = out / f"imagefolder-{images}"
-    if not src.exists():
-        t0 = time.perf_counter()
-        make_imagefolder(src, classes=20, per_class=-(-images // 20), seed=0)
-        print(f"made {images} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    src = corpus.photos(out / f"imagefolder-{images}", images, classes=20)
     made: dict[str, tuple[Path, float]] = {}
     for name, raw in [("jpeg", None), *((f"raw-{s}", s) for s in sizes)]:
         dataset = out / f"{name}-{images}"
@@ -63,13 +58,6 @@ def disk_bytes(dataset: Path) -> int:
     """Bytes of the split's shards."""
     ref = Manifest.load(dataset).splits["train"]
     return ref.bytes
-
-
-def warm(dataset: Path) -> None:
-    for shard in sorted(dataset.glob("*.tar")):
-        with open(shard, "rb") as f:
-            while f.read(1 << 24):
-                pass
 
 
 def epoch_rate(dataset: Path, preset: str, epoch: int) -> tuple[float, float]:
@@ -111,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f", converted in {seconds:.1f} s" if seconds > 0.5 else "")
         )
     for dataset, _ in made.values():
-        warm(dataset)
+        corpus.warm(dataset)
         epoch_rate(dataset, args.presets[0], epoch=0)  # a warm-up pass: imports, caches
     for preset in args.presets:
         rates: dict[str, list[tuple[float, float]]] = {name: [] for name in made}

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
+from benchlib import corpus
+
 from shardify.cli.bench import format_bench, run_bench
-from shardify.convert.synth import make_imagefolder
 
 
 def build(out: Path, images: int, per_shard: int) -> Path:
@@ -25,10 +25,7 @@ def build(out: Path, images: int, per_shard: int) -> Path:
     if (dataset / "manifest.json").exists():
         return dataset
     classes = 20
-    src = out / f"imagefolder-{images}"
-    t0 = time.perf_counter()
-    make_imagefolder(src, classes=classes, per_class=-(-images // classes), seed=0)
-    print(f"made {images} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    src = corpus.photos(out / f"imagefolder-{images}", images, classes=classes)
     from shardify.convert.options import ConvertOptions
     from shardify.convert.write.run import convert_imagefolder
 

@@ -22,16 +22,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchlib import corpus, timing
+
 BATCH = 256
 
 
-def _best(fn: Callable[[], object], reps: int = 7) -> float:
-    out = []
-    for _ in range(reps):
-        t = time.process_time()
-        fn()
-        out.append(time.process_time() - t)
-    return min(out)
+def _best(fn: Callable[[], object]) -> float:
+    """CPU seconds of the fastest of 7 calls of ``fn``."""
+    return timing.best_of(fn, 7, clock=time.process_time)
 
 
 def bookkeeping(n: int = 20_000) -> None:
@@ -92,14 +90,9 @@ def main() -> None:
     if args.bookkeeping:
         bookkeeping()
         return
-    from shardify.convert import ShardWriter
     from shardify.reader import ShardedDataset, make_loader
 
-    root = Path(args.dataset or f"/tmp/shardify-bench-tiny-{args.samples}")
-    if args.dataset is None and not (root / "manifest.json").exists():
-        with ShardWriter(root, samples_per_shard=2000, fsync=False) as w:
-            for i in range(args.samples):
-                w.write({"cls": i % 10, "txt": "x" * 20})
+    root = Path(args.dataset or corpus.tiny_dataset(Path(f"/tmp/shardify-bench-tiny-{args.samples}"), args.samples))
     ds = ShardedDataset(str(root), split="train", batch_size=256, shuffle=True, seed=0, fields=("cls",))
     ds.set_epoch(0)
     for _ in ds:  # warm: page cache and shard layouts

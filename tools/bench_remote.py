@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import rangeserver
+from benchlib import corpus
 
 from shardify.reader import CacheOptions, SamplingOptions, ShardedDataset
 from shardify.reader import transforms as T
@@ -137,16 +138,5 @@ def _keys(shard: Path) -> list[str]:
 
 
 def tiny_dataset(out: Path, n: int) -> Path:
-    """``n`` arrays of 3x32x32 uint8 (CIFAR-sized), 1,000 per shard, made once."""
-    import numpy as np
-
-    from shardify.convert import ShardWriter
-
-    root = out / f"tiny-{n}"
-    if (root / "manifest.json").exists():
-        return root
-    rng = np.random.default_rng(0)
-    with ShardWriter(root, samples_per_shard=1000, fsync=False) as w:
-        for i in range(n):
-            w.write({"npy": rng.integers(0, 255, (3, 32, 32), dtype=np.uint8), "cls": i % 10})
-    return root
+    """``n`` arrays of 3x32x32 uint8 (CIFAR-sized, ``benchlib.corpus.arrays``), 1,000 per shard, made once."""
+    return corpus.arrays_dataset(out / f"tiny-{n}", n, classes=10, samples_per_shard=1000)

@@ -5,8 +5,9 @@ Run by hand (not a test):
 
 Makes (once, cached in --data) a JSONL listing of ``--rows`` rows, each an ID, an int label
 and a short text (the shape of ImageNet with captions), and with ``--tree`` an image folder
-of as many tiny JPEG files (1,000 classes). Each stage runs in a fresh child process, so
-the peak resident memory printed (``ru_maxrss``) is that stage's own: ``scan`` (read the
+of as many tiny JPEG files (1,000 classes): ``benchlib.corpus.listing`` and ``listing_tree``.
+Each stage runs in a fresh child process, so the peak resident memory printed (``ru_maxrss``)
+is that stage's own: ``scan`` (read the
 listing), ``plan`` (keys, order, shards), for the driver and for the biggest of the worker
 processes each stage forked, with the CPU time each stage used in all its processes (CPU
 over wall time near 2 means both cores worked). Several ``--rows`` give each size in turn,
@@ -20,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -29,54 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_WORDS = ("a photo of", "the", "small", "large", "red", "dog", "cat", "on a", "table", "in the", "garden", "bird")
-
-
-def make_listing(path: Path, rows: int) -> None:
-    """A JSONL listing: ``{"id": "img00000001", "label": 417, "text": "a photo of the ..."}``."""
-    if path.exists():
-        return
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        for i in range(rows):
-            words = " ".join(_WORDS[(i * 7 + k * 3) % len(_WORDS)] for k in range(4 + i % 5))
-            f.write(json.dumps({"id": f"img{i:08d}", "label": (i * 7919) % 1000, "text": words}) + "\n")
-    os.replace(tmp, path)
-
-
-def make_tree(root: Path, files: int, classes: int = 1000) -> None:
-    """An image folder of ``files`` tiny files (1,000 classes), each the same valid 8x8 JPEG."""
-    import io
-
-    from PIL import Image
-
-    done = root / ".done-jpeg"
-    if done.exists():
-        return
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8), (120, 60, 30)).save(buf, format="JPEG")
-    jpeg = buf.getvalue()
-    for c in range(classes):
-        folder = root / f"n{c:08d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for i in range(c, files, classes):
-            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(jpeg)
-    done.touch()
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _cpu_s() -> tuple[float, float]:
-    """CPU seconds so far of this process, and of it with its finished children."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    own = me.ru_utime + me.ru_stime
-    return own, own + kids.ru_utime + kids.ru_stime
-
-
-def _kids_peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+from benchlib import memory
 
 
 def _stage(kind: str, src: str, workers: int, out: mp.Queue[dict[str, float]]) -> None:
@@ -87,20 +39,20 @@ def _stage(kind: str, src: str, workers: int, out: mp.Queue[dict[str, float]]) -
     from shardify.convert.options import ConvertOptions
     from shardify.convert.write.plan import plan_split
 
-    base = _peak_mb()
-    t0, c0 = time.perf_counter(), _cpu_s()
+    base = memory.peak_mib()
+    t0, c0 = time.perf_counter(), memory.cpu_s()
     scan = scan_listing(src, workers=workers)["train"] if kind == "listing" else scan_imagefolder(src, workers=workers)
-    t1, c1 = time.perf_counter(), _cpu_s()
-    scan_peak, scan_kids = _peak_mb(), _kids_peak_mb()
+    t1, c1 = time.perf_counter(), memory.cpu_s()
+    scan_peak, scan_kids = memory.peak_mib(), memory.peak_mib(children=True)
     plan = plan_split(scan, ConvertOptions(progress=False, workers=workers))
-    t2, c2 = time.perf_counter(), _cpu_s()
+    t2, c2 = time.perf_counter(), memory.cpu_s()
     out.put(
         {
             "samples": float(len(scan.samples)),
             "shards": float(plan.num_shards),
             "base_mb": base,
             "scan_kids_mb": scan_kids,
-            "kids_mb": _kids_peak_mb(),
+            "kids_mb": memory.peak_mib(children=True),
             "scan_cpu_s": c1[1] - c0[1],
             "plan_cpu_s": c2[1] - c1[1],
             "scan_driver_cpu_s": c1[0] - c0[0],
@@ -108,7 +60,7 @@ def _stage(kind: str, src: str, workers: int, out: mp.Queue[dict[str, float]]) -
             "scan_s": t1 - t0,
             "scan_peak_mb": scan_peak,
             "plan_s": t2 - t1,
-            "plan_peak_mb": _peak_mb(),
+            "plan_peak_mb": memory.peak_mib(),
         }
     )
 
@@ -208,15 +160,19 @@ def _ratio(now: dict[str, float], then: dict[str, float], *keys: str) -> str:
 
 
 def run_size(args: argparse.Namespace, rows: int) -> list[tuple[str, dict[str, float]]]:
+    # Deferred: each stage is a spawned process that imports this module again, and its peak
+    # memory must be the stage's, not numpy's and PIL's (which the corpus makers import).
+    from benchlib import corpus
+
     listing = args.data / f"listing-{rows}.jsonl"
     t0 = time.perf_counter()
-    make_listing(listing, rows)
+    corpus.listing(listing, rows)
     print(f"listing: {listing} ({listing.stat().st_size / 1e6:.0f} MB, made in {time.perf_counter() - t0:.1f} s)")
     kinds = [] if args.no_listing and args.tree else [("listing", listing)]
     if args.tree:
         tree = args.data / f"tree-{rows}"
         t0 = time.perf_counter()
-        make_tree(tree, rows)
+        corpus.listing_tree(tree, rows)
         print(f"tree: {tree} (made in {time.perf_counter() - t0:.1f} s)")
         kinds.append(("imagefolder", tree))
     results = []

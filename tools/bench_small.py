@@ -1,10 +1,10 @@
-"""Small samples, both layouts side by side: bytes per sample and read samples/s (issue 22).
+"""Small samples, both layouts side by side: bytes per sample and read samples/s.
 
     python tools/bench_small.py [--samples 100000] [--chunk 256] [--workers 2] [--epochs 3]
                                 [--batch-size 256] [--dir DIR]
 
 Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with an int label (10
-classes) with ``ShardWriter``, once per sample (the default layout) and once with
+classes; ``benchlib.corpus.arrays``) with ``ShardWriter``, once per sample (the default layout) and once with
 ``chunk=--chunk``; prints each layout's bytes per sample, then reads both with
 ``ShardedDataset(fields=("npy", "cls"), shuffle=True)`` through ``make_loader`` (persistent
 workers), epoch by epoch and in turn (so load on the machine hits both alike), and prints
@@ -23,20 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import corpus
 
 
 def write(root: Path, *, samples: int, chunk: int | None) -> float:
     """The dataset at ``root`` (made if missing); returns its shard bytes per sample."""
-    from shardify.convert import ShardWriter
-
-    if not (root / "manifest.json").exists():
-        rng = np.random.default_rng(0)
-        with ShardWriter(root, chunk=chunk, fsync=False) as w:
-            for i in range(samples):
-                w.write({"npy": rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), "cls": i % 10})
+    corpus.arrays_dataset(root, samples, classes=10, chunk=chunk)
+    corpus.warm(root)
     shards = list(root.glob("train-*.tar"))
-    for p in shards:  # warm the page cache
-        p.read_bytes()
     return sum(p.stat().st_size for p in shards) / samples
 
 

@@ -2,7 +2,7 @@
 
     python tools/bench_stateful.py [--samples 2000] [--shards 100] [--workers 2] [--epochs 3]
 
-Writes ``--samples`` random 64x64 JPEGs in ``--shards`` shards (ShardWriter), then times
+Writes ``--samples`` random 64x64 JPEGs in ``--shards`` shards (``benchlib.corpus.noise_dataset``), then times
 epochs of the same ``ShardedDataset`` (batch 32, a 48-pixel random crop) read through
 ``make_loader`` and through ``StatefulDataLoader(batch_size=None)``, in turn, best epoch of
 each. StatefulDataLoader calls ``ds.state_dict()`` in the worker after every batch; that call
@@ -17,20 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from benchlib import corpus
 
-from shardify.convert import ShardWriter
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
-
-
-def write(out: Path, samples: int, shards: int) -> Path:
-    rng = np.random.default_rng(0)
-    per = -(-samples // shards)
-    with ShardWriter(out, split="train", samples_per_shard=per) as w:
-        for i in range(samples):
-            w.write({"jpg": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), "cls": i % 10})
-    return out
 
 
 def main() -> None:
@@ -42,7 +32,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3)
     a = p.parse_args()
-    root = write(Path(tempfile.mkdtemp()) / "ds", a.samples, a.shards)
+    root = corpus.noise_dataset(Path(tempfile.mkdtemp()) / "ds", a.samples, shards=a.shards)
     ds = ShardedDataset(root, batch_size=32, shuffle=True, seed=0, transform=T.RandomResizedCrop(48))
     loaders = {
         "make_loader": make_loader(ds, num_workers=a.workers),

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from collections.abc import Callable, Sequence
 
 import torch
+from benchlib import corpus, timing
 
-from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.reader import transforms as T
 from shardify.reader.sample.decode import decode_image
 
@@ -30,13 +29,11 @@ PRESETS: dict[str, Callable[[], T.Transform]] = {
 
 
 def _per_image_us(fn: Callable[[bytes, random.Random], object], images: list[bytes], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
+    def one_pass() -> None:
         for k, data in enumerate(images):
             fn(data, random.Random(k))
-        best = min(best, time.perf_counter() - start)
-    return best / len(images) * 1e6
+
+    return timing.best_of(one_pass, repeat) / len(images) * 1e6
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -51,9 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
-    images = [
-        jpeg_bytes(natural_image(args.width, args.height, seed=i), quality=args.quality) for i in range(args.count)
-    ]
+    images = corpus.jpegs(args.count, width=args.width, height=args.height, quality=args.quality)
     t = PRESETS[args.preset]()
 
     def plain(data: bytes, rng: random.Random) -> object:

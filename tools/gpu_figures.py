@@ -11,7 +11,7 @@ its limit, not the session):
 - ``tests``: ``python -m pytest tests/gpu`` (nvJPEG path against the CPU path, exactly once,
   resume, the decode thread on real streams);
 - ``profile``: ``tools/profile_loader.py --workers 1 4 8 15 --device cuda`` (the per-stage table);
-- ``device``: ``tools/bench_device_decode.py`` (nvJPEG decode, crop/resize/flip and the whole
+- ``device``: ``tools/bench_gpu_step.py --device-side`` (nvJPEG decode, crop/resize/flip and the whole
   device-side call, per batch: the most one decode thread gives);
 - ``feed``: img/s into the device, CPU path with 8 and 15 workers, device decode with 2, 4, 8;
 - ``step``: step time with the loader against pre-staged batches, batch 256 x 224 px, the tiny
@@ -92,7 +92,8 @@ def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
             "device side of device decode, per batch",
             [
                 py,
-                str(TOOLS / "bench_device_decode.py"),
+                step,
+                "--device-side",
                 "--dataset",
                 str(dataset),
                 "--device",
@@ -325,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(TOOLS))
-    from bench_gpu_step import make_jpegs
+    from benchlib import corpus  # after the sys.path line above, for a caller that imports this module
 
     data_root = args.data or args.out / "data"
-    dataset = make_jpegs(data_root, 48 if args.quick else args.images, 1 if args.quick else args.copies)
+    dataset = corpus.step_dataset(data_root, 48 if args.quick else args.images, copies=1 if args.quick else args.copies)
     todo = [f for f in figures(dataset, device=args.device, quick=args.quick) if f.group in args.groups]
     header = machine()
     if args.quick:

@@ -16,7 +16,8 @@ one on one core in this process (best of ``--repeat``):
   main process's CPU time per batch (receiving the batch from a worker, unpacking it);
   the same for the device-decode path's worker side (its batches are not decoded);
 - with ``--device cuda``: pinning a batch, the host-to-device copy and normalisation, and
-  img/s into the GPU for both paths (device decode with nvJPEG: needs torchvision).
+  img/s into the GPU for both paths (``tools/bench_gpu_step.py --feed``'s measurement; device
+  decode with nvJPEG: needs torchvision).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu_step import epochs, make_jpegs  # type: ignore[import-not-found]  # tools/ is on sys.path
+from bench_gpu_step import epochs, feed_rate  # type: ignore[import-not-found]  # tools/ is on sys.path
+from benchlib import corpus, timing  # type: ignore[import-not-found]
 
 from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
@@ -40,15 +42,6 @@ from shardify.reader.sample.decode import _simplejpeg, draft_scale, turbo_jpeg_s
 from shardify.reader.sample.device_plan import DevicePlanner, pack_planned
 
 __all__ = ["profile", "main"]
-
-
-def _best(fn: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _read_all(ds: ShardedDataset) -> list[tuple[str, bytes]]:
@@ -73,7 +66,7 @@ def stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limit
 def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limit: int) -> dict[str, float]:
     t = T.imagenet_train(size)
     ds = ShardedDataset(dataset, batch_size=batch_size, transform=t, fields=("image", "cls"))
-    read_s = _best(lambda: _read_all(ds), repeat)
+    read_s = timing.best_of(lambda: _read_all(ds), repeat)
     samples = _read_all(ds)[:limit]
     n = len(samples)
     read_us = read_s / len(_read_all(ds)) * 1e6
@@ -92,17 +85,17 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
     planner = DevicePlanner(t)
 
     def plan() -> list[Any]:
-        return [planner.apply_encoded(data, sample_rng(0, 0, key)) for key, data in samples]
+        return [planner.plan(data, sample_rng(0, 0, key)) for key, data in samples]
 
-    decode_us = _best(decode_only, repeat) / n * 1e6
-    full_us = _best(decode_augment, repeat) / n * 1e6
-    plan_us = _best(plan, repeat) / n * 1e6
+    decode_us = timing.best_of(decode_only, repeat) / n * 1e6
+    full_us = timing.best_of(decode_augment, repeat) / n * 1e6
+    plan_us = timing.best_of(plan, repeat) / n * 1e6
     images = decode_augment()
     batch = [(images[i % n], i % 1000) for i in range(batch_size)]
-    collate_ms = _best(lambda: default_collate(batch), repeat) * 1e3
+    collate_ms = timing.best_of(lambda: default_collate(batch), repeat) * 1e3
     planned = plan()
     planned_batch = [planned[i % n] for i in range(batch_size)]
-    pack_ms = _best(lambda: pack_planned(planned_batch), repeat) * 1e3
+    pack_ms = timing.best_of(lambda: pack_planned(planned_batch), repeat) * 1e3
     return {
         "images": n,
         "read_us": read_us,
@@ -162,21 +155,19 @@ def loader_rates(
     wall, cpu, n = _drain(epochs(raw, dev), batches, sync)
     del raw
     out |= {"device_worker_side_img_s": n / wall, "device_main_ms_per_batch": 1e3 * cpu / batches}
-    if device == "cuda":
-        with make_loader(ds, num_workers=workers, device="cuda") as loader:
-            wall, _, n = _drain(epochs(loader, ds), batches, sync)
-        out["cpu_path_into_gpu_img_s"] = n / wall
-        gpu = ShardedDataset(
-            dataset,
-            batch_size=batch_size,
-            shuffle=True,
-            batching=BatchOptions(drop_last=True),
-            transform=T.imagenet_train(size),
-            decoding=DecodeOptions(device="cuda"),
-        )
-        with make_loader(gpu, num_workers=workers) as loader:
-            wall, _, n = _drain(epochs(loader, gpu), batches, sync)
-        out["device_decode_into_gpu_img_s"] = n / wall
+    if device == "cuda":  # into the GPU: bench_gpu_step's --feed measurement, for both paths
+        for decode, key in (("workers", "cpu_path_into_gpu_img_s"), ("device", "device_decode_into_gpu_img_s")):
+            fed = feed_rate(
+                dataset,
+                device="cuda",
+                batch_size=batch_size,
+                image_size=size,
+                workers=workers,
+                steps=batches,
+                warmup=1,
+                decode=decode,
+            )
+            out[key] = fed["img_s"]
     return out
 
 
@@ -185,7 +176,7 @@ def copy_costs(*, batch_size: int, size: int, repeat: int) -> dict[str, float]:
     from shardify.reader.delivery.prefetch import DevicePrefetcher
 
     x = torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8)
-    pin_ms = _best(lambda: x.pin_memory(), repeat) * 1e3
+    pin_ms = timing.best_of(lambda: x.pin_memory(), repeat) * 1e3
     pinned = x.pin_memory()
     pre = DevicePrefetcher([], device="cuda")
 
@@ -193,7 +184,7 @@ def copy_costs(*, batch_size: int, size: int, repeat: int) -> dict[str, float]:
         pre._convert(pinned)
         torch.cuda.synchronize()
 
-    return {"pin_ms": pin_ms, "h2d_normalise_ms": _best(copy, repeat) * 1e3}
+    return {"pin_ms": pin_ms, "h2d_normalise_ms": timing.best_of(copy, repeat) * 1e3}
 
 
 def profile(
@@ -289,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    dataset = args.dataset or make_jpegs(args.out, args.images)
+    dataset = args.dataset or corpus.step_dataset(args.out, args.images)
     r = profile(
         dataset,
         workers=args.workers,

@@ -21,6 +21,8 @@ import math
 import time
 from multiprocessing import get_context
 
+from benchlib import memory
+
 from shardify.manifest import ShardEntry, json_bytes
 from shardify.tarfmt import OFFSET_STRIDE, member_size
 
@@ -41,7 +43,6 @@ def _human(n: float) -> str:
 def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> None:  # type: ignore[no-untyped-def]
     """In a fresh process: plan rank ``world // 2``'s workers as a worker does, and send the
     seconds and the peak resident memory (``ru_maxrss``) before and after planning."""
-    import resource
 
     from shardify.reader.plan.assign import plan_worker, sequence_starts
     from shardify.reader.plan.mix import block_sequence, epoch_sequence
@@ -50,8 +51,7 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
     rank = args.world // 2
     kw = dict(rank=rank, world=args.world, workers=args.workers, batch_size=args.batch_size, drop_last=True)
     opts = PlanOptions(seed=0, shuffle=True, batch_size=args.batch_size, drop_last=True, block=args.block, buffer=1024)
-    with open("/proc/self/statm") as f:  # resident now: the imports (torch, numpy) and the shard sizes
-        base = int(f.read().split()[1]) * resource.getpagesize()
+    base = memory.memory_kib("self")["VmRSS"] * 1024  # resident now: the imports (torch, numpy), the shard sizes
     t0 = time.perf_counter()
     if kind == "keyed":  # layout 4, the default: the takes as arrays, blocks in a keyed order
         seq = block_sequence([sizes], counts=None, seed=0, epoch=1, block=args.block)
@@ -80,7 +80,7 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
             "share_samples": plan.num_samples,
             "share_ranges": len(plan.ranges),
             "rss_before": base,
-            "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "rss_peak": round(memory.peak_mib() * 2**20),
         }
     )
 

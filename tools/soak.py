@@ -1,13 +1,20 @@
-"""Soak test: many epochs through persistent DataLoader workers; memory and open files stay flat.
+"""Memory over epochs: many epochs through persistent DataLoader workers; memory and open files stay flat.
 
-Makes a small synthetic ImageFolder, converts it, then reads it for ``--epochs`` epochs with
-``--workers`` persistent workers (RandomResizedCrop + flip, uint8 batches). After each epoch it
-records the resident memory (VmRSS) and open file descriptors of the main process and of each
-worker, and the main process's threads. Exit code 1 if, after the first epoch, a process's fd
-count changes or its RSS grows by more than ``--rss-slack-mb``.
+Makes a small synthetic ImageFolder (``benchlib.corpus.photos``, 200x150 JPEGs in 4 classes),
+converts it, then reads it for ``--epochs`` epochs with ``--workers`` persistent workers
+(RandomResizedCrop + flip, uint8 batches), calling ``set_epoch`` each time as a training loop
+does. After each epoch it records the resident memory (VmRSS, and its peak VmHWM) and open file
+descriptors of the main process and of each worker, and the main process's threads
+(``benchlib.memory``). Exit code 1 if, after the first epoch, a process's fd count changes or
+its RSS grows by more than ``--rss-slack-mb``.
+
+``--rows N`` reads instead the corpus's listing of ``N`` small samples (IDs, labels, captions;
+converted once under ``--cache``) with no transform, as rank ``--rank`` of ``--world`` (set
+through RANK/WORLD_SIZE, as torchrun does): memory at ImageNet's sample count.
 
     python tools/soak.py                      # 10 epochs, 2 workers, 2000 images
     python tools/soak.py --epochs 4 --json    # what tests/reader/test_faults.py runs
+    python tools/soak.py --rows 1300000 --world 4 --epochs 5 --batch-size 256   # 1.3 M samples, rank 0 of 4
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from benchlib import corpus, memory
 
 from shardify.reader import BatchOptions
 
@@ -40,40 +49,18 @@ class EpochStats:
     worker_fds: tuple[int, ...]
     main_shm_fds: int = 0
     worker_shm_fds: tuple[int, ...] = ()
+    worker_peak_mib: tuple[float, ...] = ()
 
 
 _SHM_CELLS = 8
 
 
-def _rss_mib(pid: int | str) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _fd_counts(pid: int | str) -> tuple[int, int]:
-    """(open file descriptors other than shared memory, shared-memory segments: the loader's
-    batch slots and a few shared cells)."""
-    other = shm = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            is_shm = os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/dev/shm/", "/memfd:"))
-        except OSError:  # gone already, or the one listdir itself held
-            is_shm = False
-        shm += is_shm
-        other += not is_shm
-    return other, shm
-
-
 def make_data(root: Path, *, images: int) -> Path:
     """A converted dataset of ``images`` small JPEGs in 4 classes, ~8 shards."""
     from shardify.convert.options import ConvertOptions
-    from shardify.convert.synth import make_imagefolder
     from shardify.convert.write.run import convert_imagefolder
 
-    src = make_imagefolder(root / "src", classes=4, per_class=max(1, images // 4), sizes=((200, 150), (150, 200)))
+    src = corpus.photos(root / "src", max(4, images), classes=4, sizes=((200, 150), (150, 200)))
     out = root / "data"
     convert_imagefolder(
         src, out, options=ConvertOptions(samples_per_shard=max(1, images // 8), workers=1, progress=False, fsync=False)
@@ -81,42 +68,46 @@ def make_data(root: Path, *, images: int) -> Path:
     return out
 
 
-def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int) -> list[EpochStats]:
-    """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch."""
-    from shardify.cli.bench import child_pids
+def _batch_len(batch: object) -> int:
+    if isinstance(batch, dict):
+        return len(batch["__key__"])
+    return len(batch[0] if isinstance(batch, (tuple, list)) else batch)  # type: ignore[arg-type]
+
+
+def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int | None) -> list[EpochStats]:
+    """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch.
+    ``size``: the crop of the images (None: the dataset's default fields, no transform)."""
     from shardify.reader import ShardedDataset, make_loader
     from shardify.reader import transforms as T
 
+    transform = None if size is None else T.imagenet_train(size)
     ds = ShardedDataset(
-        data,
-        batch_size=batch_size,
-        shuffle=True,
-        transform=T.imagenet_train(size),
-        batching=BatchOptions(drop_last=True),
+        data, batch_size=batch_size, shuffle=True, seed=0, transform=transform, batching=BatchOptions(drop_last=True)
     )
     stats: list[EpochStats] = []
     with make_loader(ds, num_workers=workers, persistent_workers=True) as loader:
         for epoch in range(epochs):
             ds.set_epoch(epoch)
             start, samples = time.perf_counter(), 0
-            for images, _labels in loader:
-                samples += len(images)
+            for batch in loader:
+                samples += _batch_len(batch)
             seconds = time.perf_counter() - start
-            kids = child_pids()
-            main_fds, main_shm = _fd_counts("self")
-            workers_fds = [_fd_counts(p) for p in kids]
+            kids = memory.child_pids()
+            main_fds, main_shm = memory.fd_counts("self")
+            workers_fds = [memory.fd_counts(p) for p in kids]
             stats.append(
                 EpochStats(
                     epoch=epoch,
                     seconds=round(seconds, 3),
                     samples=samples,
-                    main_rss_mib=round(_rss_mib("self"), 1),
+                    main_rss_mib=round(memory.rss_mib("self"), 1),
                     main_fds=main_fds,
-                    main_threads=len(os.listdir("/proc/self/task")),
-                    worker_rss_mib=tuple(round(_rss_mib(p), 1) for p in kids),
+                    main_threads=memory.threads("self"),
+                    worker_rss_mib=tuple(round(memory.rss_mib(p), 1) for p in kids),
                     worker_fds=tuple(n for n, _ in workers_fds),
                     main_shm_fds=main_shm,
                     worker_shm_fds=tuple(n for _, n in workers_fds),
+                    worker_peak_mib=tuple(round(memory.memory_kib(p).get("VmHWM", 0) / 1024, 1) for p in kids),
                 )
             )
     return stats
@@ -160,12 +151,13 @@ def flat(stats: list[EpochStats], *, rss_slack_mib: float) -> list[str]:
 
 
 def _table(stats: list[EpochStats]) -> str:
-    lines = ["epoch  seconds  samples  main RSS MiB  worker RSS MiB        main fds  worker fds  shm fds      threads"]
+    head = f"epoch  seconds  samples  main RSS MiB  {'worker RSS (peak) MiB':<30}"
+    lines = [head + "  main fds  worker fds  shm fds      threads"]
     for s in stats:
-        workers = ", ".join(f"{r:.1f}" for r in s.worker_rss_mib)
+        workers = ", ".join(f"{r:.1f} ({p:.0f})" for r, p in zip(s.worker_rss_mib, s.worker_peak_mib))
         shm = f"{s.main_shm_fds}/{','.join(map(str, s.worker_shm_fds))}"
         lines.append(
-            f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<20}  "
+            f"{s.epoch:>5}  {s.seconds:>7.2f}  {s.samples:>7}  {s.main_rss_mib:>12.1f}  {workers:<30}  "
             f"{s.main_fds:>8}  {','.join(map(str, s.worker_fds)):>10}  {shm:<11}  {s.main_threads:>7}"
         )
     return "\n".join(lines)
@@ -179,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--size", type=int, default=112, help="crop size (default 112)")
     parser.add_argument("--data", type=Path, help="read this converted dataset instead of making one")
+    parser.add_argument("--rows", type=int, help="read the listing corpus of this many small samples instead")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "shardify-bench-scale")
+    parser.add_argument("--world", type=int, default=1, help="read as rank --rank of this many (default 1)")
+    parser.add_argument("--rank", type=int, default=0)
     parser.add_argument(
         "--rss-slack-mb",
         type=float,
@@ -189,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error(f"--epochs {args.epochs}: need at least 2 to compare")
+    if args.world > 1:
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(args.rank), str(args.world)
     with tempfile.TemporaryDirectory(prefix="shardify-soak-") as tmp:
-        data = args.data or make_data(Path(tmp), images=args.images)
-        stats = soak(data, epochs=args.epochs, workers=args.workers, batch_size=args.batch_size, size=args.size)
+        if args.rows:
+            data, size = corpus.listing_dataset(args.cache, args.rows), None
+        else:
+            data, size = args.data or make_data(Path(tmp), images=args.images), args.size
+        stats = soak(data, epochs=args.epochs, workers=args.workers, batch_size=args.batch_size, size=size)
     problems = flat(stats, rss_slack_mib=args.rss_slack_mb)
     if args.json:
         print(json.dumps({"epochs": [asdict(s) for s in stats], "problems": problems}))

@@ -13,77 +13,40 @@ each epoch; (f) shuffle quality, the mean distance in the original order between
 samples, against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
 on class-sorted shards relative to a full random permutation, at world 1, 2 and 8 ((f) and
-(g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). The CLI's ``shardify bench``
-and ``tools/bench_read.py`` call it; :func:`~shardify.cli.bench.table.format_bench` prints it.
-(a) also times the same work with ``fast_decode=True`` (libjpeg-turbo's fast IDCT and
-upsampling) against the exact path, in alternating passes of one run, and reports how far its
-pixels are from the exact path's. A split without images gets (b), (d), (e) and (f) on its
-default fields, and the result says which figures it cannot measure (``not_measured``).
+(g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). What (a) and (c) run is in
+:mod:`~shardify.cli.bench.compare`, the memory reading in :mod:`~shardify.cli.procmem`.
+The CLI's ``shardify bench`` and ``tools/bench_read.py`` call it;
+:func:`~shardify.cli.bench.table.format_bench` prints it. (a) also times the same work with
+``fast_decode=True`` (libjpeg-turbo's fast IDCT and upsampling) against the exact path, in
+alternating passes of one run, and reports how far its pixels are from the exact path's. A
+split without images gets (b), (d), (e) and (f) on its default fields, and the result says
+which figures it cannot measure (``not_measured``).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import time
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
+from shardify.cli.bench.compare import PlainCropFlip, decode_all, independent_rate, webdataset_rate
 from shardify.cli.bench.decode import fast_decode_figures
 from shardify.cli.bench.shuffle import shuffle_figures
 from shardify.cli.common import split_source
+from shardify.cli.procmem import process_memory
 from shardify.progress import progress_bar
 from shardify.reader import SamplingOptions
 from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
-from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import transforms as T
 from shardify.reader.sample.decode import decode_image
 from shardify.reader.sample.fields import output_fields
-from shardify.reader.sample.transforms import RandomResizedCrop, run_image_transform
 
-__all__ = ["run_bench", "process_memory", "child_pids"]
-
-
-def process_memory(pid: int | None = None) -> int:
-    """Bytes of memory of ``pid`` (default: this process) and its children: PSS, else RSS."""
-    root = os.getpid() if pid is None else pid
-    pids = [root] + child_pids(root)
-    return sum(_memory_of(p) for p in pids)
-
-
-def child_pids(pid: int | None = None) -> list[int]:
-    """Pids of the child processes of ``pid`` (default: this process), sorted, from /proc."""
-    pid = os.getpid() if pid is None else pid
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return sorted(out)
-
-
-def _memory_of(pid: int) -> int:
-    for name, label in (("smaps_rollup", b"Pss:"), ("status", b"VmRSS:")):
-        try:
-            with open(f"/proc/{pid}/{name}", "rb") as f:
-                for line in f:
-                    if line.startswith(label):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return 0
+__all__ = ["run_bench"]
 
 
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
@@ -107,28 +70,6 @@ def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]
     return out
 
 
-class PlainCropFlip:
-    """What a webdataset user writes: RandomResizedCrop + flip on the decoded PIL image, to uint8 CHW."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._crop = RandomResizedCrop(size)  # only its torchvision-equivalent parameter draw
-
-    def __call__(self, img: Any) -> torch.Tensor:
-        from PIL import Image
-
-        y, x, ch, cw = self._crop.crop_params(img.width, img.height, random)  # type: ignore[arg-type]
-        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))
-        if random.random() < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).contiguous()
-
-
-def _stack_batch(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images = torch.stack([s[0] for s in samples])
-    return images, torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
-
-
 class _Steps:
     """The bench's progress: one step per stage or epoch on shardify's bar (stderr, when a terminal)."""
 
@@ -143,33 +84,6 @@ class _Steps:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _rate(
-    loader: Any,
-    epochs: int,
-    set_epoch: Callable[[int], None] | None = None,
-    memory: list[int] | None = None,
-    steps: _Steps | None = None,
-    what: str = "",
-) -> tuple[list[float], float]:
-    """(images/s of each epoch, seconds to the first batch of the first epoch)."""
-    rates, first = [], 0.0
-    for epoch in range(epochs):
-        if set_epoch is not None:
-            set_epoch(epoch)
-        t0 = time.perf_counter()
-        n = 0
-        for i, batch in enumerate(loader):
-            if epoch == 0 and i == 0:
-                first = time.perf_counter() - t0
-            n += len(batch[0] if isinstance(batch, (tuple, list)) else batch)
-        rates.append(n / (time.perf_counter() - t0))
-        if memory is not None:
-            memory.append(process_memory())
-        if steps is not None:
-            steps.done(f"{what} epoch {epoch}")
-    return rates, first
 
 
 def run_bench(
@@ -251,9 +165,9 @@ def _run(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _decode_all(encoded[:8], transform)  # warm up
+        decode_all(encoded[:8], transform)  # warm up
         # The better of two passes, as the loader's figure is its best epoch.
-        result["single_process_ips"] = max(len(encoded) / _decode_all(encoded, transform)[1] for _ in range(2))
+        result["single_process_ips"] = max(len(encoded) / decode_all(encoded, transform)[1] for _ in range(2))
         steps.done("(a) single process")
         plain = PlainCropFlip(image_size)
         t0 = time.perf_counter()
@@ -266,7 +180,7 @@ def _run(
     finally:
         torch.set_num_threads(threads)
     if num_workers > 1:
-        result["independent_processes_ips"] = _independent_rate(encoded, transform, num_workers)
+        result["independent_processes_ips"] = independent_rate(encoded, transform, num_workers)
         steps.done("(a) bare processes")
     del encoded
 
@@ -283,8 +197,14 @@ def _run(
     del ds
 
     if wds_epochs:
-        result["webdataset_ips"] = _webdataset_rate(
-            source, batch_size, num_workers, image_size, shuffle_buffer, wds_epochs, steps
+        result["webdataset_ips"] = webdataset_rate(
+            source,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            image_size=image_size,
+            shuffle_buffer=shuffle_buffer,
+            epochs=wds_epochs,
+            done=steps.done,
         )
     shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     steps.done("(f), (g) shuffle")
@@ -346,63 +266,3 @@ def _run_without_images(
     shuffle_figures(result, source, shuffle_buffer, shuffle_block)
     steps.done("(f) shuffle")
     return result
-
-
-def _decode_all(encoded: list[tuple[str, bytes]], transform: Any) -> tuple[float, float]:
-    """Decode and augment every image as a loader worker would (per-key RNG); (start, seconds)."""
-    t0 = time.perf_counter()
-    for key, data in encoded:
-        run_image_transform(transform, data, rng=sample_rng(0, 1, key))
-    return t0, time.perf_counter() - t0
-
-
-def _decode_share(encoded: list[tuple[str, bytes]], transform: Any, start: Any, out: Any) -> None:
-    torch.set_num_threads(1)
-    start.wait()
-    t0, seconds = _decode_all(encoded, transform)
-    out.put((len(encoded), t0, t0 + seconds))
-
-
-def _independent_rate(encoded: list[tuple[str, bytes]], transform: Any, processes: int) -> float | None:
-    """(a) run in ``processes`` forked processes at once, each on its share: what the machine
-    gives for that many cores of bare decoding, with no loader at all (None without fork)."""
-    import multiprocessing
-
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:
-        return None
-    start, out = ctx.Barrier(processes), ctx.Queue()
-    procs = [
-        ctx.Process(target=_decode_share, args=(encoded[i::processes], transform, start, out)) for i in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        done = [out.get(timeout=600) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return sum(n for n, _, _ in done) / (max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done))
-
-
-def _webdataset_rate(
-    source: Source, batch_size: int, num_workers: int, image_size: int, shuffle_buffer: int, epochs: int, steps: _Steps
-) -> float:
-    import webdataset as wds
-    from torch.utils.data import DataLoader
-
-    crop = PlainCropFlip(image_size)
-    pipeline = (
-        wds.WebDataset([s.url for s in source.shards], shardshuffle=len(source.shards), seed=0, empty_check=False)
-        .shuffle(shuffle_buffer)
-        .decode("pil")
-        .to_tuple("jpg;jpeg;png;webp", "cls")
-        .map_tuple(crop, int)
-        .batched(batch_size, collation_fn=_stack_batch, partial=True)
-    )
-    loader = DataLoader(pipeline, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0)
-    rates, _ = _rate(loader, epochs, steps=steps, what="(c) webdataset")
-    return max(rates[1:] or rates)

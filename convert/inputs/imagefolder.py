@@ -10,13 +10,12 @@ only when they stay inside the root (and never twice into the same folder).
 from __future__ import annotations
 
 import os
-import sys
 from array import array
 from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 
-from shardify.convert.driverpool import map_in_order
+from shardify.convert.executor import LocalExecutor, default_method
 from shardify.convert.inputs.inputs import IMAGE_EXTENSIONS, Ignored, SampleTable, Scan, list_input_dir, pack_record
 from shardify.convert.options import worker_count
 from shardify.errors import InputError
@@ -82,14 +81,12 @@ def _scan_classes(jobs: list[_ClassJob], workers: int) -> Iterator[_ClassScan]:
     if workers < 2 or len(first[1]) * len(jobs) < POOL_MIN_FILES:
         yield from map(_scan_class, rest)
         return
-    yield from map_in_order(
-        _scan_class,
-        ((job,) for job in rest),
-        workers=workers,
-        ahead=4,
-        method="fork" if sys.platform == "linux" else "spawn",
-        what=f"scanning {jobs[0][0]}",
+    executor = LocalExecutor(
+        workers=workers, window=4 * workers + 1, method=default_method(), what=f"scanning {jobs[0][0]}"
     )
+    with executor:
+        for _, scanned in executor.map(_scan_class, rest):
+            yield scanned
 
 
 def _inside(real: str, real_root: str) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardify.convert.driverpool import map_in_order
+from shardify.convert.executor import LocalExecutor
 from shardify.convert.inputs.inputs import Ignored, SampleTable
 from shardify.convert.inputs.labels import LabelSpace
 from shardify.convert.inputs.listing_rows import json_rows, read_rows, scan_rows
@@ -45,7 +45,7 @@ _Part = tuple[
 ]
 """A part's ``(lines, splits in order of first use, [(split, record spans, payload bytes,
 label counts)], [(split, line, reason)])``."""
-_job: tuple[Path, Path, str, LabelSpace, bool, bool] | None = None
+_Job = tuple[Path, Path, str, LabelSpace, bool, bool]
 """``(listing, base, default split, label space, has labels, one pass)``, inherited through fork."""
 
 
@@ -83,28 +83,23 @@ def scan_parts(
     bounds = _part_bounds(path)
     by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
     lines_before = 0
-    parts = map_in_order(
-        _scan_part,
-        bounds,
-        workers=min(worker_count(workers), len(bounds)),
-        method="fork",
-        what=f"scanning {path}",
-        initializer=_start,
-        initargs=((path, base, default_split, space, bool(has_labels), one_pass),),
-    )
+    count = min(worker_count(workers), len(bounds))
+    executor = LocalExecutor(workers=count, window=2 * count + 1, method="fork", what=f"scanning {path}")
+    job = (path, base, default_split, space, bool(has_labels), one_pass)
     try:
-        for lines, splits, samples, problems in parts:
-            for split in splits:
-                if split not in by_split:
-                    by_split[split] = (SampleTable(), [])
-            for split, spans, payload, labels in samples:
-                table = by_split[split][0]
-                for data, ends in spans:
-                    table.extend_records(data, ends, payload, labels)
-                    payload, labels = 0, Counter()
-            for split, n, reason in problems:
-                by_split[split][1].append(Ignored(f"{path.name}:{lines_before + n}", reason))
-            lines_before += lines
+        with executor:
+            for _, (lines, splits, samples, problems) in executor.map(_scan_part, bounds, args=(job,)):
+                for split in splits:
+                    if split not in by_split:
+                        by_split[split] = (SampleTable(), [])
+                for split, spans, payload, labels in samples:
+                    table = by_split[split][0]
+                    for data, ends in spans:
+                        table.extend_records(data, ends, payload, labels)
+                        payload, labels = 0, Counter()
+                for split, n, reason in problems:
+                    by_split[split][1].append(Ignored(f"{path.name}:{lines_before + n}", reason))
+                lines_before += lines
     except _PartFailed:
         return None
     return by_split
@@ -129,15 +124,10 @@ def _part_bounds(path: Path) -> list[tuple[int, int]]:
     return bounds
 
 
-def _start(job: tuple[Path, Path, str, LabelSpace, bool, bool]) -> None:
-    global _job
-    _job = job
-
-
-def _scan_part(lo: int, hi: int) -> _Part:
+def _scan_part(job: _Job, bounds: tuple[int, int]) -> _Part:
     """The samples and skipped rows of bytes ``lo..hi`` of the listing (in a worker)."""
-    assert _job is not None, "set by _start"
-    path, base, default_split, space, has_labels, one_pass = _job
+    path, base, default_split, space, has_labels, one_pass = job
+    lo, hi = bounds
     counted = [0]
 
     def lines(text: io.TextIOBase) -> Iterator[str]:

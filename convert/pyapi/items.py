@@ -12,7 +12,8 @@ them), and the output ends byte-identical to an uninterrupted run. This needs it
 can be iterated again in the same order; a changed count or item is detected (the count
 through the fingerprint, the items through the digests) and the work is started over. A run
 killed after it wrote the manifest is finished by the rerun; a shard written again for a
-version the manifest lists must have the listed bytes (:func:`~shardify.convert.write.run.listed_guard`).
+version the manifest lists must have the listed bytes
+(:meth:`~shardify.convert.write.session.ConversionSession.listed_guard`).
 
 Limits per item (``item_timeout``, ``max_worker_memory``): ``fn`` runs in supervised worker
 processes that are killed and replaced when an item hangs or a worker outgrows the ceiling;
@@ -22,43 +23,28 @@ the item is reported like one whose ``fn`` raised (:mod:`~shardify.convert.pyapi
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
-import json
 import os
 import pickle
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from shardify import FORMAT_VERSION, __version__
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import parse_size, worker_count
 from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
-from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info, split_summary
+from shardify.convert.pyapi.jsonlitems import JsonlItems, load_function
+from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info
 from shardify.convert.pyapi.supervise import Limits
-from shardify.convert.write.engine import ProgressBar
-from shardify.convert.write.outfs import OutputFS
+from shardify.convert.write.identity import fingerprint
+from shardify.convert.write.outfs import WORK_DIR
 from shardify.convert.write.plan import shuffle_order
-from shardify.convert.write.run import (
-    WORK_DIR,
-    SplitSummary,
-    finish_split,
-    holding,
-    listed_guard,
-    open_locked,
-    publish_splits,
-    record_name,
-    resumes_listed,
-    shard_matches,
-)
+from shardify.convert.write.progressbar import ProgressBar
+from shardify.convert.write.session import ConversionSession, SplitSummary
+from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.stream import ShardStream
-from shardify.convert.write.versions import begin_version, listed_version
-from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, InputError, ShardifyError
-from shardify.manifest import load_json
 
 __all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
 
@@ -126,60 +112,6 @@ class ItemsOptions(WriteOptions):
         return Limits(item_timeout=self.item_timeout, max_memory=self.max_worker_memory)  # type: ignore[arg-type]
 
 
-class JsonlItems:
-    """The rows of a JSON-lines file as items: iterable again and again, with a length.
-
-    Blank lines are skipped; a line that is not JSON raises InputError naming the file and line.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self._len: int | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            with open(self.path, "rb") as f:
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        yield json.loads(line)
-                    except ValueError as e:
-                        raise InputError(f"line {number} is not JSON: {e}", path=self.path) from e
-        except OSError as e:
-            raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
-
-    def __len__(self) -> int:
-        if self._len is None:
-            try:
-                with open(self.path, "rb") as f:
-                    self._len = sum(1 for line in f if line.strip())
-            except OSError as e:
-                raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
-        return self._len
-
-
-def load_function(spec: str) -> Callable[[Any], Mapping[str, object] | None]:
-    """The function named ``MODULE:NAME`` (``NAME`` may be dotted); the current folder is importable."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"function {spec!r} should be MODULE:FUNCTION, e.g. mymodule:make_sample")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error while importing
-        raise InputError(f"cannot import module {module!r}: {type(e).__name__}: {e}", path=spec) from e
-    for part in name.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as e:
-            raise InputError(f"module {module!r} has no {name!r}", path=spec) from e
-    if not callable(obj):
-        raise InputError(f"{name!r} is a {type(obj).__name__}, not a function", path=spec)
-    return obj
-
-
 def convert_items(
     items: Iterable[Any],
     fn: Callable[[Any], Mapping[str, object] | None],
@@ -201,12 +133,10 @@ def convert_items(
             f"shuffle=True needs a sequence (len and indexing), found {type(items).__name__}; "
             "pass a list or keep the input order"
         )
-    fingerprint = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
-    fs, lock = open_locked(
-        out, [o.split], overwrite=o.overwrite, storage_options=o.storage_options, finishing=resumes_listed(fingerprint)
-    )
-    with holding(fs, lock):
-        return _Run(items, fn, fs, o).run()
+    fp = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
+    session = ConversionSession.open(out, {o.split: fp}, overwrite=o.overwrite, storage_options=o.storage_options)
+    with session.holding():
+        return _Run(items, fn, session, o).run(fp)
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -217,22 +147,10 @@ def _fn_name(fn: Callable[..., Any]) -> str:
 def _fingerprint(o: ItemsOptions, fn: Callable[..., Any], count: int | None) -> str:
     """Equal fingerprints: the same items give the same output (fn's own bytecode included)."""
     code = getattr(getattr(fn, "func", fn), "__code__", None)
-    h = hashlib.sha256(
-        json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "converter": __version__,
-                "options": o.shaping(),
-                "classes": list(o.classes),
-                "fn": _fn_name(fn),
-                "count": count,
-            },
-            sort_keys=True,
-        ).encode()
-    )
+    h = fingerprint(options=o.shaping(), classes=list(o.classes), fn=_fn_name(fn), count=count)
     if code is not None:
         h.update(code.co_code)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def _hash_item(h: Any, item: object) -> None:
@@ -260,9 +178,13 @@ class _Run:
     """One call of :func:`convert_items` on a locked output."""
 
     def __init__(
-        self, items: Iterable[Any], fn: Callable[[Any], Mapping[str, object] | None], fs: OutputFS, o: ItemsOptions
+        self,
+        items: Iterable[Any],
+        fn: Callable[[Any], Mapping[str, object] | None],
+        session: ConversionSession,
+        o: ItemsOptions,
     ) -> None:
-        self.items, self.fn, self.fs, self.o = items, fn, fs, o
+        self.items, self.fn, self.session, self.o = items, fn, session, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
         self.keys = KeyRegistry("item")
@@ -270,30 +192,25 @@ class _Run:
         self._end = 0
         self.open = _Open(start=0)
         self._filtered_counts: list[int] = []
-        self.version: str | None = None
-        """The version token of the split being written (set when the run starts)."""
 
-    def run(self) -> SplitSummary:
-        started = time.monotonic()
-        o = self.o
-        reused = self._load_records(_fingerprint(o, self.fn, self.count))
+    def run(self, fp: str) -> SplitSummary:
+        o, session = self.o, self.session
+        version = session.begin(o.split, fp, kind="items")
+        reused = self._load_records()
         source = self._positions()
         self._check_prefix(source, reused)
         resume_at = reused[-1]["stop"] if reused else 0
         self.pos = resume_at
         self.open = _Open(start=resume_at)
-        guard, listed_shards = listed_guard(self.fs, o.split, self.version)
-        stream = ShardStream(
-            self.fs,
+        stream = session.stream(
             o.split,
+            version,
             shard_size=o.size_bound,
             samples_per_shard=o.samples_per_shard,
             fsync=o.fsync,
+            chunk=o.chunk,
             first=len(reused),
             on_shard=self._finished,
-            version=self.version,
-            chunk=o.chunk,
-            before_rename=guard,
         )
         bar = ProgressBar(
             total=self.count,
@@ -316,9 +233,7 @@ class _Run:
                 stream.flush()
                 bar.set(chunk.start + len(out.outcomes), bar.nbytes + offset)
             self.pos = self._end
-            stream.close_shard()
-            if guard is not None and len(self.results) != listed_shards:
-                guard(len(self.results), 0, "")  # fewer shards than the listed version: refused
+            session.end_stream(o.split, stream)
         except BaseException:
             stream.abort()
             raise
@@ -326,8 +241,7 @@ class _Run:
             bar.close()
         skipped = [p for r in self.results for p in r.skipped] + stream.skipped
         filtered = sum(self._filtered_counts) + self.open.filtered
-        index = finish_split(
-            self.fs,
+        index = session.finish(
             o.split,
             self.results,
             classes=o.classes,
@@ -338,8 +252,8 @@ class _Run:
             version=stream.version,
             chunk=o.chunk,
         )
-        publish_splits(self.fs, {o.split: index})
-        return split_summary(index, skipped, reused=len(reused), seconds=time.monotonic() - started)
+        session.publish()
+        return session.summary(index, skipped, reused=len(reused))
 
     # -- the order of the items ------------------------------------------------------------
     def _positions(self) -> Iterator[tuple[int, int, Any]]:
@@ -386,43 +300,36 @@ class _Run:
         """A shard was renamed into place: record what it covers (positions start..pos-1)."""
         o = self.open
         stop = self.pos
-        record = {
-            **result.to_record(),
-            "start": o.start,
-            "stop": stop,
-            "digest": o.hash.hexdigest(),
-            "keys": o.keys,
-            "indexes": o.indexes,
-            "filtered": o.filtered,
-        }
-        # compact (C encoder): a record lists every key of its shard
-        self.fs.write_atomic(
-            record_name(self.o.split, result.index), json.dumps(record, separators=(",", ":")).encode("ascii")
+        self.session.record(
+            self.o.split,
+            result,
+            start=o.start,
+            stop=stop,
+            digest=o.hash.hexdigest(),
+            keys=o.keys,
+            indexes=o.indexes,
+            filtered=o.filtered,
         )
         self.results.append(result)
         self._filtered_counts.append(o.filtered)
         self.open = _Open(start=stop)
 
-    def _load_records(self, fingerprint: str) -> list[dict[str, Any]]:
+    def _load_records(self) -> list[dict[str, Any]]:
         """Records of the finished shards of an earlier run of the same call, from shard 0 on."""
-        split = self.o.split
-        self.version = begin_version(self.fs, split, fingerprint, listed=listed_version(self.fs, split), kind="items")
-        have = set(self.fs.listdir(f"{WORK_DIR}/{split}"))
         records: list[dict[str, Any]] = []
-        while (name := record_name(split, len(records))).rsplit("/", 1)[1] in have:
+        while (found := self.session.reusable(self.o.split, len(records))) is not None:
+            result, r = found
             try:
-                r = load_json(self.fs.read_bytes(name), source=name)
-                expected_start = records[-1]["stop"] if records else 0
-                result = ShardResult.from_record(len(records), r)
-                if r["start"] != expected_start or not shard_matches(self.fs, result):
+                if r["start"] != (records[-1]["stop"] if records else 0):
                     break
                 for key, index in zip(r["keys"], r["indexes"], strict=True):
                     self.keys.add(key, index)
-            except (ShardifyError, OSError, KeyError, TypeError, ValueError):
+                filtered = int(r["filtered"])
+            except (ShardifyError, KeyError, TypeError, ValueError):
                 break
             records.append(r)
             self.results.append(result)
-            self._filtered_counts.append(int(r["filtered"]))
+            self._filtered_counts.append(filtered)
         return records
 
     def _check_prefix(self, source: Iterator[tuple[int, int, Any]], records: list[dict[str, Any]]) -> None:
@@ -435,10 +342,10 @@ class _Run:
                     break
                 _hash_item(h, got[2])
             if h.hexdigest() != r["digest"]:
-                self.fs.remove_tree(f"{WORK_DIR}/{self.o.split}")
+                self.session.fs.remove_tree(f"{WORK_DIR}/{self.o.split}")
                 raise InputError(
                     f"the items at positions {r['start']}..{r['stop'] - 1} differ from those of the interrupted "
                     "run this output was resuming (items must be iterable again in the same order); "
                     "its work records were removed: run again to start over",
-                    path=str(self.fs.location),
+                    path=str(self.session.fs.location),
                 )

@@ -1,44 +1,31 @@
 """``ShardWriter``: write one split from Python, one sample at a time, in this process.
 
-It ends in the converter's own machinery: the output folder is locked as for the CLI
-(:func:`~shardify.convert.write.run.open_locked`), shards are written whole and renamed
+It drives the converter's one path, a :class:`~shardify.convert.write.session.ConversionSession`:
+the output folder is locked as for the CLI, shards are written whole and renamed
 (:class:`~shardify.convert.write.stream.ShardStream`), and only when the ``with`` block ends
-without an exception are the report, the split index and ``manifest.json`` written
-(:func:`~shardify.convert.write.run.finish_split`, :func:`~shardify.convert.write.run.publish_splits`).
+without an exception are the report, the split index and ``manifest.json`` written.
 An exception inside the block leaves no finished split.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION, __version__
-from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import DEFAULT_SHARD_SIZE, check_chunk, parse_size
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
-from shardify.convert.write.outfs import OutputFS, undone_on_failure
-from shardify.convert.write.run import (
-    SplitSummary,
-    finish_split,
-    listed_guard,
-    open_locked,
-    publish_splits,
-    resumes_listed,
-)
+from shardify.convert.write.identity import converter_info as _converter_info
+from shardify.convert.write.identity import fingerprint
+from shardify.convert.write.outfs import undone_on_failure
+from shardify.convert.write.session import ConversionSession, SplitSummary
+from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.stream import ShardStream, sample_size
-from shardify.convert.write.versions import begin_version, listed_version
-from shardify.convert.write.writer import ShardResult
 from shardify.errors import EncodeError, KeyRuleError
-from shardify.manifest import SplitIndex
 
-__all__ = ["WriteOptions", "ShardWriter", "KeyRegistry", "check_label", "converter_info", "split_summary", "who"]
+__all__ = ["WriteOptions", "ShardWriter", "KeyRegistry", "check_label", "converter_info", "who"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,14 +122,10 @@ class ShardWriter:
         self.out = out
         self.count = 0
         self.summary: SplitSummary | None = None
-        self._fs: OutputFS | None = None
-        self._lock: Any = None
+        self._session: ConversionSession | None = None
         self._stream: ShardStream | None = None
         self._results: list[ShardResult] = []
         self._keys = KeyRegistry()
-        self._started = 0.0
-        self._listed_shards = 0
-        """Shards of the listed version this writer is finishing (a rerun after a kill past the manifest)."""
 
     def __enter__(self) -> ShardWriter:
         self.open()
@@ -156,37 +139,27 @@ class ShardWriter:
 
     def open(self) -> None:
         """Lock the output folder and start the first shard (``with`` does this)."""
-        if self._fs is not None:
+        if self._session is not None:
             raise RuntimeError("this ShardWriter is already open")
         o = self.options
-        fingerprint = _fingerprint(o)
-        self._fs, self._lock = open_locked(
-            self.out,
-            [o.split],
-            overwrite=o.overwrite,
-            storage_options=o.storage_options,
-            finishing=resumes_listed(fingerprint),
+        fp = _fingerprint(o)
+        session = self._session = ConversionSession.open(
+            self.out, {o.split: fp}, overwrite=o.overwrite, storage_options=o.storage_options
         )
         try:
-            version = begin_version(
-                self._fs, o.split, fingerprint, listed=listed_version(self._fs, o.split), kind="writer"
+            version = session.begin(o.split, fp, kind="writer")
+            self._stream = session.stream(
+                o.split,
+                version,
+                shard_size=o.size_bound,
+                samples_per_shard=o.samples_per_shard,
+                fsync=o.fsync,
+                chunk=o.chunk,
+                on_shard=self._results.append,
             )
-            guard, self._listed_shards = listed_guard(self._fs, o.split, version)
         except BaseException:
             self._release()
             raise
-        self._stream = ShardStream(
-            self._fs,
-            o.split,
-            shard_size=o.size_bound,
-            samples_per_shard=o.samples_per_shard,
-            fsync=o.fsync,
-            on_shard=self._results.append,
-            version=version,
-            chunk=o.chunk,
-            before_rename=guard,
-        )
-        self._started = time.monotonic()
 
     def write(self, sample: Mapping[str, object]) -> str:
         """Encode and append one sample; return its key. Errors name the sample."""
@@ -207,19 +180,16 @@ class ShardWriter:
 
     def close(self) -> SplitSummary:
         """Finish the last shard, then write the report, the split index and the manifest."""
-        stream, fs = self._stream, self._fs
-        if stream is None or fs is None:
+        stream, session = self._stream, self._session
+        if stream is None or session is None:
             if self.summary is not None:
                 return self.summary
             raise RuntimeError("close() of a ShardWriter that was never opened")
         try:
-            with undone_on_failure(fs, self.abort):
-                stream.close_shard()
-                if stream.before_rename is not None and len(self._results) != self._listed_shards:
-                    stream.before_rename(len(self._results), 0, "")  # fewer shards than the listed version: refused
+            with undone_on_failure(session.fs, self.abort):
                 o = self.options
-                index = finish_split(
-                    fs,
+                session.end_stream(o.split, stream)
+                index = session.finish(
                     o.split,
                     self._results,
                     classes=o.classes,
@@ -229,8 +199,8 @@ class ShardWriter:
                     version=stream.version,
                     chunk=o.chunk,
                 )
-                publish_splits(fs, {o.split: index})
-                self.summary = split_summary(index, stream.skipped, reused=0, seconds=time.monotonic() - self._started)
+                session.publish()
+                self.summary = session.summary(index, stream.skipped, reused=0)
                 return self.summary
         finally:
             self._release()
@@ -243,10 +213,9 @@ class ShardWriter:
 
     def _release(self) -> None:
         self._stream = None
-        if self._lock is not None:
-            lock, self._lock = self._lock, None
+        if self._session is not None:
             try:
-                lock.release()
+                self._session.release()
             except OSError:
                 pass
 
@@ -259,38 +228,11 @@ def who(sample: object, index: int, noun: str = "sample") -> str:
 
 def converter_info(source: str, shaping: dict[str, Any]) -> dict[str, Any]:
     """The split index's ``converter`` section for a split written from Python."""
-    version = FORMAT_VERSION if shaping.get("chunk") is None else CHUNKED_FORMAT_VERSION
-    return {"name": "shardify", "version": __version__, "format_version": version, "source": source, "options": shaping}
-
-
-def split_summary(index: SplitIndex, skipped: Sequence[Ignored], *, reused: int, seconds: float) -> SplitSummary:
-    """A :class:`~shardify.convert.write.run.SplitSummary` of a split written from Python."""
-    return SplitSummary(
-        split=index.split,
-        samples=index.num_samples,
-        shards=len(index.shards),
-        bytes=index.num_bytes,
-        skipped=list(skipped),
-        ignored=dict(index.ignored),
-        notes=[],
-        reused_shards=reused,
-        seconds=seconds,
-    )
+    return _converter_info(source, shaping, chunk=shaping.get("chunk"))
 
 
 def _fingerprint(o: WriteOptions) -> str:
     """What makes a ShardWriter's output: the format, the converter and the shaping options.
     The samples come later, so a rewrite with other samples gets a new version by chaining
     (:func:`~shardify.convert.write.versions.begin_version`)."""
-    return hashlib.sha256(
-        json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "converter": __version__,
-                "writer": "python",
-                "options": o.shaping(),
-                "classes": list(o.classes),
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
+    return str(fingerprint(writer="python", options=o.shaping(), classes=list(o.classes)).hexdigest())

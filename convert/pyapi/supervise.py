@@ -1,12 +1,14 @@
 """Worker processes for ``convert_items`` with limits per item: a time limit and a memory ceiling.
 
-Used when ``item_timeout`` or ``max_worker_memory`` is set (Linux: fork and ``/proc``). Each
-worker is forked and runs whole chunks, as in :func:`~shardify.convert.pyapi.itemmap.map_ordered`'s
-pool, and notes in shared memory which item it is on and since when. The calling process
-watches every :data:`POLL_S`: a worker on one item for longer than ``item_timeout``, or whose
-resident memory grew by more than ``max_worker_memory`` since it started, is killed with
-SIGKILL and replaced by a new one, and its chunk runs again there with that item reported
-instead of run (``"timed out after 5 s"``, ``"worker exceeded 200 MiB"``).
+:class:`SupervisedExecutor`, the supervised implementation of
+:class:`~shardify.convert.executor.Executor`, used when ``item_timeout`` or
+``max_worker_memory`` is set (Linux: fork and ``/proc``). Each worker is forked and runs whole
+chunks, as in the local pool of :func:`~shardify.convert.pyapi.itemmap.map_ordered`, and notes
+in shared memory which item it is on and since when. The calling process watches every
+:data:`POLL_S`: a worker on one item for longer than ``item_timeout``, or whose resident memory
+grew by more than ``max_worker_memory`` since it started, is killed with SIGKILL and replaced by
+a new one, and its chunk runs again there with that item reported instead of run (``"timed out
+after 5 s"``, ``"worker exceeded 200 MiB"``).
 
 Memory is judged only in a fresh worker, so that the verdict does not depend on what a worker
 ran before (which depends on the number of workers): a worker over the ceiling that had run
@@ -27,12 +29,13 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, pack
 from shardify.errors import WorkerError
 
-__all__ = ["Limits", "map_supervised", "POLL_S"]
+__all__ = ["Limits", "SupervisedExecutor", "POLL_S"]
 
 POLL_S = 0.02
 """Seconds between two looks at the workers' time on their item and memory."""
@@ -178,7 +181,33 @@ class _Pool:
                 wk.proc.join()
 
 
-def map_supervised(
+class SupervisedExecutor:
+    """``workers`` supervised worker processes under ``limits``: ``map(runner, chunks)`` yields
+    ``(chunk, outcomes)`` in order, at most ``2 * workers`` chunks ahead; an item past a limit
+    is an outcome (``stopped``), a worker that died on its own a WorkerError naming its items."""
+
+    def __init__(self, *, workers: int, limits: Limits) -> None:
+        self.workers, self.limits = max(1, workers), limits
+
+    def map(
+        self, fn: ChunkRunner, items: Iterable[Chunk], *, args: tuple[Any, ...] = ()
+    ) -> Iterator[tuple[Chunk, ChunkOut]]:
+        """``(chunk, fn(chunk))`` for each chunk, in order (``args``: none; the runner is whole)."""
+        if args:
+            raise TypeError(f"SupervisedExecutor.map takes no args (the runner holds its own), found {len(args)}")
+        return _map_supervised(fn, items, workers=self.workers, limits=self.limits)
+
+    def close(self) -> None:
+        """Nothing to do: each map stops its workers when it ends or is left."""
+
+    def __enter__(self) -> SupervisedExecutor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _map_supervised(
     runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, limits: Limits
 ) -> Iterator[tuple[Chunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, ``workers`` at a time, under ``limits``."""

@@ -11,23 +11,22 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
-import json
 import random
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from operator import attrgetter
 from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from shardify import FORMAT_VERSION, __version__
-from shardify.convert.driverpool import map_in_order
+from shardify.convert.executor import LocalExecutor
 from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
+from shardify.convert.write.identity import fingerprint
+from shardify.convert.write.metadata import metadata_json, metadata_needed, sample_meta
 from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
@@ -72,7 +71,7 @@ class ShardPlan:
     def samples(self) -> Iterator[PlannedSample]:
         """The samples in shard order, with their ``{key}.json`` members, made one at a time."""
         for spec, key in zip(self.specs, self.keys):
-            yield PlannedSample(key, spec, _meta(spec, key, self.metadata, self.classes))
+            yield PlannedSample(key, spec, sample_meta(spec, key, self.metadata, self.classes))
 
 
 @dataclass(frozen=True)
@@ -135,65 +134,6 @@ class SplitPlan:
         return [self.shard(i) for i in range(self.num_shards)]
 
 
-def metadata_json(spec: SampleSpec) -> bytes:
-    """The ``{key}.json`` member: original path or ID, label name, and source files.
-
-    Exactly ``json.dumps(meta, sort_keys=True, ensure_ascii=True, separators=(",", ":"))`` of
-    ``{"path": ..., "label": ..., "files": {ext: path}}`` (see :func:`_metadata_reference`),
-    written out by hand with json's own C string encoder: made once per sample, twice per
-    conversion, it was the plan's largest cost at 1.3 M image files.
-    """
-    head = "{"
-    files, identity = spec.files, spec.identity
-    if files and (len(files) != 1 or files[0].path != identity):  # [f.path for f in files] != [identity]
-        by_ext = {f.ext: f.path for f in files}
-        head += '"files":{' + ",".join(f"{_string(ext)}:{_string(by_ext[ext])}" for ext in sorted(by_ext)) + "},"
-    label = spec.label_name
-    if label is not None:
-        head += (
-            '"label":'
-            + (_string(label) if type(label) is str else str(label) if type(label) is int else _compact(label))
-            + ","
-        )
-    return (head + '"path":' + _string(identity) + "}").encode("ascii")
-
-
-_string: Callable[[str], str] = encode_basestring_ascii
-"""A str as a JSON string, ASCII only (json.dumps' own C encoder)."""
-
-
-def _compact(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-
-
-def _metadata_reference(spec: SampleSpec) -> bytes:
-    """:func:`metadata_json` through ``json.dumps`` (what it must equal; used by the tests)."""
-    meta: dict[str, object] = {"path": spec.identity}
-    if spec.label_name is not None:
-        meta["label"] = spec.label_name
-    if spec.files and [f.path for f in spec.files] != [spec.identity]:
-        meta["files"] = {f.ext: f.path for f in spec.files}
-    return _compact(meta).encode("ascii")
-
-
-def metadata_needed(spec: SampleSpec, key: str, classes: Sequence[str]) -> bool:
-    """Whether ``{key}.json`` holds anything the key, the other members and the split index
-    do not: the key is not the name as given (rewritten, or a path), a label name is not
-    ``classes[label]``, or a member came from a file (its original path)."""
-    if key != spec.name or spec.identity != spec.name or spec.files:
-        return True
-    name = spec.label_name
-    if name is None or name == spec.label:
-        return False
-    return not (isinstance(spec.label, int) and 0 <= spec.label < len(classes) and classes[spec.label] == name)
-
-
-def _meta(spec: SampleSpec, key: str, mode: str, classes: Sequence[str]) -> bytes | None:
-    if mode == "always" or metadata_needed(spec, key, classes):
-        return metadata_json(spec)
-    return None
-
-
 def shuffle_order(n: int, *, seed: int, split: str) -> array[int]:
     """A permutation of ``range(n)`` from ``(seed, split)``, the same on every platform
     (4 bytes an entry; 8 past 2**32): the rule of splits below :data:`PERMUTE_MIN_SAMPLES`."""
@@ -251,19 +191,7 @@ def plan_split(scan: Scan, options: ConvertOptions) -> SplitPlan:
         candidates=_in_order(_key_chunk, specs, len(specs), options.workers),
     )
     order = plan_order(len(specs), seed=options.seed, split=options.split, shuffle=options.shuffle)
-    hasher = hashlib.sha256()
-    hasher.update(
-        json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "converter": __version__,
-                "source": scan.source,
-                "classes": scan.classes,
-                "options": options.shaping(),
-            },
-            sort_keys=True,
-        ).encode()
-    )
+    hasher = fingerprint(source=scan.source, classes=scan.classes, options=options.shaping())
     classes = tuple(scan.classes)
     raw = None if options.raw_pixels is None else (options.raw_pixels, options.raw_side)
     payload = total_payload_bytes(specs) if raw is None else sum(_sample_bytes(s, None, raw) for s in specs)
@@ -316,40 +244,27 @@ _CHUNK = 1 << 13
 """Samples per job: about 1.5 MB of fingerprint input at most."""
 
 _T = TypeVar("_T")
-_worker_job: tuple[Callable[[Any, int, int], Any], Any] | None = None
-"""A planning process's work and what it reads, inherited through fork (never pickled)."""
 
 
 def _in_order(work: Callable[[Any, int, int], _T], job: Any, n: int, workers: int) -> Iterator[_T]:
     """``work(job, lo, hi)`` for each chunk ``lo..hi`` of ``range(n)``, in order: in
     ``workers`` forked processes (Linux) when ``n`` is big, at most two chunks a worker
-    ahead of the caller (so the caller holds a few MB of results)."""
+    ahead of the caller (so the caller holds a few MB of results); ``job`` reaches them
+    through fork, never pickled."""
     bounds = [(lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK)]
     workers = min(worker_count(workers), len(bounds))
     if workers < 2 or n < POOL_MIN_SAMPLES or sys.platform != "linux":
         for lo, hi in bounds:
             yield work(job, lo, hi)
         return
-    yield from map_in_order(
-        _work_in_worker,
-        bounds,
-        workers=workers,
-        method="fork",
-        what="planning the split",
-        initializer=_start_worker,
-        initargs=(work, job),
-    )
+    executor = LocalExecutor(workers=workers, window=2 * workers + 1, method="fork", what="planning the split")
+    with executor:
+        for _, result in executor.map(_work_on, bounds, args=(work, job)):
+            yield result
 
 
-def _start_worker(work: Callable[[Any, int, int], Any], job: Any) -> None:
-    global _worker_job
-    _worker_job = (work, job)
-
-
-def _work_in_worker(lo: int, hi: int) -> Any:
-    assert _worker_job is not None, "set by _start_worker"
-    work, job = _worker_job
-    return work(job, lo, hi)
+def _work_on(work: Callable[[Any, int, int], _T], job: Any, bounds: tuple[int, int]) -> _T:
+    return work(job, *bounds)
 
 
 def _key_chunk(specs: Sequence[SampleSpec], lo: int, hi: int) -> list[str]:
@@ -373,7 +288,7 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     sizes: list[int] = []
     fragments: list[bytes] = []
     for spec, key in zip(picked, keys.take(positions)):
-        meta = _meta(spec, key, mode, classes)
+        meta = sample_meta(spec, key, mode, classes)
         sizes.append(_sample_bytes(spec, meta, raw))
         parts = [f"{key}\0{spec.label}\0".encode(), meta if meta is not None else b"\0"]
         for f in spec.files:

@@ -4,7 +4,7 @@ The streaming twin of the planned path: where :func:`~shardify.convert.write.pla
 known samples into shards before writing, a stream cuts a shard when the next sample would
 not fit (the same rule: ``shard_size`` bytes and/or ``samples_per_shard``), so the same
 samples in the same order give the same shards. Each shard is written through
-:class:`~shardify.convert.write.writer.HashingWriter` under its temporary name and renamed when
+:class:`~shardify.convert.write.tarwrite.HashingWriter` under its temporary name and renamed when
 whole, exactly as :func:`~shardify.convert.write.writer.write_shard` does.
 
 With ``chunk=N`` (the chunked layout, :mod:`shardify.chunk`) samples are held until ``N`` of
@@ -21,14 +21,8 @@ from typing import BinaryIO
 
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import OutputFS
-from shardify.convert.write.writer import (
-    HashingWriter,
-    ShardResult,
-    split_members,
-    temp_name,
-    write_chunk,
-    write_members,
-)
+from shardify.convert.write.shardtypes import ShardResult
+from shardify.convert.write.tarwrite import HashingWriter, split_members, temp_name, write_chunk, write_members
 from shardify.errors import OutputError
 from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
 
@@ -70,7 +64,7 @@ class ShardStream:
         """Chunks in the open shard."""
         self.before_rename = before_rename
         """Called with ``(index, size, sha256)`` of each whole shard before its rename; raising
-        drops the shard (a guard: see :func:`~shardify.convert.write.run.listed_guard`)."""
+        drops the shard (a guard: see :meth:`~shardify.convert.write.session.ConversionSession.listed_guard`)."""
         self.split = split
         self.version = version
         """The version token in the shards' names (:mod:`shardify.convert.write.versions`)."""

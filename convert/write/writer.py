@@ -7,16 +7,10 @@ they are written, so finished shards are never read back.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
 
 from PIL import Image
 
-from shardify.chunk import encode_chunk
 from shardify.convert.inputs.capture import decoder_messages
 from shardify.convert.inputs.imageformat import reencode
 from shardify.convert.inputs.inputs import Ignored, SampleSpec
@@ -33,13 +27,20 @@ from shardify.convert.inputs.sniff import (
 )
 from shardify.convert.inputs.tensors import transcode_file
 from shardify.convert.write.outfs import OutputFS, open_output
-from shardify.convert.write.plan import ShardPlan
+from shardify.convert.write.shardtypes import Progress, ShardResult, ShardTask
+from shardify.convert.write.tarwrite import (
+    HashingWriter,
+    member_parts,
+    split_members,
+    temp_name,
+    write_chunk,
+    write_members,
+)
 from shardify.errors import InputError, OutputError
-from shardify.keys import check_ext, check_key
 from shardify.pixels import RAW_EXT
-from shardify.sampletable import TableBuilder
-from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name, ustar_header
+from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, shard_name
 
+# (ShardTask, ShardResult and the tar writing live in shardtypes and tarwrite; named here as before)
 __all__ = [
     "ShardTask",
     "ShardResult",
@@ -52,174 +53,6 @@ __all__ = [
     "Progress",
     "HashingWriter",
 ]
-
-
-class Progress(Protocol):
-    def __call__(self, samples: int, nbytes: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ShardTask:
-    out_dir: str
-    """A local folder or an fsspec URL."""
-    root: str
-    split: str
-    plan: ShardPlan
-    check_full: bool
-    max_side: int | None
-    quality: int
-    strict: bool
-    fsync: bool
-    max_pixels: int | None = None
-    version: str | None = None
-    """The plan's version token, in the shard's file name."""
-    max_image_bytes: int | None = None
-    """Image files larger than this are reported as too large, without being read."""
-    image_format: str = "keep"
-    """``keep``, or ``jpg``/``png``: every image stored in that format (see ``imageformat``)."""
-    storage_options: Mapping[str, Any] | None = None
-    """The fsspec backend's options for a URL ``out_dir``."""
-    raw_pixels: int | None = None
-    """Store images pre-decoded, ``raw_side`` side at most this (see ``rawpixels``); None: encoded."""
-    raw_side: str = "shorter"
-    chunk: int | None = None
-    """Samples per chunk (the chunked layout, :mod:`shardify.chunk`); None: one tar sample per sample."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardResult:
-    index: int
-    url: str
-    nsamples: int
-    filesize: int
-    sha256: str
-    fields: tuple[str, ...]
-    skipped: tuple[Ignored, ...]
-    notes: tuple[Ignored, ...] = ()
-    """Inputs packed with decoder warnings (kind ``note``), for the report."""
-    offsets: tuple[int, ...] = ()
-    """Byte offset of samples 0, OFFSET_STRIDE, ... (see :data:`shardify.tarfmt.OFFSET_STRIDE`)."""
-    samples: bytes = b""
-    """The shard's per-sample table (:mod:`shardify.sampletable`); empty for a chunked shard."""
-
-    def to_record(self) -> dict[str, Any]:
-        """What a resume record keeps of this result (JSON-ready; :meth:`from_record` reads it)."""
-        return {
-            "url": self.url,
-            "nsamples": self.nsamples,
-            "filesize": self.filesize,
-            "sha256": self.sha256,
-            "offsets": list(self.offsets),
-            "samples": base64.b64encode(self.samples).decode(),
-            "fields": list(self.fields),
-            "skipped": [[s.path, s.reason] for s in self.skipped],
-            "notes": [[s.path, s.reason] for s in self.notes],
-        }
-
-    @classmethod
-    def from_record(cls, index: int, r: Mapping[str, Any]) -> ShardResult:
-        """The result of shard ``index`` as a record kept it; KeyError, TypeError or ValueError
-        for a record that is not whole (one written before offsets were: its shard is rewritten)."""
-        return cls(
-            index=index,
-            url=r["url"],
-            nsamples=r["nsamples"],
-            filesize=r["filesize"],
-            sha256=r["sha256"],
-            fields=tuple(r["fields"]),
-            skipped=tuple(Ignored(p, why) for p, why in r["skipped"]),
-            notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
-            offsets=tuple(r["offsets"]),
-            samples=base64.b64decode(r.get("samples", "")),
-        )
-
-
-def temp_name(final: str) -> str:
-    """The hidden name the shard ``final`` is written under until it is whole."""
-    return f".{final}.tmp"
-
-
-_BY_REFERENCE = 64 << 10
-"""Member data of at least this many bytes is handed to the file as is (never copied here);
-smaller pieces of a sample (headers, labels, padding) are joined into one write."""
-
-
-class HashingWriter:
-    """Writes to a file and feeds the same bytes to SHA-256 and to the shard's per-sample
-    table (:mod:`shardify.sampletable`; :meth:`mark` where samples start and the last ends); counts them."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.hash = hashlib.sha256()
-        self.size = 0
-        self.table = TableBuilder()
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.f.write(data)
-        self.hash.update(data)
-        self.table.feed(data)
-        self.size += len(data)
-
-    def mark(self, at: int) -> None:
-        """A sample starts (or the last one ends) at byte ``at`` of the shard."""
-        self.table.mark(at)
-
-
-def member_parts(key: str, members: list[tuple[str, bytes]]) -> tuple[list[bytes], int]:
-    """The tar bytes of one sample (sorted ``(ext, data)`` pairs), as parts, and their total length."""
-    check_key(key)
-    parts: list[bytes] = []
-    total = 0
-    for ext, data in members:
-        n = len(data)
-        pad = -n % BLOCK
-        parts += (ustar_header(f"{key}.{check_ext(ext)}", n), data, bytes(pad))
-        total += BLOCK + n + pad
-    return parts, total
-
-
-def split_members(data: bytes | memoryview, start: int, end: int) -> tuple[str, list[tuple[str, bytes]]]:
-    """The key and ``(ext, data)`` members of one sample that :func:`member_parts` encoded as
-    ``data[start:end]`` (the inverse, for a writer that chunks samples it got encoded)."""
-    view = memoryview(data)
-    members: list[tuple[str, bytes]] = []
-    key = ""
-    at = start
-    while at < end:
-        header = view[at : at + BLOCK]
-        name = bytes(header[:100]).rstrip(b"\0").decode("ascii")
-        size = int(bytes(header[124:135]), 8)
-        key, _, ext = name.partition(".")
-        members.append((ext, bytes(view[at + BLOCK : at + BLOCK + size])))
-        at += BLOCK + size + (-size % BLOCK)
-    return key, members
-
-
-def write_chunk(out: HashingWriter, samples: list[tuple[str, list[tuple[str, bytes]]]]) -> int:
-    """Append ``samples`` (``(key, members)`` each) as one chunk of the chunked layout: one tar
-    sample keyed by the first sample's key (:func:`shardify.chunk.encode_chunk`); return the bytes."""
-    return write_members(out, samples[0][0], encode_chunk([k for k, _ in samples], [m for _, m in samples]))
-
-
-def write_members(out: HashingWriter, key: str, members: list[tuple[str, bytes]]) -> int:
-    """Append the tar members of one sample (sorted ``(ext, data)`` pairs) to ``out``; return the bytes.
-
-    Large member data goes to ``out`` as is (the local shard file gathers it into one
-    ``writev``, so an image is copied once, into the page cache); the small pieces around it
-    are joined, so a sample costs a few calls."""
-    parts, total = member_parts(key, members)
-    small: list[bytes] = []
-    for part in parts:
-        if len(part) < _BY_REFERENCE:
-            small.append(part)
-            continue
-        if small:
-            out.write(b"".join(small))
-            small = []
-        out.write(part)
-    if small:
-        out.write(b"".join(small))
-    return total
 
 
 def _members(

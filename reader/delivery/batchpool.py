@@ -9,13 +9,13 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 
 - :class:`BatchChannel` (made by ``make_loader`` for one set of worker processes, registered
   in the main process): a shared ``int64`` table ``tokens[worker, slot]``; 0 means free.
-- :class:`SlotPool` (one per worker process): while :meth:`SlotPool.collate` runs, the
-  collate functions of :mod:`shardify.reader.sample.collate` draw their batch tensors from
-  :meth:`SlotPool.take`, which picks a free slot big enough (or makes one; past
-  ``max_slots`` it returns None and collate falls back to fresh shared memory) and writes a
-  fresh token into the table. The batch is then packed: each tensor over a slot becomes a
-  reference, each small tensor its bytes, and a slot's storage goes along the first time
-  the main process needs it.
+- :class:`SlotPool` (one per worker process): a collate function given its allocator
+  (``default_collate(samples, empty=pool.empty)``) makes each large batch tensor over a free
+  slot big enough (or a new one; past ``max_slots`` private memory) and the slot's token is
+  set; :meth:`SlotPool.send` (the Transport stage, :mod:`shardify.reader.stages.transport`)
+  then packs the batch: a tensor over a slot becomes a reference (no copy), another large one
+  is copied into a slot (a collate that allocates for itself), a small one travels by value,
+  and a slot's storage goes along the first time the main process needs it.
 - In the main process, unpickling a packed batch (a :class:`Received`) maps new slot
   storages; :meth:`Received.unpack` makes tensors over the mapped slots. When the last
   tensor over a slot is freed, the slot's token is cleared if it still holds the same token;
@@ -31,13 +31,15 @@ and later batches use fresh shared memory, as without the pool.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import threading
 import time
 import uuid
+import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -45,10 +47,12 @@ import numpy as np
 import torch
 
 from shardify.errors import ShardifyError
+from shardify.reader.delivery.slotwire import _inlinable, _Inline, _map_leaves, _SlotRef
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.clock import CLOCK
 
 __all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
+# (active_pool: deprecated, always None; remove in the release after)
 
 MAX_SLOTS = 16
 """The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
@@ -57,12 +61,18 @@ INLINE_BYTES = 64 * 1024
 """Tensors up to this size (labels, lengths) travel by value inside the pickled batch."""
 
 _CHANNELS: dict[str, BatchChannel] = {}
-_ACTIVE: SlotPool | None = None
 
 
-def active_pool() -> SlotPool | None:
-    """The pool that batch tensors come from while :meth:`SlotPool.collate` runs (else None)."""
-    return _ACTIVE
+def active_pool() -> None:
+    """Deprecated, always None: no pool is active while a collate function runs any more (the
+    Transport stage copies the collated batch into a slot). Kept for one release."""
+    warnings.warn(
+        "batchpool.active_pool() is deprecated and always None: collate functions return plain tensors "
+        "and shardify.reader.stages.transport.Transport moves them into the slots",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def _capacity(nbytes: int) -> int:
@@ -132,62 +142,6 @@ class BatchChannel:
         return torch.from_numpy(view)
 
 
-@dataclass(frozen=True, slots=True)
-class _SlotRef:
-    """A tensor over a slot: where it lies there."""
-
-    slot: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Inline:
-    """A small tensor, by value."""
-
-    data: bytes
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @staticmethod
-    def of(t: torch.Tensor) -> _Inline:
-        flat = t.detach().contiguous().reshape(-1)
-        return _Inline(flat.view(torch.uint8).numpy().tobytes(), t.dtype, tuple(t.shape))
-
-    def tensor(self) -> torch.Tensor:
-        if not self.data:
-            return torch.empty(self.shape, dtype=self.dtype)
-        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(self.dtype).reshape(self.shape)
-
-
-def _inlinable(t: torch.Tensor) -> bool:
-    return (
-        t.device.type == "cpu"
-        and t.layout == torch.strided
-        and not t.is_quantized
-        and not t.requires_grad
-        and not t.is_conj()
-        and not t.is_neg()
-    )
-
-
-def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """``obj`` with ``fn`` applied to every leaf of its tuples, namedtuples, lists and dicts.
-
-    Only those exact types are opened; anything else (subclasses included) is a leaf.
-    """
-    kind = type(obj)
-    if kind is tuple or kind is list:
-        return kind(_map_leaves(x, fn) for x in obj)
-    if kind is dict:
-        return {k: _map_leaves(v, fn) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return kind(*(_map_leaves(x, fn) for x in obj))
-    return fn(obj)
-
-
 @dataclass(slots=True)
 class _Slot:
     storage: torch.UntypedStorage
@@ -208,7 +162,7 @@ class SlotPool:
         self._tokens = channel.tokens.numpy()[worker]
         self._tokens[:] = 0  # a new worker process: slots of an earlier one are not ours
         self._id = random.getrandbits(62)
-        self._slots: list[_Slot | None] = []  # None: given up (see pack)
+        self._slots: list[_Slot | None] = []  # None: given up (see send)
         self._taken: dict[int, int] = {}  # slot -> token, taken for the batch being made
         self._next_token = random.getrandbits(61) | 1
         self._generation = 0
@@ -220,77 +174,98 @@ class SlotPool:
     def _new_storage(self, nbytes: int) -> tuple[torch.UntypedStorage, int, int]:
         capacity = _capacity(nbytes)
         self._generation += 1
-        return torch.UntypedStorage._new_shared(capacity), capacity, self._generation
+        storage = torch.empty(capacity, dtype=torch.uint8).share_memory_().untyped_storage()
+        return storage, capacity, self._generation
 
-    def take(self, nbytes: int) -> torch.UntypedStorage | None:
-        """A free slot's storage of at least ``nbytes`` for this batch, or None (use fresh memory)."""
+    def _take(self, nbytes: int) -> int | None:
+        """A free slot of at least ``nbytes`` taken for the batch being made, or None (none left)."""
         free = [i for i in range(len(self._slots)) if self._tokens[i] == 0 and i not in self._taken]
         fits = [(i, s) for i in free if (s := self._slots[i]) is not None and nbytes <= s.capacity <= 4 * nbytes]
         if fits:
-            i, slot = min(fits, key=lambda f: f[1].capacity)
+            i = min(fits, key=lambda f: f[1].capacity)[0]
         else:
             if len(self._slots) < len(self._tokens):
                 i = len(self._slots)
                 self._slots.append(None)
-            elif free:
+            elif free:  # a given-up slot, else a free one of the wrong size: a new one there
                 i = next((j for j in free if self._slots[j] is None), free[0])
             else:
                 return None
-            slot = self._slots[i] = _Slot(*self._new_storage(nbytes))
+            self._slots[i] = _Slot(*self._new_storage(nbytes))
         token = self._token()
         self._tokens[i] = token
         self._taken[i] = token
-        return slot.storage
+        return i
 
-    def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Any:
-        """``collate_fn(samples)`` with batch tensors drawn from this pool, packed for sending."""
-        global _ACTIVE
-        _ACTIVE = self
-        try:
-            batch = collate_fn(samples)
-        except BaseException:
-            for i in self._taken:
-                self._tokens[i] = 0
-            self._taken.clear()
-            raise
-        finally:
-            _ACTIVE = None
-        t = time.perf_counter()
-        packed = self.pack(batch)
-        CLOCK.transfer += time.perf_counter() - t
-        return packed
+    def _over(self, i: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        storage = cast(_Slot, self._slots[i]).storage  # a taken slot is never None
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
 
-    def pack(self, batch: Any) -> Packed:
-        """``batch`` ready to pickle: slot tensors as references, small tensors by value."""
-        by_pointer = {self._slots[i].storage.data_ptr(): i for i in self._taken}  # type: ignore[union-attr]
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor for the batch being made: over a free slot when it is large (so
+        :meth:`send` passes it on without a copy), else private memory. The allocator a collate
+        function takes (``default_collate(samples, empty=pool.empty)``)."""
+        shape = tuple(shape)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        i = self._take(nbytes) if nbytes > self.inline_bytes else None
+        return torch.empty(shape, dtype=dtype) if i is None else self._over(i, shape, dtype)
+
+    def send(self, batch: Any) -> Packed:
+        """``batch`` ready to pickle: its large tensors as references to slots (made by :meth:`empty`,
+        or copied into one now), small tensors by value; tensors inside objects other than tuples,
+        lists and dicts are left to torch."""
+        start = time.perf_counter()
+        by_pointer = {cast(_Slot, self._slots[i]).storage.data_ptr(): i for i in self._taken}
         used: set[int] = set()
 
         def encode(x: Any) -> Any:
             if not isinstance(x, torch.Tensor) or not _inlinable(x):
                 return x
-            slot = by_pointer.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
-            if slot is not None:
-                used.add(slot)
-                return _SlotRef(slot, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()))
+            i = by_pointer.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
+            if i is not None:  # made over a slot: no copy
+                used.add(i)
+                return _SlotRef(i, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()))
             if x.numel() * x.element_size() <= self.inline_bytes:
                 return _Inline.of(x)
-            return x
+            i = self._take(x.numel() * x.element_size())
+            if i is None:
+                return x  # out of slots: torch's own sharing
+            dest = self._over(i, tuple(x.shape), x.dtype)
+            dest.copy_(x)
+            used.add(i)
+            return _SlotRef(i, x.dtype, tuple(dest.shape), tuple(dest.stride()), 0)
 
-        payload = _map_leaves(batch, encode)
+        try:
+            payload = _map_leaves(batch, encode)
+        except BaseException:
+            for i in self._taken:
+                self._tokens[i] = 0
+            self._taken.clear()
+            raise
         refs = []
         for i, token in self._taken.items():
             if i not in used:
-                # Not found among the tuples, lists and dicts of the batch: it may still sit in some
-                # other object, which torch pickles as usual (sharing the memory), so the slot is
-                # given up rather than written again.
+                # Made by empty() but not among the tuples, lists and dicts of the batch (or left by a
+                # collate that failed): it may still sit in some other object, which torch pickles as
+                # usual (sharing the memory), so the slot is given up rather than written again.
                 self._slots[i] = None
                 self._tokens[i] = 0
                 continue
-            s = cast(_Slot, self._slots[i])  # a taken slot is never None
+            s = cast(_Slot, self._slots[i])
             refs.append((i, s.generation, token, None if s.sent else s.storage))
             s.sent = True
         self._taken = {}
+        CLOCK.transfer += time.perf_counter() - start
         return Packed(self._channel, self._id, self._worker, tuple(refs), payload)
+
+    def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Packed:
+        """Deprecated: ``send(collate_fn(samples))``. Kept for one release."""
+        warnings.warn(
+            "SlotPool.collate(collate_fn, samples) is deprecated: use SlotPool.send(collate_fn(samples))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.send(collate_fn(samples))
 
 
 class WorkerSlots:

@@ -37,7 +37,7 @@ WORKER_STAGES = ("read", "decode", "augment", "collate", "transfer")
 STAGES = WORKER_STAGES + ("pin", "copy", "device_decode")
 """``LoaderStats.stages``' keys: seconds summed over the worker processes (``read`` with remote
 waits and the shuffle buffer; ``decode`` with the crop and resize the fast path does while
-decoding; ``augment``: what follows, and ``map=``; ``collate``; ``transfer``: packing into
+decoding; ``augment``: what follows, and ``map=``; ``collate``; ``transfer``: copying into
 shared memory there and unpacking here), then the main process's (``pin``; ``copy`` to the
 device: the host's time to issue it and the normalisation; ``device_decode``: its thread's time)."""
 
@@ -138,7 +138,7 @@ def _stages(times: WorkerTimes, main: dict[str, float]) -> dict[str, float]:
         "read": times.read,
         "decode": max(0.0, times.process - times.augment),
         "augment": times.augment,
-        "collate": max(0.0, times.collate - times.transfer),
+        "collate": times.collate,
         "transfer": times.transfer + main["transfer"],
         "pin": main["pin"],
         "copy": main["copy"],

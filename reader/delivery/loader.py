@@ -19,10 +19,8 @@ resumes exactly.
 
 from __future__ import annotations
 
-import gc
 import logging
-import signal
-import traceback
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -38,9 +36,10 @@ from shardify.reader.delivery.diagnosis import LoaderStats, diagnose, loader_con
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.delivery.stats import LoaderMeter
+from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames
 from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import detect_rank_world
-from shardify.reader.sample.device_decode import DeviceDecoder, nvjpeg_decoder
+from shardify.reader.sample.device_decode import nvjpeg_decoder
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
@@ -49,60 +48,6 @@ log = logging.getLogger("shardify.reader")
 
 def _identity(batch: Any) -> Any:
     return batch
-
-
-def _died(workers: Any) -> str | None:
-    """How the first dead worker process of a DataLoader iterator ended, if one did."""
-    for i, process in enumerate(getattr(workers, "_workers", ())):
-        code = process.exitcode
-        if code is None:
-            continue
-        if code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-            if -code == signal.SIGKILL:
-                how += " (out of memory?)"
-        else:
-            how = f"exited with code {code}"
-        return f"worker {i} (pid {process.pid}) {how}"
-    return None
-
-
-def _release_frames(error: BaseException) -> None:
-    """Clear the local variables of the finished frames in ``error``'s tracebacks (and its causes').
-
-    They are torch's frames (user code ran in the workers) and hold the DataLoader iterator,
-    its pipes and its prefetched batches in shared memory: a caller that keeps the error (a
-    notebook, a logger) would keep all that open.
-    """
-    seen: set[int] = set()
-    stack = [error]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-
-
-def _fork_frozen(dataloader: DataLoader) -> Any:
-    """``iter(dataloader)``, its worker processes forked with the garbage collector's objects frozen.
-
-    A forked worker inherits every object of this process (torch's, the split index's); each
-    of its full collections would walk them all, and write to every page it touches, so the
-    pages shared with this process get copied. Frozen before the fork (``gc.freeze``), they
-    are never walked by the workers; this process unfreezes them once they are started.
-    """
-    if dataloader.num_workers == 0:
-        return iter(dataloader)
-    gc.freeze()
-    try:
-        return iter(dataloader)
-    finally:
-        gc.unfreeze()
 
 
 class Loader:
@@ -190,11 +135,11 @@ class Loader:
         one started, so ``load_state_dict(state_dict())`` and a new iteration resume exactly.
         """
         running = getattr(self.dataloader, "_iterator", None)
-        if running is not None and _died(running) is not None:
-            log.warning("DataLoader %s; starting new workers", _died(running))
+        if running is not None and how_died(running) is not None:
+            log.warning("DataLoader %s; starting new workers", how_died(running))
             self._shut_down(running)
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
-            return _fork_frozen(self.dataloader)  # persistent workers already running keep theirs
+            return fork_frozen(self.dataloader)  # persistent workers already running keep theirs
         # Enough slots for the batches prefetched, the one in use, one kept and the one being made;
         # a loop that keeps more gets fresh memory for the rest.
         slots = min(batchpool.MAX_SLOTS, (self.dataloader.prefetch_factor or 2) + 3)
@@ -203,7 +148,7 @@ class Loader:
         channel.register()
         try:
             with self.dataset.batch_slots.attached(channel):  # the workers take it with their copy
-                workers = _fork_frozen(self.dataloader)
+                workers = fork_frozen(self.dataloader)
         except BaseException:
             channel.close()
             raise
@@ -220,34 +165,36 @@ class Loader:
         batches = self._meter.workers(clock, batches)
         if self._prefetch is not None:
             options = dict(self._prefetch)
-            if self.dataset.decode_device is not None:
-                options["decode"] = DeviceDecoder(
-                    resolve_device(self._prefetch["device"]),
-                    jpeg_decoder=options.pop("jpeg_decoder", None),
-                    report=self.dataset.shared_report,
-                    epoch=self._epoch,
-                    skip=self.dataset.options.on_error == "skip",
-                )
-            else:
-                options.pop("jpeg_decoder", None)
+            decode = self.dataset.decode_strategy.device_stage(  # the strategy's device side, if it has one
+                resolve_device(self._prefetch["device"]),
+                jpeg_decoder=options.pop("jpeg_decoder", None),
+                report=self.dataset.shared_report,
+                epoch=self._epoch,
+                skip=self.dataset.options.on_error == "skip",
+            )
+            if decode is not None:
+                options["decode"] = decode
             batches = iter(DevicePrefetcher(batches, clock=self._meter.main, **options))
         batches = self._meter.loop(clock, batches, total=len(self) - self._batches)
         batch = None
+        asked = time.monotonic()  # when the loop last asked for a batch (a wait past timeout= is the timeout)
         try:
             for batch in batches:
                 self._batches += 1
                 yield batch
+                asked = time.monotonic()
         except Exception as e:
-            died = None if isinstance(e, ShardifyError) else _died(workers)
+            died = None if isinstance(e, ShardifyError) else how_died(workers)
             timeout = self.dataloader.timeout
-            if died is None and timeout and isinstance(e, RuntimeError) and "timed out after" in str(e):
+            waited = time.monotonic() - asked
+            if died is None and timeout and isinstance(e, RuntimeError) and waited >= timeout:
                 died = (
                     f"workers made no batch in {timeout:g} s (timeout=): one may hang, e.g. in a transform "
                     f"or map= that never returns"
                 )
             self._shut_down(workers)
             if hasattr(workers, "_workers"):
-                _release_frames(e)
+                release_frames(e)
             workers = batches = batch = None  # this frame stays in the traceback too
             if died is not None:
                 raise WorkerError(

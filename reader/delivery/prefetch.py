@@ -35,7 +35,7 @@ import torch
 
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.device_decode import fill_rows
-from shardify.reader.sample.device_plan import EncodedBatch
+from shardify.reader.sample.planned import EncodedBatch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
 
@@ -121,10 +121,7 @@ class DevicePrefetcher:
             images, rows = self._decode(obj)
             if rows is not None:
                 replaced.append((rows, len(obj.keys)))
-            if obj.column == "stack":
-                return fn(images)
-            one_by_one = [fn(image) for image in images.unbind(0)]  # a custom collate kept them so
-            return one_by_one if obj.column == "list" else tuple(one_by_one)
+            return fn(images)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*(self._apply(x, fn, replaced) for x in obj))
         if isinstance(obj, (list, tuple)):

@@ -31,8 +31,8 @@ class StageClock:
     read: float = 0.0
     process: float = 0.0  # decode and augment together; ``augment`` is the part after decoding
     augment: float = 0.0
-    collate: float = 0.0  # the collate function's call, packing for transfer included
-    transfer: float = 0.0  # packing a batch into the shared-memory slots (part of ``collate``'s call)
+    collate: float = 0.0  # the collate function's call
+    transfer: float = 0.0  # copying and packing a batch into the shared-memory slots (the Transport stage)
 
     def values(self) -> tuple[float, ...]:
         return (self.read, self.process, self.augment, self.collate, self.transfer)

@@ -1,57 +1,47 @@
 """Turn a list of samples into one batch, inside the workers; and length bucketing.
 
-``default_collate`` stacks each field into one preallocated tensor (in shared memory when it
-runs in a DataLoader worker, as torch's does, so the batch reaches the main process without
-another copy). ``pad_collate`` pads variable-size fields and returns lengths and a mask.
+``default_collate`` stacks each field into one preallocated tensor. These functions are pure:
+a list of samples in, tensors out, each allocated by the ``empty`` they are given (private
+memory by default). Moving a batch to the main process is the Transport stage's job
+(:mod:`shardify.reader.stages.transport`); given the worker pool's allocator
+(:func:`with_allocator`), the batch is made in shared memory and travels without a copy. ``pad_collate`` pads
+variable-size fields and returns lengths and a mask.
 ``bucket_batches`` groups samples of similar length to cut the padding.
-
-Under device decode (``DecodeOptions(device=...)``) an image field holds a
-:class:`~shardify.reader.sample.device_plan.PlannedImage` (bytes and draws, no pixels yet): both
-collates keep such a column as a ``PlannedColumn`` list, which becomes one ``[B, 3, h, w]`` tensor on the device,
-and ``pad_collate`` gives it the lengths and mask the CPU path's padded images would have, so
-the batch has the CPU path's structure.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import random
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
-from shardify.reader.delivery.batchpool import active_pool
-from shardify.reader.sample.planned import PlannedColumn, PlannedImage
-
-__all__ = ["default_collate", "pad_collate", "bucket_batches"]
+__all__ = ["Empty", "private_empty", "default_collate", "pad_collate", "with_allocator", "bucket_batches"]
 
 S = TypeVar("S")
 
 _NUMERIC_KINDS = frozenset("biufc")
 
 
-def empty_batch(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor; in shared memory inside a DataLoader worker.
+Empty = Callable[[Sequence[int], torch.dtype], torch.Tensor]
+"""``empty(shape, dtype)``: an uninitialised CPU tensor, where a collate function puts a batch tensor."""
 
-    Under ``make_loader`` that memory is a recycled slot of the worker's pool
-    (:mod:`shardify.reader.delivery.batchpool`), and small tensors stay private (they travel by value).
-    """
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    pool = active_pool()
-    storage = None
-    if pool is not None:
-        if nbytes <= pool.inline_bytes:
-            return torch.empty(shape, dtype=dtype)
-        storage = pool.take(nbytes)
-    if storage is None:
-        storage = torch.UntypedStorage._new_shared(nbytes)
-    # (torch's stub wants a stride; left out, set_ takes the contiguous one)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))  # type: ignore[call-overload]
+
+def private_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """The default allocator: ``torch.empty`` (private memory)."""
+    return torch.empty(tuple(shape), dtype=dtype)
+
+
+def with_allocator(collate_fn: Callable[[list[Any]], Any], empty: Empty) -> Callable[[list[Any]], Any]:
+    """``collate_fn`` drawing its batch tensors from ``empty`` if it is one of this module's collates
+    (or a ``functools.partial`` of one), else ``collate_fn`` itself (it allocates for itself)."""
+    base = collate_fn.func if isinstance(collate_fn, functools.partial) else collate_fn
+    if base is default_collate or base is pad_collate:
+        return functools.partial(collate_fn, empty=empty)  # type: ignore[call-arg]
+    return collate_fn
 
 
 def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -63,7 +53,7 @@ def _is_array(value: object) -> bool:
     return isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS)
 
 
-def _stack(values: list, where: str) -> torch.Tensor:
+def _stack(values: list, where: str, empty: Empty) -> torch.Tensor:
     """Stack equal-shape tensors/arrays into one preallocated tensor, one copy per sample."""
     tensors = [_as_tensor(v) for v in values]
     first = tensors[0]
@@ -80,7 +70,7 @@ def _stack(values: list, where: str) -> torch.Tensor:
             dtype = torch.promote_types(dtype, t.dtype)
     if first.device.type != "cpu":
         return torch.stack(tensors).to(dtype)
-    out = empty_batch((len(tensors), *first.shape), dtype)
+    out = empty((len(tensors), *first.shape), dtype)
     return torch.stack(tensors, out=out)
 
 
@@ -89,31 +79,8 @@ def _padded_dims(ndim: int) -> tuple[int, ...]:
     return (0,) if ndim <= 2 else tuple(range(1, ndim))
 
 
-def _pad_planned(values: list[PlannedImage], where: str, multiple_of: int | None) -> tuple[object, ...]:
-    """(images, lengths, mask) of images planned for device decode: the images stay a list (one
-    [B, 3, h, w] tensor once decoded on the device, which needs one size, so nothing is padded)."""
-    w, h = values[0].size
-    for i, v in enumerate(values):
-        if v.size != (w, h):
-            raise ValueError(
-                f"{where}: device decode makes one image size per batch; sample 0 is {h}x{w}, "
-                f"sample {i} (shard {v.shard}, key {v.key!r}) {v.size[1]}x{v.size[0]}"
-            )
-    if multiple_of and (h % multiple_of or w % multiple_of):
-        raise ValueError(
-            f"{where}: pad_collate({multiple_of=}) would pad the {h}x{w} images, and device decode "
-            f"does not pad: crop to a multiple of {multiple_of}, or leave the image field out of "
-            f"pad_collate's fields="
-        )
-    n = len(values)
-    mask = empty_batch((n, h, w), torch.bool).fill_(True)
-    return PlannedColumn(values), torch.tensor([[h, w]] * n, dtype=torch.int64), mask
-
-
-def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) -> tuple[object, ...]:
+def _pad(values: list, where: str, pad_value: float, multiple_of: int | None, empty: Empty) -> tuple[object, ...]:
     """(padded, lengths, mask) for tensors that may differ in their padded dims."""
-    if type(values[0]) is PlannedImage:
-        return _pad_planned(values, where, multiple_of)
     tensors = [_as_tensor(v) for v in values]
     first = tensors[0]
     dims = _padded_dims(first.ndim)
@@ -130,8 +97,8 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
     for d in dims:
         longest = max(t.shape[d] for t in tensors)
         shape[d] = -(-longest // multiple_of) * multiple_of if multiple_of else longest
-    padded = empty_batch((len(tensors), *shape), dtype).fill_(pad_value)
-    mask = empty_batch((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
+    padded = empty((len(tensors), *shape), dtype).fill_(pad_value)
+    mask = empty((len(tensors), *(shape[d] for d in dims)), torch.bool).zero_()
     lengths = torch.tensor([[t.shape[d] for d in dims] for t in tensors], dtype=torch.int64)
     for i, t in enumerate(tensors):
         padded[i][tuple(slice(0, n) for n in t.shape)] = t
@@ -139,29 +106,27 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None) ->
     return padded, (lengths[:, 0] if len(dims) == 1 else lengths), mask
 
 
-def _collate(batch: list, where: str, leaf: Callable[[list, str], object], pad_here: Callable[[str], bool]) -> object:
+def _collate(
+    batch: list, where: str, leaf: Callable[[list, str], object], pad_here: Callable[[str], bool], empty: Empty
+) -> object:
     elem = batch[0]
-    if type(elem) is PlannedImage:
-        if not all(type(v) is PlannedImage for v in batch):
-            raise ValueError(f"{where}: sample 0 holds an image planned for device decode but not every sample does")
-        return leaf(batch, where) if pad_here(where) else PlannedColumn(batch)
     if _is_array(elem):
         if not all(_is_array(v) for v in batch):
             raise ValueError(f"{where}: sample 0 holds an array but not every sample does")
         if pad_here(where) and _as_tensor(elem).ndim >= 1:
             return leaf(batch, where)
-        return _stack(batch, where)
+        return _stack(batch, where, empty)
     if isinstance(elem, Mapping):
         keys = list(elem)
         for i, s in enumerate(batch):
             if not isinstance(s, Mapping) or s.keys() != elem.keys():
                 raise ValueError(f"{where}: sample {i} has keys {sorted(s)}, sample 0 has {sorted(keys)}")
-        return {k: _collate([s[k] for s in batch], f"{where}[{k!r}]", leaf, pad_here) for k in keys}
+        return {k: _collate([s[k] for s in batch], f"{where}[{k!r}]", leaf, pad_here, empty) for k in keys}
     if isinstance(elem, (tuple, list)):
         for i, s in enumerate(batch):
             if not isinstance(s, (tuple, list)) or len(s) != len(elem):
                 raise ValueError(f"{where}: sample {i} has {len(s)} items, sample 0 has {len(elem)}")
-        columns = [_collate(list(col), f"{where}[{j}]", leaf, pad_here) for j, col in enumerate(zip(*batch))]
+        columns = [_collate(list(col), f"{where}[{j}]", leaf, pad_here, empty) for j, col in enumerate(zip(*batch))]
         if hasattr(elem, "_fields"):  # a NamedTuple: its fields by position
             named: Callable[..., Any] = type(elem)
             return named(*columns)
@@ -180,17 +145,19 @@ def _check_batch(samples: list) -> None:
         raise ValueError(f"samples should be a non-empty list, got {samples!r:.80}")
 
 
-def default_collate(samples: list) -> object:
+def default_collate(samples: list, *, empty: Empty = private_empty) -> object:
     """Batch samples field by field: one tensor per array field, tuples and dicts kept.
 
     Tensors and numeric numpy arrays of equal shape -> one ``[B, ...]`` tensor (dtypes
     promoted); Python ints -> int64; floats (or ints mixed with floats) -> the default float
     dtype (float32, where torch's collate gives float64); bools -> bool; tuples/lists -> a tuple
     of columns (a namedtuple stays one); dicts -> a dict; anything else (str, bytes, None,
-    PIL images) -> a list. Unequal shapes raise ValueError naming the field.
+    PIL images) -> a list. Unequal shapes raise ValueError naming the field. ``empty(shape,
+    dtype)`` allocates each batch tensor (default: private memory; the worker's shared-memory
+    slots under ``make_loader``, see :func:`with_allocator`).
     """
     _check_batch(samples)
-    return _collate(list(samples), "batch", lambda b, w: _stack(b, w), lambda w: False)
+    return _collate(list(samples), "batch", lambda b, w: _stack(b, w, empty), lambda w: False, empty)
 
 
 def pad_collate(
@@ -199,6 +166,7 @@ def pad_collate(
     pad_value: float = 0,
     multiple_of: int | None = None,
     fields: Collection[str | int] | None = None,
+    empty: Empty = private_empty,
 ) -> object:
     """Like ``default_collate``, but array fields of 1 dim or more come back padded.
 
@@ -214,7 +182,7 @@ def pad_collate(
     (cast to the field's dtype) fills the rest. Each padded size is the batch maximum, rounded
     up to ``multiple_of`` if given. ``fields`` limits padding to those top-level dict keys or
     tuple positions (the rest is stacked as ``default_collate`` does); None pads every array
-    field of 1 dim or more. 0-d arrays and scalars are stacked.
+    field of 1 dim or more. 0-d arrays and scalars are stacked. ``empty``: as for ``default_collate``.
     """
     _check_batch(samples)
     if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of <= 0):
@@ -225,9 +193,9 @@ def pad_collate(
         return tops is None or any(where == t or where.startswith(t + "[") for t in tops)
 
     def leaf(batch: list, where: str) -> object:
-        return _pad(batch, where, pad_value, multiple_of)
+        return _pad(batch, where, pad_value, multiple_of, empty)
 
-    return _collate(list(samples), "batch", leaf, pad_here)
+    return _collate(list(samples), "batch", leaf, pad_here, empty)
 
 
 def bucket_batches(

@@ -1,49 +1,59 @@
 """Device decode, worker side: read the JPEG header, draw the crop and flip, send the bytes.
 
-For ``ShardedDataset(decoding=DecodeOptions(device=...))``. Each image goes through :class:`DevicePlanner`:
+The worker stage of :class:`~shardify.reader.sample.decoders.DeviceDecoding`. Each sample goes
+through a :class:`PlanningProcessor` (its output columns, as ``fields=`` names them) and each
+image through :class:`DevicePlanner`:
 
 - a baseline JPEG that nvJPEG takes (8-bit YCbCr, 3 components, whole: ends with EOI) becomes
-  a :class:`PlannedImage`: its bytes, the crop box drawn with the transform's own ``plan`` from
+  an :class:`ImagePlan`: its bytes, the crop box drawn with the transform's own ``plan`` from
   the header's size, and the flips, with the draws of the CPU path from the same
   ``random.Random`` (seeded by seed, epoch and key): the same crop on every topology;
 - anything else (PNG, progressive, CMYK, grayscale, unreadable header) is decoded here by the
   CPU path (``transform.apply_encoded``, the same draws again) and sent as pixels; a bad one
   raises here and follows ``on_error`` as on the CPU path.
 
-:func:`pack_planned` (run by :class:`DeviceCollate` in the worker, after the usual collate)
-turns a batch's list of them into one :class:`EncodedBatch`: the bytes laid end to end in
-one tensor (a recycled shared-memory slot under ``make_loader``), boxes, flips and the pixels
-of the CPU-decoded ones. :mod:`shardify.reader.sample.device_decode` decodes it on the device.
+:func:`pack_samples` (the strategy's collate) turns a batch of planned samples into the CPU
+path's batch structure with one :class:`EncodedBatch` per image column (the bytes laid end to
+end in one tensor, boxes, flips, the pixels of the CPU-decoded ones) and the other columns as
+``default_collate`` makes them. :mod:`shardify.reader.sample.device_decode` decodes it on the device.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 
-from shardify.errors import DeviceDecodeError
-from shardify.reader.sample.collate import default_collate, empty_batch
-from shardify.reader.sample.decode import over_pixel_limit
-from shardify.reader.sample.planned import PLACEHOLDER_HINT, EncodedBatch, PlannedColumn, PlannedImage
+from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleError
+from shardify.reader.io.stream import Item, Lost
+from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample import planned as _planned
+from shardify.reader.sample.collate import Empty, default_collate, private_empty
+from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
+from shardify.reader.sample.pipeline import Bad, field_spec
+from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
 __all__ = [
     "JpegFrame",
     "jpeg_frame",
-    "PlannedImage",
-    "PlannedColumn",
+    "device_decodable",
+    "ImagePlan",
+    "PlannedSample",
     "EncodedBatch",
     "DevicePlanner",
-    "DeviceCollate",
+    "PlanningProcessor",
     "pack_planned",
-    "plan_on_device",
-    "PLACEHOLDER_HINT",
+    "pack_samples",
+    "checked_device",
 ]
+# Deprecated, importable for one release through __getattr__ (with a warning): PlannedImage,
+# PlannedColumn, DeviceCollate, plan_on_device, PLACEHOLDER_HINT.
 
 
 class JpegFrame(NamedTuple):
@@ -107,10 +117,11 @@ def device_decodable(data: bytes | memoryview, frame: JpegFrame | None) -> bool:
 
 
 def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
-    """(crop transform, flip probabilities) of a transform the device path can run, else ValueError."""
+    """(crop transform, flip probabilities) of a transform the device path can run, else
+    DeviceDecodeOptionsError."""
     items = list(transform.transforms) if isinstance(transform, Compose) else [transform]
     if not items or not isinstance(items[0], _Geometric):
-        raise ValueError(
+        raise DeviceDecodeOptionsError(
             f"DecodeOptions(device=...) needs a transform that starts with a crop "
             f"(RandomResizedCrop, ResizeCenterCrop, "
             f"ScaleJitter, e.g. transforms.imagenet_train()/imagenet_eval()), got {transform!r}"
@@ -118,7 +129,7 @@ def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
     flips = []
     for t in items[1:]:
         if not isinstance(t, RandomHorizontalFlip):
-            raise ValueError(
+            raise DeviceDecodeOptionsError(
                 f"DecodeOptions(device=...) runs a crop then RandomHorizontalFlip on the device; {t!r} in "
                 f"{transform!r} cannot run there (use the CPU path: no device)"
             )
@@ -127,24 +138,21 @@ def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
 
 
 class DevicePlanner:
-    """The worker side of device decode for ``transform``; see the module docstring.
-
-    ``apply_encoded(data, rng)`` is what the dataset calls on each image field, as for any
-    shardify transform.
-    """
+    """Each image's :class:`ImagePlan` under ``transform``; see the module docstring.
+    DeviceDecodeOptionsError for a transform the device cannot run."""
 
     def __init__(self, transform: Any) -> None:
         self.transform = transform
         self._crop, self._flips = _split_transform(transform)
         self._crop_first = isinstance(self._crop, RandomResizedCrop)
 
-    def apply_encoded(self, data: bytes, rng: random.Random) -> PlannedImage:
+    def plan(self, data: bytes, rng: random.Random) -> ImagePlan:
         frame = jpeg_frame(data)
         if not device_decodable(data, frame):
             pixels = self.transform.apply_encoded(data, rng)  # the CPU path, with the same draws
             h, w = pixels.shape[-2:]
             zero = (0.0, 0.0, 0.0, 0.0)
-            return PlannedImage(None, zero, zero, (int(w), int(h)), False, pixels=pixels)
+            return ImagePlan(None, zero, zero, (int(w), int(h)), False, pixels=pixels)
         width, height = frame.width, frame.height  # type: ignore[union-attr]
         box, size = self._crop.plan(width, height, rng)
         flip = False
@@ -154,36 +162,100 @@ class DevicePlanner:
         left, top, right, bottom = box
         box = (float(left), float(top), float(right), float(bottom))
         bounds = box if self._crop_first else (0.0, 0.0, float(width), float(height))
-        return PlannedImage(data, box, bounds, size, flip)
+        return ImagePlan(data, box, bounds, size, flip)
 
     def __repr__(self) -> str:
         return f"DevicePlanner({self.transform!r})"
 
 
-def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> EncodedBatch:
-    """One :class:`EncodedBatch` of a batch's planned images (all of one output size)."""
+class PlanningProcessor:
+    """The device strategy's worker stage for one stream: an encoded sample to a :class:`PlannedSample`.
+
+    ``fields``: its output columns (an extension or ``"a;b"`` alternatives; ``"image"`` any image
+    extension), as :class:`~shardify.reader.sample.pipeline.SampleProcessor` takes them: image
+    columns are planned by ``planner``, the others decoded by extension. A sample that fails is
+    a :class:`~shardify.errors.SampleError` naming shard and key, or under ``skip_errors`` a
+    :class:`~shardify.reader.sample.pipeline.Bad` (the batch stage replaces it).
+    """
+
+    def __init__(
+        self,
+        *,
+        planner: DevicePlanner,
+        fields: Sequence[str],
+        seed: int,
+        epoch: int,
+        allow_pickle: bool,
+        skip_errors: bool,
+        unique_keys: bool,
+    ) -> None:
+        self._planner = planner
+        self._fields = [field_spec(f, IMAGE_EXTS) for f in fields]
+        self._seed, self._epoch = seed, epoch
+        self._allow_pickle, self._skip, self._unique = allow_pickle, skip_errors, unique_keys
+
+    def __call__(self, item: Item) -> PlannedSample | Bad:
+        if isinstance(item, Lost):
+            return Bad(item.shard, None, item.reason, lost=True)
+        shard, key = str(item["__shard__"]), str(item["__key__"])
+        field: str | None = None
+        try:
+            columns: list[Any] = []
+            rng = None  # seeded only for a sample with an image, as on the CPU path
+            for alternatives in self._fields:
+                ext = next((e for e in alternatives if e in item), None)
+                if ext is None:
+                    have = sorted(e for e in item if not e.startswith("__"))
+                    raise ValueError(f"no field {'/'.join(alternatives)!r} (sample has {have}); pass fields=...")
+                field = ext
+                if ext.rpartition(".")[2] in IMAGE_EXTS:
+                    if rng is None:
+                        sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
+                        rng = sample_rng(self._seed, self._epoch, sample_id)
+                    columns.append(self._planner.plan(cast(bytes, item[ext]), rng))
+                else:
+                    columns.append(decode_field(ext, cast(bytes, item[ext]), allow_pickle=self._allow_pickle))
+            return PlannedSample(tuple(columns), shard, key)
+        except Exception as e:
+            reason = (f"field {field!r}: " if field is not None else "") + f"{type(e).__name__}: {e}"
+            if not self._skip or isinstance(e, PickleRefusedError):
+                raise SampleError(reason, shard=shard, key=key) from e
+            return Bad(shard, key, reason, lost=False)
+
+
+def pack_planned(
+    images: Sequence[ImagePlan],
+    *,
+    shards: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
+    empty: Empty = private_empty,
+) -> EncodedBatch:
+    """One :class:`EncodedBatch` of a batch's image plans (all of one output size); ``shards``
+    and ``keys`` name each row in messages; ``empty`` allocates the bytes and pixels (as for
+    :func:`~shardify.reader.sample.collate.default_collate`)."""
+    shards = list(shards) if shards is not None else [""] * len(images)
+    keys = list(keys) if keys is not None else [""] * len(images)
     size = images[0].size
     for i, im in enumerate(images):
         if im.size != size:
             raise ValueError(
                 f"batch: cannot batch output sizes {size} (sample 0) and {im.size} (sample {i}, "
-                f"shard {im.shard}, key {im.key!r}); device decode needs one output size"
+                f"shard {shards[i]}, key {keys[i]!r}); device decode needs one output size"
             )
     b = len(images)
     lengths = np.fromiter((0 if im.data is None else len(im.data) for im in images), dtype=np.int64, count=b)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = empty_batch((int(offsets[-1]),), torch.uint8)
+    data = empty((int(offsets[-1]),), torch.uint8)
     buf = data.numpy()
     for i, im in enumerate(images):
         if im.data is not None:
             buf[offsets[i] : offsets[i + 1]] = np.frombuffer(im.data, dtype=np.uint8)
     rows = [i for i, im in enumerate(images) if im.pixels is not None]
-    decoded = [im.pixels for im in images if im.pixels is not None]
     w, h = size
-    pixels = empty_batch((len(rows), 3, h, w), torch.uint8) if rows else torch.empty((0, 3, h, w), dtype=torch.uint8)
-    for j, row in enumerate(decoded):
-        pixels[j] = row
+    pixels = empty((len(rows), 3, h, w), torch.uint8)
+    for j, decoded in enumerate(im.pixels for im in images if im.pixels is not None):
+        pixels[j] = decoded
     return EncodedBatch(
         data=data,
         offsets=torch.from_numpy(offsets),
@@ -193,63 +265,57 @@ def pack_planned(images: Sequence[PlannedImage], *, column: str = "stack") -> En
         pixels=pixels,
         pixel_rows=torch.tensor(rows, dtype=torch.int64),
         size=(h, w),
-        shards=[im.shard for im in images],
-        keys=[im.key for im in images],
-        column=column,
+        shards=shards,
+        keys=keys,
     )
 
 
-def _pack_lists(obj: Any, where: str = "batch") -> Any:
-    kind = type(obj)
-    if (kind is PlannedColumn or kind is list or kind is tuple) and obj and all(type(x) is PlannedImage for x in obj):
-        return pack_planned(obj, column="stack" if kind is PlannedColumn else kind.__name__)
-    if kind is PlannedImage:
-        raise ValueError(
-            f"{where}: an image planned for device decode is not in a column of the batch "
-            f"(shard {obj.shard}, key {obj.key!r}); {PLACEHOLDER_HINT}"
-        )
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, EncodedBatch):
-        items = [_pack_lists(x, f"{where}[{i}]") for i, x in enumerate(obj)]
-        return type(obj)(*items) if hasattr(obj, "_fields") else kind(items)
-    if isinstance(obj, dict):
-        return {k: _pack_lists(v, f"{where}[{k!r}]") for k, v in obj.items()}
-    return obj
-
-
-class DeviceCollate:
-    """``collate_fn`` (default: ``default_collate``), then each column of planned images packed.
-
-    A column is a list (or tuple) of the batch's planned images, wherever the collate put it:
-    decoded on the device, it becomes what the CPU path's collate made of the decoded images
-    (one stacked tensor from shardify's collates, a list or tuple of images from one that
-    kept them so);
-    a planned image anywhere else, or a collate that fails computing on one, is a ValueError
-    saying what the collate may do with them."""
-
-    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, samples: list[Any]) -> Any:
-        collate = default_collate if self.collate_fn is None else self.collate_fn
-        try:
-            batch = collate(samples)
-        except Exception as e:
-            if "PlannedImage" not in str(e):
-                raise
+def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_empty) -> Any:
+    """The device strategy's collate: the CPU path's ``default_collate`` structure, with one
+    :class:`EncodedBatch` where that path has a stacked image column (one column: the value itself)."""
+    width = len(samples[0].columns)
+    shards, keys = [s.shard for s in samples], [s.key for s in samples]
+    for i, s in enumerate(samples):
+        if len(s.columns) != width:
             raise ValueError(
-                f"collate_fn={collate!r} failed on a batch planned for device decode "
-                f"({type(e).__name__}: {e}); {PLACEHOLDER_HINT}"
-            ) from e
-        return _pack_lists(batch)
+                f"batch: sample {i} (shard {s.shard}, key {s.key!r}) has {len(s.columns)} columns, sample 0 has {width}"
+            )
+    out = []
+    for j in range(width):
+        column = [s.columns[j] for s in samples]
+        planned = [type(v) is ImagePlan for v in column]
+        if any(planned) and not all(planned):
+            i = planned.index(not planned[0])
+            raise ValueError(
+                f"batch[{j}]: sample 0 (shard {shards[0]}, key {keys[0]!r}) and sample {i} (shard "
+                f"{shards[i]}, key {keys[i]!r}) differ in whether this column is an image"
+            )
+        packed = pack_planned(column, shards=shards, keys=keys, empty=empty) if planned[0] else None
+        out.append(packed if packed is not None else default_collate(column, empty=empty))
+    return out[0] if width == 1 else tuple(out)
 
 
-def plan_on_device(
-    decode_device: str | torch.device, options: Any, streams: Sequence[Any]
-) -> tuple[torch.device, Any, tuple]:
-    """``(device, options, streams)`` with every image transform planned for the device.
+class _DeviceCollate:
+    """Deprecated: the device strategy packs its batches itself (:func:`pack_samples`)."""
 
-    Raises :class:`DeviceDecodeError` for a CUDA device without CUDA, ValueError for a
-    transform the device path cannot run.
+    def __init__(self, collate_fn: Any) -> None:
+        if collate_fn is not None and collate_fn is not default_collate:
+            raise DeviceDecodeOptionsError(
+                f"collate_fn={collate_fn!r} cannot run under DecodeOptions(device=...): the images are "
+                "decoded after the workers (batches come as default_collate makes them)"
+            )
+
+    def __call__(self, samples: list[PlannedSample]) -> Any:
+        return pack_samples(samples)
+
+
+def checked_device(decode_device: str | torch.device, options: Any, streams: Sequence[Any]) -> torch.device:
+    """``decode_device`` as a device, once the options are known to run under device decode.
+
+    :class:`~shardify.errors.DeviceDecodeError` for a CUDA device without CUDA;
+    :class:`~shardify.errors.DeviceDecodeOptionsError` for ``map=``, a custom ``collate_fn=``,
+    ``bucket_length=`` (each would see the images before they are decoded), no transform, or a
+    transform the device cannot run.
     """
     device = torch.device(decode_device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -258,14 +324,47 @@ def plan_on_device(
             f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
             "leave DecodeOptions.device unset to decode in the workers"
         )
+    after = "the images are decoded after the workers, so it would see them undecoded"
+    if options.map is not None or any(s.map is not None for s in streams):
+        raise DeviceDecodeOptionsError(
+            f"map= cannot run under DecodeOptions(device=...): {after}; name the output columns with "
+            "fields=... (the batch comes back as default_collate makes it), or decode in the workers"
+        )
+    if options.collate_fn is not None and options.collate_fn is not default_collate:
+        raise DeviceDecodeOptionsError(
+            f"BatchOptions(collate_fn={options.collate_fn!r}) cannot run under DecodeOptions(device=...): "
+            f"{after}; batches come as default_collate makes them (compute on them after the loader)"
+        )
+    if options.bucket_length is not None:
+        raise DeviceDecodeOptionsError(
+            f"BatchOptions(bucket_length=...) cannot run under DecodeOptions(device=...): {after}"
+        )
     if options.transform is None and any(s.transform is None for s in streams):
-        raise ValueError("DecodeOptions(device=...) needs transform=... (a crop, e.g. transforms.imagenet_train())")
-    options = dataclasses.replace(
-        options,
-        transform=DevicePlanner(options.transform) if options.transform is not None else None,
-        collate_fn=DeviceCollate(options.collate_fn),
-    )
-    streams = tuple(
-        dataclasses.replace(s, transform=DevicePlanner(s.transform)) if s.transform is not None else s for s in streams
-    )
-    return device, options, streams
+        raise DeviceDecodeOptionsError(
+            "DecodeOptions(device=...) needs transform=... (a crop, e.g. transforms.imagenet_train())"
+        )
+    return device
+
+
+def _plan_on_device(
+    decode_device: str | torch.device, options: Any, streams: Sequence[Any]
+) -> tuple[torch.device, Any, tuple[Any, ...]]:
+    """Deprecated: ``(device, options, streams)`` once checked (:func:`checked_device`); nothing is
+    rewritten any more: ``ShardedDataset(decoding=DecodeOptions(device=...))`` chooses the strategy."""
+    return checked_device(decode_device, options, streams), options, tuple(streams)
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated names, with a DeprecationWarning (kept for one release)."""
+    deprecated = {"DeviceCollate": _DeviceCollate, "plan_on_device": _plan_on_device}
+    if name in deprecated:
+        warnings.warn(
+            f"shardify.reader.sample.device_plan.{name} is deprecated: DecodeOptions(device=...) chooses the "
+            "device strategy (shardify.reader.sample.decoders) once",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return deprecated[name]
+    if name in ("PlannedImage", "PlannedColumn", "PLACEHOLDER_HINT"):
+        return getattr(_planned, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

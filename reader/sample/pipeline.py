@@ -23,7 +23,6 @@ from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.clock import CLOCK, augmenting
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
-from shardify.reader.sample.device_plan import PLACEHOLDER_HINT, PlannedImage
 from shardify.reader.sample.transforms import run_image_transform
 from shardify.reader.stages.batch import Bucketed, Cut, Fill, fill
 from shardify.reader.stages.chain import state_at_batch, worker_stages
@@ -104,7 +103,6 @@ class SampleProcessor:
     ) -> None:
         self._decode_field, self._decode_sample = decode_field, decode_sample
         self._run_transform, self._refused = run_image_transform, PickleRefusedError
-        self._planned = PlannedImage
         self._images = IMAGE_EXTS
         self._seed, self._epoch = seed, epoch
         self._transform, self._map = transform, map
@@ -122,17 +120,9 @@ class SampleProcessor:
         except Exception as e:
             where = f"field {self._field!r}: " if self._field is not None else ""
             reason = f"{where}{type(e).__name__}: {e}"
-            if "PlannedImage" in reason:
-                reason += f" ({PLACEHOLDER_HINT})"
             if not self._skip or isinstance(e, self._refused):
                 raise SampleError(reason, shard=shard, key=key) from e
             return Bad(shard, key, reason, lost=False)
-
-    def _located(self, value: Any, shard: str, key: str) -> Any:
-        """A value planned for device decode learns its sample's shard and key (for messages)."""
-        if type(value) is self._planned:
-            value.locate(shard, key)
-        return value
 
     def _rng(self, shard: str, key: str) -> Any:
         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
@@ -144,9 +134,7 @@ class SampleProcessor:
             skip = [e for e in sample if self._transform is not None and e.rpartition(".")[2] in self._images]
             decoded = self._decode_sample(sample, allow_pickle=self._allow_pickle, skip=skip)
             for image_ext in skip:
-                decoded[image_ext] = self._located(
-                    self._run_transform(self._transform, sample[image_ext], rng=rng), shard, key
-                )
+                decoded[image_ext] = self._run_transform(self._transform, sample[image_ext], rng=rng)
             decoded["__rng__"] = rng
             map_fn = self._map
             return augmenting(lambda: map_fn(decoded))  # map= counts as augmentation
@@ -161,7 +149,7 @@ class SampleProcessor:
             if ext.rpartition(".")[2] in self._images:
                 if rng is None:
                     rng = self._rng(shard, key)
-                out.append(self._located(self._run_transform(self._transform, data, rng=rng), shard, key))
+                out.append(self._run_transform(self._transform, data, rng=rng))
             else:
                 out.append(self._decode_field(ext, data, allow_pickle=self._allow_pickle))
         return out[0] if len(out) == 1 else tuple(out)
@@ -248,7 +236,7 @@ def share_batches(
     epoch: int,
     rank: int,
     worker: int,
-    processors: Sequence[SampleProcessor],
+    processors: Sequence[Callable[[Item], Any]],
     collate: Callable[[list[Any]], Any],
     on_bad: Callable[[Bad], None],
     tag: Callable[[tuple[int, Item]], tuple[int, Item]] | None,

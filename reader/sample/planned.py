@@ -1,25 +1,29 @@
-"""What device decode sends from the workers to the device: the planned image and the packed batch.
+"""What device decode sends from the workers to the device: each image's plan, a sample's, the packed batch.
 
-A worker plans each JPEG (:mod:`~shardify.reader.sample.device_plan`) into a :class:`PlannedImage`;
-collate keeps a batch's planned images in a :class:`PlannedColumn`; the worker packs them into one
-:class:`EncodedBatch`, which :mod:`~shardify.reader.sample.device_decode` decodes on the device.
-Plain data types, so that collate, the planner and the device side share them without importing
-one another.
+The device strategy's worker stage (:mod:`~shardify.reader.sample.device_plan`) plans each JPEG
+into an :class:`ImagePlan` and each sample into a :class:`PlannedSample`; its packing turns a
+batch of them into one :class:`EncodedBatch`, which :mod:`~shardify.reader.sample.device_decode`
+decodes on the device. These types stay inside the device strategy: they never reach ``map=``,
+a ``collate_fn=`` or the generic stages. Plain data types, so that the planner and the device
+side share them without importing one another.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["PlannedImage", "PlannedColumn", "EncodedBatch", "PLACEHOLDER_HINT"]
+__all__ = ["ImagePlan", "PlannedSample", "EncodedBatch"]
+# Deprecated, importable for one release through __getattr__ (with a warning): PlannedImage,
+# PlannedColumn, PLACEHOLDER_HINT.
 
 
-@dataclasses.dataclass(slots=True)
-class PlannedImage:
-    """One image of a device-decoded batch: bytes and draws, or (CPU-decoded) ``pixels``.
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImagePlan:
+    """One image of a device-decoded batch: bytes and draws, or (decoded in the worker) ``pixels``.
 
     ``box`` and ``bounds`` are (left, top, right, bottom) in original pixels: the crop is
     resized to ``size`` (w, h) by a filter reading only inside ``bounds`` (the box itself for
@@ -33,17 +37,16 @@ class PlannedImage:
     size: tuple[int, int]
     flip: bool
     pixels: torch.Tensor | None = None
-    shard: str = ""
-    key: str = ""
 
-    @property
-    def shape(self) -> torch.Size:
-        """The shape of the image once decoded (as the CPU path's tensor): ``(3, h, w)``."""
-        return torch.Size((3, self.size[1], self.size[0]))
 
-    def locate(self, shard: str, key: str) -> None:
-        """Name the sample (for the messages and report of the device side)."""
-        self.shard, self.key = shard, key
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlannedSample:
+    """One sample as the device strategy's worker stage makes it: per output column, an
+    :class:`ImagePlan` (an image column) or the decoded value; and where it comes from."""
+
+    columns: tuple[Any, ...]
+    shard: str
+    key: str
 
 
 class EncodedBatch(NamedTuple):
@@ -52,10 +55,8 @@ class EncodedBatch(NamedTuple):
     ``data``: uint8 [total], the encoded bytes end to end; ``offsets``: int64 [B + 1] (a
     CPU-decoded image has no bytes); ``boxes``, ``bounds``: float64 [B, 4]; ``flips``: bool [B];
     ``pixels``: uint8 [F, 3, h, w] at rows ``pixel_rows`` (int64 [F]); ``size``: (h, w);
-    ``shards``, ``keys``: per row, for messages. ``column``: what the batch holds once decoded,
-    as the CPU path's collate would have made it: ``"stack"`` one ``[B, 3, h, w]`` tensor (the
-    collates of :mod:`~shardify.reader.sample.collate`), ``"list"``/``"tuple"`` the images one by one
-    (a custom collate that kept them in a list or tuple).
+    ``shards``, ``keys``: per row, for messages. Decoded, it becomes one uint8 ``[B, 3, h, w]``
+    tensor, as ``default_collate`` stacks the CPU path's images.
     """
 
     data: torch.Tensor
@@ -68,7 +69,6 @@ class EncodedBatch(NamedTuple):
     size: tuple[int, int]
     shards: list[str]
     keys: list[str]
-    column: str = "stack"
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -81,12 +81,28 @@ class EncodedBatch(NamedTuple):
         )
 
 
-class PlannedColumn(list):
-    """A batch's planned images that the CPU path's collate would have stacked into one tensor."""
+class _PlannedColumn(list[Any]):
+    """Deprecated: collate no longer sees planned images."""
 
 
-PLACEHOLDER_HINT = (
-    "under DecodeOptions(device=...) each image reaches map= and collate_fn= as a PlannedImage "
-    "(its bytes and crop; .shape is the decoded image's): keep the images of a batch in a list, "
-    "as default_collate and pad_collate do, and compute on their pixels after the loader"
-)
+_DEPRECATED: dict[str, Any] = {
+    "PlannedImage": ImagePlan,
+    "PlannedColumn": _PlannedColumn,
+    "PLACEHOLDER_HINT": (
+        "under DecodeOptions(device=...) images are planned and packed by the device strategy itself: "
+        "map=, collate_fn= and bucket_length= are refused when the dataset is made"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated names, with a DeprecationWarning (kept for one release)."""
+    if name in _DEPRECATED:
+        warnings.warn(
+            f"shardify.reader.sample.planned.{name} is deprecated: device decode no longer sends placeholders "
+            "through map= or collate_fn= (see ImagePlan, PlannedSample)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _DEPRECATED[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,8 @@ both shrink by whole blocks first past ``REDUCING_GAP``. Pre-decoded images
 (``--raw-pixels``, :mod:`shardify.reader.sample.raw`) skip decoding: the box is drawn from the
 stored size with the same draws, sliced out of the bytes, and only the crop is resized. Flip
 and colour jitter then run on the tensor. Other formats take the plain path. Normalisation is
-left to the device.
+left to the device. The base class is in :mod:`~shardify.reader.sample.transform_base`, colour
+jitter in :mod:`~shardify.reader.sample.color`; all are imported from here.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image, ImageEnhance
+from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 
 from .clock import augmenting
+from .color import ColorJitter
 from .decode import (
     REDUCING_GAP,
     Box,
@@ -41,6 +42,7 @@ from .decode import (
     turbo_jpeg_size,
 )
 from .raw import raw_crop, raw_image, raw_pixels, raw_to_tensor
+from .transform_base import Transform, _as_output, _seed_globals
 
 __all__ = [
     "Transform",
@@ -56,40 +58,6 @@ __all__ = [
     "run_image_transform",
     "REDUCING_GAP",
 ]
-
-
-def _as_output(value: object) -> object:
-    return pil_to_tensor(value) if isinstance(value, Image.Image) else value
-
-
-def _seed_globals(rng: random.Random) -> None:
-    """Seed Python's, numpy's and torch's global RNGs from ``rng`` (~6 us, for user callables)."""
-    seed = rng.getrandbits(64)
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFF_FFFF)
-    torch.default_generator.manual_seed(seed)  # torch.manual_seed also seeds CUDA: ~90 us
-
-
-class Transform:
-    """Base class: ``__call__(img, rng)`` on PIL; ``apply_encoded(data, rng)`` from bytes.
-
-    A subclass may also define ``apply_tensor(x, rng)`` on a uint8 [3, H, W] tensor, drawing
-    from ``rng`` exactly as ``__call__`` does; the fast path then stays on tensors.
-    """
-
-    apply_tensor: Callable[[torch.Tensor, random.Random], torch.Tensor] | None = None
-
-    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
-        raise NotImplementedError
-
-    def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
-        """Decode ``data``, apply the transform and return a uint8 CHW tensor."""
-        img = decode_image(data)
-        return augmenting(lambda: pil_to_tensor(self(img, rng)))
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
-        return f"{type(self).__name__}({args})"
 
 
 class _Geometric(Transform):
@@ -266,59 +234,6 @@ class RandomHorizontalFlip(Transform):
 
     def apply_tensor(self, x: torch.Tensor, rng: random.Random) -> torch.Tensor:
         return x.flip(-1) if rng.random() < self.p else x
-
-
-def _blend(degenerate: torch.Tensor | float, x: torch.Tensor, factor: float) -> torch.Tensor:
-    """Pillow's ``Image.blend(degenerate, x, factor)``: float32 maths, clipped, truncated."""
-    d = degenerate if isinstance(degenerate, float) else degenerate.float()
-    return ((x.float() - d) * np.float32(factor) + d).clamp_(0, 255).to(torch.uint8)
-
-
-def _luma(x: torch.Tensor) -> torch.Tensor:
-    """Pillow's RGB -> L conversion (ITU-R 601-2, rounded), as int32 [H, W]."""
-    r, g, b = x.to(torch.int32).unbind(0)
-    return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16
-
-
-class ColorJitter(Transform):
-    """torchvision's ColorJitter for brightness, contrast and saturation (no hue).
-
-    Each factor is uniform in [max(0, 1 - x), 1 + x]; the three run in a random order, with
-    Pillow's ImageEnhance as torchvision does on PIL images (the tensor path reproduces
-    ImageEnhance's arithmetic). A zero option is skipped and draws nothing.
-    """
-
-    _OPS = ("brightness", "contrast", "saturation")
-
-    def __init__(self, *, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0) -> None:
-        for name, value in zip(self._OPS, (brightness, contrast, saturation)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}={value!r} should be a finite number >= 0")
-        self.brightness, self.contrast, self.saturation = float(brightness), float(contrast), float(saturation)
-
-    def get_params(self, rng: random.Random) -> list[tuple[str, float]]:
-        """The (operation, factor) pairs in the order they are applied."""
-        amounts = (self.brightness, self.contrast, self.saturation)
-        order = [i for i in range(3) if amounts[i]]
-        rng.shuffle(order)
-        return [(self._OPS[i], rng.uniform(max(0.0, 1.0 - amounts[i]), 1.0 + amounts[i])) for i in order]
-
-    def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
-        enhancers = {"brightness": ImageEnhance.Brightness, "contrast": ImageEnhance.Contrast,
-                     "saturation": ImageEnhance.Color}  # fmt: skip
-        for op, factor in self.get_params(rng):
-            img = enhancers[op](img).enhance(factor)
-        return img
-
-    def apply_tensor(self, x: torch.Tensor, rng: random.Random) -> torch.Tensor:
-        for op, factor in self.get_params(rng):
-            if op == "brightness":
-                x = _blend(0.0, x, factor)
-            elif op == "contrast":
-                x = _blend(float(int(_luma(x).double().mean().item() + 0.5)), x, factor)
-            else:
-                x = _blend(_luma(x)[None], x, factor)
-        return x
 
 
 class Compose(Transform):

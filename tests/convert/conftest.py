@@ -110,17 +110,19 @@ def tree_bytes():
 @pytest.fixture
 def spy_pools(monkeypatch):
     """``spy(module)``: a list of the start method of each pool of worker processes that
-    ``module`` starts through ``map_in_order`` from then on (the pools still run)."""
-    from shardify.convert import driverpool
+    ``module`` starts through ``LocalExecutor`` from then on (the pools still run)."""
+    from shardify.convert.executor import LocalExecutor
 
     def spy(module) -> list[str]:  # noqa: ANN001
         started: list[str] = []
 
-        def counted(*args, **kwargs):  # noqa: ANN202
-            started.append(kwargs["method"])
-            return driverpool.map_in_order(*args, **kwargs)
+        class Counted(LocalExecutor):
+            def map(self, fn, items, *, args=()):  # noqa: ANN001, ANN202
+                if self.workers > 1:
+                    started.append(self.method)
+                return super().map(fn, items, args=args)
 
-        monkeypatch.setattr(module, "map_in_order", counted)
+        monkeypatch.setattr(module, "LocalExecutor", Counted)
         return started
 
     return spy

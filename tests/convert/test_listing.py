@@ -15,7 +15,7 @@ import pytest
 from shardify.convert.inputs import listing_rows
 from shardify.convert.inputs.labels import int_labels
 from shardify.convert.inputs.listing import scan_listing
-from shardify.convert.write import plan as plan_mod
+from shardify.convert.write import identity
 from shardify.convert.write.plan import plan_split
 from shardify.convert.write.run import convert_listing
 from shardify.errors import InputError, ShardifyError
@@ -190,7 +190,7 @@ PINNED_FINGERPRINT = "f8debcf5747f952518747aa8f8df63dd566523d97aa7e77aa01e85865b
 
 
 def test_listing_output_bytes_are_pinned(tmp_path: Path, options, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_mod, "__version__", "pinned")  # the fingerprint, whatever the release
+    monkeypatch.setattr(identity, "__version__", "pinned")  # the fingerprint, whatever the release
     listing = _pinned_listing(tmp_path)
     plan = plan_split(scan_listing(listing)["train"], options(samples_per_shard=8))
     out = tmp_path / "out"

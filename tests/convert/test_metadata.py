@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardify.convert.inputs.inputs import SampleSpec, SourceFile
-from shardify.convert.write.plan import _metadata_reference, metadata_json, metadata_needed
+from shardify.convert.write.metadata import _metadata_reference, metadata_json, metadata_needed
 from shardify.convert.write.run import convert_listing
 from shardify.reader import BatchOptions
 

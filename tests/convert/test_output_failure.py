@@ -11,8 +11,9 @@ import errno
 import pytest
 
 from shardify.convert import ShardWriter
-from shardify.convert.write import run as convert_run
+from shardify.convert.write import session as session_mod
 from shardify.convert.write.outfs import WORK_DIR, is_locked
+from shardify.convert.write.session import ConversionSession
 from shardify.errors import OutputError
 
 
@@ -22,7 +23,7 @@ def _disk_full(*args, **kwargs):
 
 def test_a_failing_finish_of_a_shard_writer_names_the_output_and_releases_it(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    monkeypatch.setattr("shardify.convert.pyapi.pywriter.publish_splits", _disk_full)
+    monkeypatch.setattr("shardify.convert.write.session.publish_splits", _disk_full)
     w = ShardWriter(out, split="train")
     w.open()
     w.write({"cls": 1, "txt": "a"})
@@ -39,11 +40,10 @@ def test_a_failing_finish_of_a_shard_writer_names_the_output_and_releases_it(tmp
 
 def test_a_failing_open_of_the_output_names_it_and_releases_the_lock(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    monkeypatch.setattr(convert_run, "_remove_temp_files", _disk_full)
+    monkeypatch.setattr(session_mod, "_remove_temp_files", _disk_full)
     with pytest.raises(OutputError, match=rf"{out}: writing the output failed: .*nothing was marked finished"):
-        convert_run.open_locked(out, splits=["train"], overwrite=False)
+        ConversionSession.open(out, {"train": "f"}, overwrite=False)
     assert not is_locked(out)
     assert not (out / WORK_DIR).exists()  # released: the lock's folder went with it
     monkeypatch.undo()
-    fs, lock = convert_run.open_locked(out, splits=["train"], overwrite=False)  # the folder is free again
-    lock.release()
+    ConversionSession.open(out, {"train": "f"}, overwrite=False).release()  # the folder is free again

@@ -16,7 +16,8 @@ from shardify.convert.inputs.inputs import SampleSpec, Scan, payload_bytes
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.write import plan as plan_mod
-from shardify.convert.write.plan import SplitPlan, _meta, _sample_bytes, plan_split
+from shardify.convert.write.metadata import sample_meta
+from shardify.convert.write.plan import SplitPlan, _sample_bytes, plan_split
 from shardify.convert.write.run import convert_scans
 from shardify.tarfmt import END_OF_ARCHIVE
 
@@ -75,7 +76,7 @@ def _reference(scan: Scan, options: ConvertOptions) -> tuple[str, list[int], lis
     sizes, nbytes, count, current = [], [], 0, len(END_OF_ARCHIVE)
     for i in plan.order:
         spec, key = scan.samples[i], plan.keys[i]
-        meta = _meta(spec, key, options.metadata, tuple(scan.classes))
+        meta = sample_meta(spec, key, options.metadata, tuple(scan.classes))
         size = _sample_bytes(spec, meta)
         if (options.samples_per_shard is not None and count >= options.samples_per_shard) or (
             limit is not None and count and current + size > limit

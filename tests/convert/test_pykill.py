@@ -43,18 +43,18 @@ if kill.isdigit():  # after that many samples reached the shard stream
             return _real(self, *a, **k)
         setattr(stream_mod.ShardStream, name, patched)
 elif kill == "manifest":  # right after the manifest is written, before the wids copy and the cleanup
-    from shardify.convert.write import run as run_mod
-    real_name = run_mod.index_name
-    run_mod.index_name = lambda split, version=None: die() if version is None else real_name(split, version)
+    from shardify.convert.write import finish as finish_mod
+    real_name = finish_mod.index_name
+    finish_mod.index_name = lambda split, version=None: die() if version is None else real_name(split, version)
 elif kill in ("finish", "done"):  # in the finish: before the manifest, or when all is written
-    for mod in (pywriter, items_mod):
-        real_publish = mod.publish_splits
-        def publish(*a, _real=real_publish, **k):
-            if kill == "finish":
-                die()
-            _real(*a, **k)
+    from shardify.convert.write import session as session_mod
+    real_publish = session_mod.publish_splits
+    def publish(*a, _real=real_publish, **k):
+        if kill == "finish":
             die()
-        mod.publish_splits = publish
+        _real(*a, **k)
+        die()
+    session_mod.publish_splits = publish
 
 CHANGED = len(sys.argv) > 4  # the user's script changed: one sample differs
 

@@ -93,12 +93,12 @@ def test_an_interrupted_raw_conversion_resumes_byte_identical(tmp_path: Path, op
     convert_imagefolder(src, tmp_path / "ref", options=opts)
     out = tmp_path / "out"
     with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert.write import run
+        from shardify.convert.write import finish
 
         def crash(*a, **k):  # noqa: ANN002, ANN003, ANN202
             raise KeyboardInterrupt
 
-        mp.setattr(run, "_write_report", crash)  # after every shard, before the index and manifest
+        mp.setattr(finish, "write_report", crash)  # after every shard, before the index and manifest
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(src, out, options=opts)
     assert not (out / "manifest.json").exists()

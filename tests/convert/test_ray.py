@@ -56,12 +56,12 @@ def test_ray_to_fsspec_url_resumes_after_failure(local_ray, source: Path, tmp_pa
     convert_imagefolder(source, tmp_path / "ref", options=options(samples_per_shard=4))
     url = f"file://{tmp_path / 'url'}"
     with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert.write import run
+        from shardify.convert.write import finish
 
         def crash(*a, **k):
             raise KeyboardInterrupt
 
-        mp.setattr(run, "_write_report", crash)
+        mp.setattr(finish, "write_report", crash)
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(source, url, options=options(samples_per_shard=4, engine="ray"))
     assert not (tmp_path / "url" / "manifest.json").exists()

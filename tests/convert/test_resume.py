@@ -65,12 +65,12 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, tree_bytes) -> Non
 def _interrupted_before_the_report(src: Path, out: Path, options) -> None:
     """A conversion stopped after writing its shards and records, before its report, index and manifest."""
     with pytest.MonkeyPatch.context() as mp:
-        from shardify.convert.write import run
+        from shardify.convert.write import finish
 
         def crash(*a, **k):
             raise KeyboardInterrupt
 
-        mp.setattr(run, "_write_report", crash)
+        mp.setattr(finish, "write_report", crash)
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(src, out, options=options)
 

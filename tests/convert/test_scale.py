@@ -140,13 +140,13 @@ def test_conversion_with_everything_in_parts_writes_the_same_bytes(
         convert_listing(listing, tmp_path / f"w{workers}", options=options(workers=workers, samples_per_shard=16))
         assert tree_bytes(tmp_path / f"w{workers}") == tree_bytes(tmp_path / "one")
     assert (len(scans), len(plans)) == (2, 4)
-    from shardify.convert.write import run  # a run stopped after its shards, before its report: resumed
+    from shardify.convert.write import finish  # a run stopped after its shards, before its report: resumed
 
     def crash(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run, "_write_report", crash)
+        patch.setattr(finish, "write_report", crash)
         with pytest.raises(KeyboardInterrupt):
             convert_listing(listing, tmp_path / "resumed", options=options(workers=2, samples_per_shard=16))
     result = convert_listing(listing, tmp_path / "resumed", options=options(workers=2, samples_per_shard=16))

@@ -42,13 +42,13 @@ def _version(out: Path) -> str:
 
 def _killed_before_the_report(src: Path, out: Path, options: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A conversion interrupted after writing every shard, before its report, index and manifest."""
-    from shardify.convert.write import run
+    from shardify.convert.write import finish
 
     def crash(*a: object, **k: object) -> None:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as mp:
-        mp.setattr(run, "_write_report", crash)
+        mp.setattr(finish, "write_report", crash)
         with pytest.raises(KeyboardInterrupt):
             convert_imagefolder(src, out, options=options)
 

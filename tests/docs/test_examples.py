@@ -137,7 +137,7 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the pages assume exists: image folders ``~/data/imagenet/{train,val}`` (``HOME`` is ``home/``) (and
     ``photos``, a
     copy of train), the converted ``out/imagenet`` (splits train and validation), and the
-    ID-labelled tensors of ``data/``, and the clone's ``tools/``. Tiny: 3 classes of 64x48 JPEGs."""
+    ID-labelled tensors of ``data/``, and the clone's ``tools/`` and ``examples/``. Tiny: 3 classes of 64x48 JPEGs."""
     from shardify.convert.options import ConvertOptions
     from shardify.convert.synth import make_imagefolder
     from shardify.convert.write.run import convert_imagefolder
@@ -153,6 +153,7 @@ def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     _ids_data(root)
     (root / "tools").symlink_to(ROOT / "tools")  # the pages run scripts of the clone, as tools/...
+    (root / "examples").symlink_to(ROOT / "examples")  # ... and as examples/...
     return root
 
 

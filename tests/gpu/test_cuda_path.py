@@ -75,7 +75,8 @@ def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, devic
         assert gl == el and gs == pytest.approx(es, rel=1e-9, abs=1e-3)
 
 
-def test_step_time_benchmark_runs(jpeg_dataset: Path, device: str, capsys) -> None:
+def test_step_time_benchmark_runs(jpeg_dataset: Path, device: str, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "tools"))  # the tool imports tools/benchlib
     spec = importlib.util.spec_from_file_location(
         "bench_gpu_step", Path(__file__).parents[2] / "tools" / "bench_gpu_step.py"
     )

@@ -93,9 +93,12 @@ def test_device_decode_resumes_exactly(jpeg_dataset: Path, device: str) -> None:
         assert torch.equal(y, yf) and torch.allclose(x, xf, atol=1e-6, rtol=0)
 
 
-def test_the_feed_and_step_benchmarks_run_with_device_decode(jpeg_dataset: Path, device: str, capsys) -> None:
+def test_the_feed_and_step_benchmarks_run_with_device_decode(
+    jpeg_dataset: Path, device: str, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "tools"))  # the tool imports tools/benchlib
     tool = Path(__file__).parents[2] / "tools" / "bench_gpu_step.py"
     spec = importlib.util.spec_from_file_location("bench_gpu_step", tool)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

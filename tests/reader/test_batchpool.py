@@ -10,7 +10,6 @@ import gc
 import pickle
 from collections import namedtuple
 from multiprocessing.reduction import ForkingPickler
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,19 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import shardify.reader.delivery.batchpool as bp
-import shardify.reader.sample.collate as collate_module
 from shardify.errors import ShardifyError
 from shardify.reader import ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.sample.collate import default_collate, pad_collate
 
 Pair = namedtuple("Pair", "image label")
-
-
-@pytest.fixture()
-def in_worker(monkeypatch):
-    """Collate as if inside a DataLoader worker (shared memory, the active pool)."""
-    monkeypatch.setattr(collate_module, "get_worker_info", lambda: SimpleNamespace(id=0))
 
 
 @pytest.fixture()
@@ -55,9 +47,9 @@ def tokens(ch: bp.BatchChannel) -> list[int]:
     return ch.tokens[0].tolist()
 
 
-def test_a_batch_arrives_intact_and_its_slot_is_freed_when_dropped(in_worker, channel):
+def test_a_batch_arrives_intact_and_its_slot_is_freed_when_dropped(channel):
     pool = bp.SlotPool(channel, 0)
-    packed = pool.collate(default_collate, images(4, 10))
+    packed = pool.send(default_collate(images(4, 10)))
     kinds = [type(x).__name__ for x in packed.payload]
     assert kinds == ["_SlotRef", "_Inline"]  # the 3 KiB image batch in a slot, labels by value
     x, y = send(packed).unpack()
@@ -72,71 +64,75 @@ def test_a_batch_arrives_intact_and_its_slot_is_freed_when_dropped(in_worker, ch
     assert tokens(channel) == [0, 0, 0]
 
 
-def test_a_freed_slot_is_reused_and_a_kept_one_is_never_written(in_worker, channel):
+def test_a_freed_slot_is_reused_and_a_kept_one_is_never_written(channel):
     pool = bp.SlotPool(channel, 0)
-    first, _ = send(pool.collate(default_collate, images(4, 10))).unpack()
-    second, _ = send(pool.collate(default_collate, images(4, 50))).unpack()
+    first, _ = send(pool.send(default_collate(images(4, 10)))).unpack()
+    second, _ = send(pool.send(default_collate(images(4, 50)))).unpack()
     assert first.data_ptr() != second.data_ptr()
     pointer = second.untyped_storage().data_ptr()
     del second
     gc.collect()
-    third, _ = send(pool.collate(default_collate, images(4, 90))).unpack()
+    third, _ = send(pool.send(default_collate(images(4, 90)))).unpack()
     assert third.untyped_storage().data_ptr() == pointer  # the main process maps each slot once
     assert int(first[3, 0, 0, 0]) == 13 and int(third[0, 0, 0, 0]) == 90
 
 
-def test_out_of_slots_falls_back_to_fresh_shared_memory(in_worker, channel):
+def test_out_of_slots_falls_back_to_fresh_shared_memory(channel):
     pool = bp.SlotPool(channel, 0)
-    kept = [send(pool.collate(default_collate, images(2, 10 * i))).unpack() for i in range(5)]
+    kept = [send(pool.send(default_collate(images(2, 10 * i)))).unpack() for i in range(5)]
     assert all(t != 0 for t in tokens(channel))
     for i, (x, _) in enumerate(kept):
         assert x[:, 0, 0, 0].tolist() == [10 * i, 10 * i + 1]
-    assert isinstance(pool.collate(default_collate, images(2, 0)).payload[0], torch.Tensor)
+    assert isinstance(pool.send(default_collate(images(2, 0))).payload[0], torch.Tensor)
 
 
-def test_bigger_batches_get_a_bigger_slot(in_worker, channel):
+def test_bigger_batches_get_a_bigger_slot(channel):
     pool = bp.SlotPool(channel, 0)
     for size in (8, 16, 32, 16, 64):
-        x, _ = send(pool.collate(default_collate, images(2, size, size=size))).unpack()
+        x, _ = send(pool.send(default_collate(images(2, size, size=size)))).unpack()
         assert x.shape == (2, 3, size, size) and int(x[1, 2, size - 1, size - 1]) == size + 1
         del x
         gc.collect()
     assert tokens(channel) == [0, 0, 0]
 
 
-def test_a_batch_dropped_unopened_gives_its_slot_back(in_worker, channel):
+def test_a_batch_dropped_unopened_gives_its_slot_back(channel):
     pool = bp.SlotPool(channel, 0)
-    received = send(pool.collate(default_collate, images(4, 0)))
+    received = send(pool.send(default_collate(images(4, 0))))
     assert tokens(channel)[0] != 0
     del received
     gc.collect()
     assert tokens(channel) == [0, 0, 0]
 
 
-def test_a_failing_collate_gives_its_slots_back(in_worker, channel):
+def test_a_send_that_fails_midway_gives_its_slots_back(channel, monkeypatch):
     pool = bp.SlotPool(channel, 0)
+    real = bp._SlotRef
 
-    def broken(samples):
-        default_collate(samples)
-        raise RuntimeError("user collate failed")
+    def failing(*args):
+        raise RuntimeError("pack failed")
 
-    with pytest.raises(RuntimeError, match="user collate failed"):
-        pool.collate(broken, images(4, 0))
-    assert tokens(channel) == [0, 0, 0] and bp.active_pool() is None
+    monkeypatch.setattr(bp, "_SlotRef", failing)  # the first tensor is copied into a slot, then it fails
+    with pytest.raises(RuntimeError, match="pack failed"):
+        pool.send(default_collate(images(4, 0)))
+    assert tokens(channel) == [0, 0, 0]
+    monkeypatch.setattr(bp, "_SlotRef", real)
+    x, _ = send(pool.send(default_collate(images(4, 5)))).unpack()
+    assert int(x[3, 0, 0, 0]) == 8
 
 
-def test_a_slot_not_in_the_output_is_given_back(in_worker, channel):
+def test_only_tensors_of_the_batch_take_slots(channel):
     pool = bp.SlotPool(channel, 0)
-    packed = pool.collate(lambda s: default_collate(s)[1], images(4, 0))  # only the labels
+    packed = pool.send(default_collate(images(4, 0))[1])  # only the labels
     assert packed.refs == () and tokens(channel) == [0, 0, 0]
 
 
-def test_a_new_worker_process_ignores_the_old_one_s_late_releases(in_worker, channel):
+def test_a_new_worker_process_ignores_the_old_one_s_late_releases(channel):
     old = bp.SlotPool(channel, 0)
-    kept, _ = send(old.collate(default_collate, images(4, 0))).unpack()
+    kept, _ = send(old.send(default_collate(images(4, 0)))).unpack()
     new = bp.SlotPool(channel, 0)  # a restarted worker with the same id resets its row
     assert tokens(channel) == [0, 0, 0]
-    fresh, _ = send(new.collate(default_collate, images(4, 40))).unpack()
+    fresh, _ = send(new.send(default_collate(images(4, 40)))).unpack()
     token = tokens(channel)[0]
     del kept  # the old batch's release must not free the new worker's slot
     gc.collect()
@@ -150,34 +146,67 @@ class Holder:
         self.images = images
 
 
-def test_a_slot_hidden_in_another_object_is_given_up_not_reused(in_worker, channel):
+def test_a_tensor_hidden_in_another_object_travels_as_torch_sends_it(channel):
     pool = bp.SlotPool(channel, 0)
-    held = send(pool.collate(lambda s: Holder(default_collate(s)[0]), images(4, 10))).unpack()
+    held = send(pool.send(Holder(default_collate(images(4, 10))[0]))).unpack()
     assert isinstance(held, Holder) and tokens(channel) == [0, 0, 0]
     for i in range(6):  # every slot is written meanwhile; the held batch is not among them
-        send(pool.collate(default_collate, images(4, 100 + i))).unpack()
+        send(pool.send(default_collate(images(4, 100 + i)))).unpack()
     assert held.images[:, 0, 0, 0].tolist() == [10, 11, 12, 13]
 
 
-def test_structure_and_small_tensors_of_every_kind(in_worker, channel):
+def test_a_batch_made_over_a_slot_is_sent_without_a_copy(channel):
+    pool = bp.SlotPool(channel, 0)
+    x, _ = batch = default_collate(images(4, 10), empty=pool.empty)
+    packed = pool.send(batch)
+    assert [type(v).__name__ for v in packed.payload] == ["_SlotRef", "_Inline"] and len(packed.refs) == 1
+    assert packed.refs[0][3].data_ptr() == x.data_ptr()  # the slot the collate wrote into, as it is
+    received, _ = send(packed).unpack()
+    assert torch.equal(received, x)
+
+
+def test_a_slot_made_by_a_failing_collate_is_given_up_at_the_next_send(channel):
+    pool = bp.SlotPool(channel, 0)
+
+    def broken(samples):
+        default_collate(samples, empty=pool.empty)
+        raise RuntimeError("user collate failed")
+
+    with pytest.raises(RuntimeError, match="user collate failed"):
+        broken(images(4, 0))
+    assert tokens(channel)[0] != 0
+    x, _ = send(pool.send(default_collate(images(4, 5), empty=pool.empty))).unpack()
+    assert int(x[3, 0, 0, 0]) == 8 and tokens(channel).count(0) == 2  # only the new batch's slot is held
+
+
+def test_a_slot_hidden_in_another_object_is_given_up_not_reused(channel):
+    pool = bp.SlotPool(channel, 0)
+    held = send(pool.send(Holder(default_collate(images(4, 10), empty=pool.empty)[0]))).unpack()
+    assert isinstance(held, Holder) and tokens(channel) == [0, 0, 0]
+    for i in range(6):  # every slot is written meanwhile; the held batch is not among them
+        send(pool.send(default_collate(images(4, 100 + i), empty=pool.empty))).unpack()
+    assert held.images[:, 0, 0, 0].tolist() == [10, 11, 12, 13]
+
+
+def test_structure_and_small_tensors_of_every_kind(channel):
     pool = bp.SlotPool(channel, 0)
     big = torch.arange(3 * 32 * 32, dtype=torch.float32).reshape(3, 32, 32)
 
     def collate(samples):
         x = default_collate(samples)
         return {
-            "pair": Pair(x[0][:, :, 1:], x[1]),  # a non-contiguous view of a slot
+            "pair": Pair(x[0][:, :, 1:], x[1]),  # a non-contiguous view: arrives contiguous
             "list": [
                 torch.tensor(True),
                 torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
                 torch.empty(0, 3),
                 torch.arange(6).reshape(2, 3).t(),
             ],
-            "big": big * 2,  # large, not from the pool: torch's own sharing
+            "big": big * 2,  # large: copied into a slot too
             "text": "kept",
         }
 
-    out = send(pool.collate(collate, [(big, 7), (big + 1, 8)])).unpack()
+    out = send(pool.send(collate([(big, 7), (big + 1, 8)]))).unpack()
     assert isinstance(out["pair"], Pair) and torch.equal(out["pair"].image, torch.stack([big, big + 1])[:, :, 1:])
     assert out["pair"].label.tolist() == [7, 8]
     flag, half, empty, transposed = out["list"]
@@ -186,37 +215,40 @@ def test_structure_and_small_tensors_of_every_kind(in_worker, channel):
     assert torch.equal(out["big"], big * 2) and out["text"] == "kept"
 
 
-def test_pad_collate_draws_padded_fields_and_masks_from_the_pool(in_worker, channel):
+def test_pad_collate_draws_padded_fields_and_masks_from_the_pool(channel):
     pool = bp.SlotPool(channel, 0)
     seqs = [torch.arange(n, dtype=torch.int64) for n in (100, 300)]
-    packed = pool.collate(pad_collate, seqs)
+    packed = pool.send(pad_collate(seqs, empty=pool.empty))
     padded, lengths, mask = send(packed).unpack()
     assert [type(x).__name__ for x in packed.payload] == ["_SlotRef", "_Inline", "_SlotRef"]
     assert padded.shape == (2, 300) and lengths.tolist() == [100, 300]
     assert mask.sum().item() == 400 and padded[0, 99].item() == 99 and padded[0, 100].item() == 0
 
 
-def test_pinning_copies_and_frees_the_slot_at_once(in_worker, channel, monkeypatch):
+def test_pinning_copies_and_frees_the_slot_at_once(channel, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, device=None: self.clone())
     pool = bp.SlotPool(channel, 0)
-    x, y = send(pool.collate(default_collate, images(4, 10))).pin_memory()
+    x, y = send(pool.send(default_collate(images(4, 10)))).pin_memory()
     gc.collect()
     assert tokens(channel) == [0, 0, 0] and int(x[3, 0, 0, 0]) == 13 and y.tolist() == [0, 1, 2, 3]
 
 
-def test_a_batch_for_a_closed_loader_is_a_clear_error(in_worker, channel):
+def test_a_batch_for_a_closed_loader_is_a_clear_error(channel):
     pool = bp.SlotPool(channel, 0)
-    packed = pool.collate(default_collate, images(2, 0))
+    packed = pool.send(default_collate(images(2, 0)))
     channel.close()
     received = send(packed)
     with pytest.raises(ShardifyError, match=f"channel {channel.id}"):
         received.unpack()
 
 
-def test_the_pool_is_only_used_inside_collate(in_worker, channel):
-    bp.SlotPool(channel, 0)
-    x = default_collate(images(4, 0))[0]  # outside SlotPool.collate: plain shared memory
-    assert x.is_shared() and tokens(channel) == [0, 0, 0]
+def test_the_deprecated_names_still_work(channel):
+    pool = bp.SlotPool(channel, 0)
+    with pytest.warns(DeprecationWarning, match="send"):
+        x, _ = send(pool.collate(default_collate, images(2, 3))).unpack()
+    assert int(x[1, 0, 0, 0]) == 4
+    with pytest.warns(DeprecationWarning, match="always None"):
+        assert bp.active_pool() is None
 
 
 @given(st.integers(1, 1 << 34))

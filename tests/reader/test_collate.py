@@ -85,13 +85,32 @@ def test_batch_is_one_preallocated_tensor(monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(out, real_stack(imgs))
 
 
-def test_in_a_worker_the_batch_is_allocated_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=1))
+def test_collate_is_pure_even_in_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shared memory, no pool, whatever process it runs in: the Transport stage moves the batch."""
+    import torch.utils.data
+
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=1))
     imgs = images(3)
     out = default_collate([(img, i) for i, img in enumerate(imgs)])
-    assert out[0].is_shared() and torch.equal(out[0], torch.stack(imgs))
+    assert not out[0].is_shared() and torch.equal(out[0], torch.stack(imgs))
     padded, _, _ = pad_collate([torch.arange(3), torch.arange(5)])
-    assert padded.is_shared()
+    assert not padded.is_shared()
+
+
+def test_with_allocator_gives_shardifys_collates_the_allocator_and_leaves_others_alone() -> None:
+    import functools
+
+    made: list[tuple] = []
+
+    def empty(shape, dtype):  # noqa: ANN001, ANN202 - a test allocator
+        made.append((tuple(shape), dtype))
+        return torch.empty(tuple(shape), dtype=dtype)
+
+    C.with_allocator(C.default_collate, empty)(images(2))
+    C.with_allocator(functools.partial(pad_collate, multiple_of=4), empty)([torch.arange(3), torch.arange(5)])
+    assert made == [((2, 3, 4, 5), torch.uint8), ((2, 8), torch.int64), ((2, 8), torch.bool)]
+    own = lambda samples: samples  # noqa: E731
+    assert C.with_allocator(own, empty) is own
 
 
 # pad_collate

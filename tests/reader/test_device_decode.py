@@ -9,7 +9,6 @@ following ``on_error``. The nvJPEG path itself is checked in ``tests/gpu/``.
 
 from __future__ import annotations
 
-import functools
 import io
 import sys
 from pathlib import Path
@@ -20,15 +19,16 @@ import torch
 from PIL import Image
 
 from shardify.convert.synth import jpeg_bytes, natural_image
-from shardify.errors import DeviceDecodeError, SampleError
+from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleError
 from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
-from shardify.reader.sample.collate import pad_collate
+from shardify.reader.sample.collate import default_collate, pad_collate
 from shardify.reader.sample.decode import DecodeError, decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import augment_batch
 from shardify.reader.sample.device_decode import pil_decoder
 from shardify.reader.sample.device_plan import DevicePlanner, device_decodable, jpeg_frame
+from shardify.reader.sample.planned import EncodedBatch
 
 SIZES = ((160, 120), (120, 160), (97, 131), (200, 150), (64, 333), (333, 64))
 
@@ -88,7 +88,7 @@ def test_same_crop_boxes_and_flips_as_the_cpu_path(make) -> None:
                 data, key = images[size], f"key{k:03d}"
                 rng_cpu, rng_dev = sample_rng(seed, epoch, key), sample_rng(seed, epoch, key)
                 cpu = t.apply_encoded(data, rng_cpu)
-                planned = planner.apply_encoded(data, rng_dev)
+                planned = planner.plan(data, rng_dev)
                 cpu_box, cpu_size = spy.boxes[-2]  # the CPU path's draw, then the planner's
                 assert planned.pixels is None and planned.data is data
                 assert (planned.box, planned.size) == (cpu_box, cpu_size) == spy.boxes[-1]
@@ -117,7 +117,7 @@ def test_pixels_within_one_of_the_cpu_transform_on_the_same_decoded_image(make) 
     for i in range(24):
         size = SIZES[i % len(SIZES)]
         data = jpeg_bytes(natural_image(*size, seed=100 + i))
-        planned = planner.apply_encoded(data, sample_rng(3, i, f"k{i}"))
+        planned = planner.plan(data, sample_rng(3, i, f"k{i}"))
         pil = decode_image(data)
         ref = t(pil, sample_rng(3, i, f"k{i}"))
         expected.append(ref if isinstance(ref, torch.Tensor) else pil_to_tensor(ref))
@@ -418,7 +418,7 @@ def test_the_header_walk_never_raises_on_a_cut_or_damaged_jpeg() -> None:
             jpeg_frame(damaged)  # any answer, no exception
 
 
-# map=, collate_fn= and bucketing with device decode: the images are placeholders until the device.
+# map=, collate_fn= and bucketing with device decode: each would see undecoded images, so each is refused.
 
 
 def _tokens(s: dict) -> tuple:
@@ -427,117 +427,69 @@ def _tokens(s: dict) -> tuple:
     return image, torch.arange(sum(map(ord, s["__key__"])) % 5 + 1), s["cls"], s["__key__"]
 
 
-def _listed(samples: list) -> dict:
-    """A custom collate: images kept in a list, tokens padded by hand, labels stacked."""
-    longest = max(len(s[1]) for s in samples)
-    tokens = torch.zeros(len(samples), longest, dtype=torch.int64)
-    for i, s in enumerate(samples):
-        tokens[i, : len(s[1])] = s[1]
-    return {
-        "images": [s[0] for s in samples],
-        "tokens": tokens,
-        "cls": torch.tensor([s[2] for s in samples]),
-        "keys": [s[3] for s in samples],
-    }
-
-
-def _same_batch(dev: object, cpu: object, where: str = "batch") -> None:
-    """Same structure, equal non-image values, image pixels within 2 levels."""
-    assert type(dev) is type(cpu), where
-    if isinstance(cpu, torch.Tensor):
-        assert dev.shape == cpu.shape and dev.dtype == cpu.dtype, where
-        if cpu.is_floating_point():  # normalised images
-            assert float(((dev - cpu).abs() * 255).max()) <= 2.01, where
-        elif cpu.dtype == torch.uint8 and cpu.dim() >= 3 and cpu.shape[-3] == 3:  # images left as they are
-            assert int((dev.int() - cpu.int()).abs().max()) <= 2, where
-        else:
-            assert torch.equal(dev, cpu), where
-    elif isinstance(cpu, dict):
-        assert dev.keys() == cpu.keys(), where
-        for k in cpu:
-            _same_batch(dev[k], cpu[k], f"{where}[{k!r}]")
-    elif isinstance(cpu, (list, tuple)):
-        assert len(dev) == len(cpu), where
-        for i, (d, c) in enumerate(zip(dev, cpu)):
-            _same_batch(d, c, f"{where}[{i}]")
-    else:
-        assert dev == cpu, where
-
-
-@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize(
-    "kw",
+    ("kw", "match"),
     [
-        pytest.param({"map": _tokens, "batching": BatchOptions(collate_fn=pad_collate)}, id="map+pad_collate"),
-        pytest.param({"map": _tokens, "batching": BatchOptions(collate_fn=_listed)}, id="map+own-collate"),
+        pytest.param({"map": _tokens}, r"map= cannot run under DecodeOptions\(device=", id="map"),
         pytest.param(
-            {
-                "map": _tokens,
-                "batching": BatchOptions(
-                    collate_fn=pad_collate, bucket_length=lambda out: len(out[1]), bucket_buffer=12
-                ),
-            },
+            {"batching": BatchOptions(collate_fn=pad_collate)},
+            r"collate_fn=.*pad_collate.* cannot run",
+            id="collate_fn",
+        ),
+        pytest.param(
+            {"batching": BatchOptions(bucket_length=lambda out: 1, bucket_buffer=12)},
+            r"bucket_length=.*cannot run",
             id="bucketing",
         ),
     ],
 )
-def test_map_collate_and_bucketing_give_the_cpu_paths_batches(
-    tmp_path: Path, shards: SimpleNamespace, workers: int, kw: dict
+def test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made(
+    tmp_path: Path, shards: SimpleNamespace, kw: dict, match: str
 ) -> None:
-    """With map=, pad_collate, a custom collate that keeps images in a list, and length
-    bucketing, device decode gives the CPU path's batches: same structure (pad_collate's
-    (images, lengths, mask) included), same order and values, pixels within 2 levels."""
-    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    from shardify.reader import Stream
 
-    def make(device: bool) -> ShardedDataset:
-        return ShardedDataset(
-            root,
+    root = _write(shards, tmp_path / "ds", _dataset_samples()[:1])
+    with pytest.raises(DeviceDecodeOptionsError, match=match):
+        ShardedDataset(root, batch_size=6, transform=T.imagenet_train(96), decoding=DecodeOptions(device="cpu"), **kw)
+    ShardedDataset(root, batch_size=6, transform=T.imagenet_train(96), **kw)  # the CPU path takes them
+    with pytest.raises(DeviceDecodeOptionsError, match="map= cannot run"):
+        ShardedDataset(
+            [Stream(root, map=_tokens)],
             batch_size=6,
-            shuffle=True,
-            seed=5,
             transform=T.imagenet_train(96),
-            decoding=DecodeOptions(device="cpu" if device else None),
-            **kw,
+            decoding=DecodeOptions(device="cpu"),
         )
 
-    cpu_ds, dev_ds = make(False), make(True)
-    with (
-        make_loader(cpu_ds, num_workers=workers, device="cpu", normalize=False) as cpu,
-        make_loader(dev_ds, num_workers=workers, device="cpu", normalize=False, jpeg_decoder=pil_decoder) as dev,
-    ):
-        for epoch in range(2):
-            cpu_ds.set_epoch(epoch)
-            dev_ds.set_epoch(epoch)
-            want, got = list(cpu), list(dev)
-            assert len(got) == len(want) == len(dev_ds)
-            for g, w in zip(got, want):
-                _same_batch(g, w)
-            keys = [k for b in got for k in (b["keys"] if isinstance(b, dict) else b[3])]
-            assert len(keys) == len(set(keys)) == 28
 
-
-def test_map_or_collate_computing_on_a_planned_image_is_a_clear_error(tmp_path: Path, shards: SimpleNamespace) -> None:
+def test_default_collate_named_explicitly_is_the_device_paths_own(tmp_path: Path, shards: SimpleNamespace) -> None:
     root = _write(shards, tmp_path / "ds", _dataset_samples())
+    ds = _make(root, device=True, batching=BatchOptions(collate_fn=default_collate))
+    twin = _make(root, device=True)
+    with (
+        make_loader(ds, num_workers=0, device="cpu", jpeg_decoder=pil_decoder) as a,
+        make_loader(twin, num_workers=0, device="cpu", jpeg_decoder=pil_decoder) as b,
+    ):
+        got, want = _epoch(a, ds, 0), _epoch(b, twin, 0)
+    assert len(got) == len(want) == len(ds)
+    for (x, y, k), (xw, yw, kw) in zip(got, want):
+        assert k == kw and torch.equal(y, yw) and torch.equal(x, xw)
 
-    def make(**kw: object) -> ShardedDataset:
-        return ShardedDataset(
-            root, batch_size=6, transform=T.imagenet_train(96), decoding=DecodeOptions(device="cpu"), **kw
-        )
 
-    def first(ds: ShardedDataset) -> object:
-        with make_loader(ds, device="cpu", jpeg_decoder=pil_decoder) as loader:
-            return next(iter(loader))
+def test_the_worker_side_is_the_cpu_paths_batch_structure_with_encoded_images(
+    tmp_path: Path, shards: SimpleNamespace
+) -> None:
+    """Outside make_loader, a batch is what default_collate makes on the CPU path, the image column
+    an EncodedBatch naming each row's shard and key; one field gives the column itself."""
+    from torch.utils.data import DataLoader
 
-    stacking = BatchOptions(collate_fn=lambda samples: (torch.stack([s[0] for s in samples]), [s[2] for s in samples]))
-    with pytest.raises(ValueError, match="keep the images of a batch in a list"):
-        first(make(map=_tokens, batching=stacking))
-    with pytest.raises(SampleError, match=r"key '\w+'.*PlannedImage.*keep the images of a batch in a list"):
-        first(make(map=lambda s: (_tokens(s)[0].float(), s["cls"])))
-    stray = BatchOptions(collate_fn=lambda samples: {"first": samples[0][0], "cls": [s[2] for s in samples]})
-    with pytest.raises(ValueError, match=r"batch\['first'\].*not in a column of the batch"):
-        first(make(map=_tokens, batching=stray))
-    with pytest.raises(ValueError, match=r"multiple_of=10\) would pad the 96x96 images"):
-        first(make(map=_tokens, batching=BatchOptions(collate_fn=functools.partial(pad_collate, multiple_of=10))))
+    root = _write(shards, tmp_path / "ds", _dataset_samples())
+    images, labels, keys = next(iter(DataLoader(_make(root, device=True), batch_size=None)))
+    assert isinstance(images, EncodedBatch) and images.keys == keys and labels.dtype == torch.int64
+    assert all(s.endswith(".tar") for s in images.shards) and len(keys) == 6
+    one = ShardedDataset(
+        root, batch_size=6, fields="image", transform=T.imagenet_train(32), decoding=DecodeOptions(device="cpu")
+    )
+    assert isinstance(next(iter(DataLoader(one, batch_size=None))), EncodedBatch)
 
 
 def test_leaving_an_epoch_early_ends_the_decode_thread_with_the_loader(tmp_path: Path, shards: SimpleNamespace) -> None:

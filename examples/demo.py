@@ -1,6 +1,6 @@
 """The main job on a small built-in example: make images, convert them, stream them back.
 
-    python tools/demo.py [--dir DIR]
+    python examples/demo.py [--dir DIR]
 
 Makes an ImageNet-style folder of synthetic photos (plus two broken files, to show the
 report), converts it into shards, verifies them, then streams two epochs through the

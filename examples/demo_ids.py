@@ -1,6 +1,6 @@
 """The ID-labelled tensor-files recipe end to end: partition and labels in, a training loop out.
 
-    python tools/demo_ids.py [--dir DIR] [--samples 600] [--workers 2]
+    python examples/demo_ids.py [--dir DIR] [--samples 600] [--workers 2]
 
 Makes ``data/<ID>.pt`` (one 3x32x32 float32 tensor each, 10 classes) with ``partition.json``
 and ``labels.json``, converts them with ``shardify convert ids ... --pt-to-npy``, trains a

@@ -1,6 +1,6 @@
 """ImageNet-style DDP training on shardify shards: a script to copy and adapt.
 
-    torchrun --nproc_per_node=8 tools/train_imagenet.py --data out/imagenet --epochs 90 \\
+    torchrun --nproc_per_node=8 examples/train_imagenet.py --data out/imagenet --epochs 90 \\
         --batch-size 256 --workers 8 --checkpoint ckpt.pt --checkpoint-every 1000
 
 Runs as one process per GPU under torchrun (NCCL), or on the CPU (gloo) when there is no

@@ -1,0 +1,118 @@
+"""Finish a split and publish it: the report, the split index, then ``manifest.json`` last.
+
+The order is what makes a half-written dataset impossible to mistake for a finished one:
+shards are renamed into place when whole, the report and the split index of the version come
+next, and the top-level ``manifest.json`` (the only thing readers trust) is switched last
+(:func:`publish_splits`). :func:`shard_entries` is the one place a finished shard becomes
+its index entry (with its per-sample table, :mod:`shardify.sampletable`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from shardify.convert.inputs.inputs import Ignored
+from shardify.convert.write.identity import format_version
+from shardify.convert.write.outfs import WORK_DIR, OutputFS
+from shardify.convert.write.shardtypes import ShardResult
+from shardify.convert.write.versions import load_manifest, remove_stale_shards
+from shardify.manifest import MANIFEST_NAME, RawPixels, ShardEntry, SplitIndex, index_name, json_bytes, report_name
+
+__all__ = ["finish_split", "publish_splits", "shard_entries", "write_report", "reason_class", "MAX_TABLE_SAMPLES"]
+
+MAX_TABLE_SAMPLES = 10_000_000
+"""Splits of more samples keep no per-sample table in their JSON index (28 bytes of JSON a sample:
+280 MB at this count, parsed by every rank); their remote reads fetch and verify whole shards."""
+
+
+def shard_entries(ordered: Sequence[ShardResult]) -> tuple[ShardEntry, ...]:
+    """The index entries of a split's finished shards, in order, with their per-sample tables
+    unless the split is over :data:`MAX_TABLE_SAMPLES`."""
+    tables = sum(r.nsamples for r in ordered) <= MAX_TABLE_SAMPLES
+    return tuple(
+        ShardEntry(
+            url=r.url,
+            nsamples=r.nsamples,
+            filesize=r.filesize,
+            sha256=r.sha256,
+            offsets=r.offsets,
+            samples=r.samples if tables else b"",
+        )
+        for r in ordered
+    )
+
+
+def finish_split(
+    fs: OutputFS,
+    split: str,
+    ordered: Sequence[ShardResult],
+    *,
+    classes: Sequence[str],
+    converter: dict[str, Any],
+    skipped: Sequence[Ignored],
+    ignored: Sequence[Ignored],
+    version: str | None,
+    notes: Sequence[Ignored] = (),
+    ignored_counts: dict[str, int] | None = None,
+    raw_pixels: RawPixels | None = None,
+    chunk: int | None = None,
+) -> SplitIndex:
+    """After the last shard: write the report, then the split index of ``version`` (the token
+    in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
+
+    ``notes`` (inputs packed with decoder warnings) go to the report only.
+    ``ignored_counts`` adds counted-only reasons (items a user function filtered out) to the
+    index's ``ignored`` counts without a report line each. ``raw_pixels``: the record of
+    images stored pre-decoded (``--raw-pixels``). ``chunk``: the shards are in the
+    chunked layout, that many samples a chunk (the index is then format 3).
+    """
+    remove_stale_shards(fs, split, version, len(ordered))
+    write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
+    counts = Counter(reason_class(p.reason) for p in ignored)
+    counts.update(ignored_counts or {})
+    index = SplitIndex(
+        split=split,
+        shards=shard_entries(ordered),
+        classes=tuple(classes),
+        fields=tuple(sorted({f for r in ordered for f in r.fields})),
+        converter=converter,
+        skipped=dict(Counter(reason_class(p.reason) for p in skipped)),
+        ignored=dict(counts),
+        version=version,
+        raw_pixels=raw_pixels,
+        chunk=chunk,
+        format_version=format_version(chunk),
+    )
+    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()))
+    return index
+
+
+def publish_splits(fs: OutputFS, indexes: dict[str, SplitIndex]) -> None:
+    """Switch ``manifest.json`` (written last) to the finished splits' versions, then write the
+    unversioned copy of each index that wids opens and drop the splits' work folders."""
+    manifest = load_manifest(fs)
+    for split, index in indexes.items():
+        manifest = manifest.with_split(split, index)
+    fs.sync_root()
+    fs.write_atomic(MANIFEST_NAME, json_bytes(manifest.to_json()))  # the switch to the new versions
+    for split, index in indexes.items():  # the copy wids opens: the same bytes
+        fs.write_atomic(index_name(split), json_bytes(index.to_json()))
+    for split in indexes:
+        fs.remove_tree(f"{WORK_DIR}/{split}")
+
+
+def reason_class(reason: str) -> str:
+    """A reason without its per-file details, for the counts in the index."""
+    return reason.split(":", 1)[0].strip()
+
+
+def write_report(fs: OutputFS, name: str, skipped: list[Ignored], ignored: list[Ignored]) -> None:
+    """``{split}.report.jsonl``: one JSON line per skipped or ignored input (and note)."""
+    lines = (
+        json.dumps({"kind": p.kind, "path": p.path, "reason": p.reason}, ensure_ascii=True) + "\n"
+        for p in skipped + ignored
+    )
+    fs.write_atomic(name, "".join(lines).encode("ascii"))

@@ -1,0 +1,31 @@
+"""Transport: each collated batch moved into a worker's shared-memory slot and packed for the main process.
+
+The last stage in a DataLoader worker. ``slots`` (the worker's
+:class:`~shardify.reader.delivery.batchpool.SlotPool`, given by whoever wires the stages) copies
+each large tensor of a batch into a recycled shared-memory slot and returns the batch packed
+(:meth:`~shardify.reader.delivery.batchpool.SlotPool.send`): the main process maps each slot once
+and the batch arrives without a fresh shared-memory segment per tensor. Its place is its source's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from shardify.reader.stages.base import Mapped, Stage
+
+__all__ = ["Slots", "Transport"]
+
+
+class Slots(Protocol):
+    """Where batches go to travel: ``send(batch)`` gives what the worker hands to the DataLoader."""
+
+    def send(self, batch: Any) -> Any: ...
+
+
+class Transport(Mapped[Any]):
+    """``slots.send`` on each batch of ``source``; its state is its source's."""
+
+    def __init__(self, source: Iterator[Any] | Stage[Any], slots: Slots) -> None:
+        super().__init__(source, slots.send)
+        self.slots = slots
