@@ -17,7 +17,7 @@ from shardify.reader.sample.pipeline import SampleProcessor
 
 
 def _first_items(ds: ShardedDataset, n: int) -> list:
-    reader = ds._shard_reader()
+    reader = ds._readers.get(ds._setup, ds.options)
     try:
         return list(reader.read(0, 0, n))
     finally:
@@ -39,7 +39,7 @@ def test_each_strategy_plugs_in_its_stages_and_draws_from_the_given_allocator(im
         ds = ShardedDataset(image_dataset, batch_size=2, transform=T.imagenet_train(16), **kw)
         s = ds.decode_strategy
         assert type(s) is strategy
-        (process,) = s.processors(ds.streams, ds._stream_fields, ds.options, epoch=0)
+        (process,) = s.processors(ds.streams, ds._setup.stream_fields, ds.options, epoch=0)
         assert type(process) is processor
         assert type(s.device_stage(torch.device("cpu"), jpeg_decoder=pil_decoder)) is device_stage
         made.clear()
