@@ -247,7 +247,7 @@ class Loader:
             batches = point[1] if point is not None and point[0] == ds.epoch else 0
             history, layout = ds.resume_history if point is not None and point[0] == ds.epoch else ((), LAYOUT)
         return make_state(
-            ds,
+            ds.resume_basis,
             epoch=ds.epoch,
             batches=batches,
             history=history,
@@ -265,11 +265,11 @@ class Loader:
         self._end_iteration()
         ds = self.dataset
         epoch, batches, history, layout = load_state(
-            ds, state, world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers)
+            ds.resume_basis, state, world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers)
         )
         ds.resume_at(epoch, batches, history=history, layout=layout)
         if batches and batches == epoch_batches(
-            ds, epoch, history=history, layout=layout, world=detect_rank_world()[1]
+            ds.resume_basis, epoch, history=history, layout=layout, world=detect_rank_world()[1]
         ):
             # Saved after the epoch's last batch (Lightning checkpoints there, before the loader
             # ends): the next iteration is the next epoch's, unless set_epoch(epoch) asks for the

@@ -47,19 +47,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
+from shardify.reader.delivery.basis import (
+    STATE_VERSION,
+    ResumeBasis,
+    StateSource,
+    basis_of,
+    data_identity,
+    identities,
+    plan_fields,
+)
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
 from shardify.reader.plan.assign import batches_per_rank
-from shardify.reader.plan.epoch import EpochInputs
 from shardify.reader.plan.resume import LAYOUTS, Segment
 
 if TYPE_CHECKING:
-    from shardify.reader.io.sources import Source
+    pass
 
 __all__ = [
     "ResumeBasis",
@@ -75,65 +80,6 @@ __all__ = [
     "seal_state",
     "data_identity",
 ]
-
-STATE_VERSION = 3
-
-
-@dataclass(frozen=True)
-class ResumeBasis:
-    """What a state must match to resume: a plain value, built once by the dataset."""
-
-    inputs: EpochInputs
-    """The plan's inputs: seed, plan options, each stream's shard sizes and samples per epoch."""
-    bucketed: bool = False
-    bucket_buffer: int | None = None
-    data: tuple[tuple[str | None, str], ...] = ()
-    """Each stream's ``(version, digest)`` (:func:`data_identity`)."""
-    names: tuple[str, ...] = ()
-    """Each stream's name, for messages."""
-
-    @classmethod
-    def of(
-        cls, inputs: EpochInputs, sources: Sequence[Source], *, bucketed: bool, bucket_buffer: int | None
-    ) -> ResumeBasis:
-        """The basis of a dataset planned by ``inputs`` reading one stream from each of ``sources``."""
-        identities = [data_identity(s) for s in sources]
-        return cls(
-            inputs=inputs,
-            bucketed=bucketed,
-            bucket_buffer=bucket_buffer if bucketed else None,
-            data=tuple((d["version"], d["digest"]) for d in identities),
-            names=tuple(s.name for s in sources),
-        )
-
-    @property
-    def stream_samples(self) -> tuple[int, ...]:
-        """Samples of each stream's data (one pass)."""
-        return tuple(sum(sizes) for sizes in self.inputs.stream_sizes)
-
-    @property
-    def stream_counts(self) -> tuple[int, ...]:
-        """Samples each stream gives an epoch."""
-        return self.inputs.counts if self.inputs.counts is not None else self.stream_samples
-
-    @property
-    def num_samples(self) -> int:
-        return sum(self.stream_samples)
-
-
-class HasResumeBasis(Protocol):
-    """A dataset: what states are made from, through its ``resume_basis``."""
-
-    @property
-    def resume_basis(self) -> ResumeBasis: ...
-
-
-StateSource: TypeAlias = "ResumeBasis | HasResumeBasis"
-"""What the functions here take: the basis, or a dataset holding one."""
-
-
-def _basis(source: StateSource) -> ResumeBasis:
-    return source if isinstance(source, ResumeBasis) else source.resume_basis
 
 
 _CHECKED = (
@@ -168,47 +114,6 @@ _ITER_CHECKED = (
 """The fields of a dataset (per-process) state that its ``check`` covers."""
 
 
-def _plan_fields(basis: ResumeBasis, version: int = STATE_VERSION) -> dict[str, Any]:
-    o = basis.inputs
-    plan: dict[str, Any] = {
-        "batch_size": o.batch_size,
-        "drop_last": o.drop_last,
-        "shuffle": o.shuffle,
-        "shuffle_block": o.block,
-        "shuffle_buffer": o.buffer,
-        "streams": list(basis.stream_samples),
-        "stream_counts": list(basis.stream_counts),
-    }
-    if version >= 3:
-        plan["bucketed"] = basis.bucketed
-        plan["bucket_buffer"] = basis.bucket_buffer
-    return plan
-
-
-def data_identity(source: Source) -> dict[str, Any]:
-    """``{"version", "digest"}`` of the data a stream reads: its split's version token and 16 hex
-    digits of SHA-256 over the split name, that token and each shard's file name and sample
-    count, plus its size and SHA-256 when a split index gives them. File names, not paths: the
-    same dataset copied to another folder or read over HTTP resumes the same state."""
-    from_index = source.split is not None
-    shards = [
-        [
-            os.path.basename(urlsplit(s.url).path) if "://" in s.url else os.path.basename(s.url),
-            s.nsamples,
-            s.filesize if from_index else None,
-            s.sha256.lower() if from_index else "",
-        ]
-        for s in source.shards
-    ]
-    text = json.dumps([source.split, source.version, shards], separators=(",", ":"))
-    return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
-
-
-def _identities(basis: ResumeBasis) -> list[dict[str, Any]]:
-    """Each stream's :func:`data_identity`, as a state holds them."""
-    return [{"version": version, "digest": digest} for version, digest in basis.data]
-
-
 def _field_check(name: str, value: Any) -> str:
     """12 hex digits of SHA-256 over a field's name and its canonical JSON (tuples as lists)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -227,7 +132,7 @@ def make_state(
     ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int, world: int, workers: int
 ) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
-    b = _basis(ds)
+    b = basis_of(ds)
     return seal_state(
         {
             "version": STATE_VERSION,
@@ -239,8 +144,8 @@ def make_state(
             "num_batches": b.inputs.rank_batches(epoch, world=world),  # a whole epoch's: len(dataset)
             "history": [[s.world, s.workers, s.batches] for s in history],
             "layout": layout,
-            "plan": _plan_fields(b),
-            "data": _identities(b),
+            "plan": plan_fields(b),
+            "data": identities(b),
         }
     )
 
@@ -276,7 +181,7 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
 
 def _check_data(ds: ResumeBasis, saved: Any, what: str = "loader") -> None:
     """Refuse a state saved on other data: another dataset, conversion or version."""
-    have = _identities(ds)
+    have = identities(ds)
     if not isinstance(saved, list) or len(saved) != len(have):
         raise ValueError(f"{what} state field 'data' is {saved!r}; this loader reads {len(have)} stream(s): {have!r}")
     for i, (found, mine) in enumerate(zip(saved, have)):
@@ -327,7 +232,7 @@ def _check_plan(ds: ResumeBasis, state: dict[str, Any], *, what: str, version: i
     saved = state.get("plan")
     if not isinstance(saved, dict):
         raise ValueError(f"{what} state field 'plan' is {saved!r}; want a dict")
-    for name, value in _plan_fields(ds, version).items():
+    for name, value in plan_fields(ds, version).items():
         if saved.get(name) != value:
             raise ValueError(f"{what} state field 'plan.{name}' is {saved.get(name)!r}, this {what} has {value!r}")
 
@@ -348,14 +253,14 @@ def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segm
 def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
     """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one).
     With a history it plans the rest here once, so that a bad state fails now and not in a worker."""
-    return _basis(ds).inputs.rank_batches(epoch, world=world, history=history, layout=layout)
+    return basis_of(ds).inputs.rank_batches(epoch, world=world, history=history, layout=layout)
 
 
 def load_state(
     ds: StateSource, state: dict[str, Any], *, world: int, workers: int
 ) -> tuple[int, int, tuple[Segment, ...], int]:
     """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
-    b = _basis(ds)
+    b = basis_of(ds)
     version = state.get("version")
     if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
         raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1, 2 and {STATE_VERSION}")
@@ -426,7 +331,7 @@ class IterPosition:
 
 def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
     """The dataset state of a process at ``pos``: small, versioned, checked when loaded."""
-    b = _basis(ds)
+    b = basis_of(ds)
     return seal_state(
         {
             "kind": ITER_STATE_KIND,
@@ -439,8 +344,8 @@ def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
             "seed": b.inputs.seed,
             "history": [[s.world, s.workers, s.batches] for s in pos.history],
             "layout": pos.layout,
-            "plan": _plan_fields(b),
-            "data": _identities(b),
+            "plan": plan_fields(b),
+            "data": identities(b),
         }
     )
 
@@ -451,7 +356,7 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
     It resumes only under the same ``world`` and ``workers`` (0 counting as 1): one worker's
     place says nothing about the others', so another topology needs the loader's state.
     """
-    b = _basis(ds)
+    b = basis_of(ds)
     if not isinstance(state, dict) or state.get("kind") != ITER_STATE_KIND:
         kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise ValueError(
