@@ -42,7 +42,7 @@ _EXAMPLES = """examples:
 `shardify COMMAND --help` shows each command's options and examples."""
 
 
-def _grouped_commands(sub: argparse._SubParsersAction) -> str:
+def _grouped_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> str:
     """The commands' one-line helps under :data:`GROUPS`' headings, as ``--help`` shows them."""
     helps = {a.dest: a.help or "" for a in sub._choices_actions}
     width = max(len(n) for n in helps) + 2
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         _command_parser(parser, args).error(_unrecognized(_command_parser(parser, args), unknown))
     try:
-        code = args.run(args)
+        code: int = args.run(args)
         sys.stdout.flush()  # here, so a closed pipe is met inside the try
         return code
     except BrokenPipeError:  # `shardify info --json | head`: the reader left; stop quietly

@@ -14,7 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from shardify.convert.write.outfs import backend_reason
 from shardify.errors import ManifestError, ShardFormatError
@@ -83,7 +83,7 @@ class DatasetFiles:
         where = self.where(name)
         try:
             if self._fs is not None:
-                return self._fs.open(f"{self._path}/{name}", "rb", block_size=1 << 22)
+                return cast(BinaryIO, self._fs.open(f"{self._path}/{name}", "rb", block_size=1 << 22))
             if self.remote:
                 return _http_copy(where)
             return open(where, "rb")  # noqa: SIM115 - the caller closes it

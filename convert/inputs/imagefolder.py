@@ -66,7 +66,7 @@ this process: forking workers would cost more than it saves."""
 
 _ClassJob = tuple[str, str, int, str, bool]
 """``(root, class name, label, real root, follow symlinks)``."""
-_ClassScan = tuple[bytes, array, int, list[Ignored]]
+_ClassScan = tuple[bytes, "array[int]", int, list[Ignored]]
 """A class's :class:`SampleTable` records back to back, where each ends, their payload
 bytes, and the inputs not packed."""
 

@@ -122,7 +122,7 @@ class SampleTable(Sequence[SampleSpec]):
         self._records.append(pack_record(name, identity, label, label_name, plain, inline))
 
     def extend_records(
-        self, data: bytes, ends: array | np.ndarray, payload: int, labels: Counter[int] | None = None
+        self, data: bytes, ends: array[int] | np.ndarray, payload: int, labels: Counter[int] | None = None
     ) -> None:
         """Append records made by :func:`pack_record` elsewhere (a scanner's worker process):
         ``data`` is them back to back, ``ends`` where each ends in ``data``, ``payload`` the

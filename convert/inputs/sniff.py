@@ -16,7 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 __all__ = [
     "IMAGE_FIELDS",
@@ -53,7 +53,7 @@ _ADDRESS = re.compile(r"<([A-Za-z_][\w.]*) object at 0x[0-9a-fA-F]+>|\b0x[0-9a-f
 def describe_error(e: BaseException) -> str:
     """``Type: message`` of a decoder's error, as stable text: object reprs and memory
     addresses (which differ between runs) are dropped, so reports are byte-identical."""
-    if isinstance(e, Image.UnidentifiedImageError):
+    if isinstance(e, UnidentifiedImageError):
         return "Pillow cannot identify the data (damaged, or another format)"
     text = _ADDRESS.sub(lambda m: f"<{m.group(1)}>" if m.group(1) else "<address>", str(e))
     return f"{type(e).__name__}: {text}"

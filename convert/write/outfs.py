@@ -12,7 +12,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from shardify.convert.write.gather import GatherFile
 from shardify.errors import OutputError
@@ -206,7 +206,7 @@ class FsspecFS(OutputFS):
         return f"{self.path}/{name}" if name else self.path
 
     def open_write(self, name: str, *, durable: bool = False) -> BinaryIO:
-        return self.fs.open(self._p(name), "wb")
+        return cast(BinaryIO, self.fs.open(self._p(name), "wb"))
 
     def replace(self, src: str, dst: str) -> None:
         self.fs.mv(self._p(src), self._p(dst))
@@ -220,7 +220,7 @@ class FsspecFS(OutputFS):
         return int(self.fs.size(self._p(name)))
 
     def open_read(self, name: str) -> BinaryIO:
-        return self.fs.open(self._p(name), "rb")
+        return cast(BinaryIO, self.fs.open(self._p(name), "rb"))
 
     def listdir(self, prefix: str = "") -> list[str]:
         folder = self._p(prefix)

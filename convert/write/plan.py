@@ -324,7 +324,7 @@ class _Column(Sequence[str]):
             return [self[j] for j in range(*i.indices(len(self)))]
         if not 0 <= i < self.stop - self.start:
             raise IndexError(i)
-        return getattr(self.specs[self.start + i], self.attr)
+        return str(getattr(self.specs[self.start + i], self.attr))
 
     def __iter__(self) -> Iterator[str]:
         if self.attr == "name" and isinstance(self.specs, SampleTable):

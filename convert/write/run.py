@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import overload
 
 from shardify.convert.inputs.ids import scan_ids
 from shardify.convert.inputs.imagefolder import scan_imagefolder
@@ -205,7 +206,13 @@ class _Tasks(Sequence[ShardTask]):
     def __len__(self) -> int:
         return len(self.shards)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> ShardTask: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ShardTask]: ...
+
+    def __getitem__(self, i: int | slice) -> ShardTask | list[ShardTask]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return replace(self.template, plan=self.plan.shard(self.shards[i]))

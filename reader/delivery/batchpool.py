@@ -199,7 +199,8 @@ class SlotPool:
 
     def _over(self, i: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         storage = cast(_Slot, self._slots[i]).storage  # a taken slot is never None
-        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
+        over: torch.Tensor = torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
+        return over
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor for the batch being made: over a free slot when it is large (so

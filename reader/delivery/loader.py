@@ -60,7 +60,7 @@ class Loader:
     def __init__(
         self,
         dataset: ShardedDataset,
-        dataloader: DataLoader,
+        dataloader: DataLoader[Any],
         *,
         prefetch: dict[str, Any] | None,
         recycle_batches: bool = True,

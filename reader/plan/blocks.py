@@ -62,7 +62,7 @@ class BlockSequence:
         pos = np.asarray(positions, dtype=np.int64)
         k, off = np.divmod(pos, self.block)
         whole = np.flatnonzero(k < len(self._perm))
-        out = pos.copy()  # the last partial block stays where it is
+        out: np.ndarray = pos.copy()  # the last partial block stays where it is
         if whole.size:  # the bijection once per run of one block (a share's positions come in runs)
             kw = k[whole]
             starts = np.flatnonzero(np.concatenate(([True], kw[1:] != kw[:-1])))

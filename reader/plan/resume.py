@@ -93,7 +93,9 @@ def share_order(
     :func:`array_order`)."""
     initial = ramp_start(opts.buffer) if opts.ramp else None
     if opts.shuffle and opts.vectorised:
-        parts: tuple = ("stream", opts.seed, epoch, rank, worker) + (("segment", segment) if segment else ())
+        parts: tuple[object, ...] = ("stream", opts.seed, epoch, rank, worker) + (
+            ("segment", segment) if segment else ()
+        )
         return array_order(
             plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer, initial=initial
         )

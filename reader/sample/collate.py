@@ -53,7 +53,7 @@ def _is_array(value: object) -> bool:
     return isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS)
 
 
-def _stack(values: list, where: str, empty: Empty) -> torch.Tensor:
+def _stack(values: list[Any], where: str, empty: Empty) -> torch.Tensor:
     """Stack equal-shape tensors/arrays into one preallocated tensor, one copy per sample."""
     tensors = [_as_tensor(v) for v in values]
     first = tensors[0]
@@ -79,7 +79,7 @@ def _padded_dims(ndim: int) -> tuple[int, ...]:
     return (0,) if ndim <= 2 else tuple(range(1, ndim))
 
 
-def _pad(values: list, where: str, pad_value: float, multiple_of: int | None, empty: Empty) -> tuple[object, ...]:
+def _pad(values: list[Any], where: str, pad_value: float, multiple_of: int | None, empty: Empty) -> tuple[object, ...]:
     """(padded, lengths, mask) for tensors that may differ in their padded dims."""
     tensors = [_as_tensor(v) for v in values]
     first = tensors[0]
@@ -107,7 +107,11 @@ def _pad(values: list, where: str, pad_value: float, multiple_of: int | None, em
 
 
 def _collate(
-    batch: list, where: str, leaf: Callable[[list, str], object], pad_here: Callable[[str], bool], empty: Empty
+    batch: list[Any],
+    where: str,
+    leaf: Callable[[list[Any], str], object],
+    pad_here: Callable[[str], bool],
+    empty: Empty,
 ) -> object:
     elem = batch[0]
     if _is_array(elem):
@@ -140,12 +144,12 @@ def _collate(
     return list(batch)
 
 
-def _check_batch(samples: list) -> None:
+def _check_batch(samples: list[Any]) -> None:
     if not isinstance(samples, Sequence) or len(samples) == 0:
         raise ValueError(f"samples should be a non-empty list, got {samples!r:.80}")
 
 
-def default_collate(samples: list, *, empty: Empty = private_empty) -> object:
+def default_collate(samples: list[Any], *, empty: Empty = private_empty) -> object:
     """Batch samples field by field: one tensor per array field, tuples and dicts kept.
 
     Tensors and numeric numpy arrays of equal shape -> one ``[B, ...]`` tensor (dtypes
@@ -161,7 +165,7 @@ def default_collate(samples: list, *, empty: Empty = private_empty) -> object:
 
 
 def pad_collate(
-    samples: list,
+    samples: list[Any],
     *,
     pad_value: float = 0,
     multiple_of: int | None = None,
@@ -192,7 +196,7 @@ def pad_collate(
     def pad_here(where: str) -> bool:
         return tops is None or any(where == t or where.startswith(t + "[") for t in tops)
 
-    def leaf(batch: list, where: str) -> object:
+    def leaf(batch: list[Any], where: str) -> object:
         return _pad(batch, where, pad_value, multiple_of, empty)
 
     return _collate(list(samples), "batch", leaf, pad_here, empty)

@@ -20,7 +20,7 @@ is replaced by a good row of the batch and counted, as the workers do.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -48,7 +48,7 @@ def nvjpeg_decoder() -> JpegDecoder:
         ) from e
 
     def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+        return cast(list[torch.Tensor], decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
 
     return decode
 

@@ -244,10 +244,10 @@ class Compose(Transform):
     fast path applies when the first item is RandomResizedCrop, ScaleJitter or ResizeCenterCrop.
     """
 
-    transforms: list[Callable]
+    transforms: list[Callable[..., Any]]
 
-    def __init__(self, transforms: Sequence[Callable]) -> None:
-        flat: list[Callable] = []
+    def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
+        flat: list[Callable[..., Any]] = []
         for i, t in enumerate(transforms):
             if isinstance(t, Compose):
                 flat.extend(t.transforms)
@@ -288,7 +288,7 @@ class Compose(Transform):
         return f"Compose({self.transforms!r})"
 
 
-def _apply(t: Callable, value: object, rng: random.Random) -> object:
+def _apply(t: Callable[..., Any], value: object, rng: random.Random) -> object:
     if isinstance(t, Transform):
         return t(value, rng)  # type: ignore[arg-type]
     _seed_globals(rng)
@@ -305,7 +305,7 @@ def imagenet_eval(size: int = 224, *, resize: int = 256, fast_decode: bool = Fal
     return ResizeCenterCrop(resize=resize, crop=size, fast_decode=fast_decode)
 
 
-def run_image_transform(transform: Callable | None, data: bytes, *, rng: random.Random) -> object:
+def run_image_transform(transform: Callable[..., Any] | None, data: bytes, *, rng: random.Random) -> object:
     """Turn one encoded image into the sample's value: the one entry the dataset calls.
 
     None: the whole image as uint8 CHW. A shardify transform (anything with
