@@ -254,7 +254,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M23",
         "tar members named with '..' are refused",
-        "shardify/tario.py",
+        "shardify/tarheader.py",
         'if ".." in parts:',
         "if False:",
         ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
@@ -420,7 +420,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M42",
         "a member over max_member_bytes makes the shard damaged before it is read",
-        "shardify/tario.py",
+        "shardify/tarheader.py",
         "    if size > max_member:",
         "    if False:",
         (
@@ -439,7 +439,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M44",
         "a key met again after other keys (duplicate) is an error",
-        "shardify/tario.py",
+        "shardify/tarmembers.py",
         "                if key in seen\n                else None\n",
         "                if False\n                else None\n",
         ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
@@ -708,7 +708,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M73",
         "a .tgz whose gzip CRC fails is damage (the reader reads on to the gzip trailer)",
-        "shardify/tario.py",
+        "shardify/tarmembers.py",
         "            if _read_to_end_needed(f):\n                read_to_end(f, shard=shard)",
         "            if False:\n                read_to_end(f, shard=shard)",
         ("tests/reader/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",),
