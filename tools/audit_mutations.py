@@ -107,7 +107,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M08",
         "verify=True: a shard whose SHA-256 differs from the index fails",
-        "reader/io/stream.py",
+        "reader/io/shardfile.py",
         "                    if found == expected\n",
         "                    if found or expected\n",
         (
@@ -412,7 +412,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M41",
         "verify=True hashes each shard once per process",
-        "reader/io/stream.py",
+        "reader/io/shardfile.py",
         "        if shard not in self._verified:",
         "        if True:",
         ("tests/reader/test_untrusted.py::test_verify_passes_and_hashes_each_shard_once_per_process",),
@@ -700,9 +700,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M72",
         "a shard cut short after its scan is damage of the sample being read",
-        "reader/io/stream.py",
-        "        if len(data) != size:  # the file shrank since it was scanned",
-        "        if False:",
+        "reader/io/shardfile.py",
+        "    if len(data) != size:  # the file shrank since it was scanned",
+        "    if False:",
         ("tests/reader/test_stream.py",),
     ),
     M(
