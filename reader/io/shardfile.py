@@ -21,7 +21,7 @@ from shardify.errors import ShardFormatError
 from shardify.manifest import file_sha256
 from shardify.reader.io.forward import Cursor
 from shardify.reader.io.items import READ_ERRORS, Lost, damage
-from shardify.reader.io.sources import is_gzip, open_shard
+from shardify.reader.io.shardopen import is_gzip, open_shard
 from shardify.remote import is_remote
 from shardify.tarfmt import OFFSET_STRIDE
 from shardify.tario import KeepMember, ShardLayout, scan_layout, scan_window

@@ -47,7 +47,7 @@ from shardify.reader.io.items import Item, Lost
 from shardify.reader.io.ranged import RangeFetcher, read_ranged
 from shardify.reader.io.seekread import read_scanned, read_windows
 from shardify.reader.io.shardfile import ShardChecks, ShardFiles
-from shardify.reader.io.sources import open_tar
+from shardify.reader.io.shardopen import open_tar
 from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["Lost", "Item", "ShardReader"]
