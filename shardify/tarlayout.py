@@ -33,14 +33,14 @@ class ShardLayout:
     fields with one read each, without parsing headers again.
     """
 
-    offsets: array
-    first: array
-    ext: array
-    data: array
-    size: array
+    offsets: array[int]
+    first: array[int]
+    ext: array[int]
+    data: array[int]
+    size: array[int]
     exts: tuple[str, ...]
     key_text: bytes
-    key_ends: array
+    key_ends: array[int]
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -81,7 +81,7 @@ class HttpBody:
             raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
 
     def read(self, n: int) -> bytes:
-        return self._resp.read(n)
+        return bytes(self._resp.read(n))
 
     def close(self) -> None:
         self._resp.close()
@@ -186,7 +186,7 @@ def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
         if int(m.group(2)) < stop - 1:
             raise Transient(f"asked for bytes {start}-{stop - 1}, the server sent a shorter range {found!r}")
         try:
-            data = resp.read(stop - start + 1)
+            data = bytes(resp.read(stop - start + 1))
         except Exception as e:
             raise classify(e) from e
     finally:
