@@ -25,9 +25,9 @@ its last sample is read to its trailer too, so a CRC mismatch is damage of that 
 Chunked shards (``chunks``, :mod:`shardify.chunk`) are read by the same machinery in units of
 chunks, and :class:`~shardify.reader.io.chunked.ChunkSlicer` slices the samples out.
 
-The reader chooses a strategy per range and delegates: the shard file object
-(:mod:`~shardify.reader.io.shardfile`: open, verify, layouts, damage) under ranged reads
-(:mod:`~shardify.reader.io.ranged`), seeks by a window's or the whole shard's layout
+The reader picks a strategy per range and delegates to it, each standing on the shard file
+object (:mod:`~shardify.reader.io.shardfile`: open, verify, layouts, damage): checked byte
+ranges (:mod:`~shardify.reader.io.ranged`), seeks by a window's or the whole shard's layout
 (:mod:`~shardify.reader.io.seekread`), forward reading (:mod:`~shardify.reader.io.forward`)
 and chunks (:mod:`~shardify.reader.io.chunked`).
 """
