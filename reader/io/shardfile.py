@@ -81,7 +81,7 @@ class ShardFiles:
         for name in ("checksums", "offsets", "filesizes"):
             given = getattr(checks, name)
             if given is not None and len(given) != len(self.urls):
-                raise ValueError(f"{len(given)=} of {name} should be {len(self.urls)}, one per shard")
+                raise ValueError(f"{name}= has {len(given)} entries, should have {len(self.urls)}, one per shard")
         self._checksums = list(checks.checksums) if checks.checksums is not None else None
         self._offsets = [tuple(o) for o in checks.offsets] if checks.offsets is not None else None
         self._filesizes = list(checks.filesizes) if checks.filesizes is not None else [None] * len(self.urls)
