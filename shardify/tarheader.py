@@ -49,8 +49,15 @@ def octal(field: bytes, what: str) -> int:
 def header_fields(header: bytes) -> tuple[bytes, int, bytes, int]:
     """``(raw name, size, typeflag, stored checksum)`` of the 512-byte ``header``; the name
     has its ustar prefix joined. ValueError: a numeric field that is not a number."""
-    stored = octal(header[148:156], "checksum")
-    size = octal(header[124:136], "size")
+    sum_field, size_field = header[148:156], header[124:136]
+    if (sum_field[0] | size_field[0]) & 0x80:  # GNU base-256
+        stored, size = octal(sum_field, "checksum"), octal(size_field, "size")
+    else:  # octal text, as :func:`octal` reads it, without its calls (the layout scan's hot path)
+        try:
+            stored = int(sum_field.split(b"\x00", 1)[0].strip(b" ") or b"0", 8)
+            size = int(size_field.split(b"\x00", 1)[0].strip(b" ") or b"0", 8)
+        except ValueError:
+            stored, size = octal(sum_field, "checksum"), octal(size_field, "size")  # raises, naming the field
     raw_name = header[0:100].split(b"\x00", 1)[0]
     if header[345] != 0 and header[257:262] == b"ustar":
         prefix = header[345:500].split(b"\x00", 1)[0]
