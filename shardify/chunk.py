@@ -124,7 +124,8 @@ class Stacked:
     first: int = 0
 
     def value(self, i: int) -> np.ndarray:
-        return self.array[i - self.first]
+        row: np.ndarray = self.array[i - self.first]
+        return row
 
 
 @dataclass(frozen=True, slots=True)

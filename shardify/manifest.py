@@ -15,17 +15,15 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import hashlib
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.errors import ManifestError
-from shardify.pixels import RAW_EXT, RAW_FORMAT, RAW_FORMAT_VERSION, RAW_SIDES
+from shardify.jsonfiles import file_sha256, json_bytes, json_field, load_json, write_bytes_atomic, write_json_atomic
+from shardify.pixels import RawPixels
 from shardify.sampletable import SampleTable
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
@@ -67,75 +65,6 @@ def is_temp_name(name: str) -> bool:
     ``.{name}.{random}.tmp`` (:func:`write_bytes_atomic`), ``.{shard}.tmp`` (a shard being
     written) or ``{name}.tmp-upload`` (an atomic write to object storage)."""
     return (name.startswith(".") and name.endswith(".tmp")) or name.endswith(".tmp-upload")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()
-
-
-def file_sha256(f: BinaryIO, *, chunk: int = 1 << 22) -> str:
-    """Hex SHA-256 of the rest of ``f``: the shard checksum the split index records."""
-    h = hashlib.sha256()
-    while data := f.read(chunk):
-        h.update(data)
-    return h.hexdigest()
-
-
-def json_bytes(obj: Any) -> bytes:
-    """The one way manifests, indexes and records are serialized (stable, ASCII)."""
-    return (json.dumps(obj, indent=1, sort_keys=False, ensure_ascii=True) + "\n").encode("ascii")
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename.
-
-    ``fsync=False`` only for files that are checked when read (after a crash such a file may
-    be empty): they are then cheaper to write and, while still in the page cache, to delete."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically."""
-    write_bytes_atomic(path, json_bytes(obj))
-
-
-def load_json(text: str | bytes, *, source: str) -> dict[str, Any]:
-    """Parse JSON text that must hold an object; errors name ``source``."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{source}: not valid JSON: {e}") from e
-    if not isinstance(obj, dict):
-        raise ManifestError(f"{source}: expected a JSON object, found {type(obj).__name__}")
-    return obj
-
-
-def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], source: str) -> Any:
-    if name not in obj:
-        raise ManifestError(f"{source}: field {name!r} is missing")
-    value = obj[name]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ManifestError(f"{source}: field {name!r} should be {want}, found {value!r}")
-    return value
 
 
 READ_VERSION = max(FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
@@ -181,10 +110,10 @@ class ShardEntry:
         0, OFFSET_STRIDE, ... (``ceil(nsamples / chunk)`` chunks)."""
         if not isinstance(obj, dict):
             raise ManifestError(f"{source}: shardlist entry should be an object, found {obj!r}")
-        url = _field(obj, "url", str, source)
+        url = json_field(obj, "url", str, source)
         where = f"{source} (shard {url})"
-        nsamples = _field(obj, "nsamples", int, where)
-        filesize = _field(obj, "filesize", int, where)
+        nsamples = json_field(obj, "nsamples", int, where)
+        filesize = json_field(obj, "filesize", int, where)
         sha = obj.get("sha256", "")
         if not isinstance(sha, str):
             raise ManifestError(f"{where}: field 'sha256' should be str, found {sha!r}")
@@ -227,48 +156,6 @@ def _sample_table(text: Any, where: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as e:
         raise ManifestError(f"{where}: field 'samples' is not base64: {e}") from e
-
-
-@dataclass(frozen=True)
-class RawPixels:
-    """The split-index record of a split whose images are stored pre-decoded (``--raw-pixels``).
-
-    ``field`` holds each image as :data:`shardify.pixels.RAW_FORMAT` (a binary 8-bit RGB PPM),
-    resized so that its ``side`` side is at most ``size`` pixels (never enlarged); crops are
-    drawn on that stored size. ``version`` is the stored form's (:data:`RAW_FORMAT_VERSION`):
-    a reader refuses a newer one. Serialized as ``raw_pixels`` in the ``shardify`` section."""
-
-    size: int
-    side: str = "shorter"
-    field: str = RAW_EXT
-    format: str = RAW_FORMAT
-    version: int = RAW_FORMAT_VERSION
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "version": self.version,
-            "field": self.field,
-            "size": self.size,
-            "side": self.side,
-        }
-
-    @classmethod
-    def from_json(cls, obj: Any, *, source: str) -> RawPixels:
-        where = f"{source} (raw_pixels)"
-        if not isinstance(obj, dict):
-            raise ManifestError(f"{where}: should be an object, found {obj!r}")
-        version = _field(obj, "version", int, where)
-        if not 1 <= version <= RAW_FORMAT_VERSION:
-            raise ManifestError(f"{where}: field 'version' is {version}, this shardify reads 1..{RAW_FORMAT_VERSION}")
-        fmt = _field(obj, "format", str, where)
-        if fmt != RAW_FORMAT:
-            raise ManifestError(f"{where}: field 'format' should be {RAW_FORMAT!r}, found {fmt!r}")
-        size = _field(obj, "size", int, where)
-        side = _field(obj, "side", str, where)
-        if size < 1 or side not in RAW_SIDES:
-            raise ManifestError(f"{where}: size={size!r} should be >= 1 and side={side!r} one of {RAW_SIDES}")
-        return cls(size=size, side=side, field=_field(obj, "field", str, where), format=fmt, version=version)
 
 
 @dataclass(frozen=True)
@@ -331,13 +218,13 @@ class SplitIndex:
     def from_json(cls, obj: dict[str, Any], *, source: str) -> SplitIndex:
         if obj.get("wids_version") != 1:
             raise ManifestError(f"{source}: field 'wids_version' should be 1, found {obj.get('wids_version')!r}")
-        raw_shards = _field(obj, "shardlist", list, source)
-        ours = _field(obj, FORMAT_NAME, dict, source)
+        raw_shards = json_field(obj, "shardlist", list, source)
+        ours = json_field(obj, FORMAT_NAME, dict, source)
         where = f"{source} [{FORMAT_NAME}]"
-        version = _field(ours, "format_version", int, where)
+        version = json_field(ours, "format_version", int, where)
         _check_version(version, where)
-        split = _field(ours, "split", str, where)
-        classes = _field(ours, "classes", list, where)
+        split = json_field(ours, "split", str, where)
+        classes = json_field(ours, "classes", list, where)
         if not all(isinstance(c, str) for c in classes):
             raise ManifestError(f"{where}: field 'classes' should be a list of str")
         fields = ours.get("fields", [])
@@ -436,19 +323,19 @@ class Manifest:
         fmt = obj.get("format")
         if fmt != FORMAT_NAME:
             raise ManifestError(f"{source}: field 'format' should be {FORMAT_NAME!r}, found {fmt!r}")
-        version = _field(obj, "format_version", int, source)
+        version = json_field(obj, "format_version", int, source)
         _check_version(version, source)
-        raw = _field(obj, "splits", dict, source)
+        raw = json_field(obj, "splits", dict, source)
         splits = {}
         for name, ref in raw.items():
             where = f"{source} (split {name!r})"
             if not isinstance(ref, dict):
                 raise ManifestError(f"{where}: should be an object, found {ref!r}")
             splits[name] = SplitRef(
-                index=_field(ref, "index", str, where),
-                samples=_field(ref, "samples", int, where),
-                shards=_field(ref, "shards", int, where),
-                bytes=_field(ref, "bytes", int, where),
+                index=json_field(ref, "index", str, where),
+                samples=json_field(ref, "samples", int, where),
+                shards=json_field(ref, "shards", int, where),
+                bytes=json_field(ref, "bytes", int, where),
                 version=_version_token(ref, where),
             )
         return cls(splits=splits, format_version=version)

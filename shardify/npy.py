@@ -205,7 +205,8 @@ def decode_array(data: bytes | bytearray | memoryview, *, allow_pickle: bool = F
                 f"object array (dtype {dtype}): loading it would unpickle, refused with allow_pickle=False; "
                 "pass allow_pickle=True only for data you trust"
             )
-        return np.load(io.BytesIO(bytes(view)), allow_pickle=True)
+        loaded: np.ndarray = np.load(io.BytesIO(bytes(view)), allow_pickle=True)
+        return loaded
     arr = _view(view, dtype, shape, fortran, nbytes, offset)
     native = dtype if dtype.isnative else dtype.newbyteorder("=")
     return np.array(arr, dtype=native, order="C", copy=True)

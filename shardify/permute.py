@@ -54,7 +54,8 @@ class KeyedPermutation(Sequence[int]):
             z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
             z ^= z >> np.uint64(31)
             left, right = right, left ^ (z & mask)
-        return (left << half) | right
+        out: np.ndarray = (left << half) | right
+        return out
 
     def positions(self, lo: int, hi: int) -> np.ndarray:
         """``perm(p)`` for ``p`` in ``lo..hi`` (clipped to ``range(n)``), as int64."""

@@ -21,13 +21,18 @@ raw split at ``S = 256`` read with ``imagenet_eval(resize=256)`` gives torchvisi
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from shardify.errors import ManifestError
+from shardify.jsonfiles import json_field
 
 if TYPE_CHECKING:  # imported where used, so that the manifest (which reads the constants) stays light
     import numpy as np
     from PIL import Image
 
 __all__ = [
+    "RawPixels",
     "RAW_EXT",
     "RAW_FORMAT",
     "RAW_FORMAT_VERSION",
@@ -125,3 +130,45 @@ def rgb_view(data: bytes | bytearray | memoryview) -> np.ndarray | None:
 
     width, height, offset = layout
     return np.frombuffer(data, dtype=np.uint8, count=3 * width * height, offset=offset).reshape(height, width, 3)
+
+
+@dataclass(frozen=True)
+class RawPixels:
+    """The split-index record of a split whose images are stored pre-decoded (``--raw-pixels``).
+
+    ``field`` holds each image as :data:`shardify.pixels.RAW_FORMAT` (a binary 8-bit RGB PPM),
+    resized so that its ``side`` side is at most ``size`` pixels (never enlarged); crops are
+    drawn on that stored size. ``version`` is the stored form's (:data:`RAW_FORMAT_VERSION`):
+    a reader refuses a newer one. Serialized as ``raw_pixels`` in the ``shardify`` section."""
+
+    size: int
+    side: str = "shorter"
+    field: str = RAW_EXT
+    format: str = RAW_FORMAT
+    version: int = RAW_FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "version": self.version,
+            "field": self.field,
+            "size": self.size,
+            "side": self.side,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, *, source: str) -> RawPixels:
+        where = f"{source} (raw_pixels)"
+        if not isinstance(obj, dict):
+            raise ManifestError(f"{where}: should be an object, found {obj!r}")
+        version = json_field(obj, "version", int, where)
+        if not 1 <= version <= RAW_FORMAT_VERSION:
+            raise ManifestError(f"{where}: field 'version' is {version}, this shardify reads 1..{RAW_FORMAT_VERSION}")
+        fmt = json_field(obj, "format", str, where)
+        if fmt != RAW_FORMAT:
+            raise ManifestError(f"{where}: field 'format' should be {RAW_FORMAT!r}, found {fmt!r}")
+        size = json_field(obj, "size", int, where)
+        side = json_field(obj, "side", str, where)
+        if size < 1 or side not in RAW_SIDES:
+            raise ManifestError(f"{where}: size={size!r} should be >= 1 and side={side!r} one of {RAW_SIDES}")
+        return cls(size=size, side=side, field=json_field(obj, "field", str, where), format=fmt, version=version)

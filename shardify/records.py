@@ -296,7 +296,8 @@ def repeated(values: Any) -> list[int]:
     twice = np.zeros(len(flat), dtype=bool)
     twice[1:] = same
     twice[:-1] |= same
-    return np.sort(by_value[twice]).tolist()
+    out: list[int] = np.sort(by_value[twice]).tolist()
+    return out
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:

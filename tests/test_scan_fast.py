@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardify import tario
+from shardify import tario, tarlayout
 from shardify.tarfmt import END_OF_ARCHIVE, padding, ustar_header
 
 
@@ -20,7 +20,7 @@ def _shard(members: list[tuple[str, bytes]]) -> bytes:
 
 
 def _layouts(raw: bytes) -> tuple[object, object]:
-    fast = tario._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER)
+    fast = tarlayout._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER)
     f = io.BytesIO(raw)
     full = tario.scan_layout(_Unseekable(f), shard="s.tar")
     return fast, full
@@ -90,14 +90,14 @@ def test_header_scans_pass_over_large_members_unread() -> None:
     next header and the small members after it), not 1 MiB chunks of image bytes."""
     raw = _shard(_PHOTOS)
     f = _Counting(raw)
-    layout = tario._scan_plain(f, max_member=tario.DEFAULT_MAX_MEMBER)
+    layout = tarlayout._scan_plain(f, max_member=tario.DEFAULT_MAX_MEMBER)
     assert layout is not None and len(layout) == 40
-    assert f.read_bytes <= 41 * tario._PLAIN_HOP < len(raw) / 4
+    assert f.read_bytes <= 41 * tarlayout._PLAIN_HOP < len(raw) / 4
     # a window of the split index's offsets, the way the reader scans it before a first batch
     g = _Counting(raw)
     window = tario.scan_window(g, start=layout.offsets[8], count=16, next_start=layout.offsets[24])
     assert window is not None and [window.key(i) for i in range(16)] == [f"p{i:04d}" for i in range(8, 24)]
-    assert g.read_bytes <= 17 * tario._PLAIN_HOP < (layout.offsets[24] - layout.offsets[8]) / 4
+    assert g.read_bytes <= 17 * tarlayout._PLAIN_HOP < (layout.offsets[24] - layout.offsets[8]) / 4
 
 
 def _corrupt_checksum(raw: bytes, header_at: int) -> bytes:
@@ -118,7 +118,7 @@ def _corrupt_checksum(raw: bytes, header_at: int) -> bytes:
     ],
 )
 def test_anything_unusual_goes_to_the_full_parser(raw: bytes) -> None:
-    assert tario._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER) is None
+    assert tarlayout._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER) is None
 
 
 def test_pax_and_gnu_tars_scan_the_same_through_the_fallback(tmp_path: Path) -> None:
@@ -130,6 +130,6 @@ def test_pax_and_gnu_tars_scan_the_same_through_the_fallback(tmp_path: Path) -> 
                 info.size = 3
                 tf.addfile(info, io.BytesIO(b"abc"))
         raw = buf.getvalue()
-        assert tario._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER) is None
+        assert tarlayout._scan_plain(io.BytesIO(raw), max_member=tario.DEFAULT_MAX_MEMBER) is None
         layout = tario.scan_layout(io.BytesIO(raw), shard="t.tar")
         assert [layout.key(i) for i in range(len(layout))] == ["x" * 120, "short"]

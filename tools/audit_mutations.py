@@ -107,7 +107,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M08",
         "verify=True: a shard whose SHA-256 differs from the index fails",
-        "reader/io/stream.py",
+        "reader/io/shardfile.py",
         "                    if found == expected\n",
         "                    if found or expected\n",
         (
@@ -254,7 +254,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M23",
         "tar members named with '..' are refused",
-        "shardify/tario.py",
+        "shardify/tarheader.py",
         'if ".." in parts:',
         "if False:",
         ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
@@ -412,7 +412,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M41",
         "verify=True hashes each shard once per process",
-        "reader/io/stream.py",
+        "reader/io/shardfile.py",
         "        if shard not in self._verified:",
         "        if True:",
         ("tests/reader/test_untrusted.py::test_verify_passes_and_hashes_each_shard_once_per_process",),
@@ -420,7 +420,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M42",
         "a member over max_member_bytes makes the shard damaged before it is read",
-        "shardify/tario.py",
+        "shardify/tarheader.py",
         "    if size > max_member:",
         "    if False:",
         (
@@ -439,7 +439,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M44",
         "a key met again after other keys (duplicate) is an error",
-        "shardify/tario.py",
+        "shardify/tarmembers.py",
         "                if key in seen\n                else None\n",
         "                if False\n                else None\n",
         ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
@@ -700,15 +700,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M72",
         "a shard cut short after its scan is damage of the sample being read",
-        "reader/io/stream.py",
-        "        if len(data) != size:  # the file shrank since it was scanned",
-        "        if False:",
+        "reader/io/shardfile.py",
+        "    if len(data) != size:  # the file shrank since it was scanned",
+        "    if False:",
         ("tests/reader/test_stream.py",),
     ),
     M(
         "M73",
         "a .tgz whose gzip CRC fails is damage (the reader reads on to the gzip trailer)",
-        "shardify/tario.py",
+        "shardify/tarmembers.py",
         "            if _read_to_end_needed(f):\n                read_to_end(f, shard=shard)",
         "            if False:\n                read_to_end(f, shard=shard)",
         ("tests/reader/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",),

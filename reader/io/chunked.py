@@ -24,10 +24,8 @@ positions, so a range still yields exactly ``stop - start`` items.
 
 from __future__ import annotations
 
-import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import BinaryIO, Protocol
+from collections.abc import Callable, Collection, Iterator
 
 from shardify.chunk import (
     KEYS_EXT,
@@ -42,54 +40,37 @@ from shardify.chunk import (
     member_layout,
 )
 from shardify.errors import ShardFormatError
-from shardify.reader.io.items import Item, Lost, damage
+from shardify.reader.io.items import READ_ERRORS, Item, Lost, damage
+from shardify.reader.io.shardfile import ShardFiles, read_at
 
-__all__ = ["ChunkSlicer", "ShardFiles"]
-
-
-class ShardFiles(Protocol):
-    """What the slicer takes from the shard reader it helps (:class:`~shardify.reader.io.stream.ShardReader`
-    is one): its shards' files, checks, member layouts and damage policy."""
-
-    _urls: list[str]
-    _skip: bool
-    _fields: frozenset[str] | None
-
-    def _open(self, shard: int) -> BinaryIO: ...
-
-    def _verify(self, shard: int) -> ShardFormatError | None: ...
-
-    def _read_units(self, shard: int, start: int, stop: int) -> Iterator[Item]: ...
-
-    def _unit_members(self, shard: int, i: int) -> tuple[str, int, list[tuple[str, int, int]]] | None: ...
-
-    def close(self) -> None: ...
+__all__ = ["ChunkSlicer"]
 
 
 _MAX_INDEXED_SAMPLES = 1 << 18
 """Chunk layouts kept per reader, counted in their samples (keys and offsets: ~100 B each)."""
-_ReadErrors = (OSError, EOFError, zlib.error)
 
 _Index = tuple[list[str], int, dict[str, tuple[int, MemberLayout]]]
 """A chunk's keys, its byte offset, and per field the member's data offset and layout."""
 
 
-def _read_at(f: BinaryIO, at: int, size: int, url: str, key: str, field: str) -> bytes:
-    f.seek(at)
-    data = f.read(size)
-    if len(data) != size:  # the file shrank since it was scanned
-        raise ShardFormatError(
-            f"truncated: field {field!r} needs {size} bytes at byte {at}, only {len(data)} left", shard=url, key=key
-        )
-    return data
-
-
 class ChunkSlicer:
-    """Reads sample ranges of the chunked shards of ``reader`` (its helper: it uses the
-    reader's checksums, files, layouts and damage policy). ``sizes``: samples per shard."""
+    """Reads sample ranges of the chunked shards among ``files`` (whose ``sizes`` count their
+    chunks); ``sizes``: samples per shard; ``chunks``: samples per chunk (None: not chunked);
+    ``units``: reads whole chunks ``(shard, first, stop)`` as tar samples, for shards read
+    forward; ``fields``: the fields a sample gets (None: all)."""
 
-    def __init__(self, reader: ShardFiles, sizes: list[int], chunks: list[int | None]) -> None:
-        self._r = reader
+    def __init__(
+        self,
+        files: ShardFiles,
+        sizes: list[int],
+        chunks: list[int | None],
+        *,
+        units: Callable[[int, int, int], Iterator[Item]],
+        fields: Collection[str] | None,
+    ) -> None:
+        self._files = files
+        self._units = units
+        self._fields = fields
         self._sizes = sizes
         self._chunks = chunks
         self._index: OrderedDict[tuple[int, int], _Index] = OrderedDict()
@@ -100,13 +81,10 @@ class ChunkSlicer:
         """Yield the ``stop - start`` items at sample positions ``start..stop-1`` of ``shard``."""
         if start >= stop:
             return
-        url = self._r._urls[shard]
-        mismatch = self._r._verify(shard)
-        if mismatch is not None:
-            if not self._r._skip:
-                raise mismatch
-            for i in range(start, stop):
-                yield Lost(url, i, str(mismatch))
+        url = self._files.urls[shard]
+        refused = self._files.refused(shard, start, stop)
+        if refused is not None:
+            yield from refused
             return
         n = self._chunks[shard] or 1
         c = start // n
@@ -114,13 +92,9 @@ class ChunkSlicer:
             lo, hi = max(start, c * n), min(stop, c * n + n)
             try:
                 block = self._block(shard, c, lo - c * n, hi - c * n)
-            except (ShardFormatError, *_ReadErrors) as e:
-                error = damage(url, e)
-                self._r.close()
-                if not self._r._skip:
-                    raise error from e
-                for i in range(lo, hi):
-                    yield Lost(url, i, str(error))
+            except (ShardFormatError, *READ_ERRORS) as e:
+                self._files.close()
+                yield from self._files.lost(shard, lo, hi, damage(url, e), e)
                 c += 1
                 continue
             if block is None:  # not seekable, or damaged and read forward: whole chunks
@@ -147,12 +121,12 @@ class ChunkSlicer:
         if index is None:
             return None
         keys, offset, members = index
-        f = self._r._open(shard)
-        url = self._r._urls[shard]
+        f = self._files.open(shard)
+        url = self._files.urls[shard]
         columns: dict[str, Stacked | Variable] = {}
         for ext, (at, layout) in members.items():
             a, b = layout.span(lo, hi)
-            columns[ext] = layout.column(_read_at(f, at + a, b - a, url, keys[0], ext), lo, hi)
+            columns[ext] = layout.column(read_at(f, at + a, b - a, url=url, key=keys[0], field=ext), lo, hi)
         return keys, offset, columns
 
     def _chunk_index(self, shard: int, c: int) -> _Index | None:
@@ -161,27 +135,27 @@ class ChunkSlicer:
         if cached is not None:
             self._index.move_to_end((shard, c))
             return cached
-        found = self._r._unit_members(shard, c)
+        found = self._files.unit_members(shard, c)
         if found is None:
             return None
         key, offset, fields = found
-        url = self._r._urls[shard]
+        url = self._files.urls[shard]
         n = chunk_samples(self._sizes[shard], self._chunks[shard] or 1, c)
         where = {ext: (at, size) for ext, at, size in fields}
         if KEYS_EXT not in where:
             raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=url, key=key)
-        f = self._r._open(shard)
-        wanted = self._r._fields
+        f = self._files.open(shard)
+        wanted = self._fields
         members: dict[str, tuple[int, MemberLayout]] = {}
         try:
-            keys = chunk_keys(_read_at(f, *where[KEYS_EXT], url, key, KEYS_EXT), n)
+            keys = chunk_keys(read_at(f, *where[KEYS_EXT], url=url, key=key, field=KEYS_EXT), n)
             for ext, (at, size) in where.items():
                 if ext == KEYS_EXT or (wanted is not None and ext not in wanted):
                     continue
-                head = _read_at(f, at, min(size, head_bytes(n)), url, key, ext)
+                head = read_at(f, at, min(size, head_bytes(n)), url=url, key=key, field=ext)
                 more = head_bytes(n, head)  # a .npy header longer than the usual
                 if more:
-                    head = _read_at(f, at, min(size, more), url, key, ext)
+                    head = read_at(f, at, min(size, more), url=url, key=key, field=ext)
                 layout = member_layout(head, size, n, f"field {ext!r}")
                 members[ext] = (at, layout)
         except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
@@ -201,13 +175,13 @@ class ChunkSlicer:
         if last is not None and last[0] == shard and last[1] == c:
             decoded, offset = last[2], last[3]
         else:
-            item = next(iter(self._r._read_units(shard, c, c + 1)))
+            item = next(iter(self._units(shard, c, c + 1)))
             decoded, offset = self._decode(shard, c, item)
             self._last = (shard, c, decoded, offset)
         yield from self._slice(shard, c, decoded, offset, start, stop)
 
     def _decode(self, shard: int, c: int, item: Item) -> tuple[Chunk | Lost, int]:
-        url = self._r._urls[shard]
+        url = self._files.urls[shard]
         if isinstance(item, Lost):
             return item, -1
         key = str(item["__key__"])
@@ -218,7 +192,7 @@ class ChunkSlicer:
             if chunk.keys[0] != key:
                 raise ShardFormatError(f"damaged chunk: its first key is {chunk.keys[0]!r}", shard=url, key=key)
         except ShardFormatError as e:
-            if not self._r._skip:
+            if not self._files.skip:
                 raise
             return Lost(url, c, str(e)), -1
         return chunk, int(item["__offset__"])  # type: ignore[call-overload]
@@ -228,7 +202,7 @@ class ChunkSlicer:
         n = self._chunks[shard] or 1
         base = c * n
         lo, hi = max(start, base), min(stop, base + n)
-        url = self._r._urls[shard]
+        url = self._files.urls[shard]
         if isinstance(decoded, Lost):
             for i in range(lo, hi):
                 yield Lost(url, i, decoded.reason)

@@ -6,11 +6,15 @@ slicer (:mod:`~shardify.reader.io.chunked`) and the stages after them.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from shardify.errors import ShardFormatError
 
-__all__ = ["Lost", "Item", "damage"]
+__all__ = ["Lost", "Item", "damage", "READ_ERRORS"]
+
+READ_ERRORS = (OSError, EOFError, zlib.error)
+"""What reading a shard's bytes may raise besides ShardFormatError (all damage of that shard)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,19 +16,21 @@ import io
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.items import READ_ERRORS, Item, damage
+from shardify.reader.io.shardfile import ShardFiles
 from shardify.reader.io.sources import Source, is_gzip
 from shardify.remote import fetch_range, is_remote
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.tario import KeepMember, iter_members, iter_samples
 
-__all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher"]
+__all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher", "read_ranged"]
 
 log = logging.getLogger("shardify.reader")
 
@@ -219,6 +221,19 @@ def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None,
     sample = found[0]
     sample["__offset__"] = offset
     return sample
+
+
+def read_ranged(ranged: RangeFetcher, files: ShardFiles, shard: int, start: int, stop: int) -> Iterator[Item]:
+    """Positions ``start..stop-1`` of ``shard`` from its checked byte ranges."""
+    url, index = files.urls[shard], start
+    try:
+        for data in ranged.samples(shard, start, stop):
+            yield parse_sample(
+                data, url=url, offset=ranged.offset(shard, index), keep=files.keep, max_member=files.max_member
+            )
+            index += 1
+    except (ShardFormatError, *READ_ERRORS) as e:
+        yield from files.lost(shard, index, stop, damage(url, e), e)
 
 
 def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:

@@ -17,7 +17,6 @@ the dataset was converted again and the old version removed raises
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -31,10 +30,10 @@ import braceexpand
 
 from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError, SplitRequiredError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
-from shardify.reader.io.cache import FetchOptions, open_remote
+from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.locations import check_location
+from shardify.reader.io.shardopen import TAR_SUFFIXES, count_samples, is_gzip, local_path, open_shard, open_tar
 from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
-from shardify.tario import scan_sample_offsets
 
 __all__ = [
     "ShardInfo",
@@ -54,9 +53,6 @@ log = logging.getLogger("shardify.reader")
 
 SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A dataset directory, ``manifest.json``, split index, shard pattern, or a list of shards."""
-
-_GZIP_SUFFIXES = (".tar.gz", ".tgz")
-_TAR_SUFFIXES = (".tar",) + _GZIP_SUFFIXES
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,71 +153,6 @@ class Source:
         )
 
 
-def is_gzip(url: str) -> bool:
-    """Whether the shard at ``url`` is a gzip-compressed tar (by its name)."""
-    return url.lower().endswith(_GZIP_SUFFIXES)
-
-
-def _local_path(url: str) -> str:
-    return url[len("file://") :] if url.startswith("file://") else url
-
-
-def open_shard(
-    url: str, *, fetch: FetchOptions | None = None, filesize: int | None = None, sha256: str = ""
-) -> BinaryIO:
-    """Open the raw bytes of a shard for reading, seekable; the one place that touches storage.
-
-    A remote shard is fetched into a local copy first (``fetch``: retries and cache folder;
-    ``filesize`` and ``sha256`` are checked when given); failures raise
-    :class:`~shardify.remote.ShardFetchError` naming the URL.
-    """
-    if is_remote(url):
-        return open_remote(url, options=fetch or FetchOptions(), size=filesize, sha256=sha256)
-    return open(_local_path(url), "rb")  # noqa: SIM115 - the caller closes it
-
-
-class _ForwardOnly:
-    """A forward-only view of a stream, so skips read through instead of seeking (gzip)."""
-
-    def __init__(self, f: BinaryIO | gzip.GzipFile) -> None:
-        self._f = f
-
-    def read(self, n: int = -1) -> bytes:
-        return self._f.read(n)
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def open_tar(
-    url: str, *, fetch: FetchOptions | None = None, filesize: int | None = None, sha256: str = ""
-) -> tuple[BinaryIO, bool]:
-    """Open a shard as an uncompressed tar stream; returns ``(stream, seekable)``."""
-    raw = open_shard(url, fetch=fetch, filesize=filesize, sha256=sha256)
-    if not is_gzip(url):
-        return raw, True
-    stream = gzip.GzipFile(fileobj=raw, mode="rb")
-    return _ForwardOnly(stream), False  # type: ignore[return-value]
-
-
-def count_samples(url: str, *, fetch: FetchOptions | None = None) -> int:
-    """Samples in a shard, found by scanning its headers (errors name the shard: a shard
-    missing, a directory, or unreadable is a ShardFormatError too)."""
-    try:
-        f, _ = open_tar(url, fetch=fetch)
-    except OSError as e:
-        raise ShardFormatError(f"cannot open: {type(e).__name__}: {e.strerror or e}", shard=url) from e
-    try:
-        return len(scan_sample_offsets(f, shard=url))
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise ShardFormatError(f"cannot read: {e}", shard=url) from e
-    finally:
-        f.close()
-
-
 def expand_shards(spec: SourceLike) -> list[str]:
     """Expand brace patterns (``a-{000..009}.tar``) in a path or a list of paths."""
     items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
@@ -232,7 +163,7 @@ def expand_shards(spec: SourceLike) -> list[str]:
 
 
 def _is_shard_spec(text: str) -> bool:
-    return "{" in text or text.lower().endswith(_TAR_SUFFIXES)
+    return "{" in text or text.lower().endswith(TAR_SUFFIXES)
 
 
 def resolve_source(
@@ -289,7 +220,7 @@ def resolve_source(
         )
     if is_remote(text):
         return _from_url(text, split, fetch)
-    path = Path(_local_path(text))
+    path = Path(local_path(text))
     if path.is_dir():
         return _from_manifest(path, split, fetch)
     if path.name == MANIFEST_NAME:

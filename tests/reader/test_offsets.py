@@ -14,7 +14,7 @@ from shardify.convert import ShardWriter, convert_items
 from shardify.convert.verify import verify_dataset
 from shardify.errors import ManifestError
 from shardify.manifest import ShardEntry
-from shardify.reader.io import stream as stream_module
+from shardify.reader.io import shardfile as shardfile_module
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import ShardReader
 from shardify.tarfmt import OFFSET_STRIDE
@@ -136,11 +136,11 @@ def test_short_ranges_read_through_windows_equal_a_whole_shard_scan(
     def no_whole_scan(*a, **k):
         raise AssertionError("a short range must not scan the whole shard")
 
-    monkeypatch.setattr(stream_module, "scan_layout", no_whole_scan)
+    monkeypatch.setattr(shardfile_module, "scan_layout", no_whole_scan)
     windowed, _ = _reader(root)
     for r in RANGES:
         assert list(windowed.read(0, *r)) == expected[r], r
-    assert len(windowed._windows) == (4 if chunk is None else -(-N // CHUNK // OFFSET_STRIDE))
+    assert len(windowed._files._windows) == (4 if chunk is None else -(-N // CHUNK // OFFSET_STRIDE))
 
 
 @pytest.mark.parametrize("tamper", ["one shifted", "swapped", "last too early", "past the end", "file size"])
@@ -167,7 +167,7 @@ def test_a_shard_that_does_not_match_its_offsets_is_scanned_whole(tmp_path: Path
     for r in RANGES:
         assert list(reader.read(0, *r)) == expected[r], (tamper, r)
     if tamper == "file size":  # the first window was refused, and the whole shard scanned instead
-        assert list(reader._windows.values()) == [None]
+        assert list(reader._files._windows.values()) == [None]
 
 
 def test_the_index_refuses_offsets_that_cannot_be_right_and_omits_none() -> None:

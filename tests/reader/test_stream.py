@@ -45,7 +45,7 @@ def test_a_range_reads_only_its_bytes(shard, tmp_path):
     got = list(reader.read(0, 3, 5))
     assert [x["cls"] for x in got] == [b"3", b"4"]
     end = got[1]["__offset__"] + 2 * 512 * 2  # where sample 5 starts
-    assert reader._file is not None and got[1]["__offset__"] < reader._file[1].tell() <= end
+    assert reader._files._file is not None and got[1]["__offset__"] < reader._files._file[1].tell() <= end
 
 
 def truncated(tmp_path, data: bytes, at: int, name: str = "t.tar") -> str:

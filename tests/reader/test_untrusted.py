@@ -160,12 +160,12 @@ def _tamper(shard: Path) -> None:
 
 
 def test_verify_passes_and_hashes_each_shard_once_per_process(counting_dataset, monkeypatch) -> None:
-    from shardify.reader.io import stream
+    from shardify.reader.io import shardfile
 
     root = counting_dataset([5, 6, 4])
     calls: list[int] = []
-    real = stream.file_sha256
-    monkeypatch.setattr(stream, "file_sha256", lambda f: (calls.append(1), real(f))[1])
+    real = shardfile.file_sha256
+    monkeypatch.setattr(shardfile, "file_sha256", lambda f: (calls.append(1), real(f))[1])
     ds = ShardedDataset(root, batch_size=3, fields=("cls",), shuffle=True, decoding=DecodeOptions(verify=True))
     for epoch in range(2):
         ds.set_epoch(epoch)
