@@ -48,7 +48,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/plan/assign.py",
         "return total // world if drop_last else -(-total // world)",
         "return total // world",
-        ("tests/reader/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
+        ("tests/reader/plan/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
     ),
     M(
         "M02",
@@ -56,7 +56,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/plan/assign.py",
         "return per // batch_size if drop_last else -(-per // batch_size)",
         "return per // batch_size",
-        ("tests/reader/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
+        ("tests/reader/plan/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
     ),
     M(
         "M03",
@@ -64,7 +64,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/plan/assign.py",
         "    base = rank * per\n",
         "    base = rank * per + (1 if rank else 0)\n",
-        ("tests/reader/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
+        ("tests/reader/plan/test_assign.py::test_exactly_once_equal_batches_over_many_worlds",),
     ),
     M(
         "M04",
@@ -73,7 +73,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         'derive_seed("shards", seed, epoch)',
         'derive_seed("shards", seed, 0)',
         (
-            "tests/reader/test_assign.py::test_deterministic_and_new_order_each_epoch",
+            "tests/reader/plan/test_assign.py::test_deterministic_and_new_order_each_epoch",
             "tests/audit/test_promises_reader.py",
         ),
     ),
@@ -84,7 +84,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         'derive_seed("blocks", seed, epoch)',
         'derive_seed("blocks", seed, 0)',
         (
-            "tests/reader/test_assign.py::test_deterministic_and_new_order_each_epoch",
+            "tests/reader/plan/test_assign.py::test_deterministic_and_new_order_each_epoch",
             "tests/audit/test_promises_reader.py",
         ),
     ),
@@ -112,7 +112,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                    if found or expected\n",
         (
             "tests/reader/test_untrusted.py::test_tampered_shard_reads_silently_without_verify_and_fails_with_it",
-            "tests/reader/test_checksums.py::test_user_checksums_pass_intact_shards_and_catch_a_tampered_one",
+            "tests/reader/io/test_checksums.py::test_user_checksums_pass_intact_shards_and_catch_a_tampered_one",
         ),
     ),
     M(
@@ -122,8 +122,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if self.hasher is not None and self.hasher.hexdigest() != self.want_sha:",
         "if False:",
         (
-            "tests/reader/test_remote.py::test_corrupt_copy_on_the_server_fails_the_checksum",
-            "tests/reader/test_checksums.py::test_a_shard_list_over_http_is_checked_against_a_sidecar_over_http",
+            "tests/reader/io/test_remote.py::test_corrupt_copy_on_the_server_fails_the_checksum",
+            "tests/reader/io/test_checksums.py::test_a_shard_list_over_http_is_checked_against_a_sidecar_over_http",
         ),
     ),
     M(
@@ -144,7 +144,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/outfs.py",
         "        if fsync:\n            os.fsync(f.fileno())\n\n    def replace",
         "        if fsync:\n            pass\n\n    def replace",
-        ("tests/convert/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",),
+        (
+            "tests/convert/write/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
+        ),
     ),
     M(
         "M12",
@@ -152,7 +154,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/writer.py",
         "            fs.finish_write(f, fsync=task.fsync)\n        fs.replace(tmp, final)\n",
         "            f.flush()\n            fs.replace(tmp, final)\n            fs.finish_write(f, fsync=task.fsync)\n",
-        ("tests/convert/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",),
+        (
+            "tests/convert/write/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
+        ),
     ),
     M(
         "M13",
@@ -162,7 +166,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    fs.write_atomic(index_name(split, version), json_bytes(index.to_json()), durable=False)\n"
         "    return index\n",
         (
-            "tests/convert/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
+            "tests/convert/write/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -173,8 +177,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        for p in skipped + ignored\n",
         "        for p in ignored\n",
         (
-            "tests/convert/test_inputs.py::test_bad_images_are_skipped_and_reported",
-            "tests/convert/test_inputs.py::test_full_check_catches_what_the_header_check_cannot",
+            "tests/convert/inputs/test_inputs.py::test_bad_images_are_skipped_and_reported",
+            "tests/convert/inputs/test_inputs.py::test_full_check_catches_what_the_header_check_cannot",
         ),
     ),
     M(
@@ -184,8 +188,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "skipped.append(Ignored(e.path or sample.spec.identity, e.reason))",
         "pass",
         (
-            "tests/convert/test_inputs.py::test_bad_images_are_skipped_and_reported",
-            "tests/convert/test_inputs.py::test_full_check_catches_what_the_header_check_cannot",
+            "tests/convert/inputs/test_inputs.py::test_bad_images_are_skipped_and_reported",
+            "tests/convert/inputs/test_inputs.py::test_full_check_catches_what_the_header_check_cannot",
         ),
     ),
     M(
@@ -215,7 +219,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         '_HEADER_TEMPLATE[136:148] = b"%011o\\x00" % int(__import__("time").time())',
         (
             "tests/convert/test_roundtrip.py::test_same_output_whatever_the_workers",
-            "tests/test_format.py::test_header_is_what_tarfile_writes_with_fixed_fields",
+            "tests/format/test_format.py::test_header_is_what_tarfile_writes_with_fixed_fields",
         ),
     ),
     M(
@@ -224,7 +228,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/plan/mix.py",
         "key=lambda i: (-(exact[i] - counts[i]), i)",
         "key=lambda i: (exact[i] - counts[i], i)",
-        ("tests/reader/test_mix.py::test_stream_counts",),
+        ("tests/reader/plan/test_mix.py::test_stream_counts",),
     ),
     M(
         "M20",
@@ -233,7 +237,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                if where[p] < total:  # a padding repeat read early leaves its sample to be read\n"
         "                    mask[where[p]] = 1\n",
         "                mask[where[p] % total] = 1\n",
-        ("tests/reader/test_resume_topology.py",),
+        ("tests/reader/plan/test_resume_topology.py",),
     ),
     M(
         "M21",
@@ -257,7 +261,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/tarheader.py",
         'if ".." in parts:',
         "if False:",
-        ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
+        ("tests/format/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
     ),
     M(
         "M24",
@@ -281,7 +285,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/pixels.py",
         "    if bound <= size:\n        return width, height",
         "    if bound == size:\n        return width, height",
-        ("tests/test_pixels.py",),
+        ("tests/format/test_pixels.py",),
     ),
     M(
         "M27",
@@ -289,7 +293,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/sample/device_plan.py",
         "            if rng.random() < p:",
         "            if rng.random() > p:",
-        ("tests/reader/test_device_decode.py::test_same_crop_boxes_and_flips_as_the_cpu_path",),
+        ("tests/reader/sample/test_device_decode.py::test_same_crop_boxes_and_flips_as_the_cpu_path",),
     ),
     M(
         "M28",
@@ -297,7 +301,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/session.py",
         "        return file_sha256(f) == result.sha256",
         "        return True",
-        ("tests/convert/test_resume.py::test_damaged_finished_shard_is_rewritten_on_resume",),
+        ("tests/convert/write/test_resume.py::test_damaged_finished_shard_is_rewritten_on_resume",),
     ),
     M(
         "M29",
@@ -305,7 +309,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/session.py",
         "if finished and not overwrite:",
         "if False:",
-        ("tests/convert/test_resume.py::test_finished_output_is_not_overwritten_without_flag",),
+        ("tests/convert/write/test_resume.py::test_finished_output_is_not_overwritten_without_flag",),
     ),
     M(
         "M30",
@@ -337,7 +341,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/outfs.py",
         "                fcntl.flock(self.f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)",
         "                pass",
-        ("tests/convert/test_pywriter.py",),
+        ("tests/convert/pyapi/test_pywriter.py",),
     ),
     M(
         "M34",
@@ -346,7 +350,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            if chunk.keys[0] != key:",
         "            if False:",
         (
-            "tests/reader/test_chunked.py::test_a_chunk_whose_keys_are_not_its_own_is_damage",
+            "tests/reader/io/test_chunked.py::test_a_chunk_whose_keys_are_not_its_own_is_damage",
             "tests/audit/test_promises_reader.py",
         ),
     ),
@@ -356,7 +360,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/io/sources.py",
         "        if unfinished is not None:\n            raise unfinished from e",
         "        if False:\n            raise unfinished from e",
-        ("tests/convert/test_pykill.py",),
+        ("tests/convert/pyapi/test_pykill.py",),
     ),
     M(
         "M36",
@@ -365,8 +369,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if version < 1 or version > READ_VERSION:",
         "    if version < 1:",
         (
-            "tests/test_format.py::test_bad_index_names_the_field_and_file",
-            "tests/test_chunk.py::test_a_reader_of_formats_1_to_2_refuses_a_chunked_split_by_name",
+            "tests/format/test_format.py::test_bad_index_names_the_field_and_file",
+            "tests/format/test_chunk.py::test_a_reader_of_formats_1_to_2_refuses_a_chunked_split_by_name",
         ),
     ),
     M(
@@ -375,7 +379,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/manifest.py",
         "        if index.version != ref.version:",
         "        if False:",
-        ("tests/test_format.py", "tests/convert/test_versions.py", "tests/audit/test_promises_format.py"),
+        ("tests/format/test_format.py", "tests/convert/write/test_versions.py", "tests/audit/test_promises_format.py"),
     ),
     M(
         "M38",
@@ -384,9 +388,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()",
         "            f.flush()\n            f.close()",
         (
-            "tests/convert/test_gather.py",
-            "tests/convert/test_pywriter.py",
-            "tests/convert/test_items.py",
+            "tests/convert/write/test_gather.py",
+            "tests/convert/pyapi/test_pywriter.py",
+            "tests/convert/pyapi/test_items.py",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -396,7 +400,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/outfs.py",
         "        try:\n            os.fsync(fd)\n        finally:\n            os.close(fd)",
         "        try:\n            pass\n        finally:\n            os.close(fd)",
-        ("tests/convert/test_gather.py", "tests/convert/test_resume.py", "tests/audit/test_promises_convert.py"),
+        (
+            "tests/convert/write/test_gather.py",
+            "tests/convert/write/test_resume.py",
+            "tests/audit/test_promises_convert.py",
+        ),
     ),
     M(
         "M40",
@@ -442,7 +450,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/tarmembers.py",
         "                if key in seen\n                else None\n",
         "                if False\n                else None\n",
-        ("tests/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
+        ("tests/format/test_tario_fuzz.py::test_each_hostile_member_gives_a_clear_error",),
     ),
     M(
         "M45",
@@ -450,7 +458,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/delivery/state.py",
         "        if found != check[name]:",
         "        if found is None:",
-        ("tests/reader/test_state.py::test_an_edited_or_incomplete_state_is_refused_naming_the_field",),
+        ("tests/reader/delivery/test_state.py::test_an_edited_or_incomplete_state_is_refused_naming_the_field",),
     ),
     M(
         "M46",
@@ -458,7 +466,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/delivery/state.py",
         "        if saved.get(name) != value:",
         "        if name not in saved:",
-        ("tests/reader/test_state.py::test_a_state_of_other_options_is_refused_naming_the_option",),
+        ("tests/reader/delivery/test_state.py::test_a_state_of_other_options_is_refused_naming_the_option",),
     ),
     M(
         "M47",
@@ -467,7 +475,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    return real == real_root or real.startswith(real_root + os.sep)",
         "    return real == real_root or real.startswith(real_root)",
         (
-            "tests/convert/test_hostile.py::test_symlinks_followed_inside_the_root_only_and_loops_end",
+            "tests/convert/inputs/test_hostile.py::test_symlinks_followed_inside_the_root_only_and_loops_end",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -478,7 +486,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "value >= self.num_classes",
         "value > self.num_classes",
         (
-            "tests/convert/test_inputs.py::test_ids_missing_label_unknown_id_and_out_of_range",
+            "tests/convert/inputs/test_inputs.py::test_ids_missing_label_unknown_id_and_out_of_range",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -489,7 +497,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         '    if shuffle:\n        random.Random(derive_seed("shards"',
         '    if True:\n        random.Random(derive_seed("shards"',
         (
-            "tests/reader/test_assign.py::test_unshuffled_and_legacy_sequences_are_whole_shards_in_order",
+            "tests/reader/plan/test_assign.py::test_unshuffled_and_legacy_sequences_are_whole_shards_in_order",
             "tests/reader/test_dataset.py::test_zero_and_two_workers_give_the_same_samples",
         ),
     ),
@@ -499,7 +507,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/io/sources.py",
         "        if now == self.version:\n            return None",
         "        if True:\n            return None",
-        ("tests/convert/test_versions.py::test_reconversion_between_epochs_never_mixes_versions",),
+        ("tests/convert/write/test_versions.py::test_reconversion_between_epochs_never_mixes_versions",),
     ),
     M(
         "M51",
@@ -507,7 +515,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/keys.py",
         "    if rewritten:\n        safe = _with_hash(",
         "    if False:\n        safe = _with_hash(",
-        ("tests/test_format.py",),
+        ("tests/format/test_format.py",),
     ),
     M(
         "M52",
@@ -515,7 +523,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/sample/device_plan.py",
         "frame.sof not in (0, 1) or",
         "frame.sof not in (0, 1, 2) or",
-        ("tests/reader/test_device_decode.py::test_jpeg_header_decides_what_goes_to_the_device",),
+        ("tests/reader/sample/test_device_decode.py::test_jpeg_header_decides_what_goes_to_the_device",),
     ),
     M(
         "M53",
@@ -549,7 +557,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/keys.py",
         '_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")',
         '_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")',
-        ("tests/test_format.py",),
+        ("tests/format/test_format.py",),
     ),
     M(
         "M56",
@@ -557,7 +565,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/inputs/imagefolder.py",
         '                problems.append(Ignored(os.path.join(rel_folder, entry.name), "hidden", "ignored"))',
         "                pass",
-        ("tests/convert/test_inputs.py::test_tricky_tree_class_mapping",),
+        ("tests/convert/inputs/test_inputs.py::test_tricky_tree_class_mapping",),
     ),
     M(
         "M57",
@@ -565,7 +573,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/writer.py",
         "        if limit is not None and size > limit:",
         "        if False:",
-        ("tests/convert/test_hostile.py::test_a_big_junk_file_costs_bounded_memory_and_time",),
+        ("tests/convert/inputs/test_hostile.py::test_a_big_junk_file_costs_bounded_memory_and_time",),
     ),
     M(
         "M58",
@@ -575,7 +583,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        if False:\n            raise ObjectArrayError(",
         (
             "tests/reader/test_untrusted.py::test_malicious_pickle_never_runs_when_read_with_workers",
-            "tests/test_npy.py",
+            "tests/format/test_npy.py",
         ),
     ),
     M(
@@ -592,7 +600,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/plan/shuffle.py",
         "    return max(1, min(RAMP_START, buffer_size // 16))",
         "    return max(1, buffer_size)",
-        ("tests/reader/test_shuffle.py::test_the_first_batch_waits_for_the_ramp_not_the_whole_buffer",),
+        ("tests/reader/plan/test_shuffle.py::test_the_first_batch_waits_for_the_ramp_not_the_whole_buffer",),
     ),
     M(
         "M61",
@@ -600,7 +608,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/pyapi/items.py",
         '            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))',
         "            pass",
-        ("tests/convert/test_items.py::test_a_failing_fn_is_reported_with_index_repr_and_error",),
+        ("tests/convert/pyapi/test_items.py::test_a_failing_fn_is_reported_with_index_repr_and_error",),
     ),
     M(
         "M62",
@@ -609,8 +617,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         'seed=derive_seed("rest", seed, stream), epoch=cycle,',
         'seed=derive_seed("rest", seed, stream), epoch=epoch,',
         (
-            "tests/reader/test_mix.py::test_every_sample_once_per_cycle_over_consecutive_epochs",
-            "tests/reader/test_mix.py::test_the_issue_example_523_samples_at_300_an_epoch",
+            "tests/reader/plan/test_mix.py::test_every_sample_once_per_cycle_over_consecutive_epochs",
+            "tests/reader/plan/test_mix.py::test_the_issue_example_523_samples_at_300_an_epoch",
         ),
     ),
     M(
@@ -621,7 +629,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "limit is not None and current_bytes + size > limit",
         (
             "tests/convert/test_roundtrip.py::test_shard_size_bound",
-            "tests/convert/test_shard_bound.py",
+            "tests/convert/write/test_shard_bound.py",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -631,7 +639,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/plan.py",
         "(per_shard is not None and count >= per_shard)",
         "(per_shard is not None and count > per_shard)",
-        ("tests/convert/test_shard_bound.py", "tests/convert/test_roundtrip.py"),
+        ("tests/convert/write/test_shard_bound.py", "tests/convert/test_roundtrip.py"),
     ),
     M(
         "M65",
@@ -640,7 +648,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        if self.samples == 0:\n            return True\n",
         "",
         (
-            "tests/convert/test_pywriter.py::test_shards_are_cut_at_the_size_bound",
+            "tests/convert/pyapi/test_pywriter.py::test_shards_are_cut_at_the_size_bound",
             "tests/audit/test_promises_convert.py",
         ),
         "cutting a shard that holds no sample writes nothing (ShardStream.finish returns None), so the big "
@@ -652,7 +660,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "convert/write/finish.py",
         "        fs.write_atomic(index_name(split), json_bytes(index.to_json()))\n",
         "        pass\n",
-        ("tests/convert/test_pywriter.py::test_wids_opens_the_split",),
+        ("tests/convert/pyapi/test_pywriter.py::test_wids_opens_the_split",),
     ),
     M(
         "M67",
@@ -661,8 +669,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            return (result, record) if shard_matches(self.fs, result) else None",
         "            return None",
         (
-            "tests/convert/test_resume.py::test_sigkill_then_rerun_is_byte_identical",
-            "tests/convert/test_resume.py::test_a_lost_record_costs_only_a_rewrite_of_its_shard",
+            "tests/convert/write/test_resume.py::test_sigkill_then_rerun_is_byte_identical",
+            "tests/convert/write/test_resume.py::test_a_lost_record_costs_only_a_rewrite_of_its_shard",
         ),
     ),
     M(
@@ -679,7 +687,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/sample/fields.py",
         "                if not set(field_spec(spec, IMAGE_EXTS)) & set(held):",
         "                if False:",
-        ("tests/reader/test_dataset.py", "tests/reader/test_fields.py"),
+        ("tests/reader/test_dataset.py", "tests/reader/sample/test_fields.py"),
     ),
     M(
         "M70",
@@ -687,7 +695,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/sample/device_plan.py",
         '    if device.type == "cuda" and not torch.cuda.is_available():',
         "    if False:",
-        ("tests/reader/test_device_decode.py::test_no_cuda_is_a_clear_error",),
+        ("tests/reader/sample/test_device_decode.py::test_no_cuda_is_a_clear_error",),
     ),
     M(
         "M71",
@@ -703,7 +711,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/io/shardfile.py",
         "    if len(data) != size:  # the file shrank since it was scanned",
         "    if False:",
-        ("tests/reader/test_stream.py",),
+        ("tests/reader/io/test_stream.py",),
     ),
     M(
         "M73",
@@ -711,7 +719,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "shardify/tarmembers.py",
         "            if _read_to_end_needed(f):\n                read_to_end(f, shard=shard)",
         "            if False:\n                read_to_end(f, shard=shard)",
-        ("tests/reader/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",),
+        ("tests/reader/io/test_stream.py::test_a_gzip_shard_with_a_bad_crc_is_damage",),
     ),
     M(
         "M74",
@@ -719,7 +727,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/delivery/prefetch.py",
         "        if self._decode is not None:\n            return self._decoded()\n",
         "",
-        ("tests/reader/test_prefetch.py",),
+        ("tests/reader/delivery/test_prefetch.py",),
     ),
     M(
         "M75",
@@ -728,7 +736,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if options.map is not None or any(s.map is not None for s in streams):",
         "    if False:",
         (
-            "tests/reader/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
+            "tests/reader/sample/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
         ),
     ),
     M(
@@ -737,7 +745,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reader/sample/device_plan.py",
         "        out.append(packed if packed is not None else default_collate(column, empty=empty))",
         "        out.append(packed if packed is not None else list(column))",
-        ("tests/reader/test_device_decode.py::test_the_pipeline_gives_the_cpu_paths_batches",),
+        ("tests/reader/sample/test_device_decode.py::test_the_pipeline_gives_the_cpu_paths_batches",),
     ),
     M(
         "M77",
@@ -746,7 +754,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if options.collate_fn is not None and options.collate_fn is not default_collate:",
         "    if False:",
         (
-            "tests/reader/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
+            "tests/reader/sample/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
         ),
     ),
 )

@@ -6,7 +6,7 @@ JSON holds), and ``load_state_dict(state)``, called on a fresh stage before its 
 it yield exactly the items that followed that state. A stage whose own place is its source's (a
 map) saves its source's state under ``"source"``; a stage that holds items (a shuffle buffer, a
 batch being cut) saves what it needs to skip or rebuild them, never the items themselves.
-``tests/reader/stages/stagecheck.py`` checks this contract at a midpoint for every stage.
+``check_midpoints`` (tests/reader/stages/conftest.py) checks this contract at a midpoint for every stage.
 """
 
 from __future__ import annotations

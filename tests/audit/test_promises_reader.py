@@ -4,7 +4,7 @@ README, "Exact epochs": each epoch the shard order is permuted and, with ``shuff
 the sequence is cut into blocks put in a seeded random order, "so that each rank's part is a
 sample of the whole dataset"; ``.tar.gz`` shards are "read whole, in a shuffled shard order".
 A rank must therefore not get the same samples every epoch: the existing epoch test
-(``tests/reader/test_assign.py::test_deterministic_and_new_order_each_epoch``) passes when
+(``tests/reader/plan/test_assign.py::test_deterministic_and_new_order_each_epoch``) passes when
 either of the two orders reuses epoch 0's seed, because the other still changes the order.
 
 docs/format.md, "Chunked shards": a chunk whose keys member does not start with the chunk's

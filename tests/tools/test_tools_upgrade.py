@@ -16,7 +16,7 @@ import pytest
 
 from shardify.convert import ShardWriter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 OLD = '''"""A training script of before."""
 import os
@@ -179,7 +179,7 @@ def test_old_keywords_join_a_group_given_and_old_groups_become_their_new_group()
     compile(new, "merged.py", "exec")
 
 
-DEPRECATION_TESTS = ("tests/reader/test_options.py", "tests/test_tools_upgrade.py")
+DEPRECATION_TESTS = ("tests/reader/test_options.py", "tests/tools/test_tools_upgrade.py")
 """The tests of the old keywords themselves: they pass them on purpose, under ``pytest.warns``."""
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "sim_scale.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "sim_scale.py"
 
 
 def test_the_chart_plans_each_size_and_draws_both_layouts(tmp_path: Path) -> None:

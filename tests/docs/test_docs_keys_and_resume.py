@@ -12,7 +12,7 @@ import numpy as np
 
 from shardify.convert import ShardWriter
 
-PAGE = Path(__file__).parents[1] / "docs" / "keys-and-resume.md"
+PAGE = Path(__file__).parents[2] / "docs" / "keys-and-resume.md"
 
 
 def blocks() -> list[tuple[str, str]]:

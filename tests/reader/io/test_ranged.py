@@ -24,7 +24,7 @@ from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.tarfmt import OFFSET_STRIDE
 
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")
+_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
 rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
 sys.modules["rangeserver"] = rangeserver
 _SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]

@@ -11,7 +11,7 @@ import pytest
 
 from shardify.convert.synth import make_imagefolder
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 def _lib(monkeypatch: pytest.MonkeyPatch, name: str) -> ModuleType:

@@ -11,7 +11,7 @@ import numpy as np
 from shardify.convert import ShardWriter
 from shardify.reader import ShardedDataset, make_loader
 
-_spec = importlib.util.spec_from_file_location("shardify_demo", Path(__file__).parents[1] / "examples" / "demo.py")
+_spec = importlib.util.spec_from_file_location("shardify_demo", Path(__file__).parents[2] / "examples" / "demo.py")
 demo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(demo)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).parents[1] / "tools"
+TOOLS = Path(__file__).parents[2] / "tools"
 
 
 @pytest.fixture()
