@@ -21,13 +21,19 @@ hands them to the decode thread in order; each decoded batch comes back with a C
 that the consumer's stream waits on. An error in the decode thread is raised in the training
 loop at the batch it belongs to; leaving the loop early stops the thread (the batch it is
 decoding finishes first).
+
+A :class:`~shardify.reader.stages.base.Stage`: its state is ``{"yielded": n, "source": ...}``,
+the batches handed out and its source's state as it was when the last of them was taken from it
+(the batches prepared ahead are not counted: a restore prepares them again). A source that is not
+a stage (a DataLoader's iterator) has no state to restore: the first ``n`` batches it gives are
+then passed over, unprepared.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +42,7 @@ import torch
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.device_decode import fill_rows
 from shardify.reader.sample.planned import EncodedBatch
+from shardify.reader.stages.base import Stage, load_source_state, source_state
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
 
@@ -57,7 +64,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-class DevicePrefetcher:
+class DevicePrefetcher(Stage[Any]):
     """Iterate ``batches`` moved to ``device``, one batch ahead; see the module docstring."""
 
     def __init__(
@@ -90,6 +97,10 @@ class DevicePrefetcher:
         self._cuda = self.device.type == "cuda"
         self._decode = decode
         self._clock = clock  # gets the host seconds of each batch's copy, or of its device decode
+        self._items: Generator[Any, None, None] | None = None
+        self.yielded = 0
+        self._taken: Any = None  # the source's state when the last batch handed out was taken from it
+        self._skip = 0  # batches of a source without state to pass over (restored)
 
     def _is_image(self, t: torch.Tensor) -> bool:
         return t.dtype == torch.uint8 and t.dim() == 4 and t.shape[1] == self._channels
@@ -163,47 +174,79 @@ class DevicePrefetcher:
         self._apply(batch, lambda t: t.record_stream(current), [])
         return batch
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._decode is not None:
-            return self._decoded()
-        return self._moved()
+    def __next__(self) -> Any:
+        if self._items is None:
+            self._items = self._decoded() if self._decode is not None else self._moved()
+        batch = next(self._items)
+        self.yielded += 1
+        return batch
 
-    def _moved(self) -> Iterator[Any]:
-        """Batches with nothing to decode: moved and normalised one ahead, in this thread."""
+    def close(self) -> None:
+        """Stop: the decode thread (if any) ends once the batch it is decoding is done."""
+        if self._items is not None:
+            self._items.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        taken = self._taken if self.yielded or self._items is not None else source_state(self._batches)
+        return {"yielded": self.yielded, "source": taken}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.yielded = int(state["yielded"])
+        if state["source"] is not None:
+            load_source_state(self._batches, state["source"])
+            self._taken = state["source"]
+        else:
+            self._skip = self.yielded
+
+    def _source(self) -> Iterator[tuple[Any, Any]]:
+        """``(batch, the source's state just after it)`` from the source, restored batches passed over."""
         it = iter(self._batches)
+        for _ in range(self._skip):
+            if next(it, _END) is _END:
+                return
+        self._skip = 0
+        for batch in it:
+            yield batch, source_state(it)
+
+    def _moved(self) -> Generator[Any, None, None]:
+        """Batches with nothing to decode: moved and normalised one ahead, in this thread."""
+        it = self._source()
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
 
         def preload() -> Any:
-            batch = next(it, _END)
-            return _END if batch is _END else self._prepared_on(batch, stream)
+            taken = next(it, None)  # a (batch, state) pair, or None at the end
+            return _END if taken is None else (*self._prepared_on(taken[0], stream), taken[1])
 
         upcoming = preload()
         while upcoming is not _END:
-            batch = self._hand_over(*upcoming)
+            prepared, event, self._taken = upcoming
+            batch = self._hand_over(prepared, event)
             upcoming = preload()
             yield batch
 
-    def _decoded(self) -> Iterator[Any]:
+    def _decoded(self) -> Generator[Any, None, None]:
         """Batches to decode: decoded in the ``shardify-decode`` thread, :data:`DECODE_AHEAD` ahead."""
-        it = iter(self._batches)
+        it = self._source()
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardify-decode")
-        pending: deque[Future[tuple[Any, Any]]] = deque()
+        pending: deque[tuple[Future[tuple[Any, Any]], Any]] = deque()
 
         def submit() -> None:
-            batch = next(it, _END)
-            if batch is not _END:
-                pending.append(pool.submit(self._prepared_on, batch, stream))
+            taken = next(it, None)  # a (batch, state) pair, or None at the end
+            if taken is not None:
+                pending.append((pool.submit(self._prepared_on, taken[0], stream), taken[1]))
 
         try:
             for _ in range(DECODE_AHEAD):
                 submit()
             while pending:
-                prepared = pending.popleft().result()
+                future, state = pending.popleft()
+                prepared = future.result()
                 submit()
+                self._taken = state
                 yield self._hand_over(*prepared)
         finally:
-            for future in pending:
+            for future, _ in pending:
                 future.cancel()
             pending.clear()
             pool.shutdown(wait=True, cancel_futures=True)
