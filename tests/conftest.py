@@ -140,7 +140,7 @@ def image_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_dataset(root, image_shards([7, 2, 13]), classes=("a", "b", "c"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shards() -> SimpleNamespace:
     """The builders above, for tests that write their own shards."""
     return SimpleNamespace(

@@ -165,18 +165,16 @@ def test_other_ppms_take_pillows_path_and_the_pixel_limit_still_holds(monkeypatc
 
 
 @pytest.fixture(scope="module")
-def raw_dataset(tmp_path_factory):  # noqa: ANN001, ANN201
-    """22 PPM samples in 3 shards, written with the reader tests' format helpers."""
-    from .conftest import write_dataset
-
-    shards, g = [], 0
+def raw_dataset(tmp_path_factory, shards):  # noqa: ANN001, ANN201
+    """22 PPM samples in 3 shards, written with the tests' format helpers (the ``shards`` fixture)."""
+    samples_of, g = [], 0
     for n in (7, 2, 13):
         samples = []
         for _ in range(n):
             samples.append((f"img{g:05d}", {"cls": str(g).encode(), "ppm": ppm(g)}))
             g += 1
-        shards.append(samples)
-    return write_dataset(tmp_path_factory.mktemp("raw") / "ds", shards)
+        samples_of.append(samples)
+    return shards.write_dataset(tmp_path_factory.mktemp("raw") / "ds", samples_of)
 
 
 def _dataset(root, **kw) -> ShardedDataset:  # noqa: ANN001
