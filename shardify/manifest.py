@@ -16,7 +16,7 @@ import base64
 import binascii
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from shardify.errors import ManifestError
 from shardify.jsonfiles import file_sha256, json_bytes, json_field, load_json, write_bytes_atomic, write_json_atomic
 from shardify.pixels import RawPixels
 from shardify.sampletable import SampleTable
+from shardify.sidecar import SidecarRef
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
 __all__ = [
@@ -89,7 +90,9 @@ class ShardEntry:
     (empty: not recorded, as in indexes written before it was; readers then scan)."""
     samples: bytes = b""
     """The per-sample table (:mod:`shardify.sampletable`: each sample's length and digest),
-    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits)."""
+    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits, a sidecar)."""
+    sidecar: SidecarRef | None = None
+    """Size and SHA-256 of the table's sidecar ``<url>.idx`` (:mod:`shardify.sidecar`); None: none."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,6 +105,8 @@ class ShardEntry:
             out["offsets"] = list(self.offsets)
         if self.samples:
             out["samples"] = base64.b64encode(self.samples).decode("ascii")
+        if self.sidecar is not None:
+            out["sidecar"] = {"sha256": self.sidecar.sha256, "size": self.sidecar.size}
         return out
 
     @classmethod
@@ -146,7 +151,11 @@ class ShardEntry:
             problem = "a chunked split has no per-sample table"
         if problem is not None:
             raise ManifestError(f"{where}: field 'samples' does not fit the shard: {problem}")
-        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
+        sidecar = SidecarRef.from_json(obj.get("sidecar"), where)
+        if sidecar is not None and (table or chunk is not None):
+            raise ManifestError(f"{where}: field 'sidecar' goes with no 'samples' field and no chunked layout")
+        entry = cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
+        return replace(entry, sidecar=sidecar) if sidecar is not None else entry
 
 
 def _sample_table(text: Any, where: str) -> bytes:

@@ -34,11 +34,13 @@ class Behaviour:
     gets: int = 0
     active: int = 0
     most_active: int = 0  # the most GETs answered at once
+    paths: list[str] = field(default_factory=list)  # the path of every GET, in order
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
             self.sent = self.gets = self.most_active = 0
+            self.paths.clear()
 
     def _faulty(self) -> bool:
         with self.lock:
@@ -80,6 +82,8 @@ class _Handler(BaseHTTPRequestHandler):
         if b.delay_s:
             time.sleep(b.delay_s)
         rel = unquote(urlsplit(self.path).path).lstrip("/")
+        with b.lock:
+            b.paths.append(rel)
         path = (self.server.root / rel).resolve()  # type: ignore[attr-defined]
         if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
             self.send_error(404)
