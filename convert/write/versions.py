@@ -96,7 +96,7 @@ def begin_version(
         abandoned = found.get("version")
         if isinstance(abandoned, str) and abandoned != listed:
             for name in fs.listdir():
-                shard = shard_of_split(name, split)
+                shard = shard_of_split(name.removesuffix(SUFFIX), split)  # a shard or its sidecar
                 if shard is not None and shard[0] == abandoned:
                     fs.remove(name)
     if found is not None or fs.exists(work_marker(split)):

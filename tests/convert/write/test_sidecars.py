@@ -104,3 +104,31 @@ def test_gc_keeps_the_current_sidecars_and_removes_old_ones(tmp_path: Path, opti
     assert {n for n in removed if n.endswith(".idx")} == {f"train-{old}-{i:06d}.tar.idx" for i in range(3)}
     assert sorted(p.name for p in out.glob("*.idx")) == [f"train-{current}-{i:06d}.tar.idx" for i in range(2)]
     assert verify_dataset(out).ok
+
+
+def test_an_unlisted_version_s_sidecars_go_with_its_shards(tmp_path: Path, options, monkeypatch) -> None:
+    """Killed after its sidecars and index, before the manifest: the next, different conversion
+    removes the abandoned version's sidecars as it removes its shards; the listed ones stay."""
+    from shardify.convert.write import session
+
+    monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", 0)
+    src = make_imagefolder(tmp_path / "src", classes=2, per_class=4, sizes=((32, 24),))
+    out = tmp_path / "out"
+    convert_imagefolder(src, out, options=options(samples_per_shard=3))
+    listed = Manifest.load(out).splits["train"].version
+
+    def crash(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(session, "publish_splits", crash)
+        with pytest.raises(KeyboardInterrupt):
+            convert_imagefolder(src, out, options=options(samples_per_shard=2, overwrite=True))
+    abandoned = {p.name for p in out.glob("*.idx")} - {p.name for p in out.glob(f"train-{listed}-*.idx")}
+    assert len(abandoned) == 4
+    convert_imagefolder(src, out, options=options(samples_per_shard=1, overwrite=True))
+    current = Manifest.load(out).splits["train"].version
+    assert {p.name for p in out.glob("*.idx")} == {
+        *(f"train-{listed}-{i:06d}.tar.idx" for i in range(3)),
+        *(f"train-{current}-{i:06d}.tar.idx" for i in range(8)),
+    }
