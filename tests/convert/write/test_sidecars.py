@@ -132,3 +132,32 @@ def test_an_unlisted_version_s_sidecars_go_with_its_shards(tmp_path: Path, optio
         *(f"train-{listed}-{i:06d}.tar.idx" for i in range(3)),
         *(f"train-{current}-{i:06d}.tar.idx" for i in range(8)),
     }
+
+
+def test_each_sidecar_is_fsynced_and_in_place_before_the_index_that_names_it(
+    tmp_path: Path, sidecars: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from shardify import jsonfiles
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(a: str, b: str) -> None:
+        events.append(("rename", os.path.basename(str(b))))
+        real_replace(a, b)
+
+    monkeypatch.setattr(jsonfiles.os, "fsync", fsync)
+    monkeypatch.setattr(jsonfiles.os, "replace", replace)
+    out = _dataset(tmp_path / "ds")
+    names = sorted(p.name for p in out.glob("*.idx"))
+    index = _index(out).name
+    assert len(names) == 3
+    for name in names:
+        synced = [i for i, (kind, f) in enumerate(events) if kind == "fsync" and f.startswith(f".{name}.")]
+        assert synced and synced[0] < events.index(("rename", name)) < events.index(("rename", index))
