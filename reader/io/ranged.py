@@ -127,14 +127,16 @@ class RangeFetcher:
 
     def _next_request(self) -> _Request | None:
         """The next request of the plan: its next runs that touch in one shard (up to the
-        request size). A shard whose table cannot be loaded is left out of the plan: its
-        reads come alone, and raise the error where they are made."""
+        request size). A shard whose table cannot be loaded stays in the plan as a request that
+        failed with its error, raised where its read is made; the reads after it keep their place."""
         while self._runs:
             shard, a, b = self._runs.popleft()
             try:
                 ranges = self._sample_ranges(shard)
-            except ShardFormatError:
-                continue
+            except ShardFormatError as e:
+                failed: Future[bytes] = Future()
+                failed.set_exception(e)
+                return _Request(shard, a, b, 0, 0, future=failed, runs=deque([(shard, a, b)]))
             req = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1], runs=deque([(shard, a, b)]))
             while self._runs and self._runs[0][0] == shard and self._runs[0][1] == req.last:
                 nxt = self._runs[0][2]
@@ -177,7 +179,8 @@ class RangeFetcher:
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._requests, thread_name_prefix="shardify-ranges")
-            req.future = self._pool.submit(self._get, req)
+            if req.future is None:  # (a failed table's request comes with its error)
+                req.future = self._pool.submit(self._get, req)
             self._ahead.append(req)
 
     def _get(self, req: _Request) -> bytes:

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,22 @@ def test_a_sidecar_that_does_not_match_the_index_is_refused_naming_the_shard(
             with pytest.raises(SidecarError) as e:
                 _epoch(f"{base}/ds")
             assert e.value.shard is not None and e.value.shard.endswith(entry["url"])
+
+
+def test_a_shard_whose_sidecar_fails_keeps_the_reads_after_it_planned(www: Path, tmp_path: Path) -> None:
+    """Its reads raise where they are made, and the next shard's request, fetched ahead, is used."""
+    entry = json.loads((www / "ds" / "train.json").read_text())["shardlist"][2]
+    (www / "ds" / f"{entry['url']}.idx").unlink()
+    with rangeserver.serve(www) as (base, served):
+        ranged, names = _fetcher(f"{base}/ds", tmp_path / "cache")
+        ranged.plan([(1, 0, 8), (2, 0, 8), (3, 0, 8)])
+        assert len(ranged.samples(1, 0, 8)) == 8
+        for _ in range(500):  # until shard 3's request, made ahead, has been answered
+            if sum(p.endswith(names[3]) for p in served.paths):
+                break
+            time.sleep(0.01)
+        with pytest.raises(SidecarError):
+            ranged.samples(2, 0, 8)
+        assert len(ranged.samples(3, 0, 8)) == 8
+        ranged.close()
+        assert sorted(p.rsplit("/", 1)[-1] for p in served.paths if p.endswith(".tar")) == [names[1], names[3]]
