@@ -29,6 +29,8 @@ from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
 from shardify.sampletable import DIGEST_BYTES, SampleTable
+from shardify.sidecar import decode as decode_sidecar
+from shardify.sidecar import sidecar_name
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
@@ -151,13 +153,14 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(
                 Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i, index.version)}")
             )
+        table = _sidecar_table(files, entry, problems, split) if entry.sidecar is not None else entry.samples
         try:
             f = files.open_stream(entry.url)
         except ShardifyError as e:
             problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
             continue
         with f:
-            reader = _HashingReader(f, entry.samples if not index.chunk else b"")
+            reader = _HashingReader(f, table if not index.chunk else b"")
             # (of a stream that cannot seek, iter_members calls read() alone: all this one has)
             stream = cast(BinaryIO, reader)
             count = units = 0
@@ -215,6 +218,19 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
         if found is not None and found[0] == index.version and found[1] >= len(index.shards):
             problems.append(Problem(split, name, None, "shard file not listed in the index"))
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
+
+
+def _sidecar_table(files: DatasetFiles, entry: ShardEntry, problems: list[Problem], split: str) -> bytes:
+    """The table in the sidecar of ``entry`` (checked against its record in the index, then
+    sample by sample against the shard's bytes as it is read); empty, with a problem, if unusable."""
+    try:
+        data = files.read_bytes(sidecar_name(entry.url))
+        return decode_sidecar(
+            data, shard=entry.url, ref=entry.sidecar, nsamples=entry.nsamples, filesize=entry.filesize
+        ).raw
+    except (ShardifyError, OSError) as e:
+        problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
+        return b""
 
 
 def _unit_samples(unit: dict[str, Any], index: SplitIndex, n: int, nsamples: int, url: str) -> list[dict[str, Any]]:

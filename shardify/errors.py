@@ -15,6 +15,7 @@ __all__ = [
     "KeyRuleError",
     "ShardFormatError",
     "DatasetVersionError",
+    "SidecarError",
     "InputError",
     "SampleError",
     "FieldError",
@@ -105,6 +106,11 @@ class ShardFormatError(_AtShard):
 class CompressedDataError(ShardFormatError):
     """A compressed shard fails its own check (a gzip CRC or length mismatch): none of its
     samples can be trusted, including those already read in full."""
+
+
+class SidecarError(ShardFormatError):
+    """A shard's per-sample table sidecar (``<shard>.idx``) is missing, malformed, or does not
+    match the size and SHA-256 its split index records, or the shard's bytes; names the shard."""
 
 
 class DatasetVersionError(ShardFormatError):

@@ -13,7 +13,6 @@ index before the top-level manifest, so a split exists only once it is complete.
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.errors import ManifestError
 from shardify.jsonfiles import file_sha256, json_bytes, json_field, load_json, write_bytes_atomic, write_json_atomic
 from shardify.pixels import RawPixels
-from shardify.sampletable import SampleTable
+from shardify.sampletable import SampleTable, table_from_json
+from shardify.sidecar import SidecarRef
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
 
 __all__ = [
@@ -89,7 +89,9 @@ class ShardEntry:
     (empty: not recorded, as in indexes written before it was; readers then scan)."""
     samples: bytes = b""
     """The per-sample table (:mod:`shardify.sampletable`: each sample's length and digest),
-    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits)."""
+    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits, a sidecar)."""
+    sidecar: SidecarRef | None = None
+    """Size and SHA-256 of the table's sidecar ``<url>.idx`` (:mod:`shardify.sidecar`); None: none."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,6 +104,8 @@ class ShardEntry:
             out["offsets"] = list(self.offsets)
         if self.samples:
             out["samples"] = base64.b64encode(self.samples).decode("ascii")
+        if self.sidecar is not None:
+            out["sidecar"] = {"sha256": self.sidecar.sha256, "size": self.sidecar.size}
         return out
 
     @classmethod
@@ -140,22 +144,17 @@ class ShardEntry:
                 f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
                 f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}"
             )
-        table = _sample_table(obj.get("samples", ""), where)
+        table = table_from_json(obj.get("samples", ""), where)
         problem = SampleTable(table).problem(nsamples=nsamples, filesize=filesize) if table and chunk is None else None
         if table and chunk is not None:
             problem = "a chunked split has no per-sample table"
         if problem is not None:
             raise ManifestError(f"{where}: field 'samples' does not fit the shard: {problem}")
-        return cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
-
-
-def _sample_table(text: Any, where: str) -> bytes:
-    if not isinstance(text, str):
-        raise ManifestError(f"{where}: field 'samples' should be a base64 str, found {str(text)[:40]!r}")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ManifestError(f"{where}: field 'samples' is not base64: {e}") from e
+        sidecar = SidecarRef.from_json(obj.get("sidecar"), where)
+        if sidecar is not None and (table or chunk is not None):
+            raise ManifestError(f"{where}: field 'sidecar' goes with no 'samples' field and no chunked layout")
+        entry = cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
+        return dataclasses.replace(entry, sidecar=sidecar) if sidecar is not None else entry
 
 
 @dataclass(frozen=True)

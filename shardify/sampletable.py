@@ -11,12 +11,17 @@ the whole shard. Shards of a chunked split, and samples of 4 GiB or more, have n
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleTable", "TableBuilder"]
+from shardify.errors import ManifestError
+
+__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleTable", "TableBuilder", "table_from_json"]
 
 DIGEST_BYTES = 16
 """Bytes of each sample's SHA-256 kept (128 bits)."""
@@ -111,3 +116,13 @@ class TableBuilder:
         if self.broken or len(self._records) != nsamples * RECORD.size:
             return b""
         return bytes(self._records)
+
+
+def table_from_json(text: Any, where: str) -> bytes:
+    """The table in an index entry's ``samples`` field (base64) at ``where``; else ManifestError."""
+    if not isinstance(text, str):
+        raise ManifestError(f"{where}: field 'samples' should be a base64 str, found {str(text)[:40]!r}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ManifestError(f"{where}: field 'samples' is not base64: {e}") from e

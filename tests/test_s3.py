@@ -367,3 +367,29 @@ def test_python_writers_to_s3_are_byte_identical_to_local(
     assert remote == _tree_bytes(tmp_path / "local")
     assert sum(name.endswith(".tar") for name in remote) == 6
     assert verify_dataset(f"s3://{bucket}/py", storage_options=storage).ok
+
+
+def test_sidecars_are_written_to_s3_and_ranged_reads_fetch_them_through_the_cache(
+    bucket: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardify.convert.write import finish
+    from shardify.reader import ShardedDataset
+
+    monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", 0)
+    local, url = tmp_path / "local", f"s3://{bucket}/ds"
+    options = ConvertOptions(samples_per_shard=4, workers=1, progress=False, fsync=False)
+    convert_imagefolder(source, local, options=options)
+    convert_imagefolder(source, url, options=options)
+    tree = _s3_tree(f"{bucket}/ds")
+    assert tree == _tree_bytes(local) and sum(name.endswith(".tar.idx") for name in tree) == 5
+
+    def epoch(spec: str, **kw) -> list[tuple[str, int]]:
+        ds = ShardedDataset(
+            spec, batch_size=3, shuffle=True, seed=7, map=_key_and_label, batching=BatchOptions(collate_fn=list), **kw
+        )
+        return [s for batch in ds for s in batch]
+
+    cache = tmp_path / "cache"
+    assert epoch(url, cache=CacheOptions(dir=cache)) == epoch(str(local))
+    cached = sorted(p.name.rsplit("-", 1)[1] for p in cache.iterdir() if p.is_file())
+    assert cached == [f"{i:06d}.tar.idx" for i in range(5)], "only the sidecars, each once"

@@ -34,11 +34,15 @@ class Behaviour:
     gets: int = 0
     active: int = 0
     most_active: int = 0  # the most GETs answered at once
+    paths: list[str] = field(default_factory=list)  # the path of every GET, in order
+    sent_by_path: dict[str, int] = field(default_factory=dict)  # body bytes sent, per path
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
             self.sent = self.gets = self.most_active = 0
+            self.paths.clear()
+            self.sent_by_path.clear()
 
     def _faulty(self) -> bool:
         with self.lock:
@@ -80,6 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         if b.delay_s:
             time.sleep(b.delay_s)
         rel = unquote(urlsplit(self.path).path).lstrip("/")
+        with b.lock:
+            b.paths.append(rel)
         path = (self.server.root / rel).resolve()  # type: ignore[attr-defined]
         if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
             self.send_error(404)
@@ -110,6 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
         with b.lock:
             b.sent += len(body)
             b.gets += 1
+            b.sent_by_path[rel] = b.sent_by_path.get(rel, 0) + len(body)
         self._finished(b)
         self.wfile.write(body[-1:])
 

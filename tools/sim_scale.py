@@ -19,11 +19,14 @@ import argparse
 import json
 import math
 import time
+from dataclasses import replace
 from multiprocessing import get_context
 
 from benchlib import memory
 
 from shardify.manifest import ShardEntry, json_bytes
+from shardify.sampletable import RECORD
+from shardify.sidecar import HEADER, SIDECAR_RECORD, SidecarRef
 from shardify.tarfmt import OFFSET_STRIDE, member_size
 
 SAMPLE_RECORD_BYTES = 110
@@ -65,10 +68,12 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
     share_order(plan, opts, epoch=1, rank=rank, worker=0)
     t4 = time.perf_counter()
     per_worker = []
+    rank_shards = {shard for shard, _, _ in plan.ranges}  # whose sidecars the rank's workers fetch
     for worker in range(1, args.workers):
         t = time.perf_counter()
-        plan_worker(seq, worker=worker, starts=starts, **kw)
+        other = plan_worker(seq, worker=worker, starts=starts, **kw)
         per_worker.append(time.perf_counter() - t)
+        rank_shards.update(shard for shard, _, _ in other.ranges)
     conn.send(
         {
             "sequence_s": t1 - t0,
@@ -79,6 +84,7 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
             "other_workers_max_s": max(per_worker, default=0.0),
             "share_samples": plan.num_samples,
             "share_ranges": len(plan.ranges),
+            "rank_shards": len(rank_shards),
             "rss_before": base,
             "rss_peak": round(memory.peak_mib() * 2**20),
         }
@@ -183,7 +189,13 @@ def main() -> None:
         sha256="0" * 64,
         offsets=tuple(k * OFFSET_STRIDE * per_sample for k in range(-(-per_shard // OFFSET_STRIDE))),
     )
+    # The per-sample table (28 bytes a sample): inline it is base64 in every entry; in a
+    # sidecar (what a split over SIDECAR_ABOVE_SAMPLES gets) the entry holds its size and hash.
+    sidecar_bytes = HEADER.size + per_shard * SIDECAR_RECORD.size
+    inline = replace(entry, samples=bytes(per_shard * RECORD.size))
+    entry = replace(entry, sidecar=SidecarRef(sha256="0" * 64, size=sidecar_bytes))
     index_bytes = shards * (len(json_bytes(entry.to_json())) + 2)
+    inline_index_bytes = shards * (len(json_bytes(inline.to_json())) + 2)
     dataset_bytes = n * per_sample
     nodes = math.ceil(args.world / args.gpus_per_node)
 
@@ -200,6 +212,11 @@ def main() -> None:
         "samples_per_shard": per_shard,
         "shards": shards,
         "split_index_bytes": index_bytes,
+        "split_index_bytes_inline_tables": inline_index_bytes,
+        "index_entry_bytes": index_bytes // shards,
+        "index_entry_bytes_inline_table": inline_index_bytes // shards,
+        "sidecar_bytes_per_shard": sidecar_bytes,
+        "sidecar_bytes_per_rank_per_epoch": sidecar_bytes * plan["keyed"]["rank_shards"],
         "shards_per_rank_per_epoch": shards / args.world,
         "samples_per_rank_per_epoch": per_rank,
         "epoch_s": epoch_s,
@@ -221,7 +238,15 @@ def main() -> None:
         f"  shards: {shards:,} of {per_shard:,} samples ({args.shard_mb:.0f} MB); "
         f"{shards / args.world:.1f} shards per rank per epoch"
     )
-    print(f"  split index: {_human(index_bytes)} (JSON, read by every rank at start)")
+    print(
+        f"  split index: {_human(index_bytes)} (JSON, read by every rank at start; "
+        f"{_human(inline_index_bytes)} with the per-sample tables inline)"
+    )
+    print(
+        f"  per-sample table sidecars: {_human(sidecar_bytes)} per shard, "
+        f"{_human(out['sidecar_bytes_per_rank_per_epoch'])} per rank per epoch "
+        f"(the {plan['keyed']['rank_shards']:,} shards its workers read)"
+    )
     print(f"  epoch: {per_rank:,} samples per rank, {epoch_s:.0f} s at {args.images_per_s:.0f} images/s per GPU")
     print(
         f"  object store: ~{out['get_requests_per_s']:,.0f} GET/s, {_human(out['read_bytes_per_s'])}/s "

@@ -4,7 +4,9 @@ The order is what makes a half-written dataset impossible to mistake for a finis
 shards are renamed into place when whole, the report and the split index of the version come
 next, and the top-level ``manifest.json`` (the only thing readers trust) is switched last
 (:func:`publish_splits`). :func:`shard_entries` is the one place a finished shard becomes
-its index entry (with its per-sample table, :mod:`shardify.sampletable`).
+its index entry (with its per-sample table, :mod:`shardify.sampletable`): inline, or for a
+split over :data:`SIDECAR_ABOVE_SAMPLES` in a sidecar file beside the shard
+(:mod:`shardify.sidecar`), written (atomically, fsynced) before the index that names it.
 """
 
 from __future__ import annotations
@@ -20,18 +22,21 @@ from shardify.convert.write.outfs import WORK_DIR, OutputFS
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.versions import load_manifest, remove_stale_shards
 from shardify.manifest import MANIFEST_NAME, RawPixels, ShardEntry, SplitIndex, index_name, json_bytes, report_name
+from shardify.sampletable import SampleTable
+from shardify.sidecar import SidecarRef, encode, ref_of, sidecar_name
 
-__all__ = ["finish_split", "publish_splits", "shard_entries", "write_report", "reason_class", "MAX_TABLE_SAMPLES"]
+__all__ = ["finish_split", "publish_splits", "shard_entries", "write_report", "reason_class", "SIDECAR_ABOVE_SAMPLES"]
 
-MAX_TABLE_SAMPLES = 10_000_000
-"""Splits of more samples keep no per-sample table in their JSON index (28 bytes of JSON a sample:
-280 MB at this count, parsed by every rank); their remote reads fetch and verify whole shards."""
+SIDECAR_ABOVE_SAMPLES = 100_000
+"""Splits of more samples keep each shard's per-sample table in a sidecar ``<shard>.idx``
+(28 bytes a sample, fetched by a reader only for the shards it reads) rather than in the
+JSON index (about 37 bytes a sample, parsed whole by every rank): 3.7 MB of index at most."""
 
 
-def shard_entries(ordered: Sequence[ShardResult]) -> tuple[ShardEntry, ...]:
-    """The index entries of a split's finished shards, in order, with their per-sample tables
-    unless the split is over :data:`MAX_TABLE_SAMPLES`."""
-    tables = sum(r.nsamples for r in ordered) <= MAX_TABLE_SAMPLES
+def shard_entries(fs: OutputFS, ordered: Sequence[ShardResult]) -> tuple[ShardEntry, ...]:
+    """The index entries of a split's finished shards, in order, with their per-sample tables:
+    inline, or (over :data:`SIDECAR_ABOVE_SAMPLES` samples) written to ``fs`` as sidecars."""
+    inline = sum(r.nsamples for r in ordered) <= SIDECAR_ABOVE_SAMPLES
     return tuple(
         ShardEntry(
             url=r.url,
@@ -39,10 +44,18 @@ def shard_entries(ordered: Sequence[ShardResult]) -> tuple[ShardEntry, ...]:
             filesize=r.filesize,
             sha256=r.sha256,
             offsets=r.offsets,
-            samples=r.samples if tables else b"",
+            samples=r.samples if inline else b"",
+            sidecar=None if inline or not r.samples else _write_sidecar(fs, r),
         )
         for r in ordered
     )
+
+
+def _write_sidecar(fs: OutputFS, r: ShardResult) -> SidecarRef:
+    """Write the sidecar of the shard ``r`` beside it, whole or not at all, and fsynced."""
+    data = encode(SampleTable(r.samples))
+    fs.write_atomic(sidecar_name(r.url), data)
+    return ref_of(data)
 
 
 def finish_split(
@@ -75,7 +88,7 @@ def finish_split(
     counts.update(ignored_counts or {})
     index = SplitIndex(
         split=split,
-        shards=shard_entries(ordered),
+        shards=shard_entries(fs, ordered),
         classes=tuple(classes),
         fields=tuple(sorted({f for r in ordered for f in r.fields})),
         converter=converter,

@@ -27,6 +27,7 @@ from shardify.manifest import (
     load_json,
     report_name,
 )
+from shardify.sidecar import SUFFIX, sidecar_name
 from shardify.tarfmt import VERSION_CHARS, shard_of_split
 
 __all__ = [
@@ -95,7 +96,7 @@ def begin_version(
         abandoned = found.get("version")
         if isinstance(abandoned, str) and abandoned != listed:
             for name in fs.listdir():
-                shard = shard_of_split(name, split)
+                shard = shard_of_split(name.removesuffix(SUFFIX), split)  # a shard or its sidecar
                 if shard is not None and shard[0] == abandoned:
                     fs.remove(name)
     if found is not None or fs.exists(work_marker(split)):
@@ -111,7 +112,7 @@ def remove_stale_shards(fs: OutputFS, split: str, version: str | None, count: in
     """Delete shards of ``version`` of ``split`` numbered ``count`` and up: an interrupted run of
     the same unlisted version that had written more shards than this one."""
     for name in fs.listdir():
-        shard = shard_of_split(name, split)
+        shard = shard_of_split(name.removesuffix(SUFFIX), split)  # a shard or its sidecar
         if shard is not None and shard[0] == version and shard[1] >= count:
             fs.remove(name)
 
@@ -122,7 +123,7 @@ class FolderState:
 
     manifest: Manifest
     current: set[str] = field(default_factory=set)
-    """The manifest, the listed versions' indexes and shards, the wids copies and reports."""
+    """The manifest, the listed versions' indexes, shards and sidecars, the wids copies and reports."""
     in_progress: dict[str, str] = field(default_factory=dict)
     """split -> the version an unfinished conversion is writing (its shards are kept)."""
     old: dict[str, list[str]] = field(default_factory=dict)
@@ -134,7 +135,7 @@ class FolderState:
         """The earlier versions of ``split`` still on disk (``"unversioned"`` for format 1 files)."""
         found = set()
         for name in self.old.get(split, []):
-            shard = shard_of_split(name, split)
+            shard = shard_of_split(name.removesuffix(SUFFIX), split)
             if shard is not None:
                 found.add(shard[0] or "unversioned")
             elif m := _INDEX_RE.search(name):
@@ -143,8 +144,8 @@ class FolderState:
 
 
 def _old_version_of(name: str, split: str) -> str | None:
-    """The version (or ``""`` for format 1) of a shard or versioned index file of ``split``."""
-    shard = shard_of_split(name, split)
+    """The version (or ``""`` for format 1) of a shard, its sidecar or a versioned index file of ``split``."""
+    shard = shard_of_split(name.removesuffix(SUFFIX), split)
     if shard is not None:
         return shard[0] or ""
     if name.startswith(f"{split}-") and (m := _INDEX_RE.match(name, len(split))) is not None:
@@ -163,7 +164,9 @@ def folder_state(fs: OutputFS) -> FolderState:
             index = SplitIndex.from_json(load_json(fs.read_bytes(ref.index), source=where), source=where)
         except (ShardifyError, OSError) as e:
             raise OutputError(f"{where}: cannot read the index of split {split!r}: {e}") from e
-        state.current.update(s.url for s in index.shards if "/" not in s.url and "://" not in s.url)
+        local = [s for s in index.shards if "/" not in s.url and "://" not in s.url]
+        state.current.update(s.url for s in local)
+        state.current.update(sidecar_name(s.url) for s in local if s.sidecar is not None)
     splits = set(manifest.splits)
     for split in fs.entries(WORK_DIR):
         marker = read_marker(fs, split)

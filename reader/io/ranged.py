@@ -1,8 +1,9 @@
 """Ranged reads of remote shards: each process fetches only the bytes of the samples it reads.
 
 A split index written by this shardify lists, per shard, each sample's length and digest
-(:mod:`shardify.sampletable`). Given the reads a worker will make, in order (the plan knows
-them), :class:`RangeFetcher` coalesces reads that touch in the same shard into one request
+(:mod:`shardify.sampletable`), inline or in a sidecar file (:mod:`~shardify.reader.io.sidecars`)
+loaded when the first request of that shard is made. Given the reads a worker will make, in
+order (the plan knows them), :class:`RangeFetcher` coalesces reads that touch in the same shard into one request
 (up to ``max_request_bytes``), fetches them with at most ``requests`` requests in flight
 ahead of use (:func:`~shardify.remote.fetch_range`: exact ranges, retried), and
 checks every sample's bytes against the index's digest on arrival: a mismatch raises
@@ -16,7 +17,7 @@ import io
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.items import READ_ERRORS, Item, damage
 from shardify.reader.io.shardfile import ShardFiles
+from shardify.reader.io.sidecars import table_loader
 from shardify.reader.io.sources import Source, is_gzip
 from shardify.remote import fetch_range, is_remote
 from shardify.sampletable import SampleTable, sample_digest
@@ -36,6 +38,8 @@ log = logging.getLogger("shardify.reader")
 
 Run = tuple[int, int, int]
 """``(shard, start, stop)``: samples ``start..stop-1`` of a shard, read in one go."""
+Table = bytes | Callable[[], bytes]
+"""A shard's per-sample table, or what loads it (a sidecar) when first needed."""
 
 
 @dataclass
@@ -68,12 +72,13 @@ def _key_of(data: bytes) -> str | None:
 
 class RangeFetcher:
     """Sample bytes of the shards ``urls`` that have a table in ``tables`` (empty: not read
-    here), fetched with ``fetch`` (its retry policy, storage options and ``requests``)."""
+    here; a callable: loads it, once, when the shard is first read), fetched with ``fetch``
+    (its retry policy, storage options and ``requests``)."""
 
     def __init__(
         self,
         urls: Sequence[str],
-        tables: Sequence[bytes],
+        tables: Sequence[Table],
         fetch: Sequence[FetchOptions],
         *,
         max_request_bytes: int = 1 << 20,
@@ -82,8 +87,9 @@ class RangeFetcher:
             raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
         self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)
         self._ranges: dict[int, list[tuple[int, int, bytes]]] = {}
+        self._failed: dict[int, ShardFormatError] = {}  # tables that could not be loaded
         self._max = max_request_bytes
-        self._planned: deque[_Request] = deque()
+        self._runs: deque[Run] = deque()  # planned, not yet made requests
         self._ahead: deque[_Request] = deque()  # submitted, in plan order
         self._pool: ThreadPoolExecutor | None = None
         self._requests = max((f.requests for f in self._fetch), default=1)
@@ -99,30 +105,47 @@ class RangeFetcher:
         return self._sample_ranges(shard)[i][0]
 
     def _sample_ranges(self, shard: int) -> list[tuple[int, int, bytes]]:
+        """The ranges of ``shard``'s samples, its table loaded first when it is a sidecar (a
+        table that failed to load raises its error again, without another fetch)."""
         found = self._ranges.get(shard)
         if found is None:
-            found = self._ranges[shard] = SampleTable(self._tables[shard]).ranges()
+            if shard in self._failed:
+                raise self._failed[shard]
+            table = self._tables[shard]
+            try:
+                raw = table() if callable(table) else table
+            except ShardFormatError as e:
+                self._failed[shard] = e
+                raise
+            found = self._ranges[shard] = SampleTable(raw).ranges()
         return found
 
     def plan(self, runs: Iterable[Run]) -> None:
         """The reads to come, in order (those of shards not read here are passed over)."""
         self.cancel()
-        for shard, a, b in runs:
-            if b <= a or not self.covers(shard):
-                continue
-            ranges = self._sample_ranges(shard)
-            last = self._planned[-1] if self._planned else None
-            if (
-                last is not None
-                and last.shard == shard
-                and last.last == a
-                and ranges[b - 1][1] - last.start <= self._max
-            ):
-                last.last, last.stop = b, ranges[b - 1][1]
-            else:
-                last = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1])
-                self._planned.append(last)
-            last.runs.append((shard, a, b))
+        self._runs.extend(r for r in runs if r[2] > r[1] and self.covers(r[0]))
+
+    def _next_request(self) -> _Request | None:
+        """The next request of the plan: its next runs that touch in one shard (up to the
+        request size). A shard whose table cannot be loaded stays in the plan as a request that
+        failed with its error, raised where its read is made; the reads after it keep their place."""
+        while self._runs:
+            shard, a, b = self._runs.popleft()
+            try:
+                ranges = self._sample_ranges(shard)
+            except ShardFormatError as e:
+                failed: Future[bytes] = Future()
+                failed.set_exception(e)
+                return _Request(shard, a, b, 0, 0, future=failed, runs=deque([(shard, a, b)]))
+            req = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1], runs=deque([(shard, a, b)]))
+            while self._runs and self._runs[0][0] == shard and self._runs[0][1] == req.last:
+                nxt = self._runs[0][2]
+                if ranges[nxt - 1][1] - req.start > self._max:
+                    break
+                req.last, req.stop = nxt, ranges[nxt - 1][1]
+                req.runs.append(self._runs.popleft())
+            return req
+        return None
 
     def samples(self, shard: int, start: int, stop: int) -> list[bytes]:
         """The checked bytes of samples ``start..stop-1`` of ``shard``."""
@@ -150,11 +173,14 @@ class RangeFetcher:
         return [data[ranges[i][0] - req.start : ranges[i][1] - req.start] for i in range(start, stop)]
 
     def _top_up(self) -> None:
-        while self._planned and len(self._ahead) < self._requests:
-            req = self._planned.popleft()
+        while len(self._ahead) < self._requests:
+            req = self._next_request()
+            if req is None:
+                return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._requests, thread_name_prefix="shardify-ranges")
-            req.future = self._pool.submit(self._get, req)
+            if req.future is None:  # (a failed table's request comes with its error)
+                req.future = self._pool.submit(self._get, req)
             self._ahead.append(req)
 
     def _get(self, req: _Request) -> bytes:
@@ -196,7 +222,7 @@ class RangeFetcher:
         for req in self._ahead:
             self._drop(req)
         self._ahead.clear()
-        self._planned.clear()
+        self._runs.clear()
         if running:
             wait(running, timeout=max(f.retry.timeout_s for f in self._fetch))
 
@@ -238,13 +264,21 @@ def read_ranged(ranged: RangeFetcher, files: ShardFiles, shard: int, start: int,
 
 def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:
     """A fetcher for the shards of ``sources`` (in order, as the dataset numbers them) read in
-    ranges: remote, plain tar with a per-sample table, of a source whose ``fetch.ranged`` is on;
-    None when there is none (every shard is read whole, as local files or through the cache)."""
-    urls, tables, fetch = [], [], []
+    ranges: remote, plain tar with a per-sample table (inline or in a sidecar), of a source
+    whose ``fetch.ranged`` is on; None when there is none (every shard is read whole, as local
+    files or through the cache)."""
+    urls: list[str] = []
+    tables: list[Table] = []
+    fetch: list[FetchOptions] = []
     for src in sources:
         for sh in src.shards:
             ranged = src.fetch.ranged and is_remote(sh.url) and sh.chunk is None and not is_gzip(sh.url)
             urls.append(sh.url)
-            tables.append(sh.samples if ranged else b"")
+            if ranged and sh.sidecar is not None and sh.filesize is not None:
+                tables.append(
+                    table_loader(sh.url, sh.sidecar, nsamples=sh.nsamples, filesize=sh.filesize, fetch=src.fetch)
+                )
+            else:
+                tables.append(sh.samples if ranged else b"")
             fetch.append(src.fetch)
     return RangeFetcher(urls, tables, fetch) if any(tables) else None

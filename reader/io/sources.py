@@ -34,6 +34,7 @@ from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.locations import check_location
 from shardify.reader.io.shardopen import TAR_SUFFIXES, count_samples, is_gzip, local_path, open_shard, open_tar
 from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
+from shardify.sidecar import SidecarRef
 
 __all__ = [
     "ShardInfo",
@@ -71,6 +72,8 @@ class ShardInfo:
     """Samples per chunk of a chunked shard (the split index's ``chunk``); None: per-sample."""
     samples: bytes = b""
     """The index's per-sample table (:mod:`shardify.sampletable`; empty: none)."""
+    sidecar: SidecarRef | None = None
+    """The size and SHA-256 of the shard's table sidecar ``<url>.idx`` (:mod:`shardify.sidecar`; None: none)."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ def _from_index(
             offsets=e.offsets,
             chunk=index.chunk,
             samples=e.samples,
+            sidecar=e.sidecar,
         )
         for e in index.shards
     )

@@ -53,20 +53,3 @@ def test_a_sample_whose_bytes_do_not_match_the_table_is_named(tmp_path: Path, ca
     assert cli_main(["verify", str(out)]) != 0
     captured = capsys.readouterr()
     assert key in captured.out + captured.err
-
-
-def test_a_split_over_the_table_cap_keeps_its_index_small_and_reads_whole_shards(tmp_path: Path, monkeypatch) -> None:
-    """Past ``MAX_TABLE_SAMPLES`` the JSON index every rank parses would grow by 28 bytes a sample
-    (28 GB at 1 B samples): such a split has no table, and verify and the reader do without it."""
-    from shardify.convert.write import finish
-    from shardify.reader import ShardedDataset
-
-    monkeypatch.setattr(finish, "MAX_TABLE_SAMPLES", 19)
-    out = _dataset(tmp_path / "big")  # 20 samples: one over the cap
-    assert all("samples" not in e for e in json.loads(_index(out).read_text())["shardlist"])
-    monkeypatch.setattr(finish, "MAX_TABLE_SAMPLES", 20)
-    small = _dataset(tmp_path / "small")  # at the cap: tables kept
-    assert all("samples" in e for e in json.loads(_index(small).read_text())["shardlist"])
-    assert verify_dataset(out).ok
-    keys = [k for batch in ShardedDataset(out, batch_size=5, fields=("__key__",)) for k in batch]
-    assert sorted(keys) == [f"{i:09d}" for i in range(20)]
