@@ -725,8 +725,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M74",
         "device decode runs in a thread of its own, ahead of the batch the training loop holds",
         "reader/delivery/prefetch.py",
-        "        if self._decode is not None:\n            return self._decoded()\n",
-        "",
+        "self._items = self._decoded() if self._decode is not None else self._moved()",
+        "self._items = self._moved()",
         ("tests/reader/delivery/test_prefetch.py",),
     ),
     M(
