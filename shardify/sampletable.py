@@ -14,14 +14,16 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import itertools
 import struct
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from shardify.errors import ManifestError
 
-__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleTable", "TableBuilder", "table_from_json"]
+__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleRanges", "SampleTable", "TableBuilder", "table_from_json"]
 
 DIGEST_BYTES = 16
 """Bytes of each sample's SHA-256 kept (128 bits)."""
@@ -46,13 +48,9 @@ class SampleTable:
     def records(self) -> Iterator[tuple[int, bytes]]:
         return (r for r in RECORD.iter_unpack(self.raw))
 
-    def ranges(self) -> list[tuple[int, int, bytes]]:
+    def ranges(self) -> SampleRanges:
         """``(start, stop, digest)`` of every sample, in bytes of the shard."""
-        out, at = [], 0
-        for size, digest in RECORD.iter_unpack(self.raw):
-            out.append((at, at + size, digest))
-            at += size
-        return out
+        return SampleRanges(self.raw)
 
     def problem(self, *, nsamples: int, filesize: int) -> str | None:
         """Why this table cannot be the shard's (None: it fits its count and size; each range
@@ -116,6 +114,36 @@ class TableBuilder:
         if self.broken or len(self._records) != nsamples * RECORD.size:
             return b""
         return bytes(self._records)
+
+
+class SampleRanges(Sequence[tuple[int, int, bytes]]):
+    """``(start, stop, digest)`` of each sample of a table, made on access: the table's records
+    and one 8-byte end a sample are all it holds (a reader keeps those of every shard it reads,
+    so not three Python objects a sample)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        sizes = memoryview(raw).cast("B")  # the uint32 lengths, one per record, little-endian
+        lengths = (int.from_bytes(sizes[i : i + 4], "little") for i in range(0, len(raw), RECORD.size))
+        self._ends = array("q", itertools.accumulate(lengths, initial=0))
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int, bytes]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[int, int, bytes]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int, bytes] | list[tuple[int, int, bytes]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} of a table of {n}")
+        at = i * RECORD.size + 4
+        return self._ends[i], self._ends[i + 1], self._raw[at : at + DIGEST_BYTES]
 
 
 def table_from_json(text: Any, where: str) -> bytes:

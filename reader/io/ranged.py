@@ -29,7 +29,7 @@ from shardify.reader.io.shardfile import ShardFiles
 from shardify.reader.io.sidecars import table_loader
 from shardify.reader.io.sources import Source, is_gzip
 from shardify.remote import fetch_range, is_remote
-from shardify.sampletable import SampleTable, sample_digest
+from shardify.sampletable import SampleRanges, SampleTable, sample_digest
 from shardify.tario import KeepMember, iter_members, iter_samples
 
 __all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher", "read_ranged"]
@@ -86,7 +86,7 @@ class RangeFetcher:
         if not len(urls) == len(tables) == len(fetch):
             raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
         self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)
-        self._ranges: dict[int, list[tuple[int, int, bytes]]] = {}
+        self._ranges: dict[int, SampleRanges] = {}
         self._failed: dict[int, ShardFormatError] = {}  # tables that could not be loaded
         self._max = max_request_bytes
         self._runs: deque[Run] = deque()  # planned, not yet made requests
@@ -104,7 +104,7 @@ class RangeFetcher:
         """The byte offset of sample ``i`` of ``shard``."""
         return self._sample_ranges(shard)[i][0]
 
-    def _sample_ranges(self, shard: int) -> list[tuple[int, int, bytes]]:
+    def _sample_ranges(self, shard: int) -> SampleRanges:
         """The ranges of ``shard``'s samples, its table loaded first when it is a sidecar (a
         table that failed to load raises its error again, without another fetch)."""
         found = self._ranges.get(shard)

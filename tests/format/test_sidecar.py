@@ -72,3 +72,15 @@ def test_an_index_entry_carries_its_sidecar_ref_and_refuses_both_tables() -> Non
     both = {**obj, **ShardEntry(url="s.tar", nsamples=5, filesize=FILESIZE, sha256="", samples=TABLE.raw).to_json()}
     with pytest.raises(ManifestError, match="sidecar"):
         ShardEntry.from_json(both, source="i.json")
+
+
+def test_a_tables_ranges_are_its_records_laid_end_to_end_by_index_slice_and_iteration() -> None:
+    ranges = TABLE.ranges()
+    records, at = [], 0
+    for size, digest in RECORD.iter_unpack(TABLE.raw):
+        records.append((at, at + size, digest))
+        at += size
+    assert list(ranges) == records and len(ranges) == len(records)
+    assert ranges[-1] == records[-1] and ranges[1:3] == records[1:3]
+    with pytest.raises(IndexError):
+        ranges[len(records)]
