@@ -111,8 +111,6 @@ class EpochInputs:
             drop_last=self.drop_last,
             starts=starts,
         )
-        samples = int(starts[-1]) if starts is not None else sequence_length(seq)  # layout 4 has no starts
-        rank_batches = batches_per_rank(samples, world=world, batch_size=self.batch_size, drop_last=self.drop_last)
         return EpochPlan(
             epoch=epoch,
             rank=rank,
@@ -123,7 +121,7 @@ class EpochInputs:
             layout=layout,
             share=share,
             options=self.plan_options(layout),
-            rank_batches=rank_batches,
+            rank_batches=self.rank_batches(epoch, world=world, history=history, layout=layout),
         )
 
 

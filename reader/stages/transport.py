@@ -1,10 +1,11 @@
 """Transport: each collated batch moved into a worker's shared-memory slot and packed for the main process.
 
 The last stage in a DataLoader worker. ``slots`` (the worker's
-:class:`~shardify.reader.delivery.batchpool.SlotPool`, given by whoever wires the stages) copies
-each large tensor of a batch into a recycled shared-memory slot and returns the batch packed
-(:meth:`~shardify.reader.delivery.batchpool.SlotPool.send`): the main process maps each slot once
-and the batch arrives without a fresh shared-memory segment per tensor. Its place is its source's.
+:class:`~shardify.reader.delivery.batchpool.SlotPool`, given by whoever wires the stages) returns
+each batch packed (:meth:`~shardify.reader.delivery.batchpool.SlotPool.send`): its large tensors
+as references to recycled shared-memory slots, those collate made over a slot as they are, any
+other copied into one. The main process maps each slot once and the batch arrives without a
+fresh shared-memory segment per tensor. Its place is its source's.
 """
 
 from __future__ import annotations
