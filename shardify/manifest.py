@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
+from shardify.compactindex import CompactRef
 from shardify.errors import ManifestError
 from shardify.jsonfiles import file_sha256, json_bytes, json_field, load_json, write_bytes_atomic, write_json_atomic
 from shardify.pixels import RawPixels
@@ -176,6 +177,9 @@ class SplitIndex:
     chunk: int | None = None
     """Samples per chunk of a chunked split (format 3, :mod:`shardify.chunk`); None: one tar
     sample per sample."""
+    sidecar_root: str | None = None
+    """Hex root of the hash tree over the shards' version-2 sidecars (:mod:`shardify.merkle`),
+    also in the compact index; None: no sidecars, or version-1 ones."""
 
     @property
     def num_samples(self) -> int:
@@ -195,6 +199,8 @@ class SplitIndex:
             ours["version"] = self.version
         if self.chunk is not None:
             ours["chunk"] = self.chunk
+        if self.sidecar_root is not None:
+            ours["sidecar_root"] = self.sidecar_root
         return {
             "__kind__": WIDS_KIND,
             "wids_version": 1,
@@ -243,6 +249,7 @@ class SplitIndex:
             version=token,
             raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
             chunk=chunk,
+            sidecar_root=_sidecar_root(ours, where),
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(
@@ -273,6 +280,15 @@ def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:
     return chunk
 
 
+def _sidecar_root(obj: dict[str, Any], source: str) -> str | None:
+    root = obj.get("sidecar_root")
+    if root is None:
+        return None
+    if not isinstance(root, str) or len(root) != 64 or root.strip("0123456789abcdef"):
+        raise ManifestError(f"{source}: field 'sidecar_root' should be 64 lowercase hex digits, found {root!r}")
+    return root
+
+
 def _version_token(obj: dict[str, Any], source: str) -> str | None:
     """The optional ``version`` field: a version token, or None when absent (format 1)."""
     if obj.get("version") is None:
@@ -295,11 +311,16 @@ class SplitRef:
     bytes: int
     version: str | None = None
     """The split's current version token (format 2); None in format 1 manifests."""
+    compact: CompactRef | None = None
+    """The split's compact binary index (:mod:`shardify.compactindex`), which readers read
+    instead of the JSON index; None: none (a split without sidecars)."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         if self.version is None:
             del out["version"]
+        if self.compact is None:
+            del out["compact"]
         return out
 
 
@@ -336,6 +357,7 @@ class Manifest:
                 shards=json_field(ref, "shards", int, where),
                 bytes=json_field(ref, "bytes", int, where),
                 version=_version_token(ref, where),
+                compact=CompactRef.from_json(ref.get("compact"), where),
             )
         return cls(splits=splits, format_version=version)
 
@@ -377,14 +399,16 @@ class Manifest:
                 f"version {ref.version!r} for split {split!r}"
             )
 
-    def with_split(self, split: str, index: SplitIndex) -> Manifest:
-        """The manifest with ``split`` switched to ``index`` (its versioned index file)."""
+    def with_split(self, split: str, index: SplitIndex, compact: CompactRef | None = None) -> Manifest:
+        """The manifest with ``split`` switched to ``index`` (its versioned index file) and its
+        ``compact`` index, if it has one."""
         ref = SplitRef(
             index=index_name(split, index.version),
             samples=index.num_samples,
             shards=len(index.shards),
             bytes=index.num_bytes,
             version=index.version,
+            compact=compact,
         )
         return Manifest(splits={**self.splits, split: ref}, format_version=FORMAT_VERSION)
 

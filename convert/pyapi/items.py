@@ -250,6 +250,7 @@ class _Run:
             ignored_counts={FILTERED: filtered} if filtered else None,
             converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()),
             version=stream.version,
+            durable=o.fsync,
             chunk=o.chunk,
         )
         session.publish()

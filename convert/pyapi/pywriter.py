@@ -198,6 +198,7 @@ class ShardWriter:
                     converter=converter_info("python", o.shaping()),
                     version=stream.version,
                     chunk=o.chunk,
+                    durable=o.fsync,
                 )
                 session.publish()
                 self.summary = session.summary(index, stream.skipped, reused=0)

@@ -167,6 +167,7 @@ def _convert_split(session: ConversionSession, scan: Scan, plan: SplitPlan, opti
         notes=notes,
         converter=converter_info(scan.source, options.shaping(), chunk=options.chunk, **int_labels(scan)),
         version=plan.version,
+        durable=options.fsync,
         chunk=options.chunk,
         raw_pixels=None if options.raw_pixels is None else RawPixels(size=options.raw_pixels, side=options.raw_side),
     )

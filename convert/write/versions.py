@@ -44,7 +44,8 @@ __all__ = [
     "stray_files",
 ]
 
-_INDEX_RE = re.compile(rf"-(?P<version>[0-9a-f]{{{VERSION_CHARS}}})\.json\Z")
+_INDEX_RE = re.compile(rf"-(?P<version>[0-9a-f]{{{VERSION_CHARS}}})\.(json|cidx)\Z")
+"""A versioned index file: the JSON index or the compact one."""
 
 
 def work_marker(split: str) -> str:
@@ -159,6 +160,8 @@ def folder_state(fs: OutputFS) -> FolderState:
     state = FolderState(manifest=manifest, current={MANIFEST_NAME} if fs.exists(MANIFEST_NAME) else set())
     for split, ref in manifest.splits.items():
         state.current.update({ref.index, index_name(split), report_name(split)})
+        if ref.compact is not None:
+            state.current.add(ref.compact.index)
         where = f"{fs.location}/{ref.index}"
         try:
             index = SplitIndex.from_json(load_json(fs.read_bytes(ref.index), source=where), source=where)

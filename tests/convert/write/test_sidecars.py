@@ -24,8 +24,8 @@ from shardify.reader import ShardedDataset
 from shardify.sidecar import HEADER, decode
 
 
-def _dataset(root: Path, n: int = 20) -> Path:
-    with ShardWriter(root, samples_per_shard=8, fsync=False) as w:
+def _dataset(root: Path, n: int = 20, *, fsync: bool = False) -> Path:
+    with ShardWriter(root, samples_per_shard=8, fsync=fsync) as w:
         for i in range(n):
             w.write({"txt": chr(97 + i % 26) * (200 + i * 37 % 500), "cls": i % 3})
     return root
@@ -154,10 +154,18 @@ def test_each_sidecar_is_fsynced_and_in_place_before_the_index_that_names_it(
 
     monkeypatch.setattr(jsonfiles.os, "fsync", fsync)
     monkeypatch.setattr(jsonfiles.os, "replace", replace)
-    out = _dataset(tmp_path / "ds")
+    out = _dataset(tmp_path / "ds", fsync=True)
     names = sorted(p.name for p in out.glob("*.idx"))
     index = _index(out).name
+    compact = json.loads((out / "manifest.json").read_text())["splits"]["train"]["compact"]["index"]
     assert len(names) == 3
     for name in names:
         synced = [i for i, (kind, f) in enumerate(events) if kind == "fsync" and f.startswith(f".{name}.")]
-        assert synced and synced[0] < events.index(("rename", name)) < events.index(("rename", index))
+        assert synced and synced[0] < events.index(("rename", name)) < events.index(("rename", compact))
+    assert (
+        events.index(("rename", compact)) < events.index(("rename", index)) < events.index(("rename", "manifest.json"))
+    )
+    events.clear()
+    _dataset(tmp_path / "nosync", fsync=False)  # sidecars follow the conversion's fsync option
+    assert not [f for kind, f in events if kind == "fsync" and ".idx." in f]
+    assert [f for kind, f in events if kind == "rename" and f.endswith(".idx")]
