@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, cast
 from shardify.reader.delivery.state import ResumeBasis
 from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.io.checksums import source_checksums, with_checksums
-from shardify.reader.io.sources import Source, SourceLike, is_gzip
+from shardify.reader.io.sources import Source, SourceLike
 from shardify.reader.options import ReadOptions, with_defaults
 from shardify.reader.plan.epoch import EpochInputs
 from shardify.reader.sample.fields import stream_fields
@@ -128,7 +128,7 @@ class ReadSetup:
             # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from
             # its start once per block, so datasets with such shards keep whole shards. (A property
             # of the format, not of where shards live: the same dataset reads alike locally and remotely.)
-            blocks=not any(is_gzip(sh.url) for sh in source.shards),
+            blocks=not source.has_gzip,
         )
         return cls(
             options=o,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, BinaryIO, cast
 
+from shardify.reader.io.shardlist import ChainedShards
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.stream import Item
 from shardify.reader.plan.assign import WorkerPlan
@@ -134,7 +135,7 @@ def mixed_source(sources: Sequence[Source]) -> Source:
     return Source(
         name=" + ".join(s.name for s in sources),
         split=None,
-        shards=tuple(sh for s in sources for sh in s.shards),
+        shards=ChainedShards([s.shards for s in sources]),
         fields=tuple(fields),
         unique_keys=False,
         fetch=sources[0].fetch,
@@ -146,10 +147,12 @@ class MixedOpener:
 
     def __init__(self, sources: Sequence[Source]) -> None:
         self._sources = list(sources)
-        self._owner = {sh.url: i for i in reversed(range(len(sources))) for sh in sources[i].shards}
 
     def __call__(self, url: str) -> tuple[BinaryIO, bool]:
-        return self._sources[self._owner[url]].open_tar(url)
+        owner = next((s for s in self._sources if s.index_of(url) is not None), None)
+        if owner is None:
+            raise KeyError(f"{url} is a shard of none of the mixed sources")
+        return owner.open_tar(url)
 
 
 def sample_tagger(

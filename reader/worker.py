@@ -17,6 +17,7 @@ from shardify.reader.delivery.batchpool import SlotPool
 from shardify.reader.delivery.report import SharedReport
 from shardify.reader.delivery.state import IterPosition
 from shardify.reader.io.ranged import range_fetcher
+from shardify.reader.io.sources import shard_columns
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.options import ReadOptions
 from shardify.reader.plan.epoch import EpochPlan
@@ -43,20 +44,21 @@ class ProcessReader:
     def get(self, setup: ReadSetup, options: ReadOptions) -> ShardReader:
         pid = os.getpid()
         if self._reader is None or self._reader[0] != pid:  # a forked copy must not share files
-            shards = setup.source.shards
+            source = setup.source
+            columns = shard_columns(source)
             self._reader = (
                 pid,
                 ShardReader(
-                    [s.url for s in shards],
-                    [s.nsamples for s in shards],
+                    source.urls,
+                    source.sizes,
                     skip_damaged=options.on_error == "skip",
                     checksums=setup.checksums,
                     opener=setup.opener,
                     fields=loaded_fields(setup.stream_fields),
                     max_member=options.max_member_bytes,
-                    offsets=[s.offsets for s in shards],
-                    filesizes=[s.filesize for s in shards],
-                    chunks=[s.chunk for s in shards],
+                    offsets=columns.offsets,
+                    filesizes=columns.filesizes,
+                    chunks=columns.chunks,
                     ranged=range_fetcher(setup.sources),
                 ),
             )

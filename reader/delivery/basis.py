@@ -7,6 +7,7 @@ makes states from it and checks them against it.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
@@ -105,7 +106,13 @@ def data_identity(source: Source) -> dict[str, Any]:
     """``{"version", "digest"}`` of the data a stream reads: its split's version token and 16 hex
     digits of SHA-256 over the split name, that token and each shard's file name and sample
     count, plus its size and SHA-256 when a split index gives them. File names, not paths: the
-    same dataset copied to another folder or read over HTTP resumes the same state."""
+    same dataset copied to another folder or read over HTTP resumes the same state. A split with
+    a sidecar root (:mod:`shardify.merkle`) has its root and counts hashed instead of a line per
+    shard: the same value through its JSON or its compact index."""
+    if source.sidecar_root is not None:  # the root stands for every shard's size and SHA-256
+        counts = hashlib.sha256(array.array("q", source.sizes).tobytes()).hexdigest()
+        text = json.dumps([source.split, source.version, source.sidecar_root, len(source.sizes), counts])
+        return {"version": source.version, "digest": hashlib.sha256(text.encode()).hexdigest()[:16]}
     from_index = source.split is not None
     shards = [
         [

@@ -120,9 +120,11 @@ class ShardCache:
         size: int | None = None,
         sha256: str = "",
         storage_options: Mapping[str, Any] | None = None,
+        key: str = "",
     ) -> BinaryIO:
-        """The complete copy of ``url``, open for reading at byte 0; fetched first when needed."""
-        final = self.path_for(url, sha256)
+        """The complete copy of ``url``, open for reading at byte 0; fetched first when needed.
+        ``key`` names the copy in place of ``sha256`` for a file checked otherwise once read."""
+        final = self.path_for(url, sha256 or key)
         f = _open_complete(final, size)
         if f is not None:
             return f
@@ -282,8 +284,16 @@ def shard_cache(options: FetchOptions) -> ShardCache:
         return cache
 
 
-def open_remote(url: str, *, options: FetchOptions, size: int | None = None, sha256: str = "") -> BinaryIO:
+def open_remote(
+    url: str, *, options: FetchOptions, size: int | None = None, sha256: str = "", key: str = ""
+) -> BinaryIO:
     """A local, seekable copy of the remote file ``url``, open at byte 0 (see the module)."""
     return shard_cache(options).open(
-        url, retry=options.retry, size=size, sha256=sha256, storage_options=options.storage_options
+        url, retry=options.retry, size=size, sha256=sha256, storage_options=options.storage_options, key=key
     )
+
+
+def forget_remote(url: str, *, options: FetchOptions, key: str) -> None:
+    """Drop the cached copy of ``url`` named by ``key`` (found wrong once read: fetched again next time)."""
+    with contextlib.suppress(OSError):
+        shard_cache(options).path_for(url, key).unlink()

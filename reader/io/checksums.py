@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from shardify.errors import ManifestError
+from shardify.reader.io.compact import CompactShards
+from shardify.reader.io.shardlist import LazySequence
 from shardify.reader.io.sources import Source
 from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote
 
@@ -90,8 +92,11 @@ def with_checksums(source: Source, spec: ChecksumSpec) -> Source:
     return dataclasses.replace(source, shards=tuple(shards))
 
 
-def source_checksums(source: Source) -> tuple[str, ...]:
-    """Each shard's SHA-256 from the split index (or :func:`with_checksums`), for ``verify=True``."""
+def source_checksums(source: Source) -> Sequence[str]:
+    """Each shard's SHA-256 from the split index (or :func:`with_checksums`), for ``verify=True``;
+    a compact index's come from each shard's sidecar (checked against the index's root) when asked for."""
+    if isinstance(source.shards, CompactShards):
+        return LazySequence(len(source.shards), lambda i: source.full(i).sha256)
     missing = [s.url for s in source.shards if not s.sha256]
     if missing:
         raise ValueError(

@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.items import READ_ERRORS, Item, damage
 from shardify.reader.io.shardfile import ShardFiles
+from shardify.reader.io.shardlist import ChainedSequence, LazySequence, Repeated, distinct_values
 from shardify.reader.io.sidecars import table_loader
 from shardify.reader.io.sources import Source, is_gzip
 from shardify.remote import fetch_range, is_remote
 from shardify.sampletable import SampleRanges, SampleTable, sample_digest
+from shardify.sidecar import SidecarRef
 from shardify.tario import KeepMember, iter_members, iter_samples
 
 __all__ = ["RangeFetcher", "RangeStats", "parse_sample", "range_fetcher", "read_ranged"]
@@ -85,14 +88,17 @@ class RangeFetcher:
     ) -> None:
         if not len(urls) == len(tables) == len(fetch):
             raise ValueError(f"{len(urls)=}, {len(tables)=} and {len(fetch)=} should be equal, one per shard")
-        self._urls, self._tables, self._fetch = list(urls), list(tables), list(fetch)
+        # kept as given: a compact index's columns make each shard's value on access
+        self._urls, self._tables, self._fetch = urls, tables, fetch
+        options = distinct_values(fetch)
         self._ranges: dict[int, SampleRanges] = {}
         self._failed: dict[int, ShardFormatError] = {}  # tables that could not be loaded
         self._max = max_request_bytes
         self._runs: deque[Run] = deque()  # planned, not yet made requests
         self._ahead: deque[_Request] = deque()  # submitted, in plan order
         self._pool: ThreadPoolExecutor | None = None
-        self._requests = max((f.requests for f in self._fetch), default=1)
+        self._requests = max((f.requests for f in options), default=1)
+        self._timeout_s = max((f.retry.timeout_s for f in options), default=0.0)
         self.stats = RangeStats()
         self._lock = threading.Lock()
 
@@ -224,7 +230,7 @@ class RangeFetcher:
         self._ahead.clear()
         self._runs.clear()
         if running:
-            wait(running, timeout=max(f.retry.timeout_s for f in self._fetch))
+            wait(running, timeout=self._timeout_s)
 
     def close(self) -> None:
         self.cancel()
@@ -264,21 +270,38 @@ def read_ranged(ranged: RangeFetcher, files: ShardFiles, shard: int, start: int,
 
 def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:
     """A fetcher for the shards of ``sources`` (in order, as the dataset numbers them) read in
-    ranges: remote, plain tar with a per-sample table (inline or in a sidecar), of a source
-    whose ``fetch.ranged`` is on; None when there is none (every shard is read whole, as local
-    files or through the cache)."""
-    urls: list[str] = []
-    tables: list[Table] = []
-    fetch: list[FetchOptions] = []
+    ranges: remote, plain tar with a per-sample table (inline, in a sidecar, or a compact index's
+    proven sidecar), of a source whose ``fetch.ranged`` is on; None when there is none (every
+    shard is read whole, as local files or through the cache). A compact index's shards get
+    their table loaders on access, not one per shard up front."""
+    urls: list[Sequence[str]] = []
+    tables: list[Sequence[Table]] = []
+    fetch: list[Sequence[FetchOptions]] = []
+    covered = False
     for src in sources:
-        for sh in src.shards:
-            ranged = src.fetch.ranged and is_remote(sh.url) and sh.chunk is None and not is_gzip(sh.url)
-            urls.append(sh.url)
-            if ranged and sh.sidecar is not None and sh.filesize is not None:
-                tables.append(
-                    table_loader(sh.url, sh.sidecar, nsamples=sh.nsamples, filesize=sh.filesize, fetch=src.fetch)
-                )
-            else:
-                tables.append(sh.samples if ranged else b"")
-            fetch.append(src.fetch)
-    return RangeFetcher(urls, tables, fetch) if any(tables) else None
+        n = len(src.shards)
+        column = _tables(src)
+        covered = covered or column is not None
+        urls.append(src.urls)
+        tables.append(column if column is not None else Repeated(n, b""))
+        fetch.append(Repeated(n, src.fetch))
+    if not covered:
+        return None
+    return RangeFetcher(ChainedSequence(urls), ChainedSequence(tables), ChainedSequence(fetch))
+
+
+def _tables(src: Source) -> Sequence[Table] | None:
+    """The tables of ``src``'s shards for ranged reads (b"": read whole); None: none is ranged."""
+    shards = src.shards
+    if isinstance(shards, CompactShards):
+        if not (src.fetch.ranged and len(shards) and is_remote(shards.base)):
+            return None
+        return LazySequence(len(shards), shards.table_loader)
+    column: list[Table] = []
+    for sh in shards:
+        ranged = src.fetch.ranged and is_remote(sh.url) and sh.chunk is None and not is_gzip(sh.url)
+        if ranged and isinstance(sh.sidecar, SidecarRef) and sh.filesize is not None:
+            column.append(table_loader(sh.url, sh.sidecar, nsamples=sh.nsamples, filesize=sh.filesize, fetch=src.fetch))
+        else:
+            column.append(sh.samples if ranged else b"")
+    return column if any(column) else None

@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
 from shardify.manifest import file_sha256
 from shardify.reader.io.forward import Cursor
 from shardify.reader.io.items import READ_ERRORS, Lost, damage
+from shardify.reader.io.shardlist import LazySequence
 from shardify.reader.io.shardopen import is_gzip, open_shard
 from shardify.remote import is_remote
 from shardify.tarfmt import OFFSET_STRIDE
@@ -57,6 +58,16 @@ class ShardChecks:
     filesizes: Sequence[int | None] | None = None
 
 
+T = TypeVar("T")
+
+
+def _column(values: Sequence[T] | None) -> Sequence[T] | None:
+    """A per-shard column as given: a list copied, a lazy one (values made on access) kept."""
+    if values is None or isinstance(values, LazySequence):
+        return values
+    return list(values)
+
+
 class ShardFiles:
     """The shards ``urls`` of one reader, ``sizes`` tar samples each (chunks, in a chunked
     shard), opened with ``opener``; ``skip_damaged``: damage becomes Lost positions."""
@@ -72,7 +83,7 @@ class ShardFiles:
         max_member: int,
         keep: KeepMember | None,
     ) -> None:
-        self.urls = list(urls)
+        self.urls = urls if isinstance(urls, LazySequence) else list(urls)  # a shard list's: made on access
         self.sizes = list(sizes)
         self.skip = skip_damaged
         self.max_member = max_member
@@ -82,9 +93,9 @@ class ShardFiles:
             given = getattr(checks, name)
             if given is not None and len(given) != len(self.urls):
                 raise ValueError(f"{name}= has {len(given)} entries, should have {len(self.urls)}, one per shard")
-        self._checksums = list(checks.checksums) if checks.checksums is not None else None
-        self._offsets = [tuple(o) for o in checks.offsets] if checks.offsets is not None else None
-        self._filesizes = list(checks.filesizes) if checks.filesizes is not None else [None] * len(self.urls)
+        self._checksums = _column(checks.checksums)
+        self._offsets = _column(checks.offsets)
+        self._filesizes: Sequence[int | None] = _column(checks.filesizes) or [None] * len(self.urls)
         self._verified: dict[int, ShardFormatError | None] = {}
         self._layouts: OrderedDict[int, ShardLayout | None] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], ShardLayout | None] = OrderedDict()
@@ -108,8 +119,19 @@ class ShardFiles:
     def refused(self, shard: int, start: int, stop: int) -> Iterator[Lost] | None:
         """None when ``shard`` passes its checksum (or none is checked); else the damage of
         every position asked for (see :meth:`lost`)."""
-        mismatch = self.verify(shard)
+        mismatch = self.unknown(shard) or self.verify(shard)
         return None if mismatch is None else self.lost(shard, start, stop, mismatch)
+
+    def unknown(self, shard: int) -> ShardFormatError | None:
+        """Why what the index knows of ``shard`` cannot be had (None: it can): a compact index's
+        shard's size and offsets come from its sidecar, which may be missing or not this shard's."""
+        try:
+            if self._offsets is not None:
+                self._offsets[shard]
+            self._filesizes[shard]
+        except ShardFormatError as e:
+            return e
+        return None
 
     def verify(self, shard: int) -> ShardFormatError | None:
         """Why ``shard`` fails its checksum (None: it passes, or nothing is checked); hashed once."""

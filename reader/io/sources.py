@@ -31,13 +31,17 @@ import braceexpand
 from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError, SplitRequiredError
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.compact import CompactShards, compact_base, read_compact
 from shardify.reader.io.locations import check_location
+from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList, full_info
 from shardify.reader.io.shardopen import TAR_SUFFIXES, count_samples, is_gzip, local_path, open_shard, open_tar
 from shardify.remote import RetryPolicy, ShardFetchError, fetch_bytes, is_remote, join_url
-from shardify.sidecar import SidecarRef
+from shardify.tarfmt import shard_name
 
 __all__ = [
     "ShardInfo",
+    "ShardColumns",
+    "shard_columns",
     "Source",
     "FetchOptions",
     "RetryPolicy",
@@ -56,33 +60,15 @@ SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A dataset directory, ``manifest.json``, split index, shard pattern, or a list of shards."""
 
 
-@dataclass(frozen=True, slots=True)
-class ShardInfo:
-    """One shard to read: where it is, how many samples it holds, and (from a manifest) its
-    size in bytes and SHA-256, which a fetched copy is checked against."""
-
-    url: str
-    nsamples: int
-    filesize: int | None = None
-    sha256: str = ""
-    offsets: tuple[int, ...] = ()
-    """Byte offsets of samples 0, OFFSET_STRIDE, ... from the split index (empty: not known);
-    of chunks 0, OFFSET_STRIDE, ... in a chunked shard."""
-    chunk: int | None = None
-    """Samples per chunk of a chunked shard (the split index's ``chunk``); None: per-sample."""
-    samples: bytes = b""
-    """The index's per-sample table (:mod:`shardify.sampletable`; empty: none)."""
-    sidecar: SidecarRef | None = None
-    """The size and SHA-256 of the shard's table sidecar ``<url>.idx`` (:mod:`shardify.sidecar`; None: none)."""
-
-
 @dataclass(frozen=True)
 class Source:
     """Resolved input of a dataset: its shards in order, plus what the manifest says."""
 
     name: str
     split: str | None
-    shards: tuple[ShardInfo, ...]
+    shards: Sequence[ShardInfo]
+    """A tuple, or a :class:`~shardify.reader.io.shardlist.ShardList` that makes each on access
+    (a compact index's shards, a mix's)."""
     classes: tuple[str, ...] = ()
     fields: tuple[str, ...] = ()
     unique_keys: bool = True
@@ -96,26 +82,55 @@ class Source:
     """The dataset version this source reads (from its split index; None: format 1 or a shard list)."""
     dataset: str | None = None
     """Where the dataset's ``manifest.json`` is (a folder or a URL), to tell a version that is gone."""
+    sidecar_root: str | None = None
+    """The split's sidecar tree root (hex), which stands for every shard's size and SHA-256 in
+    the data identity of a resume state; None: a split without version-2 sidecars."""
 
     @property
     def num_samples(self) -> int:
-        return sum(s.nsamples for s in self.shards)
-
-    @property
-    def sizes(self) -> list[int]:
-        return [s.nsamples for s in self.shards]
+        return sum(self.sizes)
 
     @cached_property
-    def _by_url(self) -> dict[str, ShardInfo]:
-        return {s.url: s for s in self.shards}
+    def sizes(self) -> list[int]:
+        if isinstance(self.shards, ShardList):
+            return self.shards.sizes
+        return [s.nsamples for s in self.shards]
+
+    @property
+    def urls(self) -> Sequence[str]:
+        if isinstance(self.shards, ShardList):
+            return self.shards.urls
+        return [s.url for s in self.shards]
+
+    def full(self, i: int) -> ShardInfo:
+        """Shard ``i`` with its size, SHA-256 and offsets (a compact index's: from its sidecar)."""
+        return full_info(self.shards, i)
+
+    @cached_property
+    def has_gzip(self) -> bool:
+        """Whether a shard is gzip-compressed (a compact index names plain tars only)."""
+        if isinstance(self.shards, CompactShards):
+            return False
+        return any(is_gzip(u) for u in self.urls)
+
+    @cached_property
+    def _by_url(self) -> dict[str, int]:
+        return {s.url: i for i, s in enumerate(self.shards)}
+
+    def index_of(self, url: str) -> int | None:
+        """The number of this source's shard ``url`` (None: not one of its shards)."""
+        if isinstance(self.shards, CompactShards):
+            return self.shards.index_of(url)
+        return self._by_url.get(url)
 
     def open_tar(self, url: str) -> tuple[BinaryIO, bool]:
         """:func:`open_tar` for one of this source's shards, with its fetch options and checks.
 
         When the shard cannot be opened and the manifest now lists another version of the
         split, raises :class:`DatasetVersionError` (the pinned version is gone)."""
-        info = self._by_url.get(url)
+        i = self.index_of(url)
         try:
+            info = self.full(i) if i is not None else None
             return open_tar(
                 url, fetch=self.fetch, filesize=info.filesize if info else None, sha256=info.sha256 if info else ""
             )
@@ -154,6 +169,31 @@ class Source:
             "go on: its samples would mix two versions)",
             shard=url,
         )
+
+
+@dataclass(frozen=True)
+class ShardColumns:
+    """Per-shard values a reader checks and seeks with, as sequences: lists for a source of
+    :class:`ShardInfo`, made on access (a compact shard's from its sidecar) for a shard list."""
+
+    offsets: Sequence[Sequence[int]]
+    filesizes: Sequence[int | None]
+    chunks: Sequence[int | None] | None
+
+
+def shard_columns(source: Source) -> ShardColumns:
+    """The :class:`ShardColumns` of ``source``'s shards."""
+    shards = source.shards
+    if isinstance(shards, ShardList):
+        n = len(shards)
+        return ShardColumns(
+            offsets=LazySequence(n, lambda i: source.full(i).offsets),
+            filesizes=LazySequence(n, lambda i: source.full(i).filesize),
+            chunks=None if isinstance(shards, CompactShards) else LazySequence(n, lambda i: shards[i].chunk),
+        )
+    return ShardColumns(
+        offsets=[s.offsets for s in shards], filesizes=[s.filesize for s in shards], chunks=[s.chunk for s in shards]
+    )
 
 
 def expand_shards(spec: SourceLike) -> list[str]:
@@ -278,6 +318,15 @@ def _from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> S
     try:
         manifest = Manifest.load(directory)
         split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
+        if split in manifest.splits and manifest.splits[split].compact is not None:
+            return _from_compact(
+                manifest,
+                split,
+                str(directory / MANIFEST_NAME),
+                name=str(directory),
+                fetch=fetch,
+                dataset=str(directory),
+            )
         index = manifest.load_split(directory, split)
     except ManifestError as e:
         unfinished = _unfinished(directory, split)
@@ -308,11 +357,51 @@ def _from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
     split = _only_split(manifest, split, top)
     if split not in manifest.splits:
         raise ManifestError(f"{top}: no split {split!r}; splits: {sorted(manifest.splits)}")
+    if manifest.splits[split].compact is not None:
+        return _from_compact(manifest, split, top, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
     index_url = join_url(top, manifest.splits[split].index)
     check_location(top, index_url, allow=fetch.allow_locations)
     index = SplitIndex.from_json(_fetch_json(index_url, fetch, "split index"), source=index_url)
     manifest.check_index(split, index, source=index_url)
     return _from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
+
+
+def _from_compact(
+    manifest: Manifest, split: str, manifest_at: str, *, name: str, fetch: FetchOptions, dataset: str
+) -> Source:
+    """``split`` through the compact index the manifest at ``manifest_at`` names for it."""
+    ref = manifest.splits[split]
+    if ref.compact is None or ref.version is None:
+        raise ManifestError(f"{manifest_at}: split {split!r} names a compact index without a version token")
+    index_at = _shard_location(manifest_at, ref.compact.index)
+    check_location(manifest_at, index_at, allow=fetch.allow_locations)
+    compact = read_compact(index_at, ref.compact, fetch)
+    fields = {k: v for k, v in compact.fields.items() if k != "num_samples"}
+    meta = SplitIndex.from_json({"wids_version": 1, "shardlist": [], "shardify": fields}, source=index_at)
+    manifest.check_index(split, meta, source=index_at)
+    if meta.chunk is not None or compact.num_samples != ref.samples or compact.shards != ref.shards:
+        raise ManifestError(
+            f"{index_at}: {compact.shards} shards of {compact.num_samples} samples"
+            f"{' in chunks' if meta.chunk is not None else ''}; the manifest lists {ref.shards} shards of "
+            f"{ref.samples} samples for split {split!r}"
+        )
+    base = compact_base(index_at)
+    check_location(index_at, base + shard_name(split, 0, ref.version), allow=fetch.allow_locations)
+    shards = CompactShards(
+        base=base, split=split, version=ref.version, counts=compact.counts, root=compact.root, fetch=fetch
+    )
+    return Source(
+        name=name,
+        split=split,
+        shards=shards,
+        classes=meta.classes,
+        fields=meta.fields,
+        unique_keys=True,
+        fetch=fetch,
+        version=ref.version,
+        dataset=dataset,
+        sidecar_root=compact.root.hex(),
+    )
 
 
 def _shard_location(index_at: str, relative: str) -> str:
@@ -350,6 +439,7 @@ def _from_index(
         fetch=fetch,
         version=index.version,
         dataset=dataset,
+        sidecar_root=index.sidecar_root,
     )
 
 

@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from shardify.convert import ShardWriter, convert_items
+from shardify.convert.write import finish
 from shardify.errors import LocationError, ShardFormatError
 from shardify.reader import CacheOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.sampletable import SampleTable, sample_digest
+from shardify.sidecar import decode as decode_sidecar
 from shardify.tarfmt import OFFSET_STRIDE
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
@@ -164,6 +166,22 @@ def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www)
     assert "checksum" in str(e.value)
 
 
+def _tables(root: Path, index: dict) -> list[SampleTable]:
+    """Each shard's table: inline in the index, or from its sidecar."""
+    return [
+        _table(e)
+        if "samples" in e
+        else decode_sidecar(
+            (root / f"{e['url']}.idx").read_bytes(),
+            shard=e["url"],
+            ref=None,
+            nsamples=e["nsamples"],
+            filesize=e["filesize"],
+        )
+        for e in index["shardlist"]
+    ]
+
+
 def _node(spec: str, rank: int, world: int, cache: str, stop_after: int | None, state: dict | None, out) -> None:
     """One node (a process with its own cache folder): its keys, its loader state after
     ``stop_after`` batches, and the bytes in its cache folder."""
@@ -207,10 +225,18 @@ def _run_node(*args) -> tuple[list[str], dict, int]:
         p.join(timeout=30)
 
 
-def test_nodes_fetch_their_share_read_exactly_once_and_resume_on_another_world(www, tmp_path):
+@pytest.mark.parametrize("compact", [False, True], ids=["json-index-inline-tables", "compact-index-sidecars"])
+def test_nodes_fetch_their_share_read_exactly_once_and_resume_on_another_world(www, tmp_path, monkeypatch, compact):
+    if compact:  # the same samples, tables in sidecars and a compact index that readers read instead
+        monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", 0)
+        shutil.rmtree(www / "ds")
+        _dataset(www / "ds")
+    manifest = json.loads((www / "ds" / "manifest.json").read_text())["splits"]["train"]
+    index_at = manifest["compact"]["index"] if compact else manifest["index"]
     index = json.loads((www / "ds" / "train.json").read_text())
-    sizes = [b - a for e in index["shardlist"] for a, b, _ in _table(e).ranges()]  # keys are 0, 1, ...
-    meta = len((www / "ds" / "manifest.json").read_bytes()) + len((www / "ds" / "train.json").read_bytes())
+    sizes = [b - a for e in _tables(www / "ds", index) for a, b, _ in e.ranges()]  # keys are 0, 1, ...
+    sidecars = sum(f.stat().st_size for f in (www / "ds").glob("*.idx"))  # at most all of them
+    meta = len((www / "ds" / "manifest.json").read_bytes()) + len((www / "ds" / index_at).read_bytes()) + sidecars
     dataset_bytes = sum(e["filesize"] for e in index["shardlist"])
     with rangeserver.serve(www) as (base, served):
         union: list[str] = []
@@ -219,6 +245,9 @@ def test_nodes_fetch_their_share_read_exactly_once_and_resume_on_another_world(w
             keys, _, cached = _run_node(f"{base}/ds", rank, 3, str(tmp_path / f"node{rank}"), None, None)
             consumed = sum(sizes[int(k)] for k in set(keys))
             assert served.sent - meta <= 1.2 * consumed, (rank, served.sent, meta, consumed)
+            if compact:  # the node read the compact index, never the JSON one
+                names = {p.rsplit("/", 1)[-1] for p in served.paths}
+                assert index_at in names and not {n for n in names if n.endswith(".json")} - {"manifest.json"}
             assert cached < dataset_bytes / 10  # the node's cache holds no shards
             union += keys
         assert sorted(union) == [f"{i:09d}" for i in range(40)]

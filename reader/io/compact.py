@@ -1,0 +1,198 @@
+"""A split read through its compact index (:mod:`shardify.compactindex`): shards known by count.
+
+When the manifest names a compact index for a split, a reader reads it (through the node's cache
+for a remote dataset, checked against the size and SHA-256 the manifest records) instead of the
+JSON index: one ``uint32`` per shard and the root of the hash tree over the shards' sidecars.
+:class:`CompactShards` makes a shard's :class:`~shardify.reader.io.shardlist.ShardInfo` on access
+(its URL by the format's naming rule, in the index's folder). What else a reader needs of a shard
+(its size and SHA-256, to check a fetched or local copy; its sample offsets, to seek; its
+per-sample table, for ranged reads) comes from its sidecar, loaded the first time the shard is
+read and checked against the root (:func:`shardify.sidecar.decode_proven`). A process remembers
+the size, SHA-256 and offsets of the last :data:`FACTS_KEPT` shards it loaded (about 1 KB each).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from shardify.compactindex import CompactIndex, CompactRef, decode
+from shardify.errors import ManifestError, SidecarError
+from shardify.reader.io.cache import FetchOptions, forget_remote, open_remote
+from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList
+from shardify.reader.io.shardopen import local_path
+from shardify.remote import ShardFetchError, is_remote, join_url
+from shardify.sidecar import SidecarFacts, SidecarProof, decode_proven, sidecar_name
+from shardify.tarfmt import OFFSET_STRIDE, parse_shard_name, shard_name
+
+__all__ = ["FACTS_KEPT", "CompactShards", "ShardFacts", "read_compact", "load_facts", "proven_table_loader"]
+
+FACTS_KEPT = 8192
+"""Shards whose size, SHA-256 and offsets a process keeps (the least recently loaded go first)."""
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    """What a compact shard's sidecar says beyond its count: its size, SHA-256 and sample offsets
+    (one every OFFSET_STRIDE samples, as a JSON index records them)."""
+
+    filesize: int
+    sha256: str
+    offsets: tuple[int, ...]
+
+
+_facts: OrderedDict[tuple[bytes, int], ShardFacts] = OrderedDict()
+_facts_lock = threading.Lock()
+
+
+def _sidecar_bytes(url: str, proof: SidecarProof, fetch: FetchOptions) -> bytes:
+    """The bytes of the sidecar of the shard ``url``: remote ones through the node's cache (keyed
+    by the tree's root, so a sidecar of another version is never taken for this one's)."""
+    name = sidecar_name(url)
+    try:
+        if is_remote(name):
+            with open_remote(name, options=fetch, key=_cache_key(proof)) as f:
+                return f.read()
+        return Path(local_path(name)).read_bytes()
+    except ShardFetchError as e:
+        raise SidecarError(f"cannot fetch its sidecar {name}: {e.reason}", shard=url) from e
+    except OSError as e:
+        raise SidecarError(f"cannot read its sidecar {name}: {e}", shard=url) from e
+
+
+def _cache_key(proof: SidecarProof) -> str:
+    return f"root:{proof.root.hex()}"
+
+
+def load_sidecar(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOptions) -> SidecarFacts:
+    """The checked sidecar of the compact shard ``url``; its facts are remembered. A remote
+    sidecar that fails its checks is dropped from the cache, so that the next read fetches it again."""
+    try:
+        facts = decode_proven(_sidecar_bytes(url, proof, fetch), shard=url, proof=proof, nsamples=nsamples)
+    except SidecarError:
+        if is_remote(url):
+            forget_remote(sidecar_name(url), options=fetch, key=_cache_key(proof))
+        raise
+    starts = np.zeros(len(facts.table), dtype=np.int64)
+    if len(starts) > 1:
+        sizes = np.frombuffer(facts.table.raw, dtype=[("size", "<u4"), ("digest", "S16")])["size"]
+        np.cumsum(sizes[:-1], dtype=np.int64, out=starts[1:])
+    kept = ShardFacts(facts.filesize, facts.sha256, tuple(starts[::OFFSET_STRIDE].tolist()))
+    with _facts_lock:
+        _facts[(proof.root, proof.index)] = kept
+        _facts.move_to_end((proof.root, proof.index))
+        while len(_facts) > FACTS_KEPT:
+            _facts.popitem(last=False)
+    return facts
+
+
+def load_facts(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOptions) -> ShardFacts:
+    """The size, SHA-256 and offsets of the compact shard ``url`` (its sidecar loaded if not known)."""
+    with _facts_lock:
+        found = _facts.get((proof.root, proof.index))
+        if found is not None:
+            _facts.move_to_end((proof.root, proof.index))
+            return found
+    load_sidecar(url, proof, nsamples=nsamples, fetch=fetch)
+    with _facts_lock:
+        return _facts[(proof.root, proof.index)]
+
+
+def proven_table_loader(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOptions) -> Callable[[], bytes]:
+    """What loads the per-sample table of the compact shard ``url`` (for ranged reads)."""
+
+    def load() -> bytes:
+        return load_sidecar(url, proof, nsamples=nsamples, fetch=fetch).table.raw
+
+    return load
+
+
+class CompactShards(ShardList):
+    """The shards of a compact index in the folder ``base`` (a path or URL prefix ending in its
+    separator): shard ``i`` is ``base + shard_name(split, i, version)`` of ``counts[i]`` samples."""
+
+    def __init__(
+        self, *, base: str, split: str, version: str, counts: npt.NDArray[np.uint32], root: bytes, fetch: FetchOptions
+    ) -> None:
+        self.base, self.split, self.version, self.root, self.fetch = base, split, version, root, fetch
+        self.counts = counts
+        super().__init__(len(counts), self._info)
+
+    def url(self, i: int) -> str:
+        return self.base + shard_name(self.split, i, self.version)
+
+    def _info(self, i: int) -> ShardInfo:
+        return ShardInfo(
+            url=self.url(i), nsamples=int(self.counts[i]), sidecar=SidecarProof(self.root, i, len(self.counts))
+        )
+
+    def full(self, i: int) -> ShardInfo:
+        info = self[i]
+        if i < 0:
+            i += len(self)
+        facts = load_facts(
+            info.url, SidecarProof(self.root, i, len(self.counts)), nsamples=info.nsamples, fetch=self.fetch
+        )
+        return ShardInfo(
+            url=info.url,
+            nsamples=info.nsamples,
+            filesize=facts.filesize,
+            sha256=facts.sha256,
+            offsets=facts.offsets,
+            sidecar=info.sidecar,
+        )
+
+    def table_loader(self, i: int) -> Callable[[], bytes]:
+        """What loads shard ``i``'s per-sample table from its sidecar (for ranged reads)."""
+        return proven_table_loader(
+            self.url(i), SidecarProof(self.root, i, len(self.counts)), nsamples=int(self.counts[i]), fetch=self.fetch
+        )
+
+    def index_of(self, url: str) -> int | None:
+        if not url.startswith(self.base):
+            return None
+        try:
+            split, i = parse_shard_name(url[len(self.base) :])
+        except ValueError:
+            return None
+        return i if split == self.split and i < len(self) and self.url(i) == url else None
+
+    @property
+    def urls(self) -> Sequence[str]:
+        return LazySequence(len(self), self.url)
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self.counts.tolist())
+
+
+def compact_base(index_at: str) -> str:
+    """The folder of the index at ``index_at`` (a path or URL), ending in its separator."""
+    if "://" in index_at:
+        return join_url(index_at, "x")[:-1]
+    return str(Path(index_at).parent) + os.sep
+
+
+def read_compact(index_at: str, ref: CompactRef, fetch: FetchOptions) -> CompactIndex:
+    """The compact index at ``index_at``, checked against the manifest's ``ref``: a remote one is
+    fetched once per node through the cache (``fetch.cache_dir``), a local one read."""
+    try:
+        if is_remote(index_at):
+            with open_remote(index_at, options=fetch, size=ref.size, sha256=ref.sha256) as f:
+                data = f.read()
+        else:
+            data = Path(local_path(index_at)).read_bytes()
+    except ShardFetchError as e:
+        raise ManifestError(f"{index_at}: cannot read the compact index: {e.reason}") from e
+    except OSError as e:
+        raise ManifestError(f"{index_at}: cannot read the compact index: {e}") from e
+    if len(data) != ref.size:
+        raise ManifestError(f"{index_at}: the compact index is {len(data)} bytes, the manifest says {ref.size}")
+    return decode(data, source=index_at, sha256=ref.sha256)
