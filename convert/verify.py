@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
 from shardify.chunk import chunk_samples, decode_chunk
+from shardify.compactindex import CompactRef
+from shardify.compactindex import decode as decode_compact
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
 from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
@@ -29,8 +31,8 @@ from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
 from shardify.sampletable import DIGEST_BYTES, SampleTable
+from shardify.sidecar import SidecarProof, decode_proven, sidecar_name
 from shardify.sidecar import decode as decode_sidecar
-from shardify.sidecar import sidecar_name
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
@@ -126,6 +128,10 @@ def verify_dataset(
     )
     try:
         for index in indexes:
+            ref = dataset.manifest.splits[index.split] if dataset.manifest is not None else None
+            compact = ref.compact if ref is not None else None
+            if compact is not None:
+                _verify_compact(dataset.files, index, compact, report.problems)
             _verify_split(dataset.files, index, decode, report, bar)
     finally:
         if bar is not None:
@@ -153,7 +159,8 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
             problems.append(
                 Problem(split, entry.url, None, f"shard {i} should be named {shard_name(split, i, index.version)}")
             )
-        table = _sidecar_table(files, entry, problems, split) if entry.sidecar is not None else entry.samples
+        proof = SidecarProof(bytes.fromhex(index.sidecar_root), i, len(index.shards)) if index.sidecar_root else None
+        table = _sidecar_table(files, entry, problems, split, proof) if entry.sidecar is not None else entry.samples
         try:
             f = files.open_stream(entry.url)
         except ShardifyError as e:
@@ -220,17 +227,48 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
     report.checked[split] = {"shards": len(index.shards), "samples": len(keys)}
 
 
-def _sidecar_table(files: DatasetFiles, entry: ShardEntry, problems: list[Problem], split: str) -> bytes:
-    """The table in the sidecar of ``entry`` (checked against its record in the index, then
-    sample by sample against the shard's bytes as it is read); empty, with a problem, if unusable."""
+def _sidecar_table(
+    files: DatasetFiles, entry: ShardEntry, problems: list[Problem], split: str, proof: SidecarProof | None
+) -> bytes:
+    """The table in the sidecar of ``entry`` (checked against its record in the index and, with a
+    ``proof``, against the split's tree root and the shard's size and SHA-256; then sample by sample
+    against the shard's bytes as it is read); empty, with a problem, if unusable."""
     try:
         data = files.read_bytes(sidecar_name(entry.url))
-        return decode_sidecar(
+        table = decode_sidecar(
             data, shard=entry.url, ref=entry.sidecar, nsamples=entry.nsamples, filesize=entry.filesize
-        ).raw
+        )
     except (ShardifyError, OSError) as e:
         problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
         return b""
+    if proof is not None:  # what a reader of the compact index checks; the samples are checked still
+        try:
+            facts = decode_proven(data, shard=entry.url, proof=proof, nsamples=entry.nsamples)
+        except ShardifyError as e:
+            problems.append(Problem(split, entry.url, None, getattr(e, "reason", str(e))))
+        else:
+            if facts.sha256 != entry.sha256:
+                problems.append(Problem(split, entry.url, None, "its sidecar's sha256 of the shard is not the index's"))
+    return table.raw
+
+
+def _verify_compact(files: DatasetFiles, index: SplitIndex, ref: CompactRef, problems: list[Problem]) -> None:
+    """The compact index the manifest names for ``index``'s split: its bytes against the manifest's
+    record, its fields, counts and root against the JSON index (each sidecar's proof is checked
+    with its shard)."""
+    split = index.split
+    try:
+        compact = decode_compact(files.read_bytes(ref.index), source=files.where(ref.index), sha256=ref.sha256)
+    except (ShardifyError, OSError) as e:
+        problems.append(Problem(split, ref.index, None, getattr(e, "reason", str(e))))
+        return
+    if compact.counts.tolist() != [e.nsamples for e in index.shards]:
+        problems.append(Problem(split, ref.index, None, "its shard counts are not the JSON index's"))
+    if index.sidecar_root is None or compact.root.hex() != index.sidecar_root:
+        problems.append(Problem(split, ref.index, None, "its sidecar root is not the JSON index's"))
+    fields = {k: v for k, v in index.to_json()["shardify"].items() if k != "sidecar_root"}
+    if compact.fields != fields:
+        problems.append(Problem(split, ref.index, None, "its fields are not the JSON index's"))
 
 
 def _unit_samples(unit: dict[str, Any], index: SplitIndex, n: int, nsamples: int, url: str) -> list[dict[str, Any]]:

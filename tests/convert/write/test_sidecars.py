@@ -86,9 +86,25 @@ def test_verify_names_a_tampered_sidecar(tmp_path: Path, sidecars: None, capsys:
         obj = json.loads(name.read_text())
         obj["shardlist"][1]["sidecar"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         name.write_text(json.dumps(obj))
+    problems = verify_dataset(out).problems  # the root still tells, and the sample's bytes do
+    assert [(p.shard, p.key) for p in problems] == [(entry["url"], None), (entry["url"], f"{8 + 3:09d}")]
+    assert "does not belong" in problems[0].message and "per-sample checksum" in problems[1].message
+
+
+def test_verify_checks_the_compact_index_against_the_json_index(tmp_path: Path, sidecars: None) -> None:
+    out = _dataset(tmp_path / "ds")
+    name = json.loads((out / "manifest.json").read_text())["splits"]["train"]["compact"]["index"]
+    assert verify_dataset(out).ok
+    data = bytearray((out / name).read_bytes())
+    data[-12] += 1  # one more sample in shard 0, one fewer in shard 2: the same sum
+    data[-4] -= 1
+    (out / name).write_bytes(bytes(data))
+    assert [(p.shard, "sha256" in p.message) for p in verify_dataset(out).problems] == [(name, True)]
+    manifest = json.loads((out / "manifest.json").read_text())  # a manifest that agrees with the change
+    manifest["splits"]["train"]["compact"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
     problems = verify_dataset(out).problems
-    assert [(p.shard, p.key) for p in problems] == [(entry["url"], f"{8 + 3:09d}")]
-    assert "per-sample checksum" in problems[0].message
+    assert [(p.shard, p.message) for p in problems] == [(name, "its shard counts are not the JSON index's")]
 
 
 def test_gc_keeps_the_current_sidecars_and_removes_old_ones(tmp_path: Path, options, monkeypatch) -> None:
@@ -103,6 +119,7 @@ def test_gc_keeps_the_current_sidecars_and_removes_old_ones(tmp_path: Path, opti
     removed = collect_garbage(out).removed
     assert {n for n in removed if n.endswith(".idx")} == {f"train-{old}-{i:06d}.tar.idx" for i in range(3)}
     assert sorted(p.name for p in out.glob("*.idx")) == [f"train-{current}-{i:06d}.tar.idx" for i in range(2)]
+    assert f"train-{old}.cidx" in removed and sorted(p.name for p in out.glob("*.cidx")) == [f"train-{current}.cidx"]
     assert verify_dataset(out).ok
 
 
