@@ -17,7 +17,15 @@ from typing import Any, BinaryIO
 
 from shardify.errors import ManifestError
 
-__all__ = ["file_sha256", "json_bytes", "write_bytes_atomic", "write_json_atomic", "load_json", "json_field"]
+__all__ = [
+    "file_sha256",
+    "json_bytes",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "load_json",
+    "json_field",
+    "hex_field",
+]
 
 
 def _umask() -> int:
@@ -87,4 +95,14 @@ def json_field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], so
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise ManifestError(f"{source}: field {name!r} should be {want}, found {value!r}")
+    return value
+
+
+def hex_field(obj: dict[str, Any], name: str, digits: int, source: str) -> str | None:
+    """The optional field ``name`` of ``obj``: ``digits`` lowercase hex digits, or None when absent."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != digits or value.strip("0123456789abcdef"):
+        raise ManifestError(f"{source}: field {name!r} should be {digits} lowercase hex digits, found {value!r}")
     return value

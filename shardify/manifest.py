@@ -22,11 +22,19 @@ from typing import Any
 from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
 from shardify.compactindex import CompactRef
 from shardify.errors import ManifestError
-from shardify.jsonfiles import file_sha256, json_bytes, json_field, load_json, write_bytes_atomic, write_json_atomic
+from shardify.jsonfiles import (
+    file_sha256,
+    hex_field,
+    json_bytes,
+    json_field,
+    load_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from shardify.pixels import RawPixels
 from shardify.sampletable import SampleTable, table_from_json
 from shardify.sidecar import SidecarRef
-from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS
+from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS, index_name, is_temp_name, report_name
 
 __all__ = [
     "MANIFEST_NAME",
@@ -48,24 +56,6 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 WIDS_KIND = "wids-shard-index-v1"
 FORMAT_NAME = "shardify"
-
-
-def index_name(split: str, version: str | None = None) -> str:
-    """File name of a split's index, relative to the dataset directory: ``{split}-{version}.json``
-    for a version, ``{split}.json`` for the copy wids opens (and format 1)."""
-    return f"{split}-{version}.json" if version else f"{split}.json"
-
-
-def report_name(split: str) -> str:
-    """File name of a split's report of skipped inputs (JSON lines)."""
-    return f"{split}.report.jsonl"
-
-
-def is_temp_name(name: str) -> bool:
-    """Whether ``name`` is a temporary file of an unfinished write (never part of a dataset):
-    ``.{name}.{random}.tmp`` (:func:`write_bytes_atomic`), ``.{shard}.tmp`` (a shard being
-    written) or ``{name}.tmp-upload`` (an atomic write to object storage)."""
-    return (name.startswith(".") and name.endswith(".tmp")) or name.endswith(".tmp-upload")
 
 
 READ_VERSION = max(FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
@@ -233,7 +223,7 @@ class SplitIndex:
         if not all(isinstance(c, str) for c in classes):
             raise ManifestError(f"{where}: field 'classes' should be a list of str")
         fields = ours.get("fields", [])
-        token = _version_token(ours, where)
+        token = hex_field(ours, "version", VERSION_CHARS, where)
         chunk = _chunk(ours, version, where)
         shards = tuple(ShardEntry.from_json(s, source=source, chunk=chunk) for s in raw_shards)
         declared = ours.get("num_samples")
@@ -249,7 +239,7 @@ class SplitIndex:
             version=token,
             raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
             chunk=chunk,
-            sidecar_root=_sidecar_root(ours, where),
+            sidecar_root=hex_field(ours, "sidecar_root", 64, where),
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(
@@ -278,27 +268,6 @@ def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:
             f"(chunked) index, found {chunk!r} with format_version {version}"
         )
     return chunk
-
-
-def _sidecar_root(obj: dict[str, Any], source: str) -> str | None:
-    root = obj.get("sidecar_root")
-    if root is None:
-        return None
-    if not isinstance(root, str) or len(root) != 64 or root.strip("0123456789abcdef"):
-        raise ManifestError(f"{source}: field 'sidecar_root' should be 64 lowercase hex digits, found {root!r}")
-    return root
-
-
-def _version_token(obj: dict[str, Any], source: str) -> str | None:
-    """The optional ``version`` field: a version token, or None when absent (format 1)."""
-    if obj.get("version") is None:
-        return None
-    token = obj["version"]
-    if not isinstance(token, str) or len(token) != VERSION_CHARS or token.strip("0123456789abcdef"):
-        raise ManifestError(
-            f"{source}: field 'version' should be {VERSION_CHARS} lowercase hex digits, found {token!r}"
-        )
-    return token
 
 
 @dataclass(frozen=True)
@@ -356,7 +325,7 @@ class Manifest:
                 samples=json_field(ref, "samples", int, where),
                 shards=json_field(ref, "shards", int, where),
                 bytes=json_field(ref, "bytes", int, where),
-                version=_version_token(ref, where),
+                version=hex_field(ref, "version", VERSION_CHARS, where),
                 compact=CompactRef.from_json(ref.get("compact"), where),
             )
         return cls(splits=splits, format_version=version)

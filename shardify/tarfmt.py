@@ -13,6 +13,9 @@ import re
 from shardify.errors import KeyRuleError, ShardFormatError
 
 __all__ = [
+    "index_name",
+    "report_name",
+    "is_temp_name",
     "BLOCK",
     "END_OF_ARCHIVE",
     "MAX_MEMBER_SIZE",
@@ -129,3 +132,21 @@ def ustar_header(name: str, size: int) -> bytes:
     header[124:136] = size_field
     header[148:156] = b"%06o\x00 " % (_TEMPLATE_SUM + sum(raw) + sum(size_field))  # = sum(header), 2% of the work
     return bytes(header)
+
+
+def index_name(split: str, version: str | None = None) -> str:
+    """File name of a split's index, relative to the dataset directory: ``{split}-{version}.json``
+    for a version, ``{split}.json`` for the copy wids opens (and format 1)."""
+    return f"{split}-{version}.json" if version else f"{split}.json"
+
+
+def report_name(split: str) -> str:
+    """File name of a split's report of skipped inputs (JSON lines)."""
+    return f"{split}.report.jsonl"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is a temporary file of an unfinished write (never part of a dataset):
+    ``.{name}.{random}.tmp`` (:func:`write_bytes_atomic`), ``.{shard}.tmp`` (a shard being
+    written) or ``{name}.tmp-upload`` (an atomic write to object storage)."""
+    return (name.startswith(".") and name.endswith(".tmp")) or name.endswith(".tmp-upload")
