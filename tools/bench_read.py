@@ -19,18 +19,25 @@ from benchlib import corpus
 from shardify.cli.bench import format_bench, run_bench
 
 
-def build(out: Path, images: int, per_shard: int) -> Path:
-    """The converted dataset under ``out`` (made if missing): 20 classes of ``images / 20``."""
-    dataset = out / f"imagenet-{images}"
+def build(out: Path, images: int, per_shard: int, *, sidecars: bool = False) -> Path:
+    """The converted dataset under ``out`` (made if missing): 20 classes of ``images / 20``;
+    ``sidecars``: with per-shard sidecars and a compact index, as a split over the threshold."""
+    dataset = out / f"imagenet-{images}{'-sidecars' if sidecars else ''}"
     if (dataset / "manifest.json").exists():
         return dataset
     classes = 20
     src = corpus.photos(out / f"imagefolder-{images}", images, classes=classes)
     from shardify.convert.options import ConvertOptions
+    from shardify.convert.write import finish
     from shardify.convert.write.run import convert_imagefolder
 
     options = ConvertOptions(samples_per_shard=per_shard, shard_size=None, workers=2, progress=False, fsync=False)
-    convert_imagefolder(src, dataset, options=options)
+    threshold = finish.SIDECAR_ABOVE_SAMPLES
+    finish.SIDECAR_ABOVE_SAMPLES = 0 if sidecars else threshold
+    try:
+        convert_imagefolder(src, dataset, options=options)
+    finally:
+        finish.SIDECAR_ABOVE_SAMPLES = threshold
     return dataset
 
 
@@ -62,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", type=int, default=20000, help="tiny samples for the remote read rate")
     parser.add_argument("--requests", type=int, default=64, help="ranged requests in flight per worker")
     parser.add_argument("--tiny-block", type=int, default=64, help="shuffle block of the tiny samples")
+    parser.add_argument(
+        "--sidecars",
+        action="store_true",
+        help="node traffic of the photos converted with sidecars and a compact index (what splits over "
+        "100,000 samples get), read through the compact index",
+    )
     args = parser.parse_args(argv)
     if args.remote:
         return remote(args)
@@ -96,8 +109,12 @@ def remote(args: argparse.Namespace) -> int:
         ):
             print(json.dumps({"samples": what, "block": block, "requests": args.requests, **row}))
     if args.nodes:
-        for row in bench_remote.node_traffic(dataset, nodes=args.nodes, work=args.out / "nodes"):
-            print(json.dumps(row))
+        layouts = [("json-index", dataset)]
+        if args.sidecars:
+            layouts.append(("compact-index", build(args.out, args.images, args.per_shard, sidecars=True)))
+        for layout, ds in layouts:
+            for row in bench_remote.node_traffic(ds, nodes=args.nodes, work=args.out / f"nodes-{layout}"):
+                print(json.dumps({"index": layout, **row}))
     return 0
 
 

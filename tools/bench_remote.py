@@ -27,6 +27,7 @@ from benchlib import corpus
 from shardify.reader import CacheOptions, SamplingOptions, ShardedDataset
 from shardify.reader import transforms as T
 from shardify.sampletable import SampleTable
+from shardify.sidecar import decode as decode_sidecar
 
 __all__ = ["read_rate", "node_traffic", "tiny_dataset"]
 
@@ -94,19 +95,32 @@ def _node(spec: str, rank: int, world: int, cache: str, out: Any) -> None:
     out.put([k for keys, _ in ds for k in keys])
 
 
+def _tables(dataset: Path, index: dict) -> list[SampleTable]:
+    """Each shard's per-sample table: inline in the JSON index, or from its sidecar."""
+    out = []
+    for e in index["shardlist"]:
+        if "samples" in e:
+            out.append(SampleTable(base64.b64decode(e["samples"])))
+        else:
+            data = (dataset / f"{e['url']}.idx").read_bytes()
+            out.append(decode_sidecar(data, shard=e["url"], ref=None, nsamples=e["nsamples"], filesize=e["filesize"]))
+    return out
+
+
 def node_traffic(dataset: Path, *, nodes: list[int], work: Path) -> list[dict]:
-    """Bytes fetched per node over the bytes of the samples it consumed, for each node count."""
+    """Bytes fetched per node over the bytes of the samples it consumed, for each node count:
+    the samples' ranges alone, and with the index files (manifest, JSON or compact index,
+    sidecars) the node fetched whole."""
     index = json.loads((dataset / "train.json").read_text())
     size: dict[str, int] = {}
-    for e in index["shardlist"]:
-        for (a, b, _), key in zip(SampleTable(base64.b64decode(e["samples"])).ranges(), _keys(dataset / e["url"])):
+    for e, table in zip(index["shardlist"], _tables(dataset, index)):
+        for (a, b, _), key in zip(table.ranges(), _keys(dataset / e["url"])):
             size[key] = b - a
-    meta = (dataset / "manifest.json").stat().st_size + (dataset / "train.json").stat().st_size
     rows = []
     ctx = multiprocessing.get_context("spawn")
     with rangeserver.serve(dataset.parent) as (base, served):
         for world in nodes:
-            ratios = []
+            ratios, whole, metas = [], [], []
             for rank in range(world):
                 served.reset()
                 q = ctx.Queue()
@@ -117,13 +131,17 @@ def node_traffic(dataset: Path, *, nodes: list[int], work: Path) -> list[dict]:
                 keys = q.get(timeout=600)
                 p.join()
                 share = sum(size[k] for k in set(keys))
+                meta = sum(n for path, n in served.sent_by_path.items() if path.endswith((".json", ".cidx", ".idx")))
                 ratios.append((served.sent - meta) / share)
+                whole.append(served.sent / share)
+                metas.append(meta)
             rows.append(
                 {
                     "nodes": world,
                     "max_over_share": max(ratios),
                     "mean_over_share": sum(ratios) / world,
-                    "index_bytes_per_node": meta,
+                    "max_over_share_with_index": max(whole),
+                    "index_bytes_per_node": max(metas),
                 }
             )
     return rows

@@ -9,8 +9,11 @@ real plan functions for the workers of rank ``world // 2``, as a worker runs the
 (spawned) process whose peak resident memory it reports: the epoch's sequence
 (``shardify.reader.plan.mix.block_sequence``, plan layout 4; and, up to ``--max-blocks``
 blocks, layout 3's ``epoch_sequence`` with its ``assign.sequence_starts``), then
-``assign.plan_worker`` and the worker's shuffled order (``resume.share_order``); nothing is
-read or written.
+``assign.plan_worker`` and the worker's shuffled order (``resume.share_order``). Then, in
+another fresh process, it sets up a reader of a compact index of that many shards
+(``shardify.compactindex``, written to a temporary folder with its manifest and no shard): the
+index read into a source, a ``ShardedDataset`` made of it, and a worker's ranged fetcher over the
+same shards at an HTTP address (nothing is fetched: no sample is read).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from multiprocessing import get_context
 
 from benchlib import memory
 
+from shardify import merkle
+from shardify.compactindex import compact_name
+from shardify.compactindex import encode as encode_compact
 from shardify.manifest import ShardEntry, json_bytes
 from shardify.sampletable import RECORD
 from shardify.sidecar import HEADER, SIDECAR_RECORD, SidecarRef
@@ -103,6 +109,78 @@ def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
         out[kind] = here.recv()
         child.join()
     return out
+
+
+def _compact_dataset(folder: str, sizes: list[int]) -> int:
+    """A manifest and a compact index of ``sizes`` shards in ``folder`` (no shard): its size."""
+    import hashlib
+    from pathlib import Path
+
+    version = "0123456789ab"
+    fields = {"format_version": 2, "split": "train", "version": version, "classes": [], "fields": ["cls", "jpg"]}
+    data = encode_compact(fields, sizes, hashlib.sha256(b"a root").digest())
+    Path(folder, compact_name("train", version)).write_bytes(data)
+    ref = {"index": compact_name("train", version), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    split = {"index": f"train-{version}.json", "samples": sum(sizes), "shards": len(sizes), "bytes": 0}
+    manifest = {
+        "format": "shardify",
+        "format_version": 2,
+        "splits": {"train": {**split, "version": version, "compact": ref}},
+    }
+    Path(folder, "manifest.json").write_text(json.dumps(manifest))
+    return len(data)
+
+
+def _setup_child(folder: str, args: argparse.Namespace, conn) -> None:  # type: ignore[no-untyped-def]
+    """In a fresh process: read the compact index at ``folder`` as a reader does, make a dataset
+    of it, and a worker's ranged fetcher of its shards at an HTTP address; seconds and memory."""
+    import dataclasses
+    import os
+
+    from shardify.reader import ShardedDataset
+    from shardify.reader.io.compact import CompactShards
+    from shardify.reader.io.ranged import range_fetcher
+    from shardify.reader.io.sources import resolve_source
+
+    os.environ.update(RANK=str(args.world // 2), WORLD_SIZE=str(args.world))
+    base = memory.memory_kib("self")["VmRSS"] * 1024
+    t0 = time.perf_counter()
+    source = resolve_source(folder)
+    t1 = time.perf_counter()
+    ShardedDataset(folder, batch_size=args.batch_size, shuffle=True, seed=0, fields=("cls",))
+    t2 = time.perf_counter()
+    shards = source.shards
+    if not isinstance(shards, CompactShards):
+        raise SystemExit(f"{folder}: read without its compact index")
+    at = "http://127.0.0.1:9/ds/"  # an address nothing is fetched from
+    remote = CompactShards(
+        base=at, split="train", version=shards.version, counts=shards.counts, root=shards.root, fetch=shards.fetch
+    )
+    fetcher = range_fetcher([dataclasses.replace(source, shards=remote)])
+    t3 = time.perf_counter()
+    conn.send(
+        {
+            "read_s": t1 - t0,
+            "dataset_s": t2 - t1,
+            "fetcher_s": t3 - t2,
+            "ranged": fetcher is not None,
+            "rss_before": base,
+            "rss_peak": round(memory.peak_mib() * 2**20),
+        }
+    )
+
+
+def _time_setup(sizes: list[int], args: argparse.Namespace) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        size = _compact_dataset(folder, sizes)
+        here, there = get_context("spawn").Pipe()
+        child = get_context("spawn").Process(target=_setup_child, args=(folder, args, there))
+        child.start()
+        out: dict = here.recv()
+        child.join()
+    return {"compact_index_bytes": size, **out}
 
 
 def _sizes(n: int, args: argparse.Namespace) -> list[int]:
@@ -191,7 +269,7 @@ def main() -> None:
     )
     # The per-sample table (28 bytes a sample): inline it is base64 in every entry; in a
     # sidecar (what a split over SIDECAR_ABOVE_SAMPLES gets) the entry holds its size and hash.
-    sidecar_bytes = HEADER.size + per_shard * SIDECAR_RECORD.size
+    sidecar_bytes = HEADER.size + per_shard * SIDECAR_RECORD.size + merkle.depth(shards) * merkle.HASH_BYTES
     inline = replace(entry, samples=bytes(per_shard * RECORD.size))
     entry = replace(entry, sidecar=SidecarRef(sha256="0" * 64, size=sidecar_bytes))
     index_bytes = shards * (len(json_bytes(entry.to_json())) + 2)
@@ -200,6 +278,7 @@ def main() -> None:
     nodes = math.ceil(args.world / args.gpus_per_node)
 
     plan = _time_plan(sizes, args)
+    setup = _time_setup(sizes, args)
     per_rank = n // args.world
     epoch_s = per_rank / args.images_per_s
     shard_reads = shards + args.world * args.workers  # each shard once, plus a split at every worker boundary
@@ -225,6 +304,7 @@ def main() -> None:
         "node_bytes_per_epoch": dataset_bytes * args.gpus_per_node / args.world,
         "driver_plan_disk_bytes": n * SAMPLE_RECORD_BYTES,
         **plan,
+        "setup": setup,
     }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -241,6 +321,13 @@ def main() -> None:
     print(
         f"  split index: {_human(index_bytes)} (JSON, read by every rank at start; "
         f"{_human(inline_index_bytes)} with the per-sample tables inline)"
+    )
+    print(
+        f"  compact index (what a reader reads instead): {_human(setup['compact_index_bytes'])}; in a fresh process "
+        f"reading it into a source took {setup['read_s'] * 1000:.0f} ms, making a ShardedDataset of it "
+        f"{setup['dataset_s'] * 1000:.0f} ms, a worker's ranged fetcher {setup['fetcher_s'] * 1000:.0f} ms; "
+        f"peak memory {(setup['rss_peak'] - setup['rss_before']) / 1e6:.0f} MB over the "
+        f"{setup['rss_before'] / 1e6:.0f} MB before"
     )
     print(
         f"  per-sample table sidecars: {_human(sidecar_bytes)} per shard, "
