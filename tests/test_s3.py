@@ -392,4 +392,6 @@ def test_sidecars_are_written_to_s3_and_ranged_reads_fetch_them_through_the_cach
     cache = tmp_path / "cache"
     assert epoch(url, cache=CacheOptions(dir=cache)) == epoch(str(local))
     cached = sorted(p.name.rsplit("-", 1)[1] for p in cache.iterdir() if p.is_file())
-    assert cached == [f"{i:06d}.tar.idx" for i in range(5)], "only the sidecars, each once"
+    compact = [n for n in cached if n.endswith(".cidx")]
+    assert [n for n in cached if n not in compact] == [f"{i:06d}.tar.idx" for i in range(5)], "the sidecars, once"
+    assert len(compact) == 1, "and the compact index the reader read instead of the JSON one, once"
