@@ -103,8 +103,9 @@ def test_a_damaged_or_escaping_compact_index_is_refused_naming_it(www: Path, dam
     ds = www / "ds"
     name = _split(ds)["compact"]["index"]
     data = (ds / name).read_bytes()
-    if damage == "changed":
-        (ds / name).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    if damage == "changed":  # a byte of its fields: only the manifest's SHA-256 tells
+        at = data.index(b'"split"') + 2
+        (ds / name).write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1 :])
     elif damage == "truncated":
         (ds / name).write_bytes(data[:-4])
     elif damage == "missing":
@@ -156,9 +157,10 @@ def test_a_split_of_50000_shards_is_set_up_and_planned_without_a_shard_info_each
     split = {"index": f"train-{version}.json", "samples": 350_000, "shards": 50_000, "bytes": 0, "version": version}
     manifest = {"format": "shardify", "format_version": 2, "splits": {"train": {**split, "compact": ref}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    made: list[int] = []
-    real = CompactShards._info
-    monkeypatch.setattr(CompactShards, "_info", lambda self, i: made.append(i) or real(self, i))
+    made: list[int] = []  # shard entries and shard URLs made
+    info, url = CompactShards._info, CompactShards.url
+    monkeypatch.setattr(CompactShards, "_info", lambda self, i: made.append(i) or info(self, i))
+    monkeypatch.setattr(CompactShards, "url", lambda self, i: made.append(i) or url(self, i))
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     ds = ShardedDataset(tmp_path, batch_size=64, shuffle=True, seed=1, fields=("txt",))
