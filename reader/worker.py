@@ -16,7 +16,7 @@ from typing import Any
 from shardify.reader.delivery.batchpool import SlotPool
 from shardify.reader.delivery.report import SharedReport
 from shardify.reader.delivery.state import IterPosition
-from shardify.reader.io.ranged import range_fetcher
+from shardify.reader.io.rangesetup import range_fetcher
 from shardify.reader.io.sources import shard_columns
 from shardify.reader.io.stream import ShardReader
 from shardify.reader.options import ReadOptions

@@ -139,7 +139,7 @@ def _setup_child(folder: str, args: argparse.Namespace, conn) -> None:  # type: 
 
     from shardify.reader import ShardedDataset
     from shardify.reader.io.compact import CompactShards
-    from shardify.reader.io.ranged import range_fetcher
+    from shardify.reader.io.rangesetup import range_fetcher
     from shardify.reader.io.sources import resolve_source
 
     os.environ.update(RANK=str(args.world // 2), WORLD_SIZE=str(args.world))

@@ -18,7 +18,8 @@ from shardify.convert.write import finish
 from shardify.errors import SidecarError
 from shardify.reader import ShardedDataset
 from shardify.reader.io.cache import FetchOptions
-from shardify.reader.io.ranged import RangeFetcher, range_fetcher
+from shardify.reader.io.ranged import RangeFetcher
+from shardify.reader.io.rangesetup import range_fetcher
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy
 
