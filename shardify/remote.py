@@ -11,7 +11,9 @@ SHA-256 against the manifest when it is known.
 :func:`fetch_range` fetches one byte range (``Range: bytes=a-b``, fsspec ``cat_file``) and
 returns exactly those bytes: a server that answers 200 with the whole file (it ignores
 Range) is refused at once, a shorter range or a connection dropped mid-range is retried
-within the policy, then refused; never are other bytes returned.
+within the policy, then refused; never are other bytes returned. Over ``http(s)://`` a
+fetch thread keeps its connection to a host for the next range (see
+:func:`~shardify.transport.http_range`).
 
 One request and its failure's kind are :mod:`shardify.transport`'s; this module retries,
 resumes and checks. The I/O that the converter (reading a dataset's own files back, ``shardify verify`` of a remote

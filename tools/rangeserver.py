@@ -1,7 +1,8 @@
 """A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
 support (``bytes=a-b`` and ``bytes=a-``), counts the requests, connections and body bytes it
 sends, can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
-mid-body, close it after every answer), redirect paths, or add a delay before every answer."""
+mid-body, close it after every answer, send a wrong Content-Range), redirect paths, or add
+a delay before every answer."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Behaviour:
     short: int = 0  # answer a Range request with this many bytes fewer (honest Content-Range)
     drop_after: int | None = None  # close the connection after this many body bytes (every GET)
     faults_left: int | None = None  # how many GETs misbehave (None: all)
+    wrong_range: int = 0  # Content-Range says the range starts this many bytes later than it does
     close_after: str = ""  # close the connection after every answer: "silently" or "announced" (Connection: close)
     redirects: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (status, Location)
     connections: int = 0  # connections accepted
@@ -131,7 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
+            shift = b.wrong_range
+            self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
         self._end_headers(b)
         if faulty and b.drop_after is not None:
             body = body[: b.drop_after]
