@@ -11,7 +11,9 @@ SHA-256 against the manifest when it is known.
 :func:`fetch_range` fetches one byte range (``Range: bytes=a-b``, fsspec ``cat_file``) and
 returns exactly those bytes: a server that answers 200 with the whole file (it ignores
 Range) is refused at once, a shorter range or a connection dropped mid-range is retried
-within the policy, then refused; never are other bytes returned.
+within the policy, then refused; never are other bytes returned. Over ``http(s)://`` a
+fetch thread keeps its connection to a host for the next range (see
+:func:`~shardify.transport.http_range`).
 
 One request and its failure's kind are :mod:`shardify.transport`'s; this module retries,
 resumes and checks. The I/O that the converter (reading a dataset's own files back, ``shardify verify`` of a remote
@@ -31,7 +33,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
 from shardify.transport import (
@@ -48,6 +50,7 @@ from shardify.transport import (
 __all__ = ["RetryPolicy", "ShardFetchError", "is_remote", "join_url", "download", "fetch_bytes", "fetch_range"]
 
 log = logging.getLogger("shardify.reader")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -152,27 +155,49 @@ def download(
     manifest) are checked when given; ``storage_options`` go to the fsspec backend (credentials,
     endpoint). Raises :class:`ShardFetchError` naming ``url``."""
     done = _Progress(url, dest, sha256=sha256, max_bytes=max_bytes)
+
+    def attempt() -> int:
+        try:
+            _attempt(done, retry=retry, size=size, storage_options=storage_options)
+        except Complete:
+            pass
+        done.check_sha()
+        return done.pos
+
+    return _retrying(url, attempt, retry=retry, received=lambda: done.pos)
+
+
+def _retrying(
+    url: str,
+    attempt: Callable[[], T],
+    *,
+    retry: RetryPolicy,
+    what: str = "",
+    received: Callable[[], int] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> T:
+    """What ``attempt()`` returns, calling it again after each Transient failure within
+    ``retry``; ShardFetchError naming ``url`` when it fails for good. For the messages:
+    ``what`` part of the file is asked for (a byte range; "" for all of it), ``received``
+    how many bytes a download has so far. ``cancelled`` is asked before each retry."""
+    at, prefix = (f" {what}", f"{what}: ") if what else ("", "")
     failures = 0
     while True:
         try:
-            try:
-                _attempt(done, retry=retry, size=size, storage_options=storage_options)
-            except Complete:
-                pass
-            done.check_sha()
-            return done.pos
+            return attempt()
         except Permanent as e:
-            raise ShardFetchError(f"cannot fetch: {e}", shard=url) from e
+            raise ShardFetchError(f"cannot fetch{at}: {e}", shard=url) from e
         except Transient as e:
             failures += 1
+            got = f" ({received()} bytes received)" if received is not None else ""
+            if cancelled is not None and cancelled():
+                raise ShardFetchError(f"{prefix}{e}; no longer wanted, not retried", shard=url) from e
             if failures > retry.retries:
                 raise ShardFetchError(
-                    f"gave up after {failures} attempts ({done.pos} bytes received); last cause: {e}", shard=url
+                    f"{prefix}gave up after {failures} attempts{got}; last cause: {e}", shard=url
                 ) from e
             wait = retry.delay(failures)
-            log.warning(
-                "%s: %s; retry %d of %d in %.2f s from byte %d", url, e, failures, retry.retries, wait, done.pos
-            )
+            log.warning("%s: %s%s; retry %d of %d in %.2f s%s", url, prefix, e, failures, retry.retries, wait, got)
             time.sleep(wait)
 
 
@@ -232,24 +257,10 @@ def fetch_range(
     """Bytes ``start..stop-1`` of the file at ``url``, exactly (see the module); raises
     :class:`ShardFetchError` naming ``url`` and the range. ``cancelled``: asked before each
     retry; when it says True, the fetch stops (its bytes are no longer wanted)."""
-    failures = 0
-    while True:
-        try:
-            if url.startswith(HTTP_SCHEMES):
-                return http_range(url, start, stop, retry.timeout_s)
-            return fsspec_range(url, start, stop, storage_options)
-        except Permanent as e:
-            raise ShardFetchError(f"cannot fetch bytes {start}-{stop - 1}: {e}", shard=url) from e
-        except Transient as e:
-            failures += 1
-            if cancelled is not None and cancelled():
-                raise ShardFetchError(f"bytes {start}-{stop - 1}: {e}; no longer wanted, not retried", shard=url) from e
-            if failures > retry.retries:
-                raise ShardFetchError(
-                    f"bytes {start}-{stop - 1}: gave up after {failures} attempts; last cause: {e}", shard=url
-                ) from e
-            wait = retry.delay(failures)
-            log.warning(
-                "%s: bytes %d-%d: %s; retry %d of %d in %.2f s", url, start, stop - 1, e, failures, retry.retries, wait
-            )
-            time.sleep(wait)
+
+    def attempt() -> bytes:
+        if url.startswith(HTTP_SCHEMES):
+            return http_range(url, start, stop, retry.timeout_s)
+        return fsspec_range(url, start, stop, storage_options)
+
+    return _retrying(url, attempt, retry=retry, what=f"bytes {start}-{stop - 1}", cancelled=cancelled)

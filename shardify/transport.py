@@ -3,8 +3,10 @@
 
 A body (:func:`open_body`) is a GET from a byte on, over ``http(s)://`` with the standard
 library or any other scheme through fsspec; :func:`http_range` and :func:`fsspec_range`
-fetch one byte range exactly. A failure comes out as :class:`Transient` (a reset, a timeout,
-a truncated body, HTTP 429 and 5xx) or :class:`Permanent`; :func:`classify` sorts the rest.
+fetch one byte range exactly, :func:`http_range` over the calling thread's kept connection
+(:mod:`shardify.keepalive`) unless the environment names a proxy for the host. A failure
+comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 and 5xx) or
+:class:`Permanent`; :func:`classify` sorts the rest.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import re
 import socket
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from email.message import Message
 from typing import Any
 
 from shardify import __version__
+from shardify.keepalive import connection
 
 __all__ = [
     "HTTP_SCHEMES",
@@ -35,6 +40,9 @@ __all__ = [
 
 HTTP_SCHEMES = ("http://", "https://")
 CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one closes the connection
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -88,11 +96,17 @@ class HttpBody:
 
 
 def http_error(e: urllib.error.HTTPError, start: int) -> Exception:
-    what = f"HTTP {e.code} {e.reason}"
-    if e.code == 429 or e.code >= 500:
+    return http_status_error(e.code, e.reason, e.headers, start)
+
+
+def http_status_error(code: int, reason: str, headers: Message, start: int) -> Exception:
+    """An HTTP error status as Transient (429, 5xx), Complete (416 at exactly ``start``, the
+    file's end, when resuming) or Permanent."""
+    what = f"HTTP {code} {reason}"
+    if code == 429 or code >= 500:
         return Transient(what)
-    if e.code == 416 and start:
-        m = re.fullmatch(r"bytes\s+\*/(\d+)", (e.headers.get("Content-Range") or "").strip())
+    if code == 416 and start:
+        m = re.fullmatch(r"bytes\s+\*/(\d+)", (headers.get("Content-Range") or "").strip())
         if m is not None and int(m.group(1)) == start:
             return Complete()
     return Permanent(what)
@@ -158,39 +172,136 @@ def classify(e: BaseException) -> Exception:
 
 
 def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
-    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent."""
-    headers = {
+    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent.
+
+    Over the calling thread's kept connection to the host (:mod:`shardify.keepalive`): one the
+    server closed since its last answer is reopened once, not counted as a failure. Redirects
+    are followed with a new request, at most :data:`MAX_REDIRECTS`, to ``http(s)://`` only, and
+    not remembered. A host reached through a proxy (``http_proxy``, ``https_proxy``,
+    ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
+    for _ in range(MAX_REDIRECTS + 1):
+        if _proxied(url):
+            return _urllib_range(url, start, stop, timeout)
+        got = _kept_range(url, start, stop, timeout)
+        if isinstance(got, bytes):
+            return got
+        url = got
+    raise Permanent(f"more than {MAX_REDIRECTS} redirects (the last to {url})")
+
+
+def _proxied(url: str) -> bool:
+    """Whether urllib would send a request for ``url`` through a proxy (as the environment says)."""
+    scheme, netloc = urllib.parse.urlsplit(url)[:2]
+    return scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(netloc)
+
+
+def _range_headers(start: int, stop: int) -> dict[str, str]:
+    return {
         "Accept-Encoding": "identity",
         "User-Agent": f"shardify/{__version__}",
         "Range": f"bytes={start}-{stop - 1}",
     }
+
+
+def _kept_range(url: str, start: int, stop: int, timeout: float) -> bytes | str:
+    """The bytes, or the URL a redirect points to; the connection is kept only when the whole
+    answer was read and right."""
+    parts = urllib.parse.urlsplit(url)
     try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        raise Permanent(f"bad URL {url!r}: {e}") from e
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = connection(parts.scheme, parts.hostname or "", port, timeout)
+    keep = False
+    try:
+        resp = _send(conn, target, _range_headers(start, stop))
+        if resp.status in REDIRECTS:
+            keep = _drain(resp)
+            return _redirect_target(url, resp.getheader("Location"))
+        if resp.status >= 400:
+            _drain(resp)
+            raise http_status_error(resp.status, resp.reason, resp.headers, 0)
+        data = _checked_range(resp, start, stop)
+        keep = resp.isclosed() and not resp.will_close
+        return data
+    except (Transient, Permanent, Complete):
+        raise
+    except Exception as e:
+        raise classify(e) from e
+    finally:
+        if not keep:
+            conn.close()
+
+
+def _send(conn: http.client.HTTPConnection, target: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    """The answer's status and headers; a kept connection the server closed is reopened once."""
+    reused = conn.sock is not None
+    try:
+        conn.request("GET", target, headers=headers)
+        return conn.getresponse()
+    except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+        if not reused:
+            raise
+    conn.close()
+    conn.request("GET", target, headers=headers)
+    return conn.getresponse()
+
+
+def _drain(resp: http.client.HTTPResponse) -> bool:
+    """Read a small answer's body (a redirect's, an error's); whether it ended, so that the
+    connection can carry the next request."""
+    resp.read(DRAIN_BYTES)
+    return resp.isclosed() and not resp.will_close
+
+
+def _redirect_target(url: str, location: str | None) -> str:
+    if not location:
+        raise Permanent("a redirect without a Location")
+    target = urllib.parse.urljoin(url, location.strip())
+    if not target.startswith(HTTP_SCHEMES):
+        raise Permanent(f"redirected to {target!r}: only http:// and https:// redirects are followed")
+    return target
+
+
+def _urllib_range(url: str, start: int, stop: int, timeout: float) -> bytes:
+    """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
+    try:
+        resp = urllib.request.urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=timeout)
     except urllib.error.HTTPError as e:
         e.close()
         raise http_error(e, 0) from e
     except Exception as e:
         raise classify(e) from e
     try:
-        if resp.status == 200:
-            raise Permanent(
-                "the server ignores Range (it answered 200 with the whole file); read this dataset "
-                "with CacheOptions(ranged=False), which fetches whole shards"
-            )
-        if resp.status != 206:
-            raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
-        found = resp.headers.get("Content-Range", "")
-        m = CONTENT_RANGE.fullmatch(found.strip())
-        if m is None or int(m.group(1)) != start or int(m.group(2)) > stop - 1:
-            raise Permanent(f"asked for bytes {start}-{stop - 1}, the server answered Content-Range {found!r}")
-        if int(m.group(2)) < stop - 1:
-            raise Transient(f"asked for bytes {start}-{stop - 1}, the server sent a shorter range {found!r}")
-        try:
-            data = bytes(resp.read(stop - start + 1))
-        except Exception as e:
-            raise classify(e) from e
+        return _checked_range(resp, start, stop)
     finally:
         resp.close()
+
+
+def _checked_range(resp: http.client.HTTPResponse, start: int, stop: int) -> bytes:
+    """The body of an answer to ``Range: bytes=start-(stop-1)``: exactly those bytes, or
+    Transient/Permanent (read one byte past them, so that a chunked body is read to its end)."""
+    if resp.status == 200:
+        raise Permanent(
+            "the server ignores Range (it answered 200 with the whole file); read this dataset "
+            "with CacheOptions(ranged=False), which fetches whole shards"
+        )
+    if resp.status != 206:
+        raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
+    found = resp.headers.get("Content-Range", "")
+    m = CONTENT_RANGE.fullmatch(found.strip())
+    if m is None or int(m.group(1)) != start or int(m.group(2)) > stop - 1:
+        raise Permanent(f"asked for bytes {start}-{stop - 1}, the server answered Content-Range {found!r}")
+    if int(m.group(2)) < stop - 1:
+        raise Transient(f"asked for bytes {start}-{stop - 1}, the server sent a shorter range {found!r}")
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.strip() != str(stop - start):
+        raise Permanent(f"Content-Range {found!r} with Content-Length {length}")
+    try:
+        data = bytes(resp.read(stop - start + 1))
+    except Exception as e:
+        raise classify(e) from e
     if len(data) != stop - start:
         raise Transient(f"connection closed after {len(data)} of {stop - start} bytes")
     return data

@@ -1,7 +1,8 @@
 """A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
-support (``bytes=a-b`` and ``bytes=a-``), counts the requests and body bytes it sends, and
-can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
-mid-body) or add a delay before every answer."""
+support (``bytes=a-b`` and ``bytes=a-``), counts the requests, connections and body bytes it
+sends, can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
+mid-body, close it after every answer, send a wrong Content-Range), redirect paths, or add
+a delay before every answer."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ class Behaviour:
     short: int = 0  # answer a Range request with this many bytes fewer (honest Content-Range)
     drop_after: int | None = None  # close the connection after this many body bytes (every GET)
     faults_left: int | None = None  # how many GETs misbehave (None: all)
+    wrong_range: int = 0  # Content-Range says the range starts this many bytes later than it does
+    close_after: str = ""  # close the connection after every answer: "silently" or "announced" (Connection: close)
+    redirects: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (status, Location)
+    connections: int = 0  # connections accepted
+    open: int = 0  # connections open now
     sent: int = 0
     gets: int = 0
     active: int = 0
@@ -40,7 +46,7 @@ class Behaviour:
 
     def reset(self) -> None:
         with self.lock:
-            self.sent = self.gets = self.most_active = 0
+            self.sent = self.gets = self.most_active = self.connections = 0
             self.paths.clear()
             self.sent_by_path.clear()
 
@@ -60,6 +66,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def handle(self) -> None:
+        b: Behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        with b.lock:
+            b.connections += 1
+            b.open += 1
+        try:
+            super().handle()
+        finally:
+            with b.lock:
+                b.open -= 1
 
     def do_GET(self) -> None:
         b: Behaviour = self.server.behaviour  # type: ignore[attr-defined]
@@ -86,6 +103,15 @@ class _Handler(BaseHTTPRequestHandler):
         rel = unquote(urlsplit(self.path).path).lstrip("/")
         with b.lock:
             b.paths.append(rel)
+        if b.close_after:
+            self.close_connection = True
+        if rel in b.redirects:
+            status, location = b.redirects[rel]
+            self.send_response(status)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self._end_headers(b)
+            return
         path = (self.server.root / rel).resolve()  # type: ignore[attr-defined]
         if not path.is_file() or self.server.root.resolve() not in path.parents:  # type: ignore[attr-defined]
             self.send_error(404)
@@ -107,8 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
-        self.end_headers()
+            shift = b.wrong_range
+            self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
+        self._end_headers(b)
         if faulty and b.drop_after is not None:
             body = body[: b.drop_after]
             self.close_connection = True
@@ -119,6 +146,11 @@ class _Handler(BaseHTTPRequestHandler):
             b.sent_by_path[rel] = b.sent_by_path.get(rel, 0) + len(body)
         self._finished(b)
         self.wfile.write(body[-1:])
+
+    def _end_headers(self, b: Behaviour) -> None:
+        if b.close_after == "announced":
+            self.send_header("Connection", "close")
+        self.end_headers()
 
 
 class _Server(ThreadingHTTPServer):
