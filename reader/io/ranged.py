@@ -28,6 +28,7 @@ from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.items import READ_ERRORS, Item, damage
+from shardify.reader.io.sampleparse import plain_sample
 from shardify.reader.io.shardfile import ShardFiles
 from shardify.reader.io.shardlist import distinct_values
 from shardify.remote import fetch_range
@@ -360,7 +361,12 @@ class RangeFetcher:
 
 def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None, max_member: int) -> dict[str, object]:
     """The sample dict of one sample's tar bytes ``data`` (found at byte ``offset`` of the
-    shard ``url``): exactly one sample, or :class:`ShardFormatError`."""
+    shard ``url``): exactly one sample, or :class:`ShardFormatError`. The plain case is parsed
+    in one pass (:func:`~shardify.reader.io.sampleparse.plain_sample`), anything else by the
+    member walk."""
+    plain = plain_sample(data, url=url, offset=offset, keep=keep, max_member=max_member)
+    if plain is not None:
+        return plain
     members = iter_members(io.BytesIO(data), shard=url, keep=keep, max_member=max_member)
     found = list(iter_samples(members, shard=url))
     if len(found) != 1:
