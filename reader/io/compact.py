@@ -25,9 +25,9 @@ import numpy.typing as npt
 
 from shardify.compactindex import CompactIndex, CompactRef, decode
 from shardify.errors import ManifestError, SidecarError
-from shardify.reader.io.cache import FetchOptions, forget_remote, open_remote
+from shardify.reader.io.cache import FetchOptions, forget_remote
 from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList
-from shardify.reader.io.shardopen import local_path
+from shardify.reader.io.shardopen import read_whole
 from shardify.remote import ShardFetchError, is_remote, join_url
 from shardify.sidecar import SidecarFacts, SidecarProof, decode_proven, sidecar_name
 from shardify.tarfmt import OFFSET_STRIDE, parse_shard_name, shard_name
@@ -57,10 +57,7 @@ def _sidecar_bytes(url: str, proof: SidecarProof, fetch: FetchOptions) -> bytes:
     by the tree's root, so a sidecar of another version is never taken for this one's)."""
     name = sidecar_name(url)
     try:
-        if is_remote(name):
-            with open_remote(name, options=fetch, key=_cache_key(proof)) as f:
-                return f.read()
-        return Path(local_path(name)).read_bytes()
+        return read_whole(name, fetch=fetch, key=_cache_key(proof))
     except ShardFetchError as e:
         raise SidecarError(f"cannot fetch its sidecar {name}: {e.reason}", shard=url) from e
     except OSError as e:
@@ -184,11 +181,7 @@ def read_compact(index_at: str, ref: CompactRef, fetch: FetchOptions) -> Compact
     """The compact index at ``index_at``, checked against the manifest's ``ref``: a remote one is
     fetched once per node through the cache (``fetch.cache_dir``), a local one read."""
     try:
-        if is_remote(index_at):
-            with open_remote(index_at, options=fetch, size=ref.size, sha256=ref.sha256) as f:
-                data = f.read()
-        else:
-            data = Path(local_path(index_at)).read_bytes()
+        data = read_whole(index_at, fetch=fetch, size=ref.size, sha256=ref.sha256)
     except ShardFetchError as e:
         raise ManifestError(f"{index_at}: cannot read the compact index: {e.reason}") from e
     except OSError as e:

@@ -62,6 +62,18 @@ class _ForwardOnly:
         self._f.close()
 
 
+def read_whole(url: str, *, fetch: FetchOptions, size: int | None = None, sha256: str = "", key: str = "") -> bytes:
+    """The bytes of the file ``url`` (an index file, a sidecar): a remote one through the node's
+    cache (:func:`~shardify.reader.io.cache.open_remote`: checked against ``size`` and
+    ``sha256`` when given, named by ``key`` when not), a local one read. Raises
+    :class:`~shardify.remote.ShardFetchError` or OSError, for the caller to name what it is."""
+    if is_remote(url):
+        with open_remote(url, options=fetch, size=size, sha256=sha256, key=key) as f:
+            return f.read()
+    with open(local_path(url), "rb") as f:
+        return f.read()
+
+
 def open_tar(
     url: str, *, fetch: FetchOptions | None = None, filesize: int | None = None, sha256: str = ""
 ) -> tuple[BinaryIO, bool]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 
 from shardify.errors import SidecarError
-from shardify.reader.io.cache import FetchOptions, open_remote
-from shardify.reader.io.shardopen import local_path
-from shardify.remote import ShardFetchError, is_remote
+from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.shardopen import read_whole
+from shardify.remote import ShardFetchError
 from shardify.sidecar import SidecarRef, decode, sidecar_name
 
 __all__ = ["load_table", "table_loader"]
@@ -28,11 +27,7 @@ def load_table(url: str, ref: SidecarRef, *, nsamples: int, filesize: int, fetch
     """The checked per-sample table (:mod:`shardify.sampletable` records) of the shard ``url``."""
     name = sidecar_name(url)
     try:
-        if is_remote(name):
-            with open_remote(name, options=fetch, size=ref.size, sha256=ref.sha256) as f:
-                data = f.read()
-        else:
-            data = Path(local_path(name)).read_bytes()
+        data = read_whole(name, fetch=fetch, size=ref.size, sha256=ref.sha256)
     except ShardFetchError as e:
         raise SidecarError(f"cannot fetch its sidecar {name}: {e.reason}", shard=url) from e
     except OSError as e:
