@@ -30,7 +30,7 @@ from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList
 from shardify.reader.io.shardopen import read_whole
 from shardify.remote import ShardFetchError, is_remote, join_url
 from shardify.sidecar import SidecarFacts, SidecarProof, decode_proven, sidecar_name
-from shardify.tarfmt import OFFSET_STRIDE, parse_shard_name, shard_name
+from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 
 __all__ = ["FACTS_KEPT", "CompactShards", "ShardFacts", "read_compact", "load_facts", "proven_table_loader"]
 
@@ -153,13 +153,13 @@ class CompactShards(ShardList):
         )
 
     def index_of(self, url: str) -> int | None:
+        """The number of the shard ``url`` (None: not one of these shards)."""
         if not url.startswith(self.base):
             return None
-        try:
-            split, i = parse_shard_name(url[len(self.base) :])
-        except ValueError:
+        found = shard_of_split(url[len(self.base) :], self.split)
+        if found is None or found[0] != self.version or not 0 <= found[1] < len(self):
             return None
-        return i if split == self.split and i < len(self) and self.url(i) == url else None
+        return found[1] if self.url(found[1]) == url else None
 
     @property
     def urls(self) -> Sequence[str]:

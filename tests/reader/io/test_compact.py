@@ -25,6 +25,7 @@ from shardify.reader.delivery.basis import data_identity
 from shardify.reader.io import compact as compact_io
 from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.sources import resolve_source
+from shardify.remote import RetryPolicy, ShardFetchError
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
 rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
@@ -167,3 +168,51 @@ def test_a_split_of_50000_shards_is_set_up_and_planned_without_a_shard_info_each
     assert len(ds.source.shards) == 50_000 and ds.source.num_samples == 350_000
     ds.state_dict()
     assert len(made) < 10, len(made)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_of_a_compact_and_a_json_split_reads_each_exactly_once(www: Path, monkeypatch, workers: int) -> None:
+    from shardify.reader import Stream, make_loader
+    from shardify.reader.io.shardlist import ChainedShards
+
+    monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", 10_000)
+    with ShardWriter(www / "small", samples_per_shard=7, fsync=False) as w:  # a JSON index, inline tables
+        for i in range(20):
+            w.write({"__key__": f"s{i:04d}", "txt": "s" * (50 + i), "cls": 0})
+    with rangeserver.serve(www) as (base, _):
+        for where in (str(www), base):
+            ds = ShardedDataset(
+                [Stream(f"{where}/ds"), Stream(f"{where}/small")],
+                batch_size=5,
+                shuffle=True,
+                seed=4,
+                fields=("__key__",),
+            )
+            assert isinstance(ds.source.shards, ChainedShards) and len(ds.source.shards) == 9
+            with make_loader(ds, num_workers=workers) as loader:
+                keys = [k for batch in loader for k in batch]
+            assert sorted(keys) == sorted([f"{i:09d}" for i in range(60)] + [f"s{i:04d}" for i in range(20)])
+
+
+def test_whole_shards_fetched_through_a_compact_index_are_checked_against_their_sidecars(www: Path, tmp_path) -> None:
+    """``ranged=False``: each shard is fetched whole into the cache and checked against the size
+    and SHA-256 its sidecar holds (found by the shard's URL), so a shard changed on the server fails."""
+    ds = www / "ds"
+    source = resolve_source(ds)
+    entries = json.loads((ds / _split(ds)["index"]).read_text())["shardlist"]
+    for i in (0, 3, 5):
+        assert source.index_of(source.shards[i].url) == i
+        full = source.full(i)
+        assert (full.filesize, full.sha256) == (entries[i]["filesize"], entries[i]["sha256"])
+    assert source.index_of(str(ds / "train-000000000000-000001.tar")) is None
+    shard = ds / entries[3]["url"]
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 1  # in sample 30's data: the shard's size and tar structure are unchanged
+    shard.write_bytes(bytes(data))
+    fast = RetryPolicy(retries=0, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
+    with rangeserver.serve(www) as (base, _):
+        remote = resolve_source(f"{base}/ds", retry=fast, ranged=False, cache_dir=tmp_path / "cache")
+        remote.open_tar(remote.shards[2].url)[0].close()  # an intact shard is fetched and opened
+        with pytest.raises(ShardFetchError) as e:
+            remote.open_tar(remote.shards[3].url)
+    assert "sha256" in e.value.reason and e.value.shard is not None and e.value.shard.endswith(entries[3]["url"])
