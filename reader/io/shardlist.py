@@ -138,13 +138,13 @@ class ChainedShards(ShardList):
     """The shards of ``parts`` end to end (the numbering of a mix of sources)."""
 
     def __init__(self, parts: Sequence[Sequence[ShardInfo]]) -> None:
-        self._parts = list(parts)
-        self._starts = list(itertools.accumulate((len(p) for p in self._parts), initial=0))
+        self.parts = list(parts)
+        self._starts = list(itertools.accumulate((len(p) for p in self.parts), initial=0))
         super().__init__(self._starts[-1], self._item)
 
     def _where(self, i: int) -> tuple[Sequence[ShardInfo], int]:
         k = bisect.bisect_right(self._starts, i) - 1
-        return self._parts[k], i - self._starts[k]
+        return self.parts[k], i - self._starts[k]
 
     def _item(self, i: int) -> ShardInfo:
         part, j = self._where(i)
@@ -164,7 +164,7 @@ class ChainedShards(ShardList):
 
     @property
     def sizes(self) -> list[int]:
-        return [n for p in self._parts for n in (p.sizes if isinstance(p, ShardList) else [s.nsamples for s in p])]
+        return [n for p in self.parts for n in (p.sizes if isinstance(p, ShardList) else [s.nsamples for s in p])]
 
 
 def full_info(shards: Sequence[ShardInfo], i: int) -> ShardInfo:

@@ -19,7 +19,15 @@ from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError
 from shardify.manifest import Manifest, load_json
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.compact import CompactShards
-from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList, full_info
+from shardify.reader.io.shardlist import (
+    ChainedSequence,
+    ChainedShards,
+    LazySequence,
+    Repeated,
+    ShardInfo,
+    ShardList,
+    full_info,
+)
 from shardify.reader.io.shardopen import is_gzip, open_tar
 from shardify.remote import ShardFetchError, fetch_bytes, is_remote
 
@@ -156,6 +164,15 @@ class ShardColumns:
     chunks: Sequence[int | None] | None
 
 
+def _chunks(shards: Sequence[ShardInfo]) -> Sequence[int | None]:
+    """Each shard's ``chunk``: a compact index's are all None (it names plain tars only)."""
+    if isinstance(shards, CompactShards):
+        return Repeated(len(shards), None)
+    if isinstance(shards, ChainedShards):
+        return ChainedSequence([_chunks(part) for part in shards.parts])
+    return [s.chunk for s in shards]
+
+
 def shard_columns(source: Source) -> ShardColumns:
     """The :class:`ShardColumns` of ``source``'s shards."""
     shards = source.shards
@@ -164,7 +181,7 @@ def shard_columns(source: Source) -> ShardColumns:
         return ShardColumns(
             offsets=LazySequence(n, lambda i: source.full(i).offsets),
             filesizes=LazySequence(n, lambda i: source.full(i).filesize),
-            chunks=None if isinstance(shards, CompactShards) else LazySequence(n, lambda i: shards[i].chunk),
+            chunks=_chunks(shards),
         )
     return ShardColumns(
         offsets=[s.offsets for s in shards], filesizes=[s.filesize for s in shards], chunks=[s.chunk for s in shards]

@@ -47,6 +47,7 @@ from shardify.reader.io.items import Item, Lost
 from shardify.reader.io.ranged import RangeFetcher, read_ranged
 from shardify.reader.io.seekread import read_scanned, read_windows
 from shardify.reader.io.shardfile import ShardChecks, ShardFiles
+from shardify.reader.io.shardlist import distinct_values
 from shardify.reader.io.shardopen import open_tar
 from shardify.tario import DEFAULT_MAX_MEMBER
 
@@ -71,7 +72,7 @@ class ShardReader:
     ) -> None:
         units = list(sizes)
         """Samples per shard, or for a chunked shard chunks: the units its tar samples are."""
-        chunked = list(chunks) if chunks is not None and any(chunks) else None
+        chunked = list(chunks) if chunks is not None and any(distinct_values(chunks)) else None
         if chunked is not None:
             if len(chunked) != len(urls):
                 raise ValueError(f"{len(chunked)=} should be {len(urls)}, one per shard")
