@@ -125,6 +125,9 @@ class ShardList(LazySequence[ShardInfo]):
     def full(self, i: int) -> ShardInfo:
         return self[i]
 
+    def url(self, i: int) -> str:
+        return self[i].url
+
     @property
     def urls(self) -> Sequence[str]:
         return LazySequence(len(self), lambda i: self[i].url)
@@ -156,7 +159,7 @@ class ChainedShards(ShardList):
 
     def _url(self, i: int) -> str:
         part, j = self._where(i)
-        return part.urls[j] if isinstance(part, ShardList) else part[j].url
+        return part.url(j) if isinstance(part, ShardList) else part[j].url
 
     @property
     def urls(self) -> Sequence[str]:

@@ -92,9 +92,7 @@ class Source:
     @cached_property
     def has_gzip(self) -> bool:
         """Whether a shard is gzip-compressed (a compact index names plain tars only)."""
-        if isinstance(self.shards, CompactShards):
-            return False
-        return any(is_gzip(u) for u in self.urls)
+        return _has_gzip(self.shards)
 
     @cached_property
     def _by_url(self) -> dict[str, int]:
@@ -162,6 +160,14 @@ class ShardColumns:
     offsets: Sequence[Sequence[int]]
     filesizes: Sequence[int | None]
     chunks: Sequence[int | None] | None
+
+
+def _has_gzip(shards: Sequence[ShardInfo]) -> bool:
+    if isinstance(shards, CompactShards):
+        return False
+    if isinstance(shards, ChainedShards):
+        return any(_has_gzip(part) for part in shards.parts)
+    return any(is_gzip(s.url) for s in shards)
 
 
 def _chunks(shards: Sequence[ShardInfo]) -> Sequence[int | None]:

@@ -20,11 +20,12 @@ from shardify import compactindex
 from shardify.convert import ShardWriter
 from shardify.convert.write import finish
 from shardify.errors import ManifestError, SidecarError
-from shardify.reader import CacheOptions, DecodeOptions, ShardedDataset
+from shardify.reader import CacheOptions, DecodeOptions, ShardedDataset, Stream
 from shardify.reader.delivery.basis import data_identity
 from shardify.reader.io import compact as compact_io
 from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.sources import resolve_source
+from shardify.reader.worker import ProcessReader
 from shardify.remote import RetryPolicy, ShardFetchError
 
 _SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
@@ -167,6 +168,15 @@ def test_a_split_of_50000_shards_is_set_up_and_planned_without_a_shard_info_each
     ds = ShardedDataset(tmp_path, batch_size=64, shuffle=True, seed=1, fields=("txt",))
     assert len(ds.source.shards) == 50_000 and ds.source.num_samples == 350_000
     ds.state_dict()
+    assert len(made) < 10, len(made)
+    with ShardWriter(tmp_path / "small", samples_per_shard=4, fsync=False) as w:
+        for _ in range(8):
+            w.write({"txt": "x"})
+    made.clear()  # a mix with another split: the same
+    mix = ShardedDataset([Stream(tmp_path), Stream(tmp_path / "small")], batch_size=64, shuffle=True, seed=1)
+    assert len(mix.source.shards) == 50_002
+    mix.state_dict()
+    ProcessReader().get(mix._setup, mix._setup.options)  # what a worker makes before its first read
     assert len(made) < 10, len(made)
 
 
