@@ -24,11 +24,22 @@ import numpy as np
 
 from shardify.errors import ManifestError
 
-__all__ = ["DIGEST_BYTES", "RECORD", "sample_digest", "SampleRanges", "SampleTable", "TableBuilder", "table_from_json"]
+__all__ = [
+    "DIGEST_BYTES",
+    "RECORD",
+    "RECORD_DTYPE",
+    "sample_digest",
+    "SampleRanges",
+    "SampleTable",
+    "TableBuilder",
+    "table_from_json",
+]
 
 DIGEST_BYTES = 16
 """Bytes of each sample's SHA-256 kept (128 bits)."""
 RECORD = struct.Struct(f"<I{DIGEST_BYTES}s")
+RECORD_DTYPE = np.dtype([("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
+"""A record as NumPy reads it: the same 20 bytes as :data:`RECORD`."""
 _MAX_SIZE = (1 << 32) - 1
 
 
@@ -48,6 +59,12 @@ class SampleTable:
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         return (r for r in RECORD.iter_unpack(self.raw))
+
+    def starts(self) -> np.ndarray:
+        """The byte offset of each sample in the shard (int64): the lengths before it, summed."""
+        starts = np.zeros(len(self), dtype=np.int64)
+        np.cumsum(_sizes(self.raw)[:-1], dtype=np.int64, out=starts[1:])
+        return starts
 
     def ranges(self) -> SampleRanges:
         """``(start, stop, digest)`` of every sample, in bytes of the shard."""
@@ -149,12 +166,9 @@ class SampleRanges(Sequence[tuple[int, int, bytes]]):
         return self._ends[i], self._ends[i + 1], self._raw[at : at + DIGEST_BYTES]
 
 
-_RECORD_DTYPE = np.dtype([("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
-
-
 def _sizes(raw: bytes) -> np.ndarray:
     """The uint32 sample lengths of a table's records."""
-    return np.frombuffer(raw, dtype=_RECORD_DTYPE)["size"]
+    return np.frombuffer(raw, dtype=RECORD_DTYPE)["size"]
 
 
 def table_from_json(text: Any, where: str) -> bytes:

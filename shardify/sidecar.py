@@ -35,7 +35,7 @@ import numpy as np
 from shardify import merkle
 from shardify.errors import ManifestError, SidecarError
 from shardify.jsonfiles import json_field
-from shardify.sampletable import DIGEST_BYTES, SampleTable
+from shardify.sampletable import DIGEST_BYTES, RECORD_DTYPE, SampleTable
 
 __all__ = [
     "SUFFIX",
@@ -63,6 +63,8 @@ HEADER = struct.Struct("<8sHHIQ32sI4x")
 """Version 2: magic, version, record size, record count, shard size, shard SHA-256, proof hashes."""
 SIDECAR_RECORD = struct.Struct(f"<QI{DIGEST_BYTES}s")
 """One sample: absolute byte offset in the shard, length, the first bytes of its SHA-256."""
+_RECORDS = np.dtype([("offset", "<u8"), ("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
+"""The same, as NumPy reads it."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,11 @@ class SidecarFacts:
 
 
 def _records(table: SampleTable) -> bytes:
-    out, at = bytearray(), 0
-    for size, digest in table.records():
-        out += SIDECAR_RECORD.pack(at, size, digest)
-        at += size
-    return bytes(out)
+    """The sidecar records of ``table``: each sample's offset, then its table record."""
+    given = np.frombuffer(table.raw, dtype=RECORD_DTYPE)
+    out = np.empty(len(given), dtype=_RECORDS)
+    out["offset"], out["size"], out["digest"] = table.starts(), given["size"], given["digest"]
+    return out.tobytes()
 
 
 def encode_v1(table: SampleTable) -> bytes:
@@ -162,10 +164,6 @@ def _header(data: bytes, shard: str) -> tuple[int, int, int, str, int, int]:
     return VERSION, HEADER.size, count, sha.hex(), filesize, hashes
 
 
-_RECORDS = np.dtype([("offset", "<u8"), ("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
-_TABLE = np.dtype([("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
-
-
 def _table(data: memoryview, *, shard: str, nsamples: int, filesize: int) -> SampleTable:
     """The table in the records ``data``, checked to be laid end to end and to fit the shard."""
     records = np.frombuffer(data, dtype=_RECORDS)
@@ -175,7 +173,7 @@ def _table(data: memoryview, *, shard: str, nsamples: int, filesize: int) -> Sam
     if len(wrong):
         i = int(wrong[0])
         raise SidecarError(f"sidecar says sample {i} starts at {records['offset'][i]}, want {starts[i]}", shard=shard)
-    out = np.empty(len(records), dtype=_TABLE)
+    out = np.empty(len(records), dtype=RECORD_DTYPE)
     out["size"], out["digest"] = records["size"], records["digest"]
     table = SampleTable(out.tobytes())
     problem = table.problem(nsamples=nsamples, filesize=filesize)

@@ -77,11 +77,7 @@ def load_sidecar(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOp
         if is_remote(url):
             forget_remote(sidecar_name(url), options=fetch, key=_cache_key(proof))
         raise
-    starts = np.zeros(len(facts.table), dtype=np.int64)
-    if len(starts) > 1:
-        sizes = np.frombuffer(facts.table.raw, dtype=[("size", "<u4"), ("digest", "S16")])["size"]
-        np.cumsum(sizes[:-1], dtype=np.int64, out=starts[1:])
-    kept = ShardFacts(facts.filesize, facts.sha256, tuple(starts[::OFFSET_STRIDE].tolist()))
+    kept = ShardFacts(facts.filesize, facts.sha256, tuple(facts.table.starts()[::OFFSET_STRIDE].tolist()))
     with _facts_lock:
         _facts[(proof.root, proof.index)] = kept
         _facts.move_to_end((proof.root, proof.index))
