@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +26,13 @@ import numpy.typing as npt
 from shardify.compactindex import CompactIndex, CompactRef, decode
 from shardify.errors import ManifestError, SidecarError
 from shardify.reader.io.cache import FetchOptions, forget_remote
-from shardify.reader.io.shardlist import LazySequence, ShardInfo, ShardList
+from shardify.reader.io.shardlist import ShardInfo, ShardList
 from shardify.reader.io.shardopen import read_whole
 from shardify.remote import ShardFetchError, is_remote, join_url
 from shardify.sidecar import SidecarFacts, SidecarProof, decode_proven, sidecar_name
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 
-__all__ = ["FACTS_KEPT", "CompactShards", "ShardFacts", "read_compact", "load_facts", "proven_table_loader"]
+__all__ = ["FACTS_KEPT", "CompactShards", "ShardFacts", "read_compact", "load_facts", "load_sidecar"]
 
 FACTS_KEPT = 8192
 """Shards whose size, SHA-256 and offsets a process keeps (the least recently loaded go first)."""
@@ -98,15 +98,6 @@ def load_facts(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOpti
         return _facts[(proof.root, proof.index)]
 
 
-def proven_table_loader(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOptions) -> Callable[[], bytes]:
-    """What loads the per-sample table of the compact shard ``url`` (for ranged reads)."""
-
-    def load() -> bytes:
-        return load_sidecar(url, proof, nsamples=nsamples, fetch=fetch).table.raw
-
-    return load
-
-
 class CompactShards(ShardList):
     """The shards of a compact index in the folder ``base`` (a path or URL prefix ending in its
     separator): shard ``i`` is ``base + shard_name(split, i, version)`` of ``counts[i]`` samples."""
@@ -121,18 +112,17 @@ class CompactShards(ShardList):
     def url(self, i: int) -> str:
         return self.base + shard_name(self.split, i, self.version)
 
+    def _proof(self, i: int) -> SidecarProof:
+        return SidecarProof(self.root, i, len(self.counts))
+
     def _info(self, i: int) -> ShardInfo:
-        return ShardInfo(
-            url=self.url(i), nsamples=int(self.counts[i]), sidecar=SidecarProof(self.root, i, len(self.counts))
-        )
+        return ShardInfo(url=self.url(i), nsamples=int(self.counts[i]), sidecar=self._proof(i))
 
     def full(self, i: int) -> ShardInfo:
         info = self[i]
         if i < 0:
             i += len(self)
-        facts = load_facts(
-            info.url, SidecarProof(self.root, i, len(self.counts)), nsamples=info.nsamples, fetch=self.fetch
-        )
+        facts = load_facts(info.url, self._proof(i), nsamples=info.nsamples, fetch=self.fetch)
         return ShardInfo(
             url=info.url,
             nsamples=info.nsamples,
@@ -144,9 +134,8 @@ class CompactShards(ShardList):
 
     def table_loader(self, i: int) -> Callable[[], bytes]:
         """What loads shard ``i``'s per-sample table from its sidecar (for ranged reads)."""
-        return proven_table_loader(
-            self.url(i), SidecarProof(self.root, i, len(self.counts)), nsamples=int(self.counts[i]), fetch=self.fetch
-        )
+        url, proof, nsamples = self.url(i), self._proof(i), int(self.counts[i])
+        return lambda: load_sidecar(url, proof, nsamples=nsamples, fetch=self.fetch).table.raw
 
     def index_of(self, url: str) -> int | None:
         """The number of the shard ``url`` (None: not one of these shards)."""
@@ -156,10 +145,6 @@ class CompactShards(ShardList):
         if found is None or found[0] != self.version or not 0 <= found[1] < len(self):
             return None
         return found[1] if self.url(found[1]) == url else None
-
-    @property
-    def urls(self) -> Sequence[str]:
-        return LazySequence(len(self), self.url)
 
     @property
     def sizes(self) -> list[int]:

@@ -97,9 +97,14 @@ class ChainedSequence(LazySequence[T]):
         self._starts = list(itertools.accumulate((len(p) for p in self.parts), initial=0))
         super().__init__(self._starts[-1], self._item)
 
-    def _item(self, i: int) -> T:
+    def where(self, i: int) -> tuple[Sequence[T], int]:
+        """The part value ``i`` is in, and its place there."""
         k = bisect.bisect_right(self._starts, i) - 1
-        return self.parts[k][i - self._starts[k]]
+        return self.parts[k], i - self._starts[k]
+
+    def _item(self, i: int) -> T:
+        part, j = self.where(i)
+        return part[j]
 
     def __iter__(self) -> Iterator[T]:
         return itertools.chain.from_iterable(self.parts)
@@ -119,8 +124,8 @@ def distinct_values(values: Sequence[T]) -> list[T]:
 
 
 class ShardList(LazySequence[ShardInfo]):
-    """Shards made on access; :meth:`full` adds what a sidecar knows of one; :attr:`urls` and
-    :attr:`sizes` are columns without a ShardInfo each."""
+    """Shards made on access; :meth:`full` adds what a sidecar knows of one; :meth:`url`,
+    :attr:`urls` and :attr:`sizes` give them without a ShardInfo each where a list can."""
 
     def full(self, i: int) -> ShardInfo:
         return self[i]
@@ -130,40 +135,23 @@ class ShardList(LazySequence[ShardInfo]):
 
     @property
     def urls(self) -> Sequence[str]:
-        return LazySequence(len(self), lambda i: self[i].url)
+        return LazySequence(len(self), self.url)
 
     @property
     def sizes(self) -> list[int]:
         return [s.nsamples for s in self]
 
 
-class ChainedShards(ShardList):
+class ChainedShards(ChainedSequence[ShardInfo], ShardList):
     """The shards of ``parts`` end to end (the numbering of a mix of sources)."""
 
-    def __init__(self, parts: Sequence[Sequence[ShardInfo]]) -> None:
-        self.parts = list(parts)
-        self._starts = list(itertools.accumulate((len(p) for p in self.parts), initial=0))
-        super().__init__(self._starts[-1], self._item)
-
-    def _where(self, i: int) -> tuple[Sequence[ShardInfo], int]:
-        k = bisect.bisect_right(self._starts, i) - 1
-        return self.parts[k], i - self._starts[k]
-
-    def _item(self, i: int) -> ShardInfo:
-        part, j = self._where(i)
-        return part[j]
-
     def full(self, i: int) -> ShardInfo:
-        part, j = self._where(i)
+        part, j = self.where(i)
         return full_info(part, j)
 
-    def _url(self, i: int) -> str:
-        part, j = self._where(i)
+    def url(self, i: int) -> str:
+        part, j = self.where(i)
         return part.url(j) if isinstance(part, ShardList) else part[j].url
-
-    @property
-    def urls(self) -> Sequence[str]:
-        return LazySequence(len(self), self._url)
 
     @property
     def sizes(self) -> list[int]:
