@@ -25,6 +25,7 @@ from shardify.compactindex import decode as decode_compact
 from shardify.convert.dataset_files import DatasetFiles, locate_dataset
 from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
+from shardify.convert.write.finish import compact_fields
 from shardify.convert.write.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, ShardifyError
 from shardify.keys import check_key
@@ -266,8 +267,7 @@ def _verify_compact(files: DatasetFiles, index: SplitIndex, ref: CompactRef, pro
         problems.append(Problem(split, ref.index, None, "its shard counts are not the JSON index's"))
     if index.sidecar_root is None or compact.root.hex() != index.sidecar_root:
         problems.append(Problem(split, ref.index, None, "its sidecar root is not the JSON index's"))
-    fields = {k: v for k, v in index.to_json()["shardify"].items() if k != "sidecar_root"}
-    if compact.fields != fields:
+    if compact.fields != compact_fields(index):
         problems.append(Problem(split, ref.index, None, "its fields are not the JSON index's"))
 
 

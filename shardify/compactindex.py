@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardify.errors import ManifestError
-from shardify.jsonfiles import json_field
+from shardify.jsonfiles import hex_field, json_field
 
 __all__ = ["SUFFIX", "HEADER", "CompactRef", "CompactIndex", "compact_name", "encode", "decode"]
 
@@ -66,10 +66,9 @@ class CompactRef:
             size=json_field(obj, "size", int, f"{where} compact"),
             sha256=json_field(obj, "sha256", str, f"{where} compact"),
         )
-        if len(ref.sha256) != 64 or ref.sha256.strip("0123456789abcdef") or ref.size < HEADER.size:
-            raise ManifestError(
-                f"{where}: field 'compact' should hold a file name, a size and a hex sha256, found {obj!r}"
-            )
+        hex_field(obj, "sha256", 64, f"{where} compact")
+        if ref.size < HEADER.size:
+            raise ManifestError(f"{where}: field 'compact' says {ref.size} bytes, less than a compact index's header")
         if "/" in ref.index or "\\" in ref.index or not ref.index.endswith(SUFFIX):
             raise ManifestError(f"{where}: field 'compact' names {ref.index!r}, not a {SUFFIX} file beside it")
         return ref

@@ -36,6 +36,7 @@ __all__ = [
     "publish_splits",
     "shard_entries",
     "compact_bytes",
+    "compact_fields",
     "write_report",
     "reason_class",
     "SIDECAR_ABOVE_SAMPLES",
@@ -90,13 +91,19 @@ def _body(r: ShardResult, shards: int) -> bytes:
     return encode(SampleTable(r.samples), filesize=r.filesize, sha256=r.sha256, shards=shards)
 
 
+def compact_fields(index: SplitIndex) -> dict[str, Any]:
+    """What the compact index of ``index`` holds of its fields: the JSON index's ``shardify``
+    section, less the root (the compact index has it in its header)."""
+    return {k: v for k, v in index.to_json()["shardify"].items() if k != "sidecar_root"}
+
+
 def compact_bytes(index: SplitIndex) -> bytes:
     """The compact index of ``index`` (a split with a sidecar root): its ``shardify`` fields,
     counts and root. A function of the index alone, so its record is made again at publish."""
     if index.sidecar_root is None:
         raise ValueError(f"split {index.split!r} has no sidecar root, so no compact index")
-    fields = {k: v for k, v in index.to_json()["shardify"].items() if k != "sidecar_root"}
-    return encode_compact(fields, [s.nsamples for s in index.shards], bytes.fromhex(index.sidecar_root))
+    counts = [s.nsamples for s in index.shards]
+    return encode_compact(compact_fields(index), counts, bytes.fromhex(index.sidecar_root))
 
 
 def compact_ref(index: SplitIndex) -> CompactRef | None:
