@@ -32,7 +32,6 @@ def plain_sample(
     sample: dict[str, object] = {}
     key: str | None = None
     fields: set[str] = set()
-    view = memoryview(data)
     while at < end:
         if at + BLOCK > end:
             return None
@@ -58,6 +57,6 @@ def plain_sample(
         if stop > end:
             return None
         if keep is None or keep(name):
-            sample[field] = bytes(view[start:stop])
+            sample[field] = data[start:stop]
         at = stop + (-size % BLOCK)
     return sample if key is not None and at == end else None
