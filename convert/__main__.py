@@ -2,4 +2,5 @@
 
 from shardify.cli.__main__ import entrypoint
 
-entrypoint()
+if __name__ == "__main__":  # imported (by a tool that walks the package), it runs nothing
+    entrypoint()
