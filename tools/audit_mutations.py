@@ -151,9 +151,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M12",
         "a shard is renamed into place only when whole and fsynced",
-        "convert/write/writer.py",
-        "            fs.finish_write(f, fsync=task.fsync)\n        fs.replace(tmp, final)\n",
-        "            f.flush()\n            fs.replace(tmp, final)\n            fs.finish_write(f, fsync=task.fsync)\n",
+        "convert/write/stream.py",
+        "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()\n"
+        "            if self.before_rename is not None:\n"
+        "                self.before_rename(self.index, out.size, out.hash.hexdigest())\n"
+        "            self.fs.replace(tmp, final)\n",
+        "            f.flush()\n            self.fs.replace(tmp, final)\n"
+        "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()\n"
+        "            if self.before_rename is not None:\n"
+        "                self.before_rename(self.index, out.size, out.hash.hexdigest())\n",
         (
             "tests/convert/write/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
         ),
@@ -184,8 +190,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M15",
         "bad input found while writing a shard is reported (not swallowed)",
-        "convert/write/writer.py",
-        "skipped.append(Ignored(e.path or sample.spec.identity, e.reason))",
+        "convert/write/shards.py",
+        "stream.skip(Ignored(e.path or sample.spec.identity, e.reason))",
         "pass",
         (
             "tests/convert/inputs/test_inputs.py::test_bad_images_are_skipped_and_reported",
@@ -322,9 +328,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M31",
         "shards are standard tar files ending with two zero blocks (tar/webdataset/wids read them)",
-        "convert/write/writer.py",
-        "            out.write(END_OF_ARCHIVE)\n            fs.finish_write",
-        "            fs.finish_write",
+        "convert/write/stream.py",
+        "            out.write(END_OF_ARCHIVE)\n            self.fs.finish_write",
+        "            self.fs.finish_write",
         ("tests/convert/test_roundtrip.py::test_other_tools_read_the_shards", "tests/audit/test_promises_convert.py"),
     ),
     M(
@@ -570,7 +576,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M57",
         "an image file over --max-image-bytes is reported as too large, unread",
-        "convert/write/writer.py",
+        "convert/write/readsample.py",
         "        if limit is not None and size > limit:",
         "        if False:",
         ("tests/convert/inputs/test_hostile.py::test_a_big_junk_file_costs_bounded_memory_and_time",),

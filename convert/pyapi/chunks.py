@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from shardify.convert.pyapi.pywriter import check_label
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
-from shardify.convert.write.writer import member_parts
+from shardify.convert.write.tarwrite import member_parts
 from shardify.errors import EncodeError, KeyRuleError, WorkerError
 
 __all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "item_repr", "pack", "died", "REPR_LIMIT"]
