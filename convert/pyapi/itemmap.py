@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from shardify.convert.executor import LocalExecutor
+from shardify.convert.executor import LocalExecutor, executor_kind
 from shardify.convert.executor_ray import RayExecutor
 from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, item_repr, pack
 from shardify.convert.pyapi.supervise import Limits, SupervisedExecutor
@@ -39,11 +39,12 @@ def map_ordered(
 
     ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
     processes that stop an item past its time or memory (even with ``workers=1``)."""
-    if engine == "ray":
+    kind = executor_kind(engine=engine, workers=workers, supervised=limits is not None)
+    if kind == "ray":
         yield from _map_ray(runner, chunks, workers=workers, address=ray_address, limits=limits)
-    elif limits is not None:
+    elif kind == "supervised" and limits is not None:
         yield from SupervisedExecutor(workers=workers, limits=limits).map(runner, chunks)
-    elif workers <= 1:
+    elif kind == "this-process":
         yield from LocalExecutor(workers=1).map(runner, chunks)
     else:
         yield from _map_pool(runner, chunks, workers=workers)

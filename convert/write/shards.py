@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from shardify.convert.executor import LocalExecutor, default_method
+from shardify.convert.executor import LocalExecutor, default_method, executor_kind
 from shardify.convert.executor_ray import RayExecutor
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import open_output
@@ -52,9 +52,11 @@ def write_shards(
     """Write every task (``engine``: ``local`` or ``ray``), calling ``on_result`` as each shard is taken back."""
     if not tasks:
         return
-    if engine == "ray":
+    workers = min(workers, len(tasks))
+    kind = executor_kind(engine=engine, workers=workers)
+    if kind == "ray":
         _on_ray(tasks, address=address, bar=bar, on_result=on_result)
-    elif workers <= 1 or len(tasks) == 1:
+    elif kind == "this-process":
         done = [bar.samples, bar.nbytes]
 
         def progress(samples: int, nbytes: int) -> None:
@@ -64,11 +66,9 @@ def write_shards(
 
         for _, result in LocalExecutor(workers=1).map(lambda task: write_shard(task, progress), tasks):
             on_result(result)
-    else:
+    else:  # "processes" (shards have no per-item limits, so never "supervised")
         counters = mp.get_context(default_method()).Array("q", [bar.samples, bar.nbytes])
-        executor = LocalExecutor(
-            workers=min(workers, len(tasks)), what="writing shards", tick=lambda: bar.set(counters[0], counters[1])
-        )
+        executor = LocalExecutor(workers=workers, what="writing shards", tick=lambda: bar.set(counters[0], counters[1]))
         with executor:
             for _, result in executor.map(_write_counted, tasks, args=(counters,)):
                 on_result(result)
