@@ -3,7 +3,7 @@ machine, or Ray tasks (:mod:`shardify.convert.executor`).
 
 Only executes; what to write was decided by the plan. Each task's samples are read
 (:mod:`~shardify.convert.write.readsample`) and written by the one shard writer
-(:class:`~shardify.convert.write.stream.ShardStream`), into one shard. Tasks are made lazily and at most a
+(:class:`~shardify.convert.write.shardstream.ShardStream`), into one shard. Tasks are made lazily and at most a
 window of them is in flight (two per local worker; :data:`MAX_IN_FLIGHT` on Ray), so memory
 stays bounded. Results come back in task order and ``on_result`` records each in the driver.
 Progress is counted where the shards are written (shared memory; a counter actor on Ray) and
@@ -25,8 +25,8 @@ from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import open_output
 from shardify.convert.write.progressbar import ProgressBar
 from shardify.convert.write.readsample import sample_members
+from shardify.convert.write.shardstream import ShardStream, sample_size
 from shardify.convert.write.shardtypes import Progress, ShardResult, ShardTask
-from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.errors import InputError
 
 __all__ = ["write_shards", "write_shard", "MAX_IN_FLIGHT"]

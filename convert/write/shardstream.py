@@ -3,7 +3,7 @@
 Every shard shardify makes is written here: the planned shards of ``shardify convert``
 (:func:`~shardify.convert.write.shards.write_shard` feeds one plan's samples to one shard),
 :class:`~shardify.convert.pyapi.pywriter.ShardWriter` and
-:func:`~shardify.convert.pyapi.items.convert_items` (which cut a shard when the next sample would
+:func:`~shardify.convert.pyapi.fromitems.convert_items` (which cut a shard when the next sample would
 not fit: ``shard_size`` bytes and/or ``samples_per_shard``, the rule
 :func:`~shardify.convert.write.plan.plan_split` packs by, so the same samples in the same order
 give the same shards). Each shard is written through
