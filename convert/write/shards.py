@@ -25,7 +25,7 @@ from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.outfs import open_output
 from shardify.convert.write.progressbar import ProgressBar
 from shardify.convert.write.readsample import sample_members
-from shardify.convert.write.shardstream import ShardStream, sample_size
+from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import Progress, ShardResult, ShardTask
 from shardify.errors import InputError
 
@@ -111,7 +111,7 @@ def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
                     raise
                 stream.skip(Ignored(e.path or sample.spec.identity, e.reason))
             else:
-                stream.add(sample.key, members, sample_size(members))
+                stream.add(sample.key, members)
             if progress is not None and n % _REPORT_EVERY == 0:
                 progress(n - reported[0], stream.written - reported[1])
                 reported = (n, stream.written)

@@ -110,24 +110,30 @@ class ShardStream:
             return False
         return self.shard_size is None or self.nbytes + size <= self.shard_size
 
-    def add(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
-        """Append one sample; ``size`` is :func:`sample_size` of ``members``. Cuts a shard first if full."""
+    def add(self, key: str, members: list[tuple[str, bytes]], size: int | None = None) -> None:
+        """Append one sample; cuts a shard first if full. ``size`` is :func:`sample_size` of
+        ``members`` when the caller has it; else it is computed here, only when a size bound or
+        the chunked layout needs it (a planned shard has neither: its plan cut it)."""
         if self.chunk is not None:
-            self._gather(key, members, size)
+            self._gather(key, members, sample_size(members) if size is None else size)
             return
-        if not self.fits(size):
-            self.close_shard()
-        self.flush()
+        if self.samples and (self.shard_size is not None or self.samples_per_shard is not None):
+            if not self.fits(sample_size(members) if size is None else size):
+                self.close_shard()
+        if self._held is not None:
+            self.flush()
         out = self._out or self._open()
-        self._note_offset()
-        out.mark(self.nbytes - len(END_OF_ARCHIVE))
+        at = self.nbytes - len(END_OF_ARCHIVE)
+        if self.samples % OFFSET_STRIDE == 0:  # an offset the index lists (called per sample: inlined)
+            self.offsets.append(at)
+        out.mark(at)
         try:
-            write_members(out, key, members)
+            written = write_members(out, key, members)
         except OSError as e:
             self.abort()
             raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
         self.samples += 1
-        self.nbytes += size
+        self.nbytes += written
         self.fields.update(ext for ext, _ in members)
 
     def add_encoded(self, fields: tuple[str, ...], data: bytes | memoryview, start: int, end: int) -> None:
