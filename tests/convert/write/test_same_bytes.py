@@ -1,5 +1,6 @@
-"""Every way in writes the same shard bytes it always has: the shards of a fixed image folder (the
-CLI), of a ``ShardWriter`` and of ``convert_items`` hash to recorded SHA-256s.
+"""Every way in writes the same shards it always has: the shards of a fixed image folder (the
+CLI), of a ``ShardWriter`` and of ``convert_items``, and their index entries (offsets, per-sample
+tables), hash to recorded SHA-256s.
 
 The inputs are built byte by byte (binary PPM images, numpy arrays, text), never by an encoder
 whose output may change with its version, so the recorded hashes hold on any machine. They were
@@ -12,6 +13,7 @@ two workers. Run this file as a script to print the hashes of the code at hand.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -68,11 +70,20 @@ _ITEMS = {
 
 
 def _shard_hashes(out: Path) -> list[str]:
-    return [hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sorted(out.glob("train-*.tar"))]
+    """Per shard, in order: SHA-256 (16 hex digits) of its bytes and of its index entry (count,
+    size, hash, offsets, per-sample table; not its name, which holds the version token)."""
+    entries = json.loads((out / "train.json").read_text())["shardlist"]
+    hashes = []
+    for entry in entries:
+        url = entry.pop("url")
+        digest = hashlib.sha256((out / url).read_bytes())
+        digest.update(json.dumps(entry, sort_keys=True).encode())
+        hashes.append(digest.hexdigest()[:16])
+    return hashes
 
 
 def write(case: str, tmp: Path) -> list[str]:
-    """Write case ``case`` under ``tmp``; the SHA-256 (first 16 hex digits) of its shards, in order."""
+    """Write case ``case`` under ``tmp``; see :func:`_shard_hashes`."""
     out = tmp / case
     if case in _CLI:
         src = _image_folder(tmp / "src") if not (tmp / "src").exists() else tmp / "src"
@@ -88,67 +99,67 @@ def write(case: str, tmp: Path) -> list[str]:
 
 
 EXPECTED: dict[str, list[str]] = {
-    "cli-per-sample": ["210d7fd7078813cf", "09c3346de6ac7d2f", "e50f115ab38c8dda", "30a438128597e66e"],
+    "cli-per-sample": ["161d4aa1a3604384", "c3642f476413fd84", "7ddb3c68f458431e", "286a896aca994e14"],
     "cli-one-per-shard": [
-        "42e61761c11b3f88",
-        "5c21d548d9a3b018",
-        "5f70bf18a0860070",
-        "b5415a739873c0ed",
-        "ecc42f1c7124525e",
-        "3dfde72d1eb634a8",
-        "4936b394d310cb04",
-        "d830112e83f0f93b",
-        "5ac4802c7134d385",
-        "318a5509b949a351",
-        "d1d52f8889e0ed19",
-        "f4852394fcca09ec",
-        "3fc6f377c68d168f",
-        "71ab10f79c52553b",
-        "f5ed24e5a9550c36",
-        "3d57bd854223818d",
+        "7b61be3af6c99a69",
+        "69bf92f6bd929ee9",
+        "0e6188cd1c9bf2c1",
+        "defaae397cac0853",
+        "41b7fe59de20cced",
+        "67a894846ae3f6a7",
+        "4ca6efd33b81ff6f",
+        "63b56b69eabf44cd",
+        "a01b4028bc7215de",
+        "f12df3ad32c86335",
+        "e4e793a0efe67b5c",
+        "cbfbbab1a4890b10",
+        "4be644b90b70b269",
+        "ac76b6472398a796",
+        "6a3974c8166f0d79",
+        "f5bfbcf3c6632a3e",
     ],
-    "cli-chunked": ["9403daaadc83c0d9", "bfc7b1349598a040", "1e560b85ae2dc377"],
+    "cli-chunked": ["e708995c96a91cbe", "862e0ec0519052f5", "264eba83c11d85e9"],
     "writer-size": [
-        "ab49acfd3fc65b7f",
-        "97f2d5cf407025f8",
-        "f94012b506e10dff",
-        "229fc64959494fc8",
-        "1374cdd3a3621a11",
-        "ccd050db008ed5a1",
-        "a87eba3afe9252b7",
-        "38c7e6a2ff798a05",
-        "77c1f739c7435053",
-        "6446b0b22c6f6bc8",
-        "6635169b2c70f861",
-        "35fcaa3ee6bd6d99",
-        "45fa09d3b10c037c",
+        "bd2cc8cda329e281",
+        "fa40af3c5aae3b62",
+        "f48a181bb58a940a",
+        "e1c571bbb2e3cabf",
+        "f3c60e266ee5f364",
+        "e560b51856c1e47b",
+        "2bf1f89fcb86dd73",
+        "54c57c1a14555786",
+        "2bbb5a636645f19f",
+        "0749e756d21a1a95",
+        "5025a206609d6d81",
+        "fd43d1babea68343",
+        "9de993d6fbf0e9e9",
     ],
-    "writer-chunked": ["47f9adef83f409ce", "adfe38bba7649f9d", "6517ad89b86f6793"],
+    "writer-chunked": ["b8a8713af8cde459", "7c1f9a43fc33a5ae", "08429205e55cd724"],
     "items-one-worker": [
-        "d934ea71d2c9dfb6",
-        "27d51ed392a0238c",
-        "7d157f8056c68918",
-        "7f38f9ec1452daaf",
-        "f1180c73a7b8f795",
+        "669d38398ef29e2a",
+        "5c85f552794ef3d6",
+        "219bd13c2ff682b6",
+        "e077167eafd9cdc7",
+        "42fef24183548032",
     ],
     "items-two-workers": [
-        "047c7e3f9192a681",
-        "d83be5034dd5de45",
-        "f4f2ddbc9eac01e0",
-        "2d70589cfeeab8e4",
-        "08794b41014577fc",
-        "58ece461da459378",
-        "fa154238ad105efd",
-        "12b93a822ba10cd2",
-        "1cb2e09888ed51d4",
-        "e7c3adc72ed2ed39",
-        "77ab821cf0a548df",
-        "d6d38804a9fe600f",
-        "408062b198c89891",
-        "6eaa2840caa43892",
-        "0570b9a71f46c856",
+        "4163cbe170794f9a",
+        "5d3abefa3ae68253",
+        "44b5515c6236dc1c",
+        "a1bca6efe3b56feb",
+        "7ee364da427bb75a",
+        "c1176a3bb83772a3",
+        "74bd789f10f63553",
+        "02607424e0df1508",
+        "3734b0bd7aaab257",
+        "9397b6b3583ce9b4",
+        "df397452434bbed6",
+        "288b749263394bd0",
+        "a3b3d57537c456be",
+        "57c62f1c488994a3",
+        "e6dbc50e225d32d3",
     ],
-    "items-chunked": ["f2dea3dcf5812a31", "7de55f2c1330ae65", "4dee86d89df91b9e", "b6ec1ab5a7d2db4a"],
+    "items-chunked": ["03645ad343d95c6f", "d5a63c1a554ac817", "535d94783b71e052", "5495415c9f609bc3"],
 }
 
 
