@@ -1,7 +1,7 @@
 """``shardify convert KIND SRC OUT``: the writer side's command (imagefolder, ids, listing, python).
 
 Parses the options of each input kind into :class:`~shardify.convert.options.ConvertOptions`
-(or :class:`~shardify.convert.pyapi.items.ItemsOptions`), calls :mod:`shardify.convert`, and
+(or :class:`~shardify.convert.pyapi.fromitems.ItemsOptions`), calls :mod:`shardify.convert`, and
 prints the summary of each split. Importing this module does not import torch.
 """
 
@@ -221,7 +221,7 @@ def _python_args(p: argparse.ArgumentParser) -> None:
 
 def _convert_python(args: argparse.Namespace) -> Any:
     from shardify.convert.options import parse_size  # deferred: the writer loads Pillow and numpy
-    from shardify.convert.pyapi.items import (
+    from shardify.convert.pyapi.fromitems import (
         ItemsOptions,
         JsonlItems,
         convert_items,

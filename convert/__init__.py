@@ -15,9 +15,9 @@ _LAZY = {
     "ShardWriter": "shardify.convert.pyapi.pywriter",
     "WriteOptions": "shardify.convert.pyapi.pywriter",
     "ValueOptions": "shardify.convert.pyapi.values",
-    "convert_items": "shardify.convert.pyapi.items",
-    "ItemsOptions": "shardify.convert.pyapi.items",
-    "JsonlItems": "shardify.convert.pyapi.items",
+    "convert_items": "shardify.convert.pyapi.fromitems",
+    "ItemsOptions": "shardify.convert.pyapi.fromitems",
+    "JsonlItems": "shardify.convert.pyapi.fromitems",
 }
 
 

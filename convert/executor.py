@@ -8,7 +8,8 @@ taken back is cancelled. A worker that dies (killed, out of memory) raises what 
 makes of the items it may have held (a :class:`~shardify.errors.WorkerError` naming the
 stage, by default), never a hang; an exception of ``fn`` itself is raised in the caller.
 
-Implementations: :class:`LocalExecutor` (worker processes on this machine, or this process
+Which one runs a map is :func:`executor_kind`, for every caller. Implementations:
+:class:`LocalExecutor` (worker processes on this machine, or this process
 for ``workers <= 1``), :class:`~shardify.convert.pyapi.supervise.SupervisedExecutor` (worker
 processes that stop an item past its time or memory limit) and
 :class:`~shardify.convert.executor_ray.RayExecutor` (Ray tasks, on a cluster or a local Ray).
@@ -23,11 +24,21 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from shardify.errors import WorkerError
 
-__all__ = ["Executor", "LocalExecutor", "Ahead", "Died", "stage_died", "default_method", "TICK_S"]
+__all__ = [
+    "Executor",
+    "ExecutorKind",
+    "executor_kind",
+    "LocalExecutor",
+    "Ahead",
+    "Died",
+    "stage_died",
+    "default_method",
+    "TICK_S",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,6 +66,24 @@ class Executor(Protocol):
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+ExecutorKind = Literal["ray", "supervised", "this-process", "processes"]
+"""Where a map runs: Ray tasks, supervised worker processes, this process, or worker processes."""
+
+
+def executor_kind(*, engine: str, workers: int, supervised: bool = False) -> ExecutorKind:
+    """Which executor runs a map of ``workers`` at most (the caller passes no more than it has
+    items): Ray for ``engine="ray"``; supervised worker processes when per-item limits are set
+    (even for one worker, which is how a limit is enforced); this process for one worker; else
+    worker processes on this machine."""
+    if engine == "ray":
+        return "ray"
+    if supervised:
+        return "supervised"
+    if workers <= 1:
+        return "this-process"
+    return "processes"
 
 
 def stage_died(what: str) -> Died:

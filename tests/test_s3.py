@@ -151,7 +151,7 @@ def test_killed_conversion_to_s3_resumes_byte_identical(
         sys.executable,
         "-c",
         "import sys, time\n"
-        "import shardify.convert.write.writer as w\n"
+        "import shardify.convert.write.readsample as w\n"
         "check = w.check_image\n"
         "w.check_image = lambda *a, **k: (time.sleep(0.1), check(*a, **k))[1]\n"
         "from shardify.cli import main\n"

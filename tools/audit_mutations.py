@@ -151,9 +151,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M12",
         "a shard is renamed into place only when whole and fsynced",
-        "convert/write/writer.py",
-        "            fs.finish_write(f, fsync=task.fsync)\n        fs.replace(tmp, final)\n",
-        "            f.flush()\n            fs.replace(tmp, final)\n            fs.finish_write(f, fsync=task.fsync)\n",
+        "convert/write/shardstream.py",
+        "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()\n"
+        "            if self.before_rename is not None:\n"
+        "                self.before_rename(self.index, out.size, out.hash.hexdigest())\n"
+        "            self.fs.replace(tmp, final)\n",
+        "            f.flush()\n            self.fs.replace(tmp, final)\n"
+        "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()\n"
+        "            if self.before_rename is not None:\n"
+        "                self.before_rename(self.index, out.size, out.hash.hexdigest())\n",
         (
             "tests/convert/write/test_gather.py::test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last",
         ),
@@ -184,8 +190,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M15",
         "bad input found while writing a shard is reported (not swallowed)",
-        "convert/write/writer.py",
-        "skipped.append(Ignored(e.path or sample.spec.identity, e.reason))",
+        "convert/write/shards.py",
+        "stream.skip(Ignored(e.path or sample.spec.identity, e.reason))",
         "pass",
         (
             "tests/convert/inputs/test_inputs.py::test_bad_images_are_skipped_and_reported",
@@ -322,9 +328,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M31",
         "shards are standard tar files ending with two zero blocks (tar/webdataset/wids read them)",
-        "convert/write/writer.py",
-        "            out.write(END_OF_ARCHIVE)\n            fs.finish_write",
-        "            fs.finish_write",
+        "convert/write/shardstream.py",
+        "            out.write(END_OF_ARCHIVE)\n            self.fs.finish_write",
+        "            self.fs.finish_write",
         ("tests/convert/test_roundtrip.py::test_other_tools_read_the_shards", "tests/audit/test_promises_convert.py"),
     ),
     M(
@@ -384,13 +390,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M38",
         "ShardWriter/convert_items: every shard is fsynced before its rename",
-        "convert/write/stream.py",
+        "convert/write/shardstream.py",
         "            self.fs.finish_write(f, fsync=self.fsync)\n            f.close()",
         "            f.flush()\n            f.close()",
         (
             "tests/convert/write/test_gather.py",
             "tests/convert/pyapi/test_pywriter.py",
-            "tests/convert/pyapi/test_items.py",
+            "tests/convert/pyapi/test_fromitems.py",
             "tests/audit/test_promises_convert.py",
         ),
     ),
@@ -570,7 +576,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M57",
         "an image file over --max-image-bytes is reported as too large, unread",
-        "convert/write/writer.py",
+        "convert/write/readsample.py",
         "        if limit is not None and size > limit:",
         "        if False:",
         ("tests/convert/inputs/test_hostile.py::test_a_big_junk_file_costs_bounded_memory_and_time",),
@@ -605,10 +611,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M61",
         "convert_items: an item whose fn raises is reported with its index (never dropped)",
-        "convert/pyapi/items.py",
+        "convert/pyapi/fromitems.py",
         '            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))',
         "            pass",
-        ("tests/convert/pyapi/test_items.py::test_a_failing_fn_is_reported_with_index_repr_and_error",),
+        ("tests/convert/pyapi/test_fromitems.py::test_a_failing_fn_is_reported_with_index_repr_and_error",),
     ),
     M(
         "M62",
@@ -644,14 +650,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M65",
         "ShardWriter: a sample larger than the bound gets a shard of its own",
-        "convert/write/stream.py",
+        "convert/write/shardstream.py",
         "        if self.samples == 0:\n            return True\n",
         "",
         (
             "tests/convert/pyapi/test_pywriter.py::test_shards_are_cut_at_the_size_bound",
             "tests/audit/test_promises_convert.py",
         ),
-        "cutting a shard that holds no sample writes nothing (ShardStream.finish returns None), so the big "
+        "cutting a shard that holds no sample writes nothing (ShardStream.close_shard returns None), so the big "
         "sample still lands alone in the next shard: the shortcut saves a call, it is not the guarantee",
     ),
     M(

@@ -37,7 +37,7 @@ from shardify.tarfmt import OFFSET_STRIDE, member_size
 
 SAMPLE_RECORD_BYTES = 110
 """Converter driver disk per input while planning: its temporary files (tools/bench_scale.py's
-listing rows: SampleTable record ~84 B + offset 8 B, key ~11 B + offset 8 B); its memory is
+listing rows: SpecTable record ~84 B + offset 8 B, key ~11 B + offset 8 B); its memory is
 flat (~65-75 MB at 1 M and 10 M rows, docs/scale.md)."""
 
 

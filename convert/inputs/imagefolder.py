@@ -16,7 +16,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from shardify.convert.executor import LocalExecutor, default_method
-from shardify.convert.inputs.inputs import IMAGE_EXTENSIONS, Ignored, SampleTable, Scan, list_input_dir, pack_record
+from shardify.convert.inputs.inputs import IMAGE_EXTENSIONS, Ignored, Scan, SpecTable, list_input_dir, pack_record
 from shardify.convert.options import worker_count
 from shardify.errors import InputError
 from shardify.tarfmt import BLOCK, member_size
@@ -47,7 +47,7 @@ def scan_imagefolder(root: str | os.PathLike[str], *, follow_symlinks: bool = Tr
     if not classes:
         raise InputError("no class folders found (expected root/<class>/<image>)", path=str(root_path))
 
-    samples = SampleTable()  # compact: 8 MiB in memory, the rest of ImageNet's 1.3 M in a temporary file
+    samples = SpecTable()  # compact: 8 MiB in memory, the rest of ImageNet's 1.3 M in a temporary file
     notes: list[str] = []
     jobs = [(str(root_path), name, index, real_root, follow_symlinks) for index, name in enumerate(classes)]
     for (_, name, index, _, _), (data, ends, payload, found) in zip(jobs, _scan_classes(jobs, workers)):
@@ -67,7 +67,7 @@ this process: forking workers would cost more than it saves."""
 _ClassJob = tuple[str, str, int, str, bool]
 """``(root, class name, label, real root, follow symlinks)``."""
 _ClassScan = tuple[bytes, "array[int]", int, list[Ignored]]
-"""A class's :class:`SampleTable` records back to back, where each ends, their payload
+"""A class's :class:`SpecTable` records back to back, where each ends, their payload
 bytes, and the inputs not packed."""
 
 
@@ -112,7 +112,7 @@ def _is_dir(entry: os.DirEntry[str], rel: str, real_root: str, follow: bool, pro
 
 
 def _scan_class(job: _ClassJob) -> _ClassScan:
-    """The images of one class folder in ``sorted(os.walk)`` order, as SampleTable records.
+    """The images of one class folder in ``sorted(os.walk)`` order, as SpecTable records.
 
     The hot loop of a scan (ImageNet: 1.3 M files): one stat and one ``marshal`` record
     per image, made from strings and numbers without a SampleSpec on the way."""
@@ -164,7 +164,7 @@ def _scan_class(job: _ClassJob) -> _ClassScan:
                 problems.append(Ignored(rel, f"cannot stat: {e.strerror}", "skipped"))
                 continue
             size, dot = st.st_size, rel.rfind(".")
-            # what SampleTable.append stores for SampleSpec(name=stem, identity=rel, label, class
+            # what SpecTable.append stores for SampleSpec(name=stem, identity=rel, label, class
             # name, files=(SourceFile(ext, rel, size, mtime, is_image=True),))
             records.append(
                 pack_record(

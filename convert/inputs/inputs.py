@@ -1,6 +1,6 @@
 """What every input scanner produces: samples to pack, and files it chose not to pack.
 
-A scan of ImageNet's 1.3 M inputs must not hold 1.3 M Python objects: :class:`SampleTable`
+A scan of ImageNet's 1.3 M inputs must not hold 1.3 M Python objects: :class:`SpecTable`
 keeps each sample as one compact ``marshal`` record in a single buffer (about 100 bytes
 for a listing row with a short text) and gives a :class:`SampleSpec` back on indexing.
 """
@@ -24,7 +24,7 @@ from shardify.tarfmt import BLOCK, member_size
 __all__ = [
     "SourceFile",
     "SampleSpec",
-    "SampleTable",
+    "SpecTable",
     "pack_record",
     "payload_bytes",
     "total_payload_bytes",
@@ -83,13 +83,13 @@ def payload_bytes(spec: SampleSpec) -> int:
 
 
 def total_payload_bytes(samples: Sequence[SampleSpec]) -> int:
-    """:func:`payload_bytes` of every sample (kept by a SampleTable as it fills)."""
-    if isinstance(samples, SampleTable):
+    """:func:`payload_bytes` of every sample (kept by a SpecTable as it fills)."""
+    if isinstance(samples, SpecTable):
         return samples.payload_bytes
     return sum(payload_bytes(s) for s in samples)
 
 
-class SampleTable(Sequence[SampleSpec]):
+class SpecTable(Sequence[SampleSpec]):
     """Samples in scan order, each stored as one ``marshal`` record in a shared buffer.
 
     Appending and indexing are O(1). Memory is the records plus 8 bytes of offset each up
@@ -203,7 +203,7 @@ def pack_record(
     files: tuple[tuple[str, str, int, int, bool, str | None], ...] = (),
     inline: tuple[tuple[str, bytes], ...] = (),
 ) -> bytes:
-    """The :class:`SampleTable` record of a sample, its files given as plain 6-tuples (every
+    """The :class:`SpecTable` record of a sample, its files given as plain 6-tuples (every
     field of :class:`SourceFile`): what a scanner that makes no :class:`SampleSpec` stores."""
     return marshal.dumps((name, None if identity == name else identity, label, label_name, files, inline))
 
@@ -212,7 +212,7 @@ _new_tuple = tuple.__new__  # SampleSpec(...) and SourceFile(...) run Python cod
 
 
 def _unpack(record: bytes | bytearray) -> SampleSpec:
-    """The sample of one :class:`SampleTable` record (made millions of times by a plan)."""
+    """The sample of one :class:`SpecTable` record (made millions of times by a plan)."""
     name, identity, label, label_name, files, inline = marshal.loads(record)
     if files:
         files = tuple([_new_tuple(SourceFile, f) for f in files])
@@ -235,7 +235,7 @@ class Scan:
     root: str
     source: str
     samples: Sequence[SampleSpec]
-    """A list, or a :class:`SampleTable` for scans that may be large."""
+    """A list, or a :class:`SpecTable` for scans that may be large."""
     classes: list[str] = field(default_factory=list)
     problems: list[Ignored] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

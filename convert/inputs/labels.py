@@ -92,7 +92,7 @@ def int_labels(scan: Scan) -> dict[str, Any]:
     or ``{}`` when the split has class names or no labels."""
     if scan.classes:
         return {}
-    counts = getattr(scan.samples, "label_counts", None)  # a SampleTable's, counted as it filled
+    counts = getattr(scan.samples, "label_counts", None)  # a SpecTable's, counted as it filled
     if counts is None:
         counts = Counter(s.label for s in scan.samples if s.label is not None)
     if not counts:

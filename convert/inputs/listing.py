@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shardify.convert.inputs import listing_pool
-from shardify.convert.inputs.inputs import Ignored, SampleTable, Scan
+from shardify.convert.inputs.inputs import Ignored, Scan, SpecTable
 from shardify.convert.inputs.labels import LabelSpace, label_space
 from shardify.convert.inputs.listing_rows import TwoPasses, inline_ext, read_rows, scan_rows
 from shardify.errors import InputError, KeyRuleError
@@ -50,7 +50,7 @@ def scan_listing(
     # that turns out not to fit one pass, or holds an error, is read again in two passes,
     # so that what it gives (or which error) never depends on the path taken.
     space = LabelSpace(classes=(), by_int=True, num_classes=num_classes)
-    by_split: dict[str, tuple[SampleTable, list[Ignored]]] | None
+    by_split: dict[str, tuple[SpecTable, list[Ignored]]] | None
     try:
         by_split = _samples(
             path, fmt, base=base, default_split=default_split, space=space, has_labels=None, workers=workers
@@ -85,7 +85,7 @@ def _samples(
     space: LabelSpace,
     has_labels: bool | None,
     workers: int = 1,
-) -> dict[str, tuple[SampleTable, list[Ignored]]]:
+) -> dict[str, tuple[SpecTable, list[Ignored]]]:
     """The samples and skipped rows of each split. ``has_labels`` None: the one-pass scan,
     with int labels, labelled or not as the first row is (else :class:`TwoPasses`)."""
     if listing_pool.pooled(path, fmt, workers):
@@ -106,7 +106,7 @@ def _samples(
     ):
         entry = by_split.get(split)
         if entry is None:
-            entry = by_split[split] = (SampleTable(), [])
+            entry = by_split[split] = (SpecTable(), [])
         if type(sample) is str:
             entry[1].append(Ignored(f"{path.name}:{n}", sample))
         else:

@@ -3,7 +3,7 @@
 The file is cut into parts of about :data:`PART_BYTES` at line ends (after a ``\\n``, so a
 part holds whole lines as text mode reads them); each forked worker reads its part, makes
 its rows' samples (:func:`~shardify.convert.inputs.listing.scan_rows`, the rule of the
-one-process scan) and returns them as :class:`SampleTable` records with the skipped rows
+one-process scan) and returns them as :class:`SpecTable` records with the skipped rows
 by line within the part; the driver appends them in file order, numbering lines on. The
 one-pass rule's "labelled or not as the first row is" is read from the first row before
 the parts start. Any error in a part (bad JSON, a bad split name, text that is not UTF-8)
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shardify.convert.executor import LocalExecutor
-from shardify.convert.inputs.inputs import Ignored, SampleTable
+from shardify.convert.inputs.inputs import Ignored, SpecTable
 from shardify.convert.inputs.labels import LabelSpace
 from shardify.convert.inputs.listing_rows import json_rows, read_rows, scan_rows
 from shardify.convert.options import worker_count
@@ -65,7 +65,7 @@ def pooled(path: Path, fmt: str, workers: int) -> bool:
 
 def scan_parts(
     path: Path, *, base: Path, default_split: str, space: LabelSpace, has_labels: bool | None, workers: int
-) -> dict[str, tuple[SampleTable, list[Ignored]]] | None:
+) -> dict[str, tuple[SpecTable, list[Ignored]]] | None:
     """What the one-process scan gives, read in parts by ``workers`` processes; None: the
     listing has an error (or no row), for the one-process scan to raise."""
     one_pass = has_labels is None
@@ -81,7 +81,7 @@ def scan_parts(
             return None
         has_labels = "label" in first[1]
     bounds = _part_bounds(path)
-    by_split: dict[str, tuple[SampleTable, list[Ignored]]] = {}
+    by_split: dict[str, tuple[SpecTable, list[Ignored]]] = {}
     lines_before = 0
     count = min(worker_count(workers), len(bounds))
     executor = LocalExecutor(workers=count, window=2 * count + 1, method="fork", what=f"scanning {path}")
@@ -91,7 +91,7 @@ def scan_parts(
             for _, (lines, splits, samples, problems) in executor.map(_scan_part, bounds, args=(job,)):
                 for split in splits:
                     if split not in by_split:
-                        by_split[split] = (SampleTable(), [])
+                        by_split[split] = (SpecTable(), [])
                 for split, spans, payload, labels in samples:
                     table = by_split[split][0]
                     for data, ends in spans:
@@ -135,7 +135,7 @@ def _scan_part(job: _Job, bounds: tuple[int, int]) -> _Part:
             counted[0] += 1
             yield line
 
-    tables: dict[str, SampleTable] = {}
+    tables: dict[str, SpecTable] = {}
     splits: list[str] = []
     problems: list[tuple[str, int, str]] = []
     try:
@@ -153,7 +153,7 @@ def _scan_part(job: _Job, bounds: tuple[int, int]) -> _Part:
         ):
             table = tables.get(split)
             if table is None:
-                table = tables[split] = SampleTable(spill_bytes=1 << 62)  # a part's: a few MB
+                table = tables[split] = SpecTable(spill_bytes=1 << 62)  # a part's: a few MB
                 splits.append(split)
             if type(sample) is str:
                 problems.append((split, n, sample))

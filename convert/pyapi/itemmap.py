@@ -1,6 +1,6 @@
 """Run a user function over chunks of items, in parallel, and yield the outcomes in input order.
 
-The engine of :func:`~shardify.convert.pyapi.items.convert_items`: the function (and the encoding
+The engine of :func:`~shardify.convert.pyapi.fromitems.convert_items`: the function (and the encoding
 of its samples, which is CPU work too) runs through one of the converter's executors
 (:mod:`shardify.convert.executor`): worker processes (``local``), supervised worker processes
 (limits per item) or Ray tasks (``ray``); the caller writes the shards in one place, in order,
@@ -17,53 +17,55 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from shardify.convert.executor import LocalExecutor
+from shardify.convert.executor import LocalExecutor, executor_kind
 from shardify.convert.executor_ray import RayExecutor
-from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, item_repr, pack
+from shardify.convert.pyapi.itemchunks import ChunkOut, ChunkRunner, ChunkSlots, ItemChunk, died, pack
 from shardify.convert.pyapi.supervise import Limits, SupervisedExecutor
 
-# (re-exported: the names items.py and the tests have always taken from here)
-__all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "map_ordered", "item_repr", "pack", "died"]
+__all__ = ["map_ordered"]
 
 
 def map_ordered(
     runner: ChunkRunner,
-    chunks: Iterable[Chunk],
+    chunks: Iterable[ItemChunk],
     *,
     workers: int,
     engine: str,
     ray_address: str | None = None,
     limits: Limits | None = None,
-) -> Iterator[tuple[Chunk, ChunkOut]]:
+) -> Iterator[tuple[ItemChunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, computed ``workers`` at a time.
 
     ``limits`` (a :class:`~shardify.convert.pyapi.supervise.Limits`): run in supervised worker
     processes that stop an item past its time or memory (even with ``workers=1``)."""
-    if engine == "ray":
+    kind = executor_kind(engine=engine, workers=workers, supervised=limits is not None)
+    if kind == "ray":
         yield from _map_ray(runner, chunks, workers=workers, address=ray_address, limits=limits)
-    elif limits is not None:
+    elif kind == "supervised" and limits is not None:
         yield from SupervisedExecutor(workers=workers, limits=limits).map(runner, chunks)
-    elif workers <= 1:
+    elif kind == "this-process":
         yield from LocalExecutor(workers=1).map(runner, chunks)
     else:
         yield from _map_pool(runner, chunks, workers=workers)
 
 
-def _run_in_worker(runner: ChunkRunner, slots: Slots | None, job: tuple[Chunk, int | None]) -> Any:
+def _run_in_worker(runner: ChunkRunner, slots: ChunkSlots | None, job: tuple[ItemChunk, int | None]) -> Any:
     """The chunk's outcome: ``(outcomes, length)`` when its bytes went into the job's slot, else a ChunkOut."""
     chunk, slot = job
     outcomes, parts = runner.run(chunk)
     return pack(slots, slot, outcomes, parts)
 
 
-def _map_pool(runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int) -> Iterator[tuple[Chunk, ChunkOut]]:
+def _map_pool(
+    runner: ChunkRunner, chunks: Iterable[ItemChunk], *, workers: int
+) -> Iterator[tuple[ItemChunk, ChunkOut]]:
     # fork (Linux): fn reaches the workers without pickling, so lambdas and closures work,
     # and the shared memory mapped here is the workers' too.
     fork = sys.platform == "linux"
     if not fork:
         _check_picklable(runner)
     window = 2 * workers
-    slots = Slots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
+    slots = ChunkSlots(window) if fork else None  # one per chunk in flight: a slot is free at each submit
     jobs = ((chunk, slots.free.pop() if slots is not None else None) for chunk in chunks)
     executor = LocalExecutor(
         workers=workers,
@@ -93,16 +95,16 @@ def _check_picklable(runner: ChunkRunner) -> None:
 
 
 def _map_ray(
-    runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, address: str | None, limits: Limits | None = None
-) -> Iterator[tuple[Chunk, ChunkOut]]:
-    def failed(chunk: Chunk, error: BaseException) -> None:
+    runner: ChunkRunner, chunks: Iterable[ItemChunk], *, workers: int, address: str | None, limits: Limits | None = None
+) -> Iterator[tuple[ItemChunk, ChunkOut]]:
+    def failed(chunk: ItemChunk, error: BaseException) -> None:
         raise died([chunk], error) from error
 
     with RayExecutor(address=address, workers=workers, on_error=failed) as executor:
         yield from executor.map(_call_runner, chunks, args=(executor.put(runner), limits))
 
 
-def _call_runner(runner: ChunkRunner, limits: Limits | None, chunk: Chunk) -> ChunkOut:
+def _call_runner(runner: ChunkRunner, limits: Limits | None, chunk: ItemChunk) -> ChunkOut:
     """A Ray task: the chunk's outcomes. With ``limits``, the task watches one forked worker
     that runs the chunk (a fresh one per chunk, so memory verdicts match the local pool's)."""
     if limits is None:

@@ -2,7 +2,7 @@
 
 It drives the converter's one path, a :class:`~shardify.convert.write.session.ConversionSession`:
 the output folder is locked as for the CLI, shards are written whole and renamed
-(:class:`~shardify.convert.write.stream.ShardStream`), and only when the ``with`` block ends
+(:class:`~shardify.convert.write.shardstream.ShardStream`), and only when the ``with`` block ends
 without an exception are the report, the split index and ``manifest.json`` written.
 An exception inside the block leaves no finished split.
 """
@@ -21,8 +21,8 @@ from shardify.convert.write.identity import converter_info as _converter_info
 from shardify.convert.write.identity import fingerprint
 from shardify.convert.write.outfs import undone_on_failure
 from shardify.convert.write.session import ConversionSession, SplitSummary
+from shardify.convert.write.shardstream import ShardStream, sample_size
 from shardify.convert.write.shardtypes import ShardResult
-from shardify.convert.write.stream import ShardStream, sample_size
 from shardify.errors import EncodeError, KeyRuleError
 
 __all__ = ["WriteOptions", "ShardWriter", "KeyRegistry", "check_label", "converter_info", "who"]

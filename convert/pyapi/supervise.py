@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from shardify.convert.pyapi.chunks import Chunk, ChunkOut, ChunkRunner, Outcome, Slots, died, pack
+from shardify.convert.pyapi.itemchunks import ChunkOut, ChunkRunner, ChunkSlots, ItemChunk, Outcome, died, pack
 from shardify.errors import WorkerError
 
 __all__ = ["Limits", "SupervisedExecutor", "POLL_S"]
@@ -75,7 +75,7 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _serve(conn: Any, runner: ChunkRunner, slots: Slots, progress: Any, w: int) -> None:
+def _serve(conn: Any, runner: ChunkRunner, slots: ChunkSlots, progress: Any, w: int) -> None:
     """A worker: run chunks sent on ``conn`` until it closes; note the item and its start time."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process stops the workers
     progress[_W * w + 2] = _rss(os.getpid())
@@ -104,7 +104,7 @@ def _serve(conn: Any, runner: ChunkRunner, slots: Slots, progress: Any, w: int) 
 @dataclass
 class _Task:
     seq: int
-    chunk: Chunk
+    chunk: ItemChunk
     slot: int
     skip: dict[int, str] = field(default_factory=dict)
     """Positions in the chunk reported instead of run, with the reason."""
@@ -125,7 +125,7 @@ class _Worker:
 class _Pool:
     """``workers`` forked workers sharing ``slots`` and a progress table; replaced when killed."""
 
-    def __init__(self, runner: ChunkRunner, workers: int, slots: Slots, limits: Limits) -> None:
+    def __init__(self, runner: ChunkRunner, workers: int, slots: ChunkSlots, limits: Limits) -> None:
         self.ctx = mp.get_context("fork")
         self.runner, self.slots, self.limits = runner, slots, limits
         self.progress = self.ctx.RawArray("d", _W * workers)
@@ -190,8 +190,8 @@ class SupervisedExecutor:
         self.workers, self.limits = max(1, workers), limits
 
     def map(
-        self, fn: ChunkRunner, items: Iterable[Chunk], *, args: tuple[Any, ...] = ()
-    ) -> Iterator[tuple[Chunk, ChunkOut]]:
+        self, fn: ChunkRunner, items: Iterable[ItemChunk], *, args: tuple[Any, ...] = ()
+    ) -> Iterator[tuple[ItemChunk, ChunkOut]]:
         """``(chunk, fn(chunk))`` for each chunk, in order (``args``: none; the runner is whole)."""
         if args:
             raise TypeError(f"SupervisedExecutor.map takes no args (the runner holds its own), found {len(args)}")
@@ -208,11 +208,11 @@ class SupervisedExecutor:
 
 
 def _map_supervised(
-    runner: ChunkRunner, chunks: Iterable[Chunk], *, workers: int, limits: Limits
-) -> Iterator[tuple[Chunk, ChunkOut]]:
+    runner: ChunkRunner, chunks: Iterable[ItemChunk], *, workers: int, limits: Limits
+) -> Iterator[tuple[ItemChunk, ChunkOut]]:
     """Yield ``(chunk, outcomes)`` in the order of ``chunks``, ``workers`` at a time, under ``limits``."""
     window = 2 * workers
-    slots = Slots(window)
+    slots = ChunkSlots(window)
     pool = _Pool(runner, workers, slots, limits)
     source = iter(chunks)
     queue: deque[_Task] = deque()
@@ -267,7 +267,7 @@ def _assign(pool: _Pool, queue: deque[_Task]) -> None:
             wk.conn.send((task.seq, task.chunk, task.skip, task.slot))
 
 
-def _collect(pool: _Pool, results: dict[int, ChunkOut], slots: Slots) -> None:
+def _collect(pool: _Pool, results: dict[int, ChunkOut], slots: ChunkSlots) -> None:
     """Wait up to :data:`POLL_S` for finished chunks; a worker that died on its own is an error."""
     busy = [wk for wk in pool.workers if wk.tasks]
     if not busy:

@@ -22,17 +22,17 @@ from typing import Any, TypeVar, overload
 import numpy as np
 
 from shardify.convert.executor import LocalExecutor
-from shardify.convert.inputs.inputs import SampleSpec, SampleTable, Scan, total_payload_bytes
+from shardify.convert.inputs.inputs import SampleSpec, Scan, SpecTable, total_payload_bytes
 from shardify.convert.inputs.rawpixels import planned_raw_bytes
 from shardify.convert.options import ConvertOptions, worker_count
 from shardify.convert.write.identity import fingerprint
 from shardify.convert.write.metadata import metadata_json, metadata_needed, sample_meta
-from shardify.convert.write.permute import KeyedPermutation
 from shardify.keys import KeyList, assign_keys, candidate_keys
+from shardify.permute import KeyedPermutation
 from shardify.tarfmt import END_OF_ARCHIVE, VERSION_CHARS, member_size
 
 __all__ = [
-    "PlannedSample",
+    "ShardPlanSample",
     "ShardPlan",
     "SplitPlan",
     "plan_split",
@@ -41,11 +41,12 @@ __all__ = [
     "metadata_needed",
     "shuffle_order",
     "PERMUTE_MIN_SAMPLES",
+    "split_permutation",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedSample:
+class ShardPlanSample:
     key: str
     spec: SampleSpec
     meta: bytes | None
@@ -68,10 +69,10 @@ class ShardPlan:
         return len(self.keys)
 
     @property
-    def samples(self) -> Iterator[PlannedSample]:
+    def samples(self) -> Iterator[ShardPlanSample]:
         """The samples in shard order, with their ``{key}.json`` members, made one at a time."""
         for spec, key in zip(self.specs, self.keys):
-            yield PlannedSample(key, spec, sample_meta(spec, key, self.metadata, self.classes))
+            yield ShardPlanSample(key, spec, sample_meta(spec, key, self.metadata, self.classes))
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,9 @@ class SplitPlan:
         """The samples of shard ``index``, in order, with their keys."""
         start = self._starts[index]
         positions = _positions(self.order, start, start + self.shard_sizes[index])
-        specs, keys = SampleTable(spill_bytes=_NEVER), KeyList(spill_bytes=_NEVER)  # sent whole to a writer
+        specs, keys = SpecTable(spill_bytes=_NEVER), KeyList(spill_bytes=_NEVER)  # sent whole to a writer
         for spec in (
-            self.specs.take(positions) if isinstance(self.specs, SampleTable) else (self.specs[i] for i in positions)
+            self.specs.take(positions) if isinstance(self.specs, SpecTable) else (self.specs[i] for i in positions)
         ):
             specs.append(spec)
         keys.extend(
@@ -149,14 +150,20 @@ computed in parts in constant memory, instead of :func:`shuffle_order` (a list o
 4 bytes each, shuffled in one process); smaller splits keep the order they always had."""
 
 
+def split_permutation(n: int, *, seed: int, split: str) -> KeyedPermutation:
+    """The converter's seeded order of a big split: the permutation of ``range(n)`` keyed by
+    ``{seed}:{split}`` (positions ``lo..hi`` in O(hi - lo))."""
+    return KeyedPermutation(n, label=f"{seed}:{split}")
+
+
 def plan_order(n: int, *, seed: int, split: str, shuffle: bool) -> Sequence[int]:
     """The order of a split's ``n`` samples: scan order without ``shuffle``; else
-    :func:`shuffle_order` below :data:`PERMUTE_MIN_SAMPLES`, :class:`KeyedPermutation` from it."""
+    :func:`shuffle_order` below :data:`PERMUTE_MIN_SAMPLES`, :func:`split_permutation` from it."""
     if not shuffle:
         return range(n)
     if n < PERMUTE_MIN_SAMPLES:
         return shuffle_order(n, seed=seed, split=split)
-    return KeyedPermutation(n, seed=seed, split=split)
+    return split_permutation(n, seed=seed, split=split)
 
 
 def _sample_bytes(spec: SampleSpec, meta: bytes | None, raw: tuple[int, str] | None = None) -> int:
@@ -283,7 +290,7 @@ def _plan_chunk(job: _Job, lo: int, hi: int) -> tuple[list[int], list[bytes]]:
     files and inline fields."""
     specs, keys, order, mode, classes, raw = job
     positions = _positions(order, lo, hi)
-    picked = specs.take(positions) if isinstance(specs, SampleTable) else (specs[i] for i in positions)
+    picked = specs.take(positions) if isinstance(specs, SpecTable) else (specs[i] for i in positions)
     sha256 = hashlib.sha256
     sizes: list[int] = []
     fragments: list[bytes] = []
@@ -327,6 +334,6 @@ class _Column(Sequence[str]):
         return str(getattr(self.specs[self.start + i], self.attr))
 
     def __iter__(self) -> Iterator[str]:
-        if self.attr == "name" and isinstance(self.specs, SampleTable):
+        if self.attr == "name" and isinstance(self.specs, SpecTable):
             return self.specs.names(self.start, self.stop)
         return map(attrgetter(self.attr), self.specs[self.start : self.stop])

@@ -31,8 +31,8 @@ from typing import Any
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.write.finish import finish_split, publish_splits
 from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, open_output, output_failed, undone_on_failure
+from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import ShardResult
-from shardify.convert.write.stream import ShardStream
 from shardify.convert.write.versions import begin_version, folder_state, listed_version, load_manifest, read_marker
 from shardify.errors import OutputError, OutputExistsError, ShardifyError
 from shardify.manifest import SplitIndex, file_sha256, is_temp_name, load_json

@@ -1,7 +1,9 @@
 """Write the planned shards through one of the converter's executors: worker processes on this
 machine, or Ray tasks (:mod:`shardify.convert.executor`).
 
-Only executes; what to write was decided by the plan. Tasks are made lazily and at most a
+Only executes; what to write was decided by the plan. Each task's samples are read
+(:mod:`~shardify.convert.write.readsample`) and written by the one shard writer
+(:class:`~shardify.convert.write.shardstream.ShardStream`), into one shard. Tasks are made lazily and at most a
 window of them is in flight (two per local worker; :data:`MAX_IN_FLIGHT` on Ray), so memory
 stays bounded. Results come back in task order and ``on_result`` records each in the driver.
 Progress is counted where the shards are written (shared memory; a counter actor on Ray) and
@@ -15,19 +17,27 @@ import multiprocessing as mp
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardify.convert.executor import LocalExecutor, default_method
-from shardify.convert.executor_ray import RayExecutor
-from shardify.convert.write.progressbar import ProgressBar
-from shardify.convert.write.shardtypes import ShardResult, ShardTask
-from shardify.convert.write.writer import write_shard
+from PIL import Image
 
-__all__ = ["write_shards", "MAX_IN_FLIGHT"]
+from shardify.convert.executor import LocalExecutor, default_method, executor_kind
+from shardify.convert.executor_ray import RayExecutor
+from shardify.convert.inputs.inputs import Ignored
+from shardify.convert.write.outfs import open_output
+from shardify.convert.write.progressbar import ProgressBar
+from shardify.convert.write.readsample import sample_members
+from shardify.convert.write.shardstream import ShardStream
+from shardify.convert.write.shardtypes import Progress, ShardResult, ShardTask
+from shardify.errors import InputError
+
+__all__ = ["write_shards", "write_shard", "MAX_IN_FLIGHT"]
 
 MAX_IN_FLIGHT = 256
 """Ray tasks submitted and not finished at once: enough to fill a cluster, while the driver
 holds only these tasks' samples."""
 _REPORT_SAMPLES = 32
 """Samples a Ray task gathers before it tells the counter actor."""
+_REPORT_EVERY = 16
+"""Samples between two progress reports of a shard being written (each takes a lock shared by the workers)."""
 
 
 def write_shards(
@@ -42,9 +52,11 @@ def write_shards(
     """Write every task (``engine``: ``local`` or ``ray``), calling ``on_result`` as each shard is taken back."""
     if not tasks:
         return
-    if engine == "ray":
+    workers = min(workers, len(tasks))
+    kind = executor_kind(engine=engine, workers=workers)
+    if kind == "ray":
         _on_ray(tasks, address=address, bar=bar, on_result=on_result)
-    elif workers <= 1 or len(tasks) == 1:
+    elif kind == "this-process":
         done = [bar.samples, bar.nbytes]
 
         def progress(samples: int, nbytes: int) -> None:
@@ -54,14 +66,64 @@ def write_shards(
 
         for _, result in LocalExecutor(workers=1).map(lambda task: write_shard(task, progress), tasks):
             on_result(result)
-    else:
+    else:  # "processes" (shards have no per-item limits, so never "supervised")
         counters = mp.get_context(default_method()).Array("q", [bar.samples, bar.nbytes])
-        executor = LocalExecutor(
-            workers=min(workers, len(tasks)), what="writing shards", tick=lambda: bar.set(counters[0], counters[1])
-        )
+        executor = LocalExecutor(workers=workers, what="writing shards", tick=lambda: bar.set(counters[0], counters[1]))
         with executor:
             for _, result in executor.map(_write_counted, tasks, args=(counters,)):
                 on_result(result)
+
+
+def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
+    """Write ``task.plan`` to ``{split}-{version}-{index:06d}.tar`` in ``task.out_dir``; return its entry.
+
+    Pillow's pixel limit is the task's while it runs, and restored after: a conversion in a
+    training process must not change the limit its reader applies."""
+    saved = Image.MAX_IMAGE_PIXELS
+    if task.max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = task.max_pixels
+    try:
+        return _write_shard(task, progress)
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
+    plan = task.plan
+    stream = ShardStream(
+        open_output(task.out_dir, storage_options=task.storage_options),
+        task.split,
+        shard_size=None,
+        samples_per_shard=None,
+        fsync=task.fsync,
+        first=plan.index,
+        version=task.version,
+        chunk=task.chunk,
+    )
+    try:
+        stream.open_shard()  # written even if every input is skipped: the plan lists it
+        reported = (0, 0)  # samples and bytes told to ``progress``, every _REPORT_EVERY samples
+        for n, sample in enumerate(plan.samples, 1):
+            try:
+                members = sample_members(sample.spec, sample.key, sample.meta, task, stream.notes)
+            except InputError as e:
+                if task.strict:
+                    raise
+                stream.skip(Ignored(e.path or sample.spec.identity, e.reason))
+            else:
+                stream.add(sample.key, members)
+            if progress is not None and n % _REPORT_EVERY == 0:
+                progress(n - reported[0], stream.written - reported[1])
+                reported = (n, stream.written)
+        if progress is not None and len(plan) > reported[0]:
+            progress(len(plan) - reported[0], stream.written - reported[1])
+        result = stream.close_shard()
+    except BaseException:
+        stream.abort()
+        raise
+    if result is None:  # pragma: no cover - opened above, so closing writes it
+        raise RuntimeError(f"shard {plan.index} of {task.split} was not written")
+    return result
 
 
 def _write_counted(counters: Any, task: ShardTask) -> ShardResult:

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from shardify.convert.executor import Executor, LocalExecutor
+from shardify.convert.executor import Executor, LocalExecutor, executor_kind
 from shardify.convert.pyapi.supervise import SupervisedExecutor
 from shardify.errors import WorkerError
 
@@ -107,3 +107,22 @@ def test_a_plan_worker_that_dies_fails_the_plan(monkeypatch) -> None:
     monkeypatch.setattr(plan_mod, "_plan_chunk", dies_in_the_second_chunk)
     with pytest.raises(WorkerError, match="planning the split: a worker process died"):
         plan_mod.plan_split(scan, ConvertOptions(workers=2, samples_per_shard=4))
+
+
+@pytest.mark.parametrize(
+    "engine, workers, supervised, kind",
+    [
+        pytest.param("ray", 1, False, "ray", id="ray-one-worker"),
+        pytest.param("ray", 8, True, "ray", id="ray-with-limits"),
+        pytest.param("local", 1, True, "supervised", id="limits-one-worker"),
+        pytest.param("local", 4, True, "supervised", id="limits-four-workers"),
+        pytest.param("local", 1, False, "this-process", id="one-worker"),
+        pytest.param("local", 0, False, "this-process", id="no-worker"),
+        pytest.param("local", 2, False, "processes", id="two-workers"),
+    ],
+)
+def test_one_rule_picks_the_executor_for_shards_and_items(
+    engine: str, workers: int, supervised: bool, kind: str
+) -> None:
+    # write_shards (planned shards) and map_ordered (convert_items) both ask this function
+    assert executor_kind(engine=engine, workers=workers, supervised=supervised) == kind

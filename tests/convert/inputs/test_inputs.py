@@ -241,7 +241,7 @@ def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_
     """The scan of a big tree runs its class folders in a pool; the result is the same
     samples, payload, problems and notes, in the same order, as in one process."""
     from shardify.convert.inputs import imagefolder
-    from shardify.convert.inputs.inputs import SampleTable
+    from shardify.convert.inputs.inputs import SpecTable
 
     root = _tricky_tree(tmp_path / "src", make_image)
     contexts = spy_pools(imagefolder)
@@ -252,7 +252,7 @@ def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_
     assert len(contexts) == 1  # the pool ran
     assert list(pooled.samples) == list(one.samples) and len(one.samples) == 5 * 9 + 1
     assert (pooled.classes, pooled.problems, pooled.notes) == (one.classes, one.problems, one.notes)
-    assert pooled.samples.payload_bytes == one.samples.payload_bytes == SampleTable(one.samples).payload_bytes
+    assert pooled.samples.payload_bytes == one.samples.payload_bytes == SpecTable(one.samples).payload_bytes
     assert {p.reason for p in one.problems} >= {
         "hidden",
         "not an image file (extension)",
@@ -260,8 +260,8 @@ def test_scan_with_worker_processes_equals_the_scan_in_one(tmp_path: Path, make_
         "folder reached twice through symbolic links",
     }
     assert one.notes == ["class 'c9_empty' (label 5) has no images"]
-    # the records are what SampleTable.append makes of the same samples
-    assert list(SampleTable(one.samples)) == list(one.samples)
+    # the records are what SpecTable.append makes of the same samples
+    assert list(SpecTable(one.samples)) == list(one.samples)
     assert [s.identity for s in one.samples][:4] == ["c0/0.jpg", "c0/1.jpg", "c0/2.jpg", "c0/in_link.jpg"]
     spec = one.samples[0]
     assert (spec.name, spec.label, spec.label_name, spec.files[0].ext, spec.files[0].is_image) == (

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shardify.convert import convert_items
-from shardify.convert.pyapi.items import ItemsOptions
+from shardify.convert.pyapi.fromitems import ItemsOptions
 from shardify.errors import InputError
 
 TIME_LIMIT_S = 180

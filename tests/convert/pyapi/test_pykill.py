@@ -24,8 +24,8 @@ SCRIPT = r"""
 import os, signal, sys
 import numpy as np
 from shardify.convert import ShardWriter, convert_items
-from shardify.convert.write import stream as stream_mod
-from shardify.convert.pyapi import pywriter, items as items_mod
+from shardify.convert.write import shardstream as stream_mod
+from shardify.convert.pyapi import pywriter, fromitems as items_mod
 
 kind, out, kill = sys.argv[1], sys.argv[2], sys.argv[3]
 

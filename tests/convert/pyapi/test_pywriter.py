@@ -116,7 +116,7 @@ def test_wids_opens_the_split(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_is_an_output_error_and_nothing_looks_finished(tmp_path: Path, monkeypatch) -> None:
-    from shardify.convert.write.writer import HashingWriter
+    from shardify.convert.write.tarwrite import HashingWriter
 
     real = HashingWriter.write
 

@@ -9,7 +9,7 @@ import pytest
 
 from shardify.convert.options import ConvertOptions
 from shardify.convert.synth import make_imagefolder
-from shardify.convert.write import gather, writer
+from shardify.convert.write import gather, readsample, shards
 from shardify.convert.write.gather import GatherFile
 from shardify.convert.write.run import convert_imagefolder
 
@@ -63,22 +63,22 @@ def test_inputs_are_read_whole_when_fstat_is_out_of_date(tmp_path: Path, monkeyp
     image.write_bytes(make_image(size=(300, 200)))
     other.write_bytes(os.urandom(50_000))
     real = os.fstat
-    monkeypatch.setattr(writer.os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 10, *real(fd)[7:])))
-    assert writer._read_input(str(image), image=True, limit=None) == image.read_bytes()
-    assert writer._read_input(str(other), image=False, limit=None) == other.read_bytes()
+    monkeypatch.setattr(readsample.os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 10, *real(fd)[7:])))
+    assert readsample._read_input(str(image), image=True, limit=None) == image.read_bytes()
+    assert readsample._read_input(str(other), image=False, limit=None) == other.read_bytes()
 
 
 def test_an_image_larger_than_the_sniff_is_checked_then_read_whole(tmp_path: Path, monkeypatch, make_image) -> None:
-    monkeypatch.setattr(writer, "SNIFF_BYTES", 1024)
+    monkeypatch.setattr(readsample, "SNIFF_BYTES", 1024)
     good, junk = tmp_path / "good.jpg", tmp_path / "junk.jpg"
     good.write_bytes(make_image(size=(300, 200)))
     junk.write_bytes(b"\xff\xd8\xff" + b"\x01" * 5000)
     assert len(good.read_bytes()) > 1024
-    assert writer._read_input(str(good), image=True, limit=None) == good.read_bytes()
+    assert readsample._read_input(str(good), image=True, limit=None) == good.read_bytes()
     with pytest.raises(ValueError, match="not an image"):
-        writer._read_input(str(junk), image=True, limit=None)
+        readsample._read_input(str(junk), image=True, limit=None)
     with pytest.raises(ValueError, match="too large"):
-        writer._read_input(str(good), image=True, limit=100)
+        readsample._read_input(str(good), image=True, limit=100)
 
 
 def test_each_shard_is_fsynced_before_its_rename_and_the_manifest_comes_last(tmp_path: Path, monkeypatch) -> None:
@@ -136,7 +136,7 @@ def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> Non
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=37, sizes=((32, 24),))
     scan = scan_imagefolder(src)
     plan = plan_split(scan, ConvertOptions(samples_per_shard=100))
-    task = writer.ShardTask(
+    task = shards.ShardTask(
         out_dir=str(tmp_path / "out"),
         root=scan.root,
         split="train",
@@ -150,7 +150,7 @@ def test_progress_counts_every_sample_and_byte_of_a_shard(tmp_path: Path) -> Non
     )
     (tmp_path / "out").mkdir()
     told: list[tuple[int, int]] = []
-    result = writer.write_shard(replace(task, plan=plan.shard(0)), lambda n, b: told.append((n, b)))
+    result = shards.write_shard(replace(task, plan=plan.shard(0)), lambda n, b: told.append((n, b)))
     assert sum(n for n, _ in told) == result.nsamples == 37
     assert sum(b for _, b in told) == result.filesize - len(END_OF_ARCHIVE)
     assert len(told) < 37  # batched: the lock shared by the workers is not taken per sample

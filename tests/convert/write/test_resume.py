@@ -27,7 +27,7 @@ SLOW = [
     sys.executable,
     "-c",
     "import sys, time\n"
-    "import shardify.convert.write.writer as w\n"
+    "import shardify.convert.write.readsample as w\n"
     "check = w.check_image\n"
     "w.check_image = lambda *a, **k: (time.sleep(0.05), check(*a, **k))[1]\n"
     "from shardify.cli import main\n"

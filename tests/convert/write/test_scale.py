@@ -16,9 +16,9 @@ from shardify.convert.inputs import listing_pool
 from shardify.convert.inputs.listing import scan_listing
 from shardify.convert.options import ConvertOptions
 from shardify.convert.write import plan as plan_mod
-from shardify.convert.write.permute import KeyedPermutation
-from shardify.convert.write.plan import plan_split, shuffle_order
+from shardify.convert.write.plan import plan_split, shuffle_order, split_permutation
 from shardify.convert.write.run import convert_listing
+from shardify.permute import KeyedPermutation
 
 
 def _listing(tmp_path: Path, rows: int = 60) -> Path:
@@ -83,7 +83,7 @@ def test_plan_of_samples_and_keys_spilled_to_disk_is_the_plan_in_memory(tmp_path
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 15, 16, 17, 255, 1000, 4097])
 def test_keyed_permutation_is_a_permutation_and_any_part_is_computed_alone(n: int) -> None:
     for seed in (0, 1, 12345):
-        perm = KeyedPermutation(n, seed=seed, split="train")
+        perm = split_permutation(n, seed=seed, split="train")
         whole = list(perm)
         assert sorted(whole) == list(range(n))
         parts = [perm[lo : lo + 7] for lo in range(0, n, 7)]
@@ -92,7 +92,7 @@ def test_keyed_permutation_is_a_permutation_and_any_part_is_computed_alone(n: in
         if n > 1:
             assert perm[-1] == whole[-1]
     if n >= 16:  # the seed and the split choose the order
-        orders = {tuple(KeyedPermutation(n, seed=s, split=sp)) for s in (0, 1) for sp in ("train", "val")}
+        orders = {tuple(split_permutation(n, seed=s, split=sp)) for s in (0, 1) for sp in ("train", "val")}
         assert len(orders) == 4
 
 
@@ -100,7 +100,7 @@ def test_keyed_permutation_mixes_the_order() -> None:
     """Not a rotation or a near-identity: positions and samples are uncorrelated, and
     neighbours in the order come from all over the split."""
     n = 100_000
-    order = KeyedPermutation(n, seed=0, split="train")[0:n]
+    order = split_permutation(n, seed=0, split="train")[0:n]
     assert abs(np.corrcoef(np.arange(n), order)[0, 1]) < 0.02
     assert np.median(np.abs(np.diff(order))) > n / 5
 
@@ -114,7 +114,7 @@ def test_a_big_split_is_ordered_by_the_keyed_permutation_and_a_small_one_as_befo
     monkeypatch.setattr(plan_mod, "PERMUTE_MIN_SAMPLES", n)
     big = plan_split(scan, options)
     assert isinstance(big.order, KeyedPermutation)
-    assert list(big.order) == list(KeyedPermutation(n, seed=3, split="train"))
+    assert list(big.order) == list(split_permutation(n, seed=3, split="train"))
     assert big.fingerprint != small.fingerprint
     monkeypatch.setattr(plan_mod, "POOL_MIN_SAMPLES", 0)
     monkeypatch.setattr(plan_mod, "_CHUNK", 5)

@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from shardify.convert.write.permute import KeyedPermutation as ConverterPermutation
+from shardify.convert.write.plan import split_permutation
 from shardify.permute import KeyedPermutation
 from shardify.reader.plan.assign import batches_per_rank, plan_worker, samples_per_rank, sequence_starts
 from shardify.reader.plan.blocks import BlockSequence
@@ -40,7 +40,7 @@ def test_keyed_permutation_is_a_bijection_for_every_small_n():
 
 def test_the_converters_order_is_the_labelled_permutation():
     assert (
-        ConverterPermutation(1000, seed=3, split="train").positions(0, 1000).tolist()
+        split_permutation(1000, seed=3, split="train").positions(0, 1000).tolist()
         == KeyedPermutation(1000, label="3:train").positions(0, 1000).tolist()
     )
 

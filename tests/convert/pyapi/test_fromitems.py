@@ -58,15 +58,17 @@ def test_bytes_are_identical_for_one_and_two_workers_and_match_shardwriter(tmp_p
 def test_chunks_come_back_through_shared_memory_or_the_pipe_with_the_same_bytes(monkeypatch) -> None:
     import mmap
 
-    from shardify.convert.pyapi import itemmap
+    from shardify.convert.pyapi import itemchunks, itemmap
     from shardify.convert.pyapi.values import ValueOptions
 
-    monkeypatch.setattr(itemmap.Slots, "SLOT_LIMIT", mmap.PAGESIZE)  # 1 sample fits a slot, 4 do not
-    runner = itemmap.ChunkRunner(make_sample, ValueOptions(), ())
+    monkeypatch.setattr(itemchunks.ChunkSlots, "SLOT_LIMIT", mmap.PAGESIZE)  # 1 sample fits a slot, 4 do not
+    runner = itemchunks.ChunkRunner(make_sample, ValueOptions(), ())
     chunks, start = [], 0
     for n in [1, 4] * 6:
         chunks.append(
-            itemmap.Chunk(start=start, indexes=tuple(range(start, start + n)), items=tuple(range(start, start + n)))
+            itemchunks.ItemChunk(
+                start=start, indexes=tuple(range(start, start + n)), items=tuple(range(start, start + n))
+            )
         )
         start += n
     got = [

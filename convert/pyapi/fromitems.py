@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import parse_size, worker_count
-from shardify.convert.pyapi.itemmap import Chunk, ChunkRunner, Outcome, item_repr, map_ordered
+from shardify.convert.pyapi.itemchunks import ChunkRunner, ItemChunk, Outcome, item_repr
+from shardify.convert.pyapi.itemmap import map_ordered
 from shardify.convert.pyapi.jsonlitems import JsonlItems, load_function
 from shardify.convert.pyapi.pywriter import KeyRegistry, WriteOptions, converter_info
 from shardify.convert.pyapi.supervise import Limits
@@ -42,8 +43,8 @@ from shardify.convert.write.outfs import WORK_DIR
 from shardify.convert.write.plan import shuffle_order
 from shardify.convert.write.progressbar import ProgressBar
 from shardify.convert.write.session import ConversionSession, SplitSummary
+from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import ShardResult
-from shardify.convert.write.stream import ShardStream
 from shardify.errors import EncodeError, InputError, ShardifyError
 
 __all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
@@ -270,13 +271,13 @@ class _Run:
                 self._end = p + 1
                 yield p, p, item
 
-    def _chunks(self, source: Iterator[tuple[int, int, Any]]) -> Iterator[Chunk]:
+    def _chunks(self, source: Iterator[tuple[int, int, Any]]) -> Iterator[ItemChunk]:
         while batch := list(itertools.islice(source, self.o.chunk_size)):
-            yield Chunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
+            yield ItemChunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
 
     # -- one outcome -----------------------------------------------------------------------
     def _take(
-        self, stream: ShardStream, chunk: Chunk, j: int, got: Outcome, data: bytes | memoryview, offset: int
+        self, stream: ShardStream, chunk: ItemChunk, j: int, got: Outcome, data: bytes | memoryview, offset: int
     ) -> None:
         """Write, skip or count one outcome; a sample's bytes are ``data[offset:offset + got.size]``."""
         index, item = chunk.indexes[j], chunk.items[j]

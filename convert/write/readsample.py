@@ -1,15 +1,14 @@
-"""Write one planned shard: read, check (and maybe transcode) each input, pack, hash, rename.
+"""Read one planned sample's input files into its tar members: each file checked (an image's
+format, size and completeness; decoded with ``--check full``) and maybe transcoded.
 
-Runs in worker processes. The shard is written to a hidden temporary name and renamed
-into place only when whole (after fsync), and the checksum is computed from the bytes as
-they are written, so finished shards are never read back.
+Runs in the worker processes that write planned shards
+(:func:`~shardify.convert.write.shards.write_shard`); an input that cannot be packed raises
+:class:`~shardify.errors.InputError` naming the file and the sample's key.
 """
 
 from __future__ import annotations
 
 import os
-
-from PIL import Image
 
 from shardify.convert.inputs.capture import decoder_messages
 from shardify.convert.inputs.imageformat import reencode
@@ -26,36 +25,14 @@ from shardify.convert.inputs.sniff import (
     transcode_jpeg,
 )
 from shardify.convert.inputs.tensors import transcode_file
-from shardify.convert.write.outfs import OutputFS, open_output
-from shardify.convert.write.shardtypes import Progress, ShardResult, ShardTask
-from shardify.convert.write.tarwrite import (
-    HashingWriter,
-    member_parts,
-    split_members,
-    temp_name,
-    write_chunk,
-    write_members,
-)
-from shardify.errors import InputError, OutputError
+from shardify.convert.write.shardtypes import ShardTask
+from shardify.errors import InputError
 from shardify.pixels import RAW_EXT
-from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, shard_name
 
-# (ShardTask, ShardResult and the tar writing live in shardtypes and tarwrite; named here as before)
-__all__ = [
-    "ShardTask",
-    "ShardResult",
-    "write_shard",
-    "write_members",
-    "write_chunk",
-    "member_parts",
-    "split_members",
-    "temp_name",
-    "Progress",
-    "HashingWriter",
-]
+__all__ = ["sample_members"]
 
 
-def _members(
+def sample_members(
     spec: SampleSpec, key: str, meta: bytes | None, task: ShardTask, notes: list[Ignored]
 ) -> list[tuple[str, bytes]]:
     """The (extension, bytes) members of one sample, sorted; raises InputError to skip it.
@@ -165,104 +142,3 @@ def _image_member(data: bytes, path: str, key: str, task: ShardTask) -> tuple[by
         if same is not None:
             data, ext = same
     return data, ext
-
-
-_REPORT_EVERY = 16
-"""Samples between two progress reports (each takes a lock shared by the workers)."""
-
-
-def write_shard(task: ShardTask, progress: Progress | None = None) -> ShardResult:
-    """Write ``task.plan`` to ``{split}-{version}-{index:06d}.tar`` in ``task.out_dir``; return its entry.
-
-    Pillow's pixel limit is the task's while it runs, and restored after: a conversion in a
-    training process must not change the limit its reader applies."""
-    saved = Image.MAX_IMAGE_PIXELS
-    if task.max_pixels is not None:
-        Image.MAX_IMAGE_PIXELS = task.max_pixels
-    try:
-        return _write_shard(task, progress)
-    finally:
-        Image.MAX_IMAGE_PIXELS = saved
-
-
-def _write_shard(task: ShardTask, progress: Progress | None) -> ShardResult:
-    plan = task.plan
-    fs = open_output(task.out_dir, storage_options=task.storage_options)
-    final = shard_name(task.split, plan.index, task.version)
-    tmp = temp_name(final)
-    skipped: list[Ignored] = []
-    notes: list[Ignored] = []
-    fields: set[str] = set()
-    offsets: list[int] = []
-    written = 0
-    pending: list[tuple[str, list[tuple[str, bytes]]]] = []  # the chunk being gathered (chunked layout)
-
-    def flush_chunk(out: HashingWriter) -> None:
-        if pending:
-            if (written - len(pending)) // task.chunk % OFFSET_STRIDE == 0:  # type: ignore[operator]
-                offsets.append(out.size)
-            write_chunk(out, pending)
-            pending.clear()
-
-    try:
-        with fs.open_write(tmp, durable=task.fsync) as f:
-            out = HashingWriter(f)
-            reported = (0, 0)  # samples and bytes told to ``progress``, every _REPORT_EVERY samples
-            for n, sample in enumerate(plan.samples, 1):
-                try:
-                    members = _members(sample.spec, sample.key, sample.meta, task, notes)
-                except InputError as e:
-                    if task.strict:
-                        raise
-                    skipped.append(Ignored(e.path or sample.spec.identity, e.reason))
-                    members = []
-                fields.update(ext for ext, _ in members)
-                if task.chunk is not None:
-                    if members:
-                        pending.append((sample.key, members))
-                        written += 1
-                        if len(pending) == task.chunk:
-                            flush_chunk(out)
-                else:
-                    if members and written % OFFSET_STRIDE == 0:
-                        offsets.append(out.size)
-                    if members:
-                        out.mark(out.size)
-                    write_members(out, sample.key, members)
-                    if members:
-                        written += 1
-                if progress is not None and n % _REPORT_EVERY == 0:
-                    progress(n - reported[0], out.size - reported[1])
-                    reported = (n, out.size)
-            if progress is not None and len(plan) > reported[0]:
-                progress(len(plan) - reported[0], out.size - reported[1])
-            flush_chunk(out)
-            out.mark(out.size)
-            out.write(END_OF_ARCHIVE)
-            fs.finish_write(f, fsync=task.fsync)
-        fs.replace(tmp, final)
-    except OSError as e:
-        _discard(fs, tmp)
-        raise OutputError(f"{fs.location}/{final}: cannot write shard: {e.strerror or e}") from e
-    except BaseException:
-        _discard(fs, tmp)
-        raise
-    return ShardResult(
-        index=plan.index,
-        url=final,
-        nsamples=written,
-        filesize=out.size,
-        sha256=out.hash.hexdigest(),
-        fields=tuple(sorted(fields)),
-        skipped=tuple(skipped),
-        notes=tuple(notes),
-        offsets=tuple(offsets),
-        samples=out.table.table(written),
-    )
-
-
-def _discard(fs: OutputFS, name: str) -> None:
-    try:
-        fs.remove(name)
-    except OSError:
-        pass

@@ -1,11 +1,14 @@
-"""Write encoded samples, in the order given, into the numbered shards of one split.
+"""The one shard writer: samples, in the order given, into the numbered shards of one split.
 
-The streaming twin of the planned path: where :func:`~shardify.convert.write.plan.plan_split` packs
-known samples into shards before writing, a stream cuts a shard when the next sample would
-not fit (the same rule: ``shard_size`` bytes and/or ``samples_per_shard``), so the same
-samples in the same order give the same shards. Each shard is written through
-:class:`~shardify.convert.write.tarwrite.HashingWriter` under its temporary name and renamed when
-whole, exactly as :func:`~shardify.convert.write.writer.write_shard` does.
+Every shard shardify makes is written here: the planned shards of ``shardify convert``
+(:func:`~shardify.convert.write.shards.write_shard` feeds one plan's samples to one shard),
+:class:`~shardify.convert.pyapi.pywriter.ShardWriter` and
+:func:`~shardify.convert.pyapi.fromitems.convert_items` (which cut a shard when the next sample would
+not fit: ``shard_size`` bytes and/or ``samples_per_shard``, the rule
+:func:`~shardify.convert.write.plan.plan_split` packs by, so the same samples in the same order
+give the same shards). Each shard is written through
+:class:`~shardify.convert.write.tarwrite.HashingWriter` (SHA-256, size and per-sample table
+as the bytes go) under its temporary name, and renamed when whole.
 
 With ``chunk=N`` (the chunked layout, :mod:`shardify.chunk`) samples are held until ``N`` of
 them make a chunk, which is written as one tar sample. Shards are cut where the per-sample
@@ -79,12 +82,25 @@ class ShardStream:
         """Bytes the open shard will have once closed."""
         self.fields: set[str] = set()
         self.skipped: list[Ignored] = []
+        self.notes: list[Ignored] = []
+        """Inputs packed with decoder warnings since the open shard started (reported with it)."""
         self.offsets: list[int] = []
         """Offsets of the open shard's samples 0, OFFSET_STRIDE, ..."""
         self._file: BinaryIO | None = None
         self._out: HashingWriter | None = None
         self._held: tuple[bytes | memoryview, int, int] | None = None
         """``(data, start, end)``: encoded samples added but not yet written (see :meth:`add_encoded`)."""
+
+    @property
+    def written(self) -> int:
+        """Bytes written to the open shard so far (0 when none is open)."""
+        return 0 if self._out is None else self._out.size
+
+    def open_shard(self) -> None:
+        """Open the next shard now, so that it is written even if no sample gets into it (a
+        planned shard whose every input was skipped is still one of the plan's shards)."""
+        if self._out is None:
+            self._open()
 
     def fits(self, size: int) -> bool:
         """Whether a sample of ``size`` bytes goes into the open shard (an empty shard takes any)."""
@@ -94,24 +110,30 @@ class ShardStream:
             return False
         return self.shard_size is None or self.nbytes + size <= self.shard_size
 
-    def add(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
-        """Append one sample; ``size`` is :func:`sample_size` of ``members``. Cuts a shard first if full."""
+    def add(self, key: str, members: list[tuple[str, bytes]], size: int | None = None) -> None:
+        """Append one sample; cuts a shard first if full. ``size`` is :func:`sample_size` of
+        ``members`` when the caller has it; else it is computed here, only when a size bound or
+        the chunked layout needs it (a planned shard has neither: its plan cut it)."""
         if self.chunk is not None:
-            self._gather(key, members, size)
+            self._gather(key, members, sample_size(members) if size is None else size)
             return
-        if not self.fits(size):
-            self.close_shard()
-        self.flush()
+        if self.samples and (self.shard_size is not None or self.samples_per_shard is not None):
+            if not self.fits(sample_size(members) if size is None else size):
+                self.close_shard()
+        if self._held is not None:
+            self.flush()
         out = self._out or self._open()
-        self._note_offset()
-        out.mark(self.nbytes - len(END_OF_ARCHIVE))
+        at = self.nbytes - len(END_OF_ARCHIVE)
+        if self.samples % OFFSET_STRIDE == 0:  # an offset the index lists (called per sample: inlined)
+            self.offsets.append(at)
+        out.mark(at)
         try:
-            write_members(out, key, members)
+            written = write_members(out, key, members)
         except OSError as e:
             self.abort()
             raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
         self.samples += 1
-        self.nbytes += size
+        self.nbytes += written
         self.fields.update(ext for ext, _ in members)
 
     def add_encoded(self, fields: tuple[str, ...], data: bytes | memoryview, start: int, end: int) -> None:
@@ -235,12 +257,13 @@ class ShardStream:
             sha256=out.hash.hexdigest(),
             fields=tuple(sorted(self.fields)),
             skipped=tuple(self.skipped),
+            notes=tuple(self.notes),
             offsets=tuple(self.offsets),
             samples=out.table.table(self.samples) if self.chunk is None else b"",
         )
         self._file = self._out = None
         self.index += 1
-        self.samples, self.nbytes, self.fields, self.skipped = 0, len(END_OF_ARCHIVE), set(), []
+        self.samples, self.nbytes, self.fields, self.skipped, self.notes = 0, len(END_OF_ARCHIVE), set(), [], []
         self.offsets, self._chunks = [], 0
         if self.on_shard is not None:
             self.on_shard(result)

@@ -2,7 +2,7 @@
 
 What every way of mapping a user function over items shares (the local pool and the Ray tasks
 of :mod:`~shardify.convert.pyapi.itemmap`, the supervised workers of
-:mod:`~shardify.convert.pyapi.supervise`): the unit of work (:class:`Chunk`), its outcome per
+:mod:`~shardify.convert.pyapi.supervise`): the unit of work (:class:`ItemChunk`), its outcome per
 item, and the shared-memory slots a forked worker writes its encoded bytes into.
 """
 
@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 from shardify.convert.pyapi.pywriter import check_label
 from shardify.convert.pyapi.values import ValueOptions, encode_sample, sample_key
-from shardify.convert.write.writer import member_parts
+from shardify.convert.write.tarwrite import member_parts
 from shardify.errors import EncodeError, KeyRuleError, WorkerError
 
-__all__ = ["Chunk", "ChunkOut", "Outcome", "ChunkRunner", "Slots", "item_repr", "pack", "died", "REPR_LIMIT"]
+__all__ = ["ItemChunk", "ChunkOut", "Outcome", "ChunkRunner", "ChunkSlots", "item_repr", "pack", "died", "REPR_LIMIT"]
 
 REPR_LIMIT = 120
 """Characters of an item's ``repr`` kept in reports and errors."""
@@ -34,7 +34,7 @@ def item_repr(item: object) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Chunk:
+class ItemChunk:
     """Consecutive positions ``start..start+len(items)-1`` of the processing order."""
 
     start: int
@@ -68,7 +68,7 @@ class ChunkOut(NamedTuple):
     """A chunk's outcomes, in item order, and the tar bytes of its samples, concatenated.
 
     One buffer per chunk, written to the shard in one piece where the chunk's samples fall in
-    one shard. From a worker process it comes through shared memory (see :class:`Slots`).
+    one shard. From a worker process it comes through shared memory (see :class:`ChunkSlots`).
     """
 
     outcomes: list[Outcome]
@@ -85,11 +85,11 @@ class ChunkRunner:
         self.values = values
         self.classes = classes
 
-    def __call__(self, chunk: Chunk) -> ChunkOut:
+    def __call__(self, chunk: ItemChunk) -> ChunkOut:
         outcomes, parts = self.run(chunk)
         return ChunkOut(outcomes, b"".join(parts))
 
-    def run(self, chunk: Chunk) -> tuple[list[Outcome], list[bytes]]:
+    def run(self, chunk: ItemChunk) -> tuple[list[Outcome], list[bytes]]:
         """The outcomes of a chunk's items and the tar bytes of its samples, in parts."""
         parts: list[bytes] = []
         outcomes = [self.one(index, item, parts) for index, item in zip(chunk.indexes, chunk.items)]
@@ -119,7 +119,7 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:500] if text else "(no message)"
 
 
-class Slots:
+class ChunkSlots:
     """Shared memory for the chunks in flight: one slot each, mapped before the workers fork.
 
     A worker copies its chunk's tar bytes into the slot it was given and returns only the
@@ -145,7 +145,7 @@ class Slots:
 
 
 def pack(
-    slots: Slots | None, slot: int | None, outcomes: list[Outcome], parts: list[bytes]
+    slots: ChunkSlots | None, slot: int | None, outcomes: list[Outcome], parts: list[bytes]
 ) -> ChunkOut | tuple[list[Outcome], int]:
     """In a worker: ``(outcomes, length)`` with the chunk's bytes copied into ``slot``, or a
     ChunkOut holding them when there is no slot or they do not fit."""
@@ -161,7 +161,7 @@ def pack(
     return outcomes, total
 
 
-def died(chunks: list[Chunk], cause: BaseException) -> WorkerError:
+def died(chunks: list[ItemChunk], cause: BaseException) -> WorkerError:
     if not chunks:
         return WorkerError(
             f"a worker process died: {type(cause).__name__}: {cause}; finished shards are kept, rerun to resume"
