@@ -107,7 +107,8 @@ class SplitRef:
         missing = [k for k in ("index_size", "index_sha256") if k not in ref]
         if missing:
             raise ManifestError(
-                f"{where}: field {' and '.join(map(repr, missing))} missing: a manifest records the size and "
+                f"{where}: {'fields' if len(missing) > 1 else 'field'} {' and '.join(map(repr, missing))} "
+                f"{'are' if len(missing) > 1 else 'is'} missing: a manifest records the size and "
                 "SHA-256 of each split's index, which a reader checks the index against; convert the split "
                 "again to write a manifest that has them"
             )
