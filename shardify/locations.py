@@ -67,9 +67,10 @@ def check_in_folder(folder: str, url: str, *, allow: Sequence[str] = (), named_b
     if _under(url, _prefix(folder)) or any(_under(url, _prefix(p)) for p in allow):
         return
     shown = folder.rstrip("/") + "/" if "://" in folder else os.path.abspath(folder).rstrip(os.sep) + os.sep
-    link = "" if "://" in url or os.path.realpath(url) == os.path.abspath(url) else f" (a link to {_parts(url)[2]})"
+    real = url if "://" in url else os.path.realpath(url)
+    resolved = "" if real == url else f" (which is {real})"
     raise LocationError(
-        f"{named_by or shown}: refuses to read {url}{link}: it is not under the dataset's own location "
+        f"{named_by or shown}: refuses to read {url}{resolved}: it is not under the dataset's own location "
         f"{shown}; list its prefix in CacheOptions(allow_locations=...) to read it anyway"
     )
 
