@@ -169,16 +169,25 @@ def compact_base(index_at: str) -> str:
 
 def read_compact(index_at: str, ref: CompactRef, fetch: FetchOptions, *, split: str | None = None) -> CompactIndex:
     """The compact index of ``split`` at ``index_at``, checked against the manifest's ``ref``: a
-    remote one is fetched once per node through the cache (``fetch.cache_dir``), a local one read."""
+    remote one is fetched once per node through the cache (``fetch.cache_dir``, its copy named by
+    the SHA-256 the manifest records), a local one read. Bytes that are not the manifest's are an
+    :class:`IndexMismatchError` at once (not a fetch to retry), and a remote copy of them is
+    dropped from the cache."""
+    key = f"sha256:{ref.sha256}"
     try:
-        data = read_whole(index_at, fetch=fetch, size=ref.size, sha256=ref.sha256)
+        data = read_whole(index_at, fetch=fetch, key=key)
     except ShardFetchError as e:
         raise ManifestError(f"{index_at}: cannot read the compact index: {e.reason}") from e
     except OSError as e:
         raise ManifestError(f"{index_at}: cannot read the compact index: {e}") from e
-    if len(data) != ref.size:
-        raise IndexMismatchError(
-            f"{index_at}: split {split!r}: the compact index is {len(data)} bytes, the manifest says {ref.size}",
-            split=split,
-        )
-    return decode(data, source=index_at, sha256=ref.sha256, split=split)
+    try:
+        if len(data) != ref.size:
+            raise IndexMismatchError(
+                f"{index_at}: split {split!r}: the compact index is {len(data)} bytes, the manifest says {ref.size}",
+                split=split,
+            )
+        return decode(data, source=index_at, sha256=ref.sha256, split=split)
+    except ManifestError:
+        if is_remote(index_at):
+            forget_remote(index_at, options=fetch, key=key)
+        raise
