@@ -164,7 +164,13 @@ def field_bytes_text(fb: dict[str, Any], *, indent: str = "") -> str:
 def run_verify(args: argparse.Namespace) -> int:
     from shardify.convert.verify import verify_dataset  # deferred: the writer loads Pillow and numpy
 
-    report = verify_dataset(args.dataset, splits=args.split, decode=args.decode, progress=not args.quiet)
+    report = verify_dataset(
+        args.dataset,
+        splits=args.split,
+        decode=args.decode,
+        progress=not args.quiet,
+        allow_locations=tuple(args.allow_location or ()),
+    )
     if args.json:
         print(
             json.dumps(
@@ -235,6 +241,14 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--decode", action="store_true", help="also decode every image and parse every label")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar (none either when stderr is not a terminal)")
+    p.add_argument(
+        "--allow-location",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="also read files under this path or URL prefix, outside the dataset's folder (repeatable; "
+        "by default a manifest or index that names one is a problem)",
+    )
     p.set_defaults(run=run_verify)
     p = sub.add_parser(
         "keys",

@@ -5,19 +5,24 @@ path or a URL: ``file://``, ``s3://`` and any other fsspec URL, or ``http(s)://`
 files (manifest, indexes) are read whole; a shard is opened as a stream read once from the
 start. Backend errors (no credentials, no bucket, refused connection) become a
 :class:`~shardify.errors.ManifestError` or :class:`~shardify.errors.ShardFormatError` naming
-the URL, raised with ``from``.
+the URL, raised with ``from``. Every file is read only when it lies in the dataset's folder
+(a local one after resolving links) or under an allowed prefix, as the reader reads it
+(:mod:`shardify.locations`), and a split index only when it is the one the manifest records
+(:meth:`~shardify.manifest.Manifest.split_index`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from shardify.convert.write.outfs import backend_reason
 from shardify.errors import ManifestError, ShardFormatError
+from shardify.locations import check_in_folder
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
 from shardify.remote import RetryPolicy, ShardFetchError, download, fetch_bytes
 
@@ -27,11 +32,15 @@ _HTTP = ("http://", "https://")
 
 
 class DatasetFiles:
-    """Read access to the files directly in one dataset folder (a local path or a URL)."""
+    """Read access to the files directly in one dataset folder (a local path or a URL), and
+    under the ``allow_locations`` prefixes."""
 
-    def __init__(self, folder: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, folder: str, *, storage_options: dict[str, Any] | None = None, allow_locations: Sequence[str] = ()
+    ) -> None:
         self.folder = folder.rstrip("/") if "://" in folder else folder
         self.storage_options = dict(storage_options or {})
+        self.allow_locations = tuple(allow_locations)
         self._fs: Any = None
         self._path = ""
         if folder.startswith("file://"):
@@ -56,9 +65,16 @@ class DatasetFiles:
             return f"{self.folder}/{name}"
         return str(Path(self.folder) / name)
 
+    def inside(self, name: str) -> str:
+        """:meth:`where` of ``name``, or :class:`~shardify.errors.LocationError` when that is
+        not in the folder (a local path: once its links are resolved) nor under an allowed prefix."""
+        where = self.where(name)
+        check_in_folder(self.folder, where, allow=self.allow_locations)
+        return where
+
     def read_bytes(self, name: str) -> bytes:
         """The whole of a small file; ManifestError naming it when it cannot be read."""
-        where = self.where(name)
+        where = self.inside(name)
         try:
             if self._fs is not None:
                 return bytes(self._fs.cat_file(f"{self._path}/{name}"))
@@ -79,8 +95,9 @@ class DatasetFiles:
         return load_json(self.read_bytes(name), source=self.where(name))
 
     def open_stream(self, name: str) -> BinaryIO:
-        """Shard ``name`` open for reading from its start; ShardFormatError naming it if it cannot be."""
-        where = self.where(name)
+        """Shard ``name`` open for reading from its start; ShardFormatError naming it if it cannot be
+        (LocationError when it is not in the folder)."""
+        where = self.inside(name)
         try:
             if self._fs is not None:
                 return cast(BinaryIO, self._fs.open(f"{self._path}/{name}", "rb", block_size=1 << 22))
@@ -146,13 +163,11 @@ class LocatedDataset:
             if split is not None and index.split != split:
                 raise ManifestError(f"{self.files.where(name)}: this index is split {index.split!r}, not {split!r}")
             return index
-        where = self.files.where(MANIFEST_NAME)
-        if split not in self.manifest.splits:
-            raise ManifestError(f"{where}: no split {split!r}; splits: {sorted(self.manifest.splits)}")
-        name = self.manifest.splits[split].index
-        index = SplitIndex.from_json(self.files.read_json(name), source=self.files.where(name))
-        self.manifest.check_index(split, index, source=self.files.where(name))  # its split and version
-        return index
+        if split is None:
+            raise ManifestError(f"{self.files.where(MANIFEST_NAME)}: name a split; splits: {self.splits}")
+        name = self.manifest.ref(split, source=self.files.where(MANIFEST_NAME)).index
+        # the checks a reader makes: its split and version, its shards, totals, size and SHA-256
+        return self.manifest.split_index(split, self.files.read_bytes(name), source=self.files.where(name))
 
     @property
     def format_version(self) -> int:
@@ -161,8 +176,11 @@ class LocatedDataset:
         return self.load_split(None).format_version
 
 
-def locate_dataset(spec: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> LocatedDataset:
-    """The dataset named by ``spec``: a folder, ``manifest.json`` or a split index, local or a URL."""
+def locate_dataset(
+    spec: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None, allow_locations: Sequence[str] = ()
+) -> LocatedDataset:
+    """The dataset named by ``spec``: a folder, ``manifest.json`` or a split index, local or a URL;
+    its files are read in its folder only, and under the ``allow_locations`` prefixes."""
     text = os.fspath(spec)
     is_url = "://" in text and not text.startswith("file://")
     local = text[len("file://") :] if text.startswith("file://") else text
@@ -172,12 +190,12 @@ def locate_dataset(spec: str | os.PathLike[str], *, storage_options: dict[str, A
     else:
         named_file = not Path(local).is_dir() and name.endswith(".json")
     if not named_file:
-        files = DatasetFiles(text, storage_options=storage_options)
+        files = DatasetFiles(text, storage_options=storage_options, allow_locations=allow_locations)
         where = files.where(MANIFEST_NAME)
         manifest = Manifest.from_json(files.read_json(MANIFEST_NAME), source=where)
         return LocatedDataset(files=files, manifest=manifest, index_name=None)
     folder = text.rstrip("/").rsplit("/", 1)[0] if is_url else str(Path(local).parent)
-    files = DatasetFiles(folder, storage_options=storage_options)
+    files = DatasetFiles(folder, storage_options=storage_options, allow_locations=allow_locations)
     if name == MANIFEST_NAME:
         manifest = Manifest.from_json(files.read_json(MANIFEST_NAME), source=files.where(MANIFEST_NAME))
         return LocatedDataset(files=files, manifest=manifest, index_name=None)

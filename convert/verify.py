@@ -112,11 +112,14 @@ def verify_dataset(
     decode: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: bool = False,
+    allow_locations: Sequence[str] = (),
 ) -> VerifyReport:
     """Check every shard of ``splits`` (default: all) of the dataset at ``root``: a folder, its
     ``manifest.json`` or a split index, as a path or a URL (``s3://``, ``file://``, ``http(s)://``).
-    ``progress``: a bar of shard bytes checked on stderr (only when it is a terminal)."""
-    dataset = locate_dataset(root, storage_options=storage_options)
+    ``progress``: a bar of shard bytes checked on stderr (only when it is a terminal). A file
+    outside the dataset's folder (a local one: after resolving links) is a problem unless it is
+    under one of the ``allow_locations`` prefixes, as for the reader."""
+    dataset = locate_dataset(root, storage_options=storage_options, allow_locations=allow_locations)
     report = VerifyReport()
     indexes = []
     for split in splits or dataset.splits:

@@ -67,7 +67,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardify.reader.delivery.batchpool import WorkerSlots
-from shardify.reader.delivery.place import ProcessPlace
+from shardify.reader.delivery.place import ProcessPlace, require_state
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, EpochControl, SharedEpoch
 from shardify.reader.io.sources import Source, SourceLike
@@ -200,7 +200,9 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         return self._place.state_dict(self.resume_basis, epoch=self.epoch, world=self._world())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make this process's next iteration go on from ``state`` (checked now)."""
+        """Make this process's next iteration go on from ``state`` (checked now; anything but a
+        state, such as None, is refused with ResumeError)."""
+        require_state(state, owner="dataset")
         self._place.load_state_dict(self.resume_basis, state, world=self._world())
 
     # -- what runs in each worker (reader/worker.py) ---------------------------------------------

@@ -151,8 +151,9 @@ class CacheOptions:
     remote shard is fetched whole into ``dir`` (shared safely by the workers and ranks of a
     node; default: two shards per process in a temporary folder), least recently used shards
     removed above ``limit_bytes``; better when a node's cache holds the whole dataset for
-    many epochs. ``allow_locations``: URL or path prefixes a split index may send the reader
-    to besides its own folder (by default only there: no other host, no local path)."""
+    many epochs. ``allow_locations``: URL or path prefixes a manifest or split index may send the
+    reader to besides its own folder (by default only there: no other host, no local path; a
+    local dataset's files once links are resolved)."""
 
     dir: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None

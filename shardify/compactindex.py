@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardify.errors import ManifestError
+from shardify.errors import IndexMismatchError, ManifestError
 from shardify.jsonfiles import hex_field, json_field
 
 __all__ = ["SUFFIX", "HEADER", "CompactRef", "CompactIndex", "compact_name", "encode", "decode"]
@@ -100,11 +100,16 @@ def encode(fields: dict[str, Any], counts: npt.ArrayLike, root: bytes) -> bytes:
     return head + meta + arr.tobytes()
 
 
-def decode(data: bytes, *, source: str, sha256: str | None = None) -> CompactIndex:
+def decode(data: bytes, *, source: str, sha256: str | None = None, split: str | None = None) -> CompactIndex:
     """The compact index in ``data`` (read from ``source``), checked against the manifest's
-    ``sha256`` when given, then its header and length; else :class:`ManifestError` naming ``source``."""
+    ``sha256`` when given (else :class:`IndexMismatchError` naming ``split``), then its header and
+    length; else :class:`ManifestError` naming ``source``."""
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise ManifestError(f"{source}: the compact index's sha256 is not the one the manifest records (replaced?)")
+        raise IndexMismatchError(
+            f"{source}: {f'split {split!r}: ' if split else ''}the compact index's sha256 is not the one the "
+            "manifest records: it was changed after the manifest was written",
+            split=split,
+        )
     if len(data) < HEADER.size:
         raise ManifestError(f"{source}: {len(data)} bytes, shorter than a compact index's {HEADER.size}-byte header")
     magic, version, _, meta_len, shards, samples, root = HEADER.unpack_from(data)

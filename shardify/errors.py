@@ -12,6 +12,7 @@ __all__ = [
     "ManifestError",
     "SplitRequiredError",
     "LocationError",
+    "IndexMismatchError",
     "KeyRuleError",
     "ShardFormatError",
     "DatasetVersionError",
@@ -57,6 +58,20 @@ class SplitRequiredError(ManifestError):
 class LocationError(ManifestError):
     """A manifest or split index points outside its own location (another scheme or host, a
     local path from a remote index, ``../`` above its folder) and the user did not allow it."""
+
+
+class IndexMismatchError(ManifestError):
+    """A split index is not the one the manifest records: its size or SHA-256, an entry (a shard
+    missing, repeated, replaced or out of order), or its shard, sample or byte totals differ.
+    ``split`` is the split; ``entry`` the number of the first shard entry that disagrees (None:
+    the index as a whole, e.g. only its bytes differ)."""
+
+    def __init__(self, message: str, *, split: str | None = None, entry: int | None = None) -> None:
+        self.split, self.entry = split, entry
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0],), {"split": self.split, "entry": self.entry})
 
 
 class KeyRuleError(ShardifyError):

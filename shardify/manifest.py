@@ -1,27 +1,32 @@
 """The manifest: one top-level ``manifest.json`` and one index per split, versioned.
 
-Each split index is a ``wids-shard-index-v1`` file that ``wids.ShardListDataset`` opens
-unmodified, plus a ``shardify`` section with our fields. Every conversion of a split has a
-version token (format 2): its shards and its index (``{split}-{version}.json``) carry it in
-their names and are never rewritten with other bytes, so a reader that opened one version
-keeps reading it while the next is written. ``manifest.json`` names the current version of
-each split and is the only file that switches; ``{split}.json`` is a copy of the current
-index for wids. Everything is written through a temporary file and :func:`os.replace`, the
-index before the top-level manifest, so a split exists only once it is complete.
+Each split index (:mod:`shardify.splitindex`) is a ``wids-shard-index-v1`` file that
+``wids.ShardListDataset`` opens unmodified, plus a ``shardify`` section with our fields. Every
+conversion of a split has a version token (format 2): its shards and its index
+(``{split}-{version}.json``) carry it in their names and are never rewritten with other bytes,
+so a reader that opened one version keeps reading it while the next is written.
+``manifest.json`` names the current version of each split and is the only file that switches;
+``{split}.json`` is a copy of the current index for wids. Everything is written through a
+temporary file and :func:`os.replace`, the index before the top-level manifest, so a split
+exists only once it is complete.
+
+The manifest is what a reader trusts: it records each split index's size and SHA-256, and its
+shard, sample and byte totals, and :meth:`Manifest.split_index` checks an index against them
+(and its shards' names against the format's rule) before a sample is read, so an index with an
+entry removed, repeated, replaced or recounted is refused, naming the split and the entry.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
+import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardify import CHUNKED_FORMAT_VERSION, FORMAT_VERSION
+from shardify import FORMAT_VERSION
 from shardify.compactindex import CompactRef
-from shardify.errors import ManifestError
+from shardify.errors import IndexMismatchError, ManifestError
 from shardify.jsonfiles import (
     file_sha256,
     hex_field,
@@ -32,9 +37,8 @@ from shardify.jsonfiles import (
     write_json_atomic,
 )
 from shardify.pixels import RawPixels
-from shardify.sampletable import SampleTable, table_from_json
-from shardify.sidecar import SidecarRef
-from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS, index_name, is_temp_name, report_name
+from shardify.splitindex import FORMAT_NAME, ShardEntry, SplitIndex, check_format_version
+from shardify.tarfmt import VERSION_CHARS, index_name, is_temp_name, report_name, shard_name, shard_of_split
 
 __all__ = [
     "MANIFEST_NAME",
@@ -43,6 +47,7 @@ __all__ = [
     "RawPixels",
     "SplitRef",
     "Manifest",
+    "index_bytes",
     "index_name",
     "report_name",
     "is_temp_name",
@@ -54,227 +59,23 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-WIDS_KIND = "wids-shard-index-v1"
-FORMAT_NAME = "shardify"
 
 
-READ_VERSION = max(FORMAT_VERSION, CHUNKED_FORMAT_VERSION)
-"""Newest format version this shardify reads (3: chunked splits)."""
-
-
-def _check_version(version: int, source: str) -> None:
-    if version < 1 or version > READ_VERSION:
-        raise ManifestError(f"{source}: field 'format_version' is {version}, this shardify reads 1..{READ_VERSION}")
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard of a split: its URL relative to the dataset directory, size and checksum."""
-
-    url: str
-    nsamples: int
-    filesize: int
-    sha256: str
-    offsets: tuple[int, ...] = ()
-    """Byte offset of the first header of samples 0, OFFSET_STRIDE, 2 * OFFSET_STRIDE, ...
-    (empty: not recorded, as in indexes written before it was; readers then scan)."""
-    samples: bytes = b""
-    """The per-sample table (:mod:`shardify.sampletable`: each sample's length and digest),
-    ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits, a sidecar)."""
-    sidecar: SidecarRef | None = None
-    """Size and SHA-256 of the table's sidecar ``<url>.idx`` (:mod:`shardify.sidecar`); None: none."""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "url": self.url,
-            "nsamples": self.nsamples,
-            "filesize": self.filesize,
-            "sha256": self.sha256,
-        }
-        if self.offsets:
-            out["offsets"] = list(self.offsets)
-        if self.samples:
-            out["samples"] = base64.b64encode(self.samples).decode("ascii")
-        if self.sidecar is not None:
-            out["sidecar"] = {"sha256": self.sidecar.sha256, "size": self.sidecar.size}
-        return out
-
-    @classmethod
-    def from_json(cls, obj: Any, *, source: str, chunk: int | None = None) -> ShardEntry:
-        """``chunk``: the split's samples per chunk; its ``offsets`` are then those of chunks
-        0, OFFSET_STRIDE, ... (``ceil(nsamples / chunk)`` chunks)."""
-        if not isinstance(obj, dict):
-            raise ManifestError(f"{source}: shardlist entry should be an object, found {obj!r}")
-        url = json_field(obj, "url", str, source)
-        where = f"{source} (shard {url})"
-        nsamples = json_field(obj, "nsamples", int, where)
-        filesize = json_field(obj, "filesize", int, where)
-        sha = obj.get("sha256", "")
-        if not isinstance(sha, str):
-            raise ManifestError(f"{where}: field 'sha256' should be str, found {sha!r}")
-        if nsamples < 0 or filesize < 0:
-            raise ManifestError(f"{where}: negative nsamples={nsamples} or filesize={filesize}")
-        offsets = obj.get("offsets", [])
-        units = nsamples if chunk is None else -(-nsamples // chunk)
-        expected = -(-units // OFFSET_STRIDE)
-        if (
-            not isinstance(offsets, list)
-            or not all(type(o) is int for o in offsets)
-            or (
-                offsets
-                and (
-                    len(offsets) != expected
-                    or offsets[0] != 0
-                    or any(b <= a for a, b in zip(offsets, offsets[1:]))
-                    or offsets[-1] >= filesize
-                )
-            )
-        ):
-            unit = "samples" if chunk is None else "chunks"
-            raise ManifestError(
-                f"{where}: field 'offsets' should be {expected} increasing byte offsets from 0 "
-                f"(one every {OFFSET_STRIDE} {unit}), found {str(offsets)[:80]}"
-            )
-        table = table_from_json(obj.get("samples", ""), where)
-        problem = SampleTable(table).problem(nsamples=nsamples, filesize=filesize) if table and chunk is None else None
-        if table and chunk is not None:
-            problem = "a chunked split has no per-sample table"
-        if problem is not None:
-            raise ManifestError(f"{where}: field 'samples' does not fit the shard: {problem}")
-        sidecar = SidecarRef.from_json(obj.get("sidecar"), where)
-        if sidecar is not None and (table or chunk is not None):
-            raise ManifestError(f"{where}: field 'sidecar' goes with no 'samples' field and no chunked layout")
-        entry = cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
-        return dataclasses.replace(entry, sidecar=sidecar) if sidecar is not None else entry
-
-
-@dataclass(frozen=True)
-class SplitIndex:
-    """A split's index: the wids shard list plus shardify's own fields."""
-
-    split: str
-    shards: tuple[ShardEntry, ...]
-    classes: tuple[str, ...] = ()
-    fields: tuple[str, ...] = ()
-    converter: dict[str, Any] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
-    ignored: dict[str, int] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    version: str | None = None
-    """The conversion's version token (format 2); None for format 1 indexes."""
-    raw_pixels: RawPixels | None = None
-    """Set when the images are stored pre-decoded (``--raw-pixels``); absent from the JSON otherwise."""
-    chunk: int | None = None
-    """Samples per chunk of a chunked split (format 3, :mod:`shardify.chunk`); None: one tar
-    sample per sample."""
-    sidecar_root: str | None = None
-    """Hex root of the hash tree over the shards' version-2 sidecars (:mod:`shardify.merkle`),
-    also in the compact index; None: no sidecars, or version-1 ones."""
-
-    @property
-    def num_samples(self) -> int:
-        return sum(s.nsamples for s in self.shards)
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(s.filesize for s in self.shards)
-
-    @property
-    def num_skipped(self) -> int:
-        return sum(self.skipped.values())
-
-    def to_json(self) -> dict[str, Any]:
-        ours: dict[str, Any] = {"format_version": self.format_version, "split": self.split}
-        if self.version is not None:
-            ours["version"] = self.version
-        if self.chunk is not None:
-            ours["chunk"] = self.chunk
-        if self.sidecar_root is not None:
-            ours["sidecar_root"] = self.sidecar_root
-        return {
-            "__kind__": WIDS_KIND,
-            "wids_version": 1,
-            "name": self.split,
-            "shardlist": [s.to_json() for s in self.shards],
-            FORMAT_NAME: {
-                **ours,
-                "num_samples": self.num_samples,
-                "classes": list(self.classes),
-                "fields": list(self.fields),
-                "converter": self.converter,
-                "skipped": dict(sorted(self.skipped.items())),
-                "ignored": dict(sorted(self.ignored.items())),
-                "report": report_name(self.split),
-                **({"raw_pixels": self.raw_pixels.to_json()} if self.raw_pixels is not None else {}),
-            },
-        }
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any], *, source: str) -> SplitIndex:
-        if obj.get("wids_version") != 1:
-            raise ManifestError(f"{source}: field 'wids_version' should be 1, found {obj.get('wids_version')!r}")
-        raw_shards = json_field(obj, "shardlist", list, source)
-        ours = json_field(obj, FORMAT_NAME, dict, source)
-        where = f"{source} [{FORMAT_NAME}]"
-        version = json_field(ours, "format_version", int, where)
-        _check_version(version, where)
-        split = json_field(ours, "split", str, where)
-        classes = json_field(ours, "classes", list, where)
-        if not all(isinstance(c, str) for c in classes):
-            raise ManifestError(f"{where}: field 'classes' should be a list of str")
-        fields = ours.get("fields", [])
-        token = hex_field(ours, "version", VERSION_CHARS, where)
-        chunk = _chunk(ours, version, where)
-        shards = tuple(ShardEntry.from_json(s, source=source, chunk=chunk) for s in raw_shards)
-        declared = ours.get("num_samples")
-        index = cls(
-            split=split,
-            shards=shards,
-            classes=tuple(classes),
-            fields=tuple(fields),
-            converter=dict(ours.get("converter", {})),
-            skipped={str(k): int(v) for k, v in dict(ours.get("skipped", {})).items()},
-            ignored={str(k): int(v) for k, v in dict(ours.get("ignored", {})).items()},
-            format_version=version,
-            version=token,
-            raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
-            chunk=chunk,
-            sidecar_root=hex_field(ours, "sidecar_root", 64, where),
-        )
-        if declared is not None and declared != index.num_samples:
-            raise ManifestError(
-                f"{where}: field 'num_samples' is {declared}, the shardlist sums to {index.num_samples}"
-            )
-        return index
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> SplitIndex:
-        path = Path(path)
-        try:
-            text = path.read_bytes()
-        except OSError as e:
-            raise ManifestError(f"{path}: cannot read split index: {e}") from e
-        return cls.from_json(load_json(text, source=str(path)), source=str(path))
-
-
-def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:
-    """The ``chunk`` field: samples per chunk, in a format-3 index only (where it is required)."""
-    chunk = obj.get("chunk")
-    if chunk is None and version < CHUNKED_FORMAT_VERSION:
-        return None
-    if version < CHUNKED_FORMAT_VERSION or type(chunk) is not int or chunk < 1:
-        raise ManifestError(
-            f"{source}: field 'chunk' should be a positive int in a format-{CHUNKED_FORMAT_VERSION} "
-            f"(chunked) index, found {chunk!r} with format_version {version}"
-        )
-    return chunk
+def index_bytes(index: SplitIndex) -> bytes:
+    """The bytes of the file of ``index``, as the writer writes it and the manifest records them."""
+    return json_bytes(index.to_json())
 
 
 @dataclass(frozen=True)
 class SplitRef:
-    """The top-level manifest's entry for one split."""
+    """The top-level manifest's entry for one split: its index file (name, size, SHA-256) and
+    the totals the index must sum to."""
 
     index: str
+    index_size: int
+    """Size in bytes of the index file (:func:`index_bytes`)."""
+    index_sha256: str
+    """Hex SHA-256 of the index file: a reader refuses an index with other bytes."""
     samples: int
     shards: int
     bytes: int
@@ -285,11 +86,47 @@ class SplitRef:
     instead of the JSON index; None: none (a split without sidecars)."""
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        if self.version is None:
-            del out["version"]
-        if self.compact is None:
-            del out["compact"]
+        out: dict[str, Any] = {
+            "index": self.index,
+            "index_size": self.index_size,
+            "index_sha256": self.index_sha256,
+            "samples": self.samples,
+            "shards": self.shards,
+            "bytes": self.bytes,
+        }
+        if self.version is not None:
+            out["version"] = self.version
+        if self.compact is not None:
+            out["compact"] = self.compact.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, ref: Any, where: str) -> SplitRef:
+        if not isinstance(ref, dict):
+            raise ManifestError(f"{where}: should be an object, found {ref!r}")
+        missing = [k for k in ("index_size", "index_sha256") if k not in ref]
+        if missing:
+            raise ManifestError(
+                f"{where}: {'fields' if len(missing) > 1 else 'field'} {' and '.join(map(repr, missing))} "
+                f"{'are' if len(missing) > 1 else 'is'} missing: a manifest records the size and "
+                "SHA-256 of each split's index, which a reader checks the index against; convert the split "
+                "again to write a manifest that has them"
+            )
+        sha = hex_field(ref, "index_sha256", 64, where)
+        if sha is None:
+            raise ManifestError(f"{where}: field 'index_sha256' should be 64 lowercase hex digits, found None")
+        out = cls(
+            index=json_field(ref, "index", str, where),
+            index_size=json_field(ref, "index_size", int, where),
+            index_sha256=sha,
+            samples=json_field(ref, "samples", int, where),
+            shards=json_field(ref, "shards", int, where),
+            bytes=json_field(ref, "bytes", int, where),
+            version=hex_field(ref, "version", VERSION_CHARS, where),
+            compact=CompactRef.from_json(ref.get("compact"), where),
+        )
+        if min(out.index_size, out.samples, out.shards, out.bytes) < 0:
+            raise ManifestError(f"{where}: a negative size or total: {ref!r}")
         return out
 
 
@@ -313,21 +150,9 @@ class Manifest:
         if fmt != FORMAT_NAME:
             raise ManifestError(f"{source}: field 'format' should be {FORMAT_NAME!r}, found {fmt!r}")
         version = json_field(obj, "format_version", int, source)
-        _check_version(version, source)
+        check_format_version(version, source)
         raw = json_field(obj, "splits", dict, source)
-        splits = {}
-        for name, ref in raw.items():
-            where = f"{source} (split {name!r})"
-            if not isinstance(ref, dict):
-                raise ManifestError(f"{where}: should be an object, found {ref!r}")
-            splits[name] = SplitRef(
-                index=json_field(ref, "index", str, where),
-                samples=json_field(ref, "samples", int, where),
-                shards=json_field(ref, "shards", int, where),
-                bytes=json_field(ref, "bytes", int, where),
-                version=hex_field(ref, "version", VERSION_CHARS, where),
-                compact=CompactRef.from_json(ref.get("compact"), where),
-            )
+        splits = {name: SplitRef.from_json(ref, f"{source} (split {name!r})") for name, ref in raw.items()}
         return cls(splits=splits, format_version=version)
 
     @classmethod
@@ -348,17 +173,48 @@ class Manifest:
             return cls(splits={})
         return cls.load(directory)
 
-    def load_split(self, directory: str | os.PathLike[str], split: str) -> SplitIndex:
-        """Load the index of ``split``; the error lists the splits there are."""
+    def ref(self, split: str, *, source: str) -> SplitRef:
+        """The entry of ``split``; ManifestError naming ``source`` and the splits there are."""
         if split not in self.splits:
-            raise ManifestError(f"{Path(directory) / MANIFEST_NAME}: no split {split!r}; splits: {sorted(self.splits)}")
-        ref = self.splits[split]
-        index = SplitIndex.load(Path(directory) / ref.index)
-        self.check_index(split, index, source=str(Path(directory) / ref.index))
+            raise ManifestError(f"{source}: no split {split!r}; splits: {sorted(self.splits)}")
+        return self.splits[split]
+
+    def load_split(self, directory: str | os.PathLike[str], split: str) -> SplitIndex:
+        """Load and check (:meth:`split_index`) the index of ``split`` in the folder ``directory``,
+        as the manifest names it (the reader also checks where that is: :mod:`shardify.locations`)."""
+        path = Path(directory) / self.ref(split, source=str(Path(directory) / MANIFEST_NAME)).index
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ManifestError(f"{path}: cannot read split index: {e}") from e
+        return self.split_index(split, data, source=str(path))
+
+    def split_index(self, split: str, data: bytes, *, source: str) -> SplitIndex:
+        """The index of ``split`` in ``data`` (read from ``source``), checked against the manifest
+        before any sample is read: its split, version, shards (named by the format's rule, in
+        order), totals, size and SHA-256. A mismatch is :class:`IndexMismatchError` naming the
+        split and the first entry that disagrees."""
+        ref = self.ref(split, source=source)
+        found = (len(data), hashlib.sha256(data).hexdigest())
+        same = found == (ref.index_size, ref.index_sha256)
+        try:
+            index = SplitIndex.from_json(load_json(data, source=source), source=source)
+        except ManifestError as e:
+            if same:
+                raise
+            raise IndexMismatchError(f"{_not_recorded(split, found, ref, source)}: {e}", split=split) from e
+        self.check_index(split, index, source=source)
+        self.check_entries(split, index, source=source)
+        if not same:
+            raise IndexMismatchError(
+                f"{_not_recorded(split, found, ref, source)}; its shards, counts and totals agree with the "
+                "manifest, so another field was changed",
+                split=split,
+            )
         return index
 
     def check_index(self, split: str, index: SplitIndex, *, source: str) -> None:
-        """Raise ManifestError unless ``index`` is the one the manifest lists for ``split``."""
+        """Raise ManifestError unless ``index`` is of the split and version the manifest lists for ``split``."""
         ref = self.splits[split]
         if index.split != split:
             raise ManifestError(f"{source}: field 'split' is {index.split!r}, the manifest lists it as {split!r}")
@@ -368,11 +224,47 @@ class Manifest:
                 f"version {ref.version!r} for split {split!r}"
             )
 
+    def check_entries(self, split: str, index: SplitIndex, *, source: str) -> None:
+        """Raise :class:`IndexMismatchError` unless shard ``i`` of ``index`` is named
+        ``shard_name(split, i, version)`` and the shard, sample and byte totals are the manifest's."""
+        ref = self.splits[split]
+        for i, entry in enumerate(index.shards):
+            want = shard_name(split, i, ref.version)
+            if entry.url != want:
+                other = shard_of_split(entry.url, split)
+                whose = f" (shard {other[1]}'s name)" if other is not None and other[0] == ref.version else ""
+                raise IndexMismatchError(
+                    f"{source}: split {split!r}: entry {i} of the index names {entry.url!r}{whose}; shard {i} "
+                    f"is {want!r} (an entry removed, repeated or replaced?)",
+                    split=split,
+                    entry=i,
+                )
+        if len(index.shards) != ref.shards:
+            i = min(len(index.shards), ref.shards)
+            raise IndexMismatchError(
+                f"{source}: split {split!r}: the index lists {len(index.shards)} shards, the manifest "
+                f"{ref.shards}: shard {i} ({shard_name(split, i, ref.version)}) is "
+                f"{'missing from' if len(index.shards) < ref.shards else 'extra in'} the index",
+                split=split,
+                entry=i,
+            )
+        totals = (("samples", index.num_samples, ref.samples), ("bytes", index.num_bytes, ref.bytes))
+        for what, have, recorded in totals:
+            if have != recorded:
+                raise IndexMismatchError(
+                    f"{source}: split {split!r}: the index's shards hold {have:,} {what}, the manifest "
+                    f"records {recorded:,} (a shard's count or size changed)",
+                    split=split,
+                )
+
     def with_split(self, split: str, index: SplitIndex, compact: CompactRef | None = None) -> Manifest:
-        """The manifest with ``split`` switched to ``index`` (its versioned index file) and its
-        ``compact`` index, if it has one."""
+        """The manifest with ``split`` switched to ``index`` (its versioned index file, whose bytes
+        are :func:`index_bytes`) and its ``compact`` index, if it has one."""
+        data = index_bytes(index)
         ref = SplitRef(
             index=index_name(split, index.version),
+            index_size=len(data),
+            index_sha256=hashlib.sha256(data).hexdigest(),
             samples=index.num_samples,
             shards=len(index.shards),
             bytes=index.num_bytes,
@@ -386,3 +278,11 @@ class Manifest:
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         write_json_atomic(Path(directory) / MANIFEST_NAME, self.to_json())
+
+
+def _not_recorded(split: str, found: tuple[int, str], ref: SplitRef, source: str) -> str:
+    return (
+        f"{source}: split {split!r}: the index is {found[0]:,} bytes with SHA-256 {found[1][:16]}..., "
+        f"the manifest records {ref.index_size:,} bytes with SHA-256 {ref.index_sha256[:16]}...: "
+        "it was changed after the manifest was written"
+    )

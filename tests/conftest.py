@@ -10,6 +10,7 @@ a test reads indices back and checks exactly-once without any image decoding.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
@@ -146,3 +147,20 @@ def shards() -> SimpleNamespace:
     return SimpleNamespace(
         tar_bytes=tar_bytes, write_dataset=write_dataset, counting=counting_shards, images=image_shards
     )
+
+
+@pytest.fixture
+def record_index() -> Callable[..., None]:
+    """``record(root, split="train")``: after a test edited a split index on purpose, record its
+    new size and SHA-256 in the manifest as a writer would, so that the edit reaches the later
+    check the test is about instead of the manifest's digest check, which refuses it first."""
+
+    def record(root: Path, split: str = "train") -> None:
+        path = root / "manifest.json"
+        manifest = json.loads(path.read_text())
+        ref = manifest["splits"][split]
+        data = (root / ref["index"]).read_bytes()
+        ref["index_size"], ref["index_sha256"] = len(data), hashlib.sha256(data).hexdigest()
+        path.write_text(json.dumps(manifest))
+
+    return record

@@ -395,3 +395,32 @@ def test_sidecars_are_written_to_s3_and_ranged_reads_fetch_them_through_the_cach
     compact = [n for n in cached if n.endswith(".cidx")]
     assert [n for n in cached if n not in compact] == [f"{i:06d}.tar.idx" for i in range(5)], "the sidecars, once"
     assert len(compact) == 1, "and the compact index the reader read instead of the JSON one, once"
+
+
+def test_a_tampered_index_or_an_escaping_one_on_s3_is_refused_before_a_sample_is_read(
+    bucket: str, source: Path
+) -> None:
+    """The manifest's record of the index is checked over S3 as locally (tests/reader/test_tampered.py)."""
+    import s3fs
+
+    from shardify.errors import IndexMismatchError, LocationError
+    from shardify.reader import ShardedDataset
+
+    url = f"s3://{bucket}/ds"
+    assert main(["convert", "imagefolder", str(source), url, *OPTS]) == 0
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    manifest = json.loads(fs.cat_file(f"{bucket}/ds/manifest.json"))
+    name = manifest["splits"]["train"]["index"]
+    index = json.loads(fs.cat_file(f"{bucket}/ds/{name}"))
+    index["shardlist"][2] = dict(index["shardlist"][1])  # shard 1's samples twice, shard 2's never
+    fs.pipe_file(f"{bucket}/ds/{name}", json.dumps(index).encode())
+    for cache in (CacheOptions(), CacheOptions(ranged=False)):
+        with pytest.raises(IndexMismatchError, match="split 'train': entry 2 of the index names") as e:
+            list(ShardedDataset(url, batch_size=3, cache=cache))
+        assert (e.value.split, e.value.entry) == ("train", 2)
+    assert any("entry 2" in p.message for p in verify_dataset(url).problems)
+    manifest["splits"]["train"]["index"] = f"../other/{name}"
+    fs.pipe_file(f"{bucket}/ds/manifest.json", json.dumps(manifest).encode())
+    with pytest.raises(LocationError, match="refuses to read"):
+        ShardedDataset(url, batch_size=3)
+    assert any("refuses to read" in p.message for p in verify_dataset(url).problems)

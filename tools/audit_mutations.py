@@ -371,7 +371,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M36",
         "readers refuse a format_version newer than theirs, naming the file",
-        "shardify/manifest.py",
+        "shardify/splitindex.py",
         "    if version < 1 or version > READ_VERSION:",
         "    if version < 1:",
         (
@@ -705,10 +705,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     M(
         "M71",
-        "shardify verify/info apply the manifest's index check (split and version), as the reader does",
+        "shardify verify/info apply the manifest's index check (split, version, shards, digest), as the reader does",
         "convert/dataset_files.py",
-        "        self.manifest.check_index(split, index, source=self.files.where(name))  # its split and version\n",
-        "",
+        "        return self.manifest.split_index(split, self.files.read_bytes(name), source=self.files.where(name))\n",
+        "        return SplitIndex.from_json(self.files.read_json(name), source=self.files.where(name))\n",
         ("tests/audit/test_promises_format.py::test_verify_and_info_check_the_index_version_too",),
     ),
     M(

@@ -122,6 +122,7 @@ def _compact_dataset(folder: str, sizes: list[int]) -> int:
     Path(folder, compact_name("train", version)).write_bytes(data)
     ref = {"index": compact_name("train", version), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     split = {"index": f"train-{version}.json", "samples": sum(sizes), "shards": len(sizes), "bytes": 0}
+    split |= {"index_size": 2, "index_sha256": hashlib.sha256(b"{}").hexdigest()}  # not read: the compact one is
     manifest = {
         "format": "shardify",
         "format_version": 2,

@@ -33,6 +33,7 @@ from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery import batchpool
 from shardify.reader.delivery.batchpool import BatchChannel, unpack
 from shardify.reader.delivery.diagnosis import LoaderStats, diagnose, loader_context
+from shardify.reader.delivery.place import require_state
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.delivery.stats import LoaderMeter
@@ -261,7 +262,9 @@ class Loader:
 
         Same world and workers: exactly the batches the saved run had left. Another topology:
         every sample the saved run had not consumed, once over all ranks, in new batches.
+        Anything but a state (None, a list, a string) is refused with ResumeError, changing nothing.
         """
+        require_state(state, owner="loader")
         self._end_iteration()
         ds = self.dataset
         epoch, batches, history, layout = load_state(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardify.errors import ResumeError
@@ -28,7 +28,19 @@ from shardify.reader.plan.epoch import EpochInputs, EpochPlan
 from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import World
 
-__all__ = ["ProcessPlace", "loaded_place"]
+__all__ = ["ProcessPlace", "loaded_place", "require_state"]
+
+
+def require_state(state: object, *, owner: str) -> None:
+    """Raise :class:`ResumeError` unless ``state`` is a state (a dict, as ``{owner}.state_dict()``
+    returns it): ``ckpt.get("loader")`` of a checkpoint saved without one gives None."""
+    if isinstance(state, Mapping):
+        return
+    hint = " (a checkpoint saved without this state? ckpt.get(...) gives None then)" if state is None else ""
+    raise ResumeError(
+        f"{owner}.load_state_dict: got {type(state).__name__} {str(state)[:60]!r}{hint}; a state is the dict "
+        f"that {owner}.state_dict() returns, with keys such as 'version', 'epoch', 'batches' and 'seed'"
+    )
 
 
 class ProcessPlace:

@@ -68,7 +68,7 @@ class FetchOptions:
     default: the backend's usual places (environment, config files)."""
     allow_locations: tuple[str, ...] = ()
     """URL or path prefixes a split index may send the reader to besides its own folder
-    (:mod:`shardify.reader.io.locations`)."""
+    (:mod:`shardify.locations`)."""
     ranged: bool = True
     """Read only the byte ranges of the samples a worker reads, where the index allows it
     (:mod:`shardify.reader.io.ranged`); False: fetch whole shards into the cache."""

@@ -9,6 +9,8 @@ JSON index: one ``uint32`` per shard and the root of the hash tree over the shar
 per-sample table, for ranged reads) comes from its sidecar, loaded the first time the shard is
 read and checked against the root (:func:`shardify.sidecar.decode_proven`). A process remembers
 the size, SHA-256 and offsets of the last :data:`FACTS_KEPT` shards it loaded (about 1 KB each).
+A local shard or sidecar that is a link out of the index's folder is refused when it is loaded
+(:func:`shardify.locations.check_in_folder`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardify.compactindex import CompactIndex, CompactRef, decode
-from shardify.errors import ManifestError, SidecarError
+from shardify.errors import IndexMismatchError, ManifestError, SidecarError
+from shardify.locations import check_in_folder
 from shardify.reader.io.cache import FetchOptions, forget_remote
 from shardify.reader.io.shardlist import ShardInfo, ShardList
 from shardify.reader.io.shardopen import read_whole
@@ -70,7 +73,13 @@ def _cache_key(proof: SidecarProof) -> str:
 
 def load_sidecar(url: str, proof: SidecarProof, *, nsamples: int, fetch: FetchOptions) -> SidecarFacts:
     """The checked sidecar of the compact shard ``url``; its facts are remembered. A remote
-    sidecar that fails its checks is dropped from the cache, so that the next read fetches it again."""
+    sidecar that fails its checks is dropped from the cache, so that the next read fetches it again.
+    A local shard and its sidecar must really be in their folder (a link elsewhere is refused
+    unless ``fetch.allow_locations`` lists where it goes): checked here, once per shard loaded,
+    since every read of a compact shard needs its facts first."""
+    if not is_remote(url):
+        for path in (url, sidecar_name(url)):
+            check_in_folder(os.path.dirname(url), path, allow=fetch.allow_locations)
     try:
         facts = decode_proven(_sidecar_bytes(url, proof, fetch), shard=url, proof=proof, nsamples=nsamples)
     except SidecarError:
@@ -158,15 +167,27 @@ def compact_base(index_at: str) -> str:
     return str(Path(index_at).parent) + os.sep
 
 
-def read_compact(index_at: str, ref: CompactRef, fetch: FetchOptions) -> CompactIndex:
-    """The compact index at ``index_at``, checked against the manifest's ``ref``: a remote one is
-    fetched once per node through the cache (``fetch.cache_dir``), a local one read."""
+def read_compact(index_at: str, ref: CompactRef, fetch: FetchOptions, *, split: str | None = None) -> CompactIndex:
+    """The compact index of ``split`` at ``index_at``, checked against the manifest's ``ref``: a
+    remote one is fetched once per node through the cache (``fetch.cache_dir``, its copy named by
+    the SHA-256 the manifest records), a local one read. Bytes that are not the manifest's are an
+    :class:`IndexMismatchError` at once (not a fetch to retry), and a remote copy of them is
+    dropped from the cache."""
+    key = f"sha256:{ref.sha256}"
     try:
-        data = read_whole(index_at, fetch=fetch, size=ref.size, sha256=ref.sha256)
+        data = read_whole(index_at, fetch=fetch, key=key)
     except ShardFetchError as e:
         raise ManifestError(f"{index_at}: cannot read the compact index: {e.reason}") from e
     except OSError as e:
         raise ManifestError(f"{index_at}: cannot read the compact index: {e}") from e
-    if len(data) != ref.size:
-        raise ManifestError(f"{index_at}: the compact index is {len(data)} bytes, the manifest says {ref.size}")
-    return decode(data, source=index_at, sha256=ref.sha256)
+    try:
+        if len(data) != ref.size:
+            raise IndexMismatchError(
+                f"{index_at}: split {split!r}: the compact index is {len(data)} bytes, the manifest says {ref.size}",
+                split=split,
+            )
+        return decode(data, source=index_at, sha256=ref.sha256, split=split)
+    except ManifestError:
+        if is_remote(index_at):
+            forget_remote(index_at, options=fetch, key=key)
+        raise

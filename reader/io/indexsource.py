@@ -1,22 +1,25 @@
 """Sources of a shardify dataset: from its folder or URL through ``manifest.json``, or from a split index.
 
 A split whose manifest entry names a compact index is read through it
-(:mod:`~shardify.reader.io.compact`); other splits through their JSON index. A shard's ``url`` in
-a split index is relative to the index, and a manifest or index may name files only under its
-own folder and the ``allow_locations`` prefixes (:mod:`~shardify.reader.io.locations`).
+(:mod:`~shardify.reader.io.compact`); other splits through their JSON index, which must be the
+one the manifest records (:meth:`~shardify.manifest.Manifest.split_index`: its size and SHA-256,
+its shards and totals), checked before any sample is read, locally as remotely. A shard's
+``url`` in a split index is relative to the index, and a manifest or index may name files only
+under its own folder (a local one: after resolving links) and the ``allow_locations`` prefixes
+(:mod:`shardify.locations`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shardify.errors import ManifestError, SplitRequiredError
+from shardify.errors import IndexMismatchError, ManifestError, SplitRequiredError
+from shardify.locations import check_location
 from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.compact import CompactShards, compact_base, read_compact
-from shardify.reader.io.locations import check_location
 from shardify.reader.io.shardlist import ShardInfo
-from shardify.reader.io.source import Source, fetch_json
+from shardify.reader.io.source import Source, fetch_file, fetch_json
 from shardify.remote import join_url
 from shardify.tarfmt import shard_name
 
@@ -57,27 +60,26 @@ def _unfinished(directory: Path, split: str | None) -> ManifestError | None:
 
 
 def from_manifest(directory: Path, split: str | None, fetch: FetchOptions) -> Source:
+    manifest_at = str(directory / MANIFEST_NAME)
     try:
         manifest = Manifest.load(directory)
-        split = _only_split(manifest, split, str(directory / MANIFEST_NAME))
-        if split in manifest.splits and manifest.splits[split].compact is not None:
-            return _from_compact(
-                manifest,
-                split,
-                str(directory / MANIFEST_NAME),
-                name=str(directory),
-                fetch=fetch,
-                dataset=str(directory),
-            )
-        index = manifest.load_split(directory, split)
+        split = _only_split(manifest, split, manifest_at)
+        ref = manifest.ref(split, source=manifest_at)
+        if ref.compact is not None:
+            return _from_compact(manifest, split, manifest_at, name=str(directory), fetch=fetch, dataset=str(directory))
+        index_at = str(directory / ref.index)
+        check_location(manifest_at, index_at, allow=fetch.allow_locations)
+        try:
+            data = Path(index_at).read_bytes()
+        except OSError as e:
+            raise ManifestError(f"{index_at}: cannot read split index: {e}") from e
+        index = manifest.split_index(split, data, source=index_at)
     except ManifestError as e:
         unfinished = _unfinished(directory, split)
         if unfinished is not None:
             raise unfinished from e
         raise
-    return from_index(
-        index, str(directory / manifest.splits[split].index), name=str(directory), fetch=fetch, dataset=str(directory)
-    )
+    return from_index(index, index_at, name=str(directory), fetch=fetch, dataset=str(directory))
 
 
 def from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
@@ -89,14 +91,12 @@ def from_url(url: str, split: str | None, fetch: FetchOptions) -> Source:
     top = url if url.endswith(".json") else url.rstrip("/") + "/" + MANIFEST_NAME
     manifest = Manifest.from_json(fetch_json(top, fetch, "manifest"), source=top)
     split = _only_split(manifest, split, top)
-    if split not in manifest.splits:
-        raise ManifestError(f"{top}: no split {split!r}; splits: {sorted(manifest.splits)}")
-    if manifest.splits[split].compact is not None:
+    ref = manifest.ref(split, source=top)
+    if ref.compact is not None:
         return _from_compact(manifest, split, top, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
-    index_url = join_url(top, manifest.splits[split].index)
+    index_url = join_url(top, ref.index)
     check_location(top, index_url, allow=fetch.allow_locations)
-    index = SplitIndex.from_json(fetch_json(index_url, fetch, "split index"), source=index_url)
-    manifest.check_index(split, index, source=index_url)
+    index = manifest.split_index(split, fetch_file(index_url, fetch, "split index"), source=index_url)
     return from_index(index, index_url, name=url.removesuffix("/" + MANIFEST_NAME), fetch=fetch, dataset=top)
 
 
@@ -109,15 +109,17 @@ def _from_compact(
         raise ManifestError(f"{manifest_at}: split {split!r} names a compact index without a version token")
     index_at = _shard_location(manifest_at, ref.compact.index)
     check_location(manifest_at, index_at, allow=fetch.allow_locations)
-    compact = read_compact(index_at, ref.compact, fetch)
+    compact = read_compact(index_at, ref.compact, fetch, split=split)
     fields = {k: v for k, v in compact.fields.items() if k != "num_samples"}
     meta = SplitIndex.from_json({"wids_version": 1, "shardlist": [], "shardify": fields}, source=index_at)
     manifest.check_index(split, meta, source=index_at)
     if meta.chunk is not None or compact.num_samples != ref.samples or compact.shards != ref.shards:
-        raise ManifestError(
-            f"{index_at}: {compact.shards} shards of {compact.num_samples} samples"
+        raise IndexMismatchError(
+            f"{index_at}: split {split!r}: {compact.shards} shards of {compact.num_samples} samples"
             f"{' in chunks' if meta.chunk is not None else ''}; the manifest lists {ref.shards} shards of "
-            f"{ref.samples} samples for split {split!r}"
+            f"{ref.samples} samples",
+            split=split,
+            entry=min(compact.shards, ref.shards) if compact.shards != ref.shards else None,
         )
     base = compact_base(index_at)
     check_location(index_at, base + shard_name(split, 0, ref.version), allow=fetch.allow_locations)

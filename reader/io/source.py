@@ -31,16 +31,20 @@ from shardify.reader.io.shardlist import (
 from shardify.reader.io.shardopen import is_gzip, open_tar
 from shardify.remote import ShardFetchError, fetch_bytes, is_remote
 
-__all__ = ["Source", "ShardColumns", "shard_columns", "fetch_json"]
+__all__ = ["Source", "ShardColumns", "shard_columns", "fetch_file", "fetch_json"]
+
+
+def fetch_file(url: str, fetch: FetchOptions, what: str) -> bytes:
+    """The bytes of the small file at the URL ``url`` (``what`` it is, for the error)."""
+    try:
+        return fetch_bytes(url, retry=fetch.retry, storage_options=fetch.storage_options)
+    except ShardFetchError as e:
+        raise ManifestError(f"{url}: cannot read {what}: {e.reason}") from e
 
 
 def fetch_json(url: str, fetch: FetchOptions, what: str) -> dict[str, Any]:
     """The JSON file at the URL ``url`` (``what`` it is, for the error)."""
-    try:
-        data = fetch_bytes(url, retry=fetch.retry, storage_options=fetch.storage_options)
-    except ShardFetchError as e:
-        raise ManifestError(f"{url}: cannot read {what}: {e.reason}") from e
-    return load_json(data, source=url)
+    return load_json(fetch_file(url, fetch, what), source=url)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def resolve_source(
     ``storage_options`` go to the fsspec backend of ``s3://`` and other URLs (credentials,
     endpoint); by default it takes them from its usual places (``AWS_*`` variables, ``~/.aws``).
     A manifest or split index may name files only under its own folder, and under the
-    ``allow_locations`` prefixes (:mod:`shardify.reader.io.locations`). ``ranged`` and
+    ``allow_locations`` prefixes (:mod:`shardify.locations`; a local one's after resolving links). ``ranged`` and
     ``requests``: see :class:`~shardify.reader.io.cache.FetchOptions`.
     """
     fetch = FetchOptions(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardify import manifest as manifest_module
+from shardify import splitindex as splitindex_module
 from shardify.chunk import KEYS_EXT, Stacked, Variable, decode_chunk, encode_chunk
 from shardify.convert import ShardWriter
 from shardify.errors import EncodeError, ManifestError, ShardFormatError
@@ -147,7 +147,7 @@ def _chunked_index(tmp_path: Path) -> Path:
 def test_a_reader_of_formats_1_to_2_refuses_a_chunked_split_by_name(tmp_path: Path, monkeypatch) -> None:
     root = _chunked_index(tmp_path)
     assert Manifest.load(root).load_split(root, "train").chunk == 3
-    monkeypatch.setattr(manifest_module, "READ_VERSION", 2)  # what the format-2 reader had
+    monkeypatch.setattr(splitindex_module, "READ_VERSION", 2)  # what the format-2 reader had
     with pytest.raises(
         ManifestError,
         match=r"train-[0-9a-f]{12}\.json \[shardify\]: field 'format_version' is 3, "

@@ -71,7 +71,9 @@ def test_shards_with_sidecars_are_plain_tars_to_tar_and_webdataset(tmp_path: Pat
     assert got == [f"{i:09d}" for i in range(20)]
 
 
-def test_verify_names_a_tampered_sidecar(tmp_path: Path, sidecars: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_names_a_tampered_sidecar(
+    tmp_path: Path, sidecars: None, capsys: pytest.CaptureFixture[str], record_index
+) -> None:
     out = _dataset(tmp_path / "ds")
     entry = json.loads(_index(out).read_text())["shardlist"][1]
     idx = out / f"{entry['url']}.idx"
@@ -86,6 +88,7 @@ def test_verify_names_a_tampered_sidecar(tmp_path: Path, sidecars: None, capsys:
         obj = json.loads(name.read_text())
         obj["shardlist"][1]["sidecar"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         name.write_text(json.dumps(obj))
+    record_index(out)  # and a manifest that agrees with that index
     problems = verify_dataset(out).problems  # the root still tells, and the sample's bytes do
     assert [(p.shard, p.key) for p in problems] == [(entry["url"], None), (entry["url"], f"{8 + 3:09d}")]
     assert "does not belong" in problems[0].message and "per-sample checksum" in problems[1].message

@@ -18,8 +18,8 @@ from shardify.convert.synth import make_imagefolder
 from shardify.convert.write.outfs import open_output
 from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.write.versions import collect_garbage, folder_state
-from shardify.errors import DatasetVersionError, OutputExistsError
-from shardify.manifest import Manifest, SplitIndex
+from shardify.errors import DatasetVersionError, ManifestError, OutputExistsError
+from shardify.manifest import Manifest, SplitIndex, json_bytes
 from shardify.reader import BatchOptions
 
 TIME_LIMIT_S = 120
@@ -163,7 +163,7 @@ def test_gc_keeps_the_current_version_and_unfinished_work(tmp_path: Path, option
     assert result.splits["train"].reused_shards == 4
 
 
-def test_format_1_manifests_and_indexes_still_load(tmp_path: Path) -> None:
+def test_format_1_indexes_still_load_and_a_manifest_without_the_index_record_is_refused(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(
         json.dumps(
             {
@@ -184,10 +184,15 @@ def test_format_1_manifests_and_indexes_still_load(tmp_path: Path) -> None:
             }
         )
     )
-    manifest = Manifest.load(tmp_path)
-    assert manifest.format_version == 1 and manifest.splits["train"].version is None
-    index = manifest.load_split(tmp_path, "train")
+    with pytest.raises(ManifestError, match="fields 'index_size' and 'index_sha256' are missing"):
+        Manifest.load(tmp_path)  # a manifest that cannot vouch for its index
+    index = SplitIndex.load(tmp_path / "train.json")
     assert index.version is None and index.shards[0].url == "train-000000.tar"
+    Manifest(splits={}).with_split("train", index).save(tmp_path)
+    manifest = Manifest.load(tmp_path)
+    assert manifest.splits["train"].version is None and manifest.splits["train"].index == "train.json"
+    (tmp_path / "train.json").write_bytes(json_bytes(index.to_json()))
+    assert manifest.load_split(tmp_path, "train") == index
 
 
 @pytest.mark.parametrize(

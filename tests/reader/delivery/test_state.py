@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shardify.convert import ShardWriter
+from shardify.errors import ResumeError
 from shardify.reader import BatchOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.delivery.state import STATE_VERSION, load_state, make_state, seal_state
 
@@ -292,3 +293,18 @@ def test_a_state_is_made_from_the_datasets_plain_resume_basis(counting_dataset):
     other = ShardedDataset(root, batch_size=4, shuffle=True, seed=4).resume_basis
     with pytest.raises(ValueError, match="field 'seed' is 3, this loader has 4"):
         load_state(other, state, world=1, workers=1)
+
+
+@pytest.mark.parametrize("given", [None, [1, 2], "loader.pt", 3], ids=["None", "list", "str", "int"])
+def test_anything_but_a_state_is_refused_saying_what_it_got_and_what_a_state_is(counting_dataset, given):
+    """``ckpt.get("loader")`` of a checkpoint saved without the loader's state is None: refused
+    with ResumeError (not an AttributeError), and the loader goes on as it was."""
+    root = counting_dataset(SIZES)
+    loader = make_loader(ShardedDataset(root, **OPTIONS))
+    with pytest.raises(
+        ResumeError, match=rf"loader.load_state_dict: got {type(given).__name__} .*loader.state_dict\(\)"
+    ):
+        loader.load_state_dict(given)
+    with pytest.raises(ResumeError, match=rf"dataset.load_state_dict: got {type(given).__name__} .*'epoch'"):
+        ShardedDataset(root, **OPTIONS).load_state_dict(given)
+    assert sorted(v for b in values(list(loader)) for v in b) == list(range(sum(SIZES)))

@@ -157,6 +157,7 @@ def test_a_split_of_50000_shards_is_set_up_and_planned_without_a_shard_info_each
     (tmp_path / f"train-{version}.cidx").write_bytes(data)
     ref = {"index": f"train-{version}.cidx", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     split = {"index": f"train-{version}.json", "samples": 350_000, "shards": 50_000, "bytes": 0, "version": version}
+    split |= {"index_size": 2, "index_sha256": hashlib.sha256(b"{}").hexdigest()}  # not read: the compact one is
     manifest = {"format": "shardify", "format_version": 2, "splits": {"train": {**split, "compact": ref}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     made: list[int] = []  # shard entries and shard URLs made

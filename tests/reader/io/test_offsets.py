@@ -188,12 +188,13 @@ def test_the_index_refuses_offsets_that_cannot_be_right_and_omits_none() -> None
             ShardEntry.from_json({**entry, "offsets": bad}, source="t")
 
 
-def test_verify_reports_an_index_whose_offsets_do_not_match(tmp_path: Path) -> None:
+def test_verify_reports_an_index_whose_offsets_do_not_match(tmp_path: Path, record_index) -> None:
     root = _dataset(tmp_path / "ds")
     for name in ("train.json", next(p.name for p in root.glob("train-*.json"))):
         index = json.loads((root / name).read_text())
         index["shardlist"][0]["offsets"][2] += 512
         (root / name).write_text(json.dumps(index))
+    record_index(root)  # an index written so (not edited after the manifest): its offsets are checked
     report = verify_dataset(root)
     assert [p.message for p in report.problems] == [
         f"the index's offset of sample {2 * OFFSET_STRIDE} is "
