@@ -39,16 +39,17 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from shardify.chunk import KEYS_EXT, chunk_count
-from shardify.errors import KeyRuleError
+from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.chunked import ChunkSlicer
 from shardify.reader.io.forward import read_forward
 from shardify.reader.io.items import Item, Lost
 from shardify.reader.io.ranged import RangeFetcher, read_ranged
 from shardify.reader.io.seekread import read_scanned, read_windows
-from shardify.reader.io.shardfile import ShardChecks, ShardFiles
+from shardify.reader.io.shardfile import ShardChecks, ShardFiles, Table
 from shardify.reader.io.shardlist import distinct_values
 from shardify.reader.io.shardopen import open_tar
+from shardify.reader.io.tableread import read_table
 from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["Lost", "Item", "ShardReader"]
@@ -69,6 +70,7 @@ class ShardReader:
         filesizes: Sequence[int | None] | None = None,
         chunks: Sequence[int | None] | None = None,
         ranged: RangeFetcher | None = None,
+        tables: Sequence[Table] | None = None,
     ) -> None:
         units = list(sizes)
         """Samples per shard, or for a chunked shard chunks: the units its tar samples are."""
@@ -86,7 +88,7 @@ class ShardReader:
             units,
             skip_damaged=skip_damaged,
             opener=opener,
-            checks=ShardChecks(checksums=checksums, offsets=offsets, filesizes=filesizes),
+            checks=ShardChecks(checksums=checksums, offsets=offsets, filesizes=filesizes, tables=tables),
             max_member=max_member,
             keep=keep,
         )
@@ -123,10 +125,22 @@ class ShardReader:
             yield from refused
         elif not files.seekable(shard):
             yield from read_forward(files.cursor(shard, start), start, stop, skip_damaged=files.skip)
+        elif (table := self._table(shard, start, stop)) is not None:
+            yield from table
         elif files.windowed(shard, start, stop):
             yield from read_windows(files, shard, start, stop, self._fields)
         else:
             yield from read_scanned(files, shard, start, stop, self._fields)
+
+    def _table(self, shard: int, start: int, stop: int) -> Iterator[Item] | None:
+        """The checked read of ``start..stop-1`` by ``shard``'s per-sample table; None when it
+        has none (or none was given); its damage when the table cannot be loaded."""
+        files = self._files
+        try:
+            ranges = files.sample_ranges(shard)
+        except ShardFormatError as e:
+            return files.lost(shard, start, stop, e)
+        return None if ranges is None else read_table(files, shard, start, stop, ranges)
 
 
 def _keep_member(fields: frozenset[str], name: str) -> bool:
