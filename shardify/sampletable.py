@@ -149,19 +149,24 @@ class TableBuilder:
 
 
 class SampleRanges(Sequence[tuple[int, int, bytes]]):
-    """``(start, stop, digest)`` of each sample of a table, made on access: the table's records
-    and one 8-byte end a sample are all it holds (a reader keeps those of every shard it reads,
-    so not three Python objects a sample)."""
+    """``(start, stop, digest)`` of each sample of a table, made on access: the table's records,
+    one 8-byte end and one 4-byte checksum a sample are all it holds (a reader keeps those of
+    every shard it reads, so not three Python objects a sample). :attr:`ends` (``ends[i]`` and
+    ``ends[i + 1]`` bound sample ``i``) and :attr:`crcs` (each sample's CRC-32 as an int) are
+    there for a reader's per-sample loop, at no method call's cost."""
 
     def __init__(self, raw: bytes) -> None:
         self._raw = raw
         ends = np.zeros(len(raw) // RECORD.size + 1, dtype="<i8")
         np.cumsum(_sizes(raw), dtype="<i8", out=ends[1:])
-        self._ends = array("q")
-        self._ends.frombytes(ends.tobytes())  # an array: indexing gives a Python int, at no numpy cost
+        self.ends = array("q")
+        self.ends.frombytes(ends.tobytes())  # an array: indexing gives a Python int, at no numpy cost
+        self.crcs = array("I")
+        whole = raw[: len(raw) // RECORD.size * RECORD.size]
+        self.crcs.frombytes(np.frombuffer(whole, dtype="<u4")[1::2].astype(np.uint32).tobytes())
 
     def __len__(self) -> int:
-        return len(self._ends) - 1
+        return len(self.ends) - 1
 
     @overload
     def __getitem__(self, i: int) -> tuple[int, int, bytes]: ...
@@ -176,7 +181,7 @@ class SampleRanges(Sequence[tuple[int, int, bytes]]):
         if not 0 <= i < n:
             raise IndexError(f"sample {i} of a table of {n}")
         at = i * RECORD.size + 4
-        return self._ends[i], self._ends[i + 1], self._raw[at : at + DIGEST_BYTES]
+        return self.ends[i], self.ends[i + 1], self._raw[at : at + DIGEST_BYTES]
 
 
 def _sizes(raw: bytes) -> np.ndarray:

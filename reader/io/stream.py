@@ -49,7 +49,6 @@ from shardify.reader.io.seekread import read_scanned, read_windows
 from shardify.reader.io.shardfile import ShardChecks, ShardFiles, Table
 from shardify.reader.io.shardlist import distinct_values
 from shardify.reader.io.shardopen import open_tar
-from shardify.reader.io.tableread import read_table
 from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = ["Lost", "Item", "ShardReader"]
@@ -125,22 +124,16 @@ class ShardReader:
             yield from refused
         elif not files.seekable(shard):
             yield from read_forward(files.cursor(shard, start), start, stop, skip_damaged=files.skip)
-        elif (table := self._table(shard, start, stop)) is not None:
-            yield from table
-        elif files.windowed(shard, start, stop):
-            yield from read_windows(files, shard, start, stop, self._fields)
         else:
-            yield from read_scanned(files, shard, start, stop, self._fields)
-
-    def _table(self, shard: int, start: int, stop: int) -> Iterator[Item] | None:
-        """The checked read of ``start..stop-1`` by ``shard``'s per-sample table; None when it
-        has none (or none was given); its damage when the table cannot be loaded."""
-        files = self._files
-        try:
-            ranges = files.sample_ranges(shard)
-        except ShardFormatError as e:
-            return files.lost(shard, start, stop, e)
-        return None if ranges is None else read_table(files, shard, start, stop, ranges)
+            try:
+                ranges = files.sample_ranges(shard)  # each sample checked against it
+            except ShardFormatError as e:  # a sidecar missing, or not this shard's
+                yield from files.lost(shard, start, stop, e)
+                return
+            if files.windowed(shard, start, stop):
+                yield from read_windows(files, shard, start, stop, self._fields, ranges)
+            else:
+                yield from read_scanned(files, shard, start, stop, self._fields, ranges)
 
 
 def _keep_member(fields: frozenset[str], name: str) -> bool:
