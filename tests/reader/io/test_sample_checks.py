@@ -218,3 +218,33 @@ def test_verify_hashes_a_shard_again_when_it_changed_between_epochs(tiny: Path, 
         with pytest.raises(ShardFormatError) as caught:
             list(loader)
     assert shard.name in str(caught.value) and "sha256" in str(caught.value)
+
+
+def test_verify_hashes_a_shard_once_while_its_file_stays_the_same(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    """The stamp looked at before each read costs no hash while the file is unchanged; a touch
+    (same bytes, new mtime) is hashed again and passes."""
+    from shardify.manifest import file_sha256
+    from shardify.reader.io import shardfile
+
+    root = _copy(tiny, tmp_path / "ds")
+    shard = _shards(root)[0]
+    calls: list[int] = []
+    monkeypatch.setattr(shardfile, "file_sha256", lambda f: (calls.append(1), file_sha256(f))[1])
+    with open(shard, "rb") as f:
+        sha = file_sha256(f)
+    files = shardfile.ShardFiles(
+        [str(shard)],
+        [10],
+        skip_damaged=False,
+        opener=lambda url: (open(url, "rb"), True),
+        checks=shardfile.ShardChecks(checksums=[sha]),
+        max_member=1 << 20,
+        keep=None,
+    )
+    assert files.verify(0) is None and files.verify(0) is None and len(calls) == 1
+    os.utime(shard, ns=(1, 1))
+    assert files.verify(0) is None and len(calls) == 2
+    _change_text(shard)
+    problem = files.verify(0)
+    assert problem is not None and "sha256" in str(problem) and len(calls) == 3
+    files.close()
