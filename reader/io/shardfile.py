@@ -3,7 +3,9 @@
 :class:`ShardFiles` is what every read strategy of :class:`~shardify.reader.io.stream.ShardReader`
 stands on: it opens a shard (one file open at a time; a forward :class:`Cursor` counts as
 one), checks its SHA-256 against the manifest's before its first sample is used (once per
-shard and process), and finds where its samples lie (a whole header scan, or the split
+shard and process, and again when a local shard's file changed since: its size, mtime, ctime
+or inode, looked at before each read), keeps its per-sample table (from the index or a
+sidecar, loaded when first read), and finds where its samples lie (a whole header scan, or the split
 index's windows of ``OFFSET_STRIDE`` samples), keeping what it found. Damage is handled in
 one place: :meth:`ShardFiles.lost` raises it, or under ``skip_damaged`` turns every position
 it spoils into a :class:`~shardify.reader.io.items.Lost`. :func:`read_at` is the one read of

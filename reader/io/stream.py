@@ -13,13 +13,19 @@ kept when all its members were read before it (the damage is not in one of its o
 members; see :func:`shardify.tario.iter_samples`).
 
 With ``checksums``, each shard's SHA-256 is checked against the manifest's before its first
-sample is used (once per shard and process); a mismatch raises, or with ``skip_damaged``
-loses every position of the shard.
+sample is used (once per shard and process, again when a local shard's file changed since);
+a mismatch raises, or with ``skip_damaged`` loses every position of the shard.
+
+With ``tables`` (each shard's per-sample table, :mod:`shardify.sampletable`), every sample of
+a plain tar shard is read whole and checked against its CRC-32 (:mod:`~shardify.reader.io.seekread`):
+one that does not match is a :class:`~shardify.errors.SampleChecksumError` naming the shard
+and key, or with ``skip_damaged`` that position alone comes back :class:`Lost`. Gzip and
+chunked shards have no table.
 
 A shard that cannot be opened (deleted, never there, a directory, no permission) is damage
 like any other: a :class:`ShardFormatError` naming it, or with ``skip_damaged`` its positions
-come back :class:`Lost`. Only the ``fields`` asked for are read into memory; the others are
-passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
+come back :class:`Lost`. Without a table, only the ``fields`` asked for are read into memory;
+the others are passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
 its last sample is read to its trailer too, so a CRC mismatch is damage of that shard.
 
 Chunked shards (``chunks``, :mod:`shardify.chunk`) are read by the same machinery in units of
