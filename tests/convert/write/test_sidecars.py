@@ -22,7 +22,7 @@ from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.write.versions import collect_garbage
 from shardify.manifest import Manifest
 from shardify.reader import ShardedDataset
-from shardify.sidecar import HEADER, decode
+from shardify.sidecar import HEADER, SIDECAR_RECORD, decode
 
 
 def _dataset(root: Path, n: int = 20, *, fsync: bool = False) -> Path:
@@ -77,7 +77,7 @@ def test_verify_names_a_tampered_sidecar(tmp_path: Path, sidecars: None, capsys:
     entry = json.loads(_index(out).read_text())["shardlist"][1]
     idx = out / f"{entry['url']}.idx"
     data = bytearray(idx.read_bytes())
-    data[HEADER.size + 3 * 28 + 12] ^= 0xFF  # the digest of sample 3 (after its offset and length)
+    data[HEADER.size + 3 * SIDECAR_RECORD.size + 12] ^= 0xFF  # the checksum of sample 3 (after its offset and length)
     idx.write_bytes(bytes(data))
     report = verify_dataset(out)
     assert [(p.shard, "sha256" in p.message) for p in report.problems] == [(entry["url"], True)]
