@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
@@ -31,7 +32,7 @@ from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, Shard
 from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
-from shardify.sampletable import DIGEST_BYTES, SampleTable
+from shardify.sampletable import SampleTable, digest_of_crc
 from shardify.sidecar import SidecarProof, decode_proven, sidecar_name
 from shardify.sidecar import decode as decode_sidecar
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
@@ -64,8 +65,8 @@ class VerifyReport:
 
 class _HashingReader:
     """A forward-only view of a file that hashes what is read (so seeks are disabled); with a
-    per-sample table, also each sample's bytes, against its digest (``mismatched``: the sample
-    numbers whose bytes do not hash to the table's digest)."""
+    per-sample table, also each sample's bytes, against its checksum (``mismatched``: the sample
+    numbers whose bytes do not match the table's CRC-32)."""
 
     def __init__(self, f: BinaryIO, table: bytes = b"") -> None:
         self.f = f
@@ -73,7 +74,7 @@ class _HashingReader:
         self.size = 0
         self._ranges = SampleTable(table).ranges() if table else []
         self._at = 0  # the sample whose bytes come next
-        self._sample = hashlib.sha256()
+        self._sample = 0  # the running CRC-32 of the sample's bytes so far
         self.mismatched: list[int] = []
 
     def read(self, n: int = -1) -> bytes:
@@ -93,12 +94,12 @@ class _HashingReader:
             take = max(0, start - pos)  # bytes before this sample (none: samples are contiguous)
             data, pos = data[take:], pos + take
             part = data[: stop - pos]
-            self._sample.update(part)
+            self._sample = zlib.crc32(part, self._sample)
             data, pos = data[len(part) :], pos + len(part)
             if pos == stop:
-                if self._sample.digest()[:DIGEST_BYTES] != digest:
+                if digest_of_crc(self._sample) != digest:
                     self.mismatched.append(self._at)
-                self._sample = hashlib.sha256()
+                self._sample = 0
                 self._at += 1
 
     def seekable(self) -> bool:

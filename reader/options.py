@@ -111,14 +111,21 @@ class DecodeOptions:
     the GPU with nvJPEG, the workers only drawing each image's crop and flip (see
     :mod:`shardify.reader.sample.decoders`). ``on_error``: ``"raise"`` (naming the shard and
     key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
-    good samples of the same batch). ``verify``: check each shard's SHA-256 before use; True
-    takes them from the split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file."""
+    good samples of the same batch). ``verify``: check each shard's SHA-256 before use (again
+    when its file changed since); True takes them from the split index, or give them:
+    ``{shard: sha256}`` or a ``sha256sum`` file. ``check_samples`` (default True): check each
+    sample's bytes against the CRC-32 the split index's per-sample table records, as it is
+    read; a sample that does not match is a ``SampleChecksumError`` naming the shard and key
+    (or, with ``on_error="skip"``, counted and skipped). Shards without a table (a list of tar
+    files, webdataset shards, gzip and chunked shards) are not checked sample by sample;
+    remote ranged reads are always checked. False reads only the fields asked for, unchecked."""
 
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER
     device: str | Any | None = None
     on_error: Literal["raise", "skip"] = "raise"
     verify: bool | ChecksumSpec = False
+    check_samples: bool = True
 
     def __post_init__(self) -> None:
         if self.max_member_bytes < 0:
@@ -216,6 +223,7 @@ class ReadOptions:
     on_error: Literal["raise", "skip"] = "raise"
     allow_pickle: bool = False
     verify: bool = False
+    check_samples: bool = True
     samples_per_epoch: int | None = None
     mark_repeats: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER
@@ -248,6 +256,7 @@ class ReadOptions:
                 max_member_bytes=self.max_member_bytes,
                 on_error=self.on_error,
                 verify=self.verify,
+                check_samples=self.check_samples,
             ),
         }
 
@@ -282,6 +291,7 @@ class ReadOptions:
             on_error=decoding.on_error,
             allow_pickle=decoding.allow_pickle,
             verify=decoding.verify is not False,
+            check_samples=decoding.check_samples,
             samples_per_epoch=sampling.samples_per_epoch,
             mark_repeats=sampling.mark_repeats,
             max_member_bytes=decoding.max_member_bytes,

@@ -19,6 +19,7 @@ from shardify.reader.delivery.state import IterPosition
 from shardify.reader.io.rangesetup import range_fetcher
 from shardify.reader.io.sources import shard_columns
 from shardify.reader.io.stream import ShardReader
+from shardify.reader.io.tablesetup import sample_tables
 from shardify.reader.options import ReadOptions
 from shardify.reader.plan.epoch import EpochPlan
 from shardify.reader.sample.collate import private_empty
@@ -60,6 +61,7 @@ class ProcessReader:
                     filesizes=columns.filesizes,
                     chunks=columns.chunks,
                     ranged=range_fetcher(setup.sources),
+                    tables=sample_tables(setup.sources) if options.check_samples else None,
                 ),
             )
         return self._reader[1]

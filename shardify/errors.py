@@ -19,6 +19,7 @@ __all__ = [
     "SidecarError",
     "InputError",
     "SampleError",
+    "SampleChecksumError",
     "FieldError",
     "OutputExistsError",
     "OutputError",
@@ -151,6 +152,12 @@ class InputError(_Located):
 
 class SampleError(_AtShard):
     """A sample could not be decoded or transformed while reading."""
+
+
+class SampleChecksumError(ShardFormatError, SampleError):
+    """A sample's bytes do not match the checksum its split index records (changed or corrupt
+    since the conversion): names the shard and the sample's key. Only that sample is bad; the
+    shard's other samples are read (with ``on_error="skip"`` it is counted and skipped)."""
 
 
 class FieldError(ShardifyError, ValueError):

@@ -7,10 +7,10 @@ sidecar of a shard the first time it reads from that shard, so what a rank reads
 the shards it touches, not with the split.
 
 Layout, little-endian, version 2 (written): a 64-byte header (``b"SHFYIDX\\0"``, ``uint16``
-version 2, ``uint16`` record size 28, ``uint32`` record count, ``uint64`` the shard's size in
+version 2, ``uint16`` record size 16, ``uint32`` record count, ``uint64`` the shard's size in
 bytes, the shard's 32-byte SHA-256, ``uint32`` the number of proof hashes, 4 zero bytes), then
-one 28-byte record per sample: the sample's absolute byte offset in the shard (``uint64``), its
-length (``uint32``) and the first 16 bytes of its SHA-256, as in the inline table; then the
+one 16-byte record per sample: the sample's absolute byte offset in the shard (``uint64``), its
+length (``uint32``) and its CRC-32 (``uint32``), as in the inline table; then the
 sidecar's proof: the sibling hashes (32 bytes each) on its leaf's path in the split's hash tree
 (:mod:`shardify.merkle`), whose leaf is the sidecar's bytes before the proof. A reader of the
 compact index (:mod:`shardify.compactindex`) checks a sidecar against the tree's root alone
@@ -62,7 +62,7 @@ HEADER_V1 = struct.Struct("<8sHHI")
 HEADER = struct.Struct("<8sHHIQ32sI4x")
 """Version 2: magic, version, record size, record count, shard size, shard SHA-256, proof hashes."""
 SIDECAR_RECORD = struct.Struct(f"<QI{DIGEST_BYTES}s")
-"""One sample: absolute byte offset in the shard, length, the first bytes of its SHA-256."""
+"""One sample: absolute byte offset in the shard, length, checksum (CRC-32)."""
 _RECORDS = np.dtype([("offset", "<u8"), ("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
 """The same, as NumPy reads it."""
 

@@ -3,7 +3,9 @@
 :class:`ShardFiles` is what every read strategy of :class:`~shardify.reader.io.stream.ShardReader`
 stands on: it opens a shard (one file open at a time; a forward :class:`Cursor` counts as
 one), checks its SHA-256 against the manifest's before its first sample is used (once per
-shard and process), and finds where its samples lie (a whole header scan, or the split
+shard and process, and again when a local shard's file changed since: its size, mtime, ctime
+or inode, looked at before each read), keeps its per-sample table (from the index or a
+sidecar, loaded when first read), and finds where its samples lie (a whole header scan, or the split
 index's windows of ``OFFSET_STRIDE`` samples), keeping what it found. Damage is handled in
 one place: :meth:`ShardFiles.lost` raises it, or under ``skip_damaged`` turns every position
 it spoils into a :class:`~shardify.reader.io.items.Lost`. :func:`read_at` is the one read of
@@ -12,6 +14,7 @@ a member's bytes at a known offset, and says so when the file is shorter than it
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,17 +25,37 @@ from shardify.manifest import file_sha256
 from shardify.reader.io.forward import Cursor
 from shardify.reader.io.items import READ_ERRORS, Lost, damage
 from shardify.reader.io.shardlist import LazySequence
-from shardify.reader.io.shardopen import is_gzip, open_shard
+from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
 from shardify.remote import is_remote
+from shardify.sampletable import RECORD, SampleRanges, SampleTable
 from shardify.tarfmt import OFFSET_STRIDE
 from shardify.tario import KeepMember, ShardLayout, scan_layout, scan_window
 
-__all__ = ["ShardFiles", "ShardChecks", "read_at"]
+__all__ = ["ShardFiles", "ShardChecks", "Table", "FileStamp", "file_stamp", "read_at"]
 
 _MAX_CACHED_SHARDS = 1024
 _MAX_CACHED_WINDOWS = 16384
+_MAX_CACHED_TABLE_BYTES = 64 << 20
+"""Per-sample tables kept per reader, in bytes (16 a sample: its record and its end)."""
 
 Opener = Callable[[str], tuple[BinaryIO, bool]]
+
+
+FileStamp = tuple[int, int, int, int]
+"""A local file's size, mtime and ctime (ns) and inode: any write, replacement or touch changes it."""
+
+
+def _ranges_bytes(ranges: SampleRanges) -> int:
+    return len(ranges) * (RECORD.size + 8)
+
+
+def file_stamp(url: str) -> FileStamp | None:
+    """The :data:`FileStamp` of the local shard ``url`` (None for a remote one, checked as it is
+    fetched); OSError when it cannot be had."""
+    if is_remote(url):
+        return None
+    st = os.stat(local_path(url))
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def read_at(f: BinaryIO, at: int, size: int, *, url: str, key: str, field: str) -> bytes:
@@ -47,15 +70,21 @@ def read_at(f: BinaryIO, at: int, size: int, *, url: str, key: str, field: str) 
     return data
 
 
+Table = bytes | Callable[[], bytes]
+"""A shard's per-sample table (:mod:`shardify.sampletable`; b"": none), or what loads it (a sidecar)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ShardChecks:
     """What the index says of each shard, for checking the file against it: ``checksums``
     (hex SHA-256, None: not checked), ``offsets`` (bytes of samples 0, OFFSET_STRIDE, ...;
-    None or empty: not known) and ``filesizes`` (None: not known)."""
+    None or empty: not known), ``filesizes`` (None: not known) and ``tables`` (each shard's
+    per-sample table, or its loader; None or b"": none, its samples are not checked)."""
 
     checksums: Sequence[str] | None = None
     offsets: Sequence[Sequence[int]] | None = None
     filesizes: Sequence[int | None] | None = None
+    tables: Sequence[Table] | None = None
 
 
 T = TypeVar("T")
@@ -89,14 +118,17 @@ class ShardFiles:
         self.max_member = max_member
         self.keep = keep
         self._opener = opener
-        for name in ("checksums", "offsets", "filesizes"):
+        for name in ("checksums", "offsets", "filesizes", "tables"):
             given = getattr(checks, name)
             if given is not None and len(given) != len(self.urls):
                 raise ValueError(f"{name}= has {len(given)} entries, should have {len(self.urls)}, one per shard")
         self._checksums = _column(checks.checksums)
         self._offsets = _column(checks.offsets)
         self._filesizes: Sequence[int | None] = _column(checks.filesizes) or [None] * len(self.urls)
-        self._verified: dict[int, ShardFormatError | None] = {}
+        self._tables = _column(checks.tables)
+        self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
+        self._ranges_bytes = 0
+        self._verified: dict[int, tuple[FileStamp | None, ShardFormatError | None]] = {}
         self._layouts: OrderedDict[int, ShardLayout | None] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], ShardLayout | None] = OrderedDict()
         self._file: tuple[int, BinaryIO] | None = None
@@ -134,35 +166,55 @@ class ShardFiles:
         return None
 
     def verify(self, shard: int) -> ShardFormatError | None:
-        """Why ``shard`` fails its checksum (None: it passes, or nothing is checked); hashed once."""
+        """Why ``shard`` fails its checksum (None: it passes, or nothing is checked); hashed once,
+        and again when a local shard's file changed since (its size, mtime, ctime or inode)."""
         if self._checksums is None:
             return None
-        if shard not in self._verified:
-            url, expected = self.urls[shard], self._checksums[shard]
-            try:
-                if is_remote(url):  # fetching checks the file against the manifest's sha256
-                    self._opener(url)[0].close()
-                    found = expected
-                elif is_gzip(url):  # the manifest hashes the file, not the tar inside
-                    with open_shard(url) as raw:
-                        found = file_sha256(raw)
-                else:
-                    f = self.open(shard)
-                    f.seek(0)
-                    found = file_sha256(f)
-            except (ShardFormatError, *READ_ERRORS) as e:  # unreadable, or a fetch that failed
-                return damage(url, e)  # not remembered: the next read tries again
+        url = self.urls[shard]
+        try:
+            stamp = file_stamp(url)
+        except OSError as e:
+            return damage(url, e)  # not remembered: the next read tries again
+        known = self._verified.get(shard)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        if known is not None:  # changed since it was hashed: what was kept of the old file goes
+            self.forget(shard)
+        expected = self._checksums[shard]
+        try:
+            if is_remote(url):  # fetching checks the file against the manifest's sha256
+                self._opener(url)[0].close()
+                found = expected
+            elif is_gzip(url):  # the manifest hashes the file, not the tar inside
+                with open_shard(url) as raw:
+                    found = file_sha256(raw)
             else:
-                self._verified[shard] = (
-                    None
-                    if found == expected
-                    else ShardFormatError(
-                        f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
-                        "`shardify verify` checks every shard)",
-                        shard=url,
-                    )
-                )
-        return self._verified[shard]
+                f = self.open(shard)
+                f.seek(0)
+                found = file_sha256(f)
+        except (ShardFormatError, *READ_ERRORS) as e:  # unreadable, or a fetch that failed
+            return damage(url, e)  # not remembered: the next read tries again
+        verdict = (
+            None
+            if found == expected
+            else ShardFormatError(
+                f"sha256 {found} does not match the manifest's {expected} (corrupt or replaced; "
+                "`shardify verify` checks every shard)",
+                shard=url,
+            )
+        )
+        self._verified[shard] = (stamp, verdict)
+        return verdict
+
+    def forget(self, shard: int) -> None:
+        """Drop what was kept of ``shard``'s file (its open handle, layouts, windows): it changed."""
+        if (self._file is not None and self._file[0] == shard) or (
+            self._cursor is not None and self._cursor.shard == shard
+        ):
+            self.close()
+        self._layouts.pop(shard, None)
+        for key in [k for k in self._windows if k[0] == shard]:
+            del self._windows[key]
 
     # -- files ---------------------------------------------------------------------------------
     def open(self, shard: int) -> BinaryIO:
@@ -194,6 +246,28 @@ class ShardFiles:
             self._cursor = None
 
     # -- layouts -------------------------------------------------------------------------------
+    def sample_ranges(self, shard: int) -> SampleRanges | None:
+        """Where each sample of ``shard`` lies and its checksum, from its per-sample table (None:
+        it has none); kept, the most recently used up to ``_MAX_CACHED_TABLE_BYTES``. A table
+        that cannot be loaded (a sidecar missing or not this shard's) raises its error, naming
+        the shard."""
+        if self._tables is None:
+            return None
+        found = self._ranges.get(shard)
+        if found is not None:
+            self._ranges.move_to_end(shard)
+            return found
+        table = self._tables[shard]
+        if callable(table):
+            table = table()
+        if not table:
+            return None
+        found = self._ranges[shard] = SampleTable(table).ranges()
+        self._ranges_bytes += _ranges_bytes(found)
+        while self._ranges_bytes > _MAX_CACHED_TABLE_BYTES and len(self._ranges) > 1:
+            self._ranges_bytes -= _ranges_bytes(self._ranges.popitem(last=False)[1])
+        return found
+
     def seekable(self, shard: int) -> bool:
         """Whether ``shard`` can be read by seeks (a plain tar, not gzip)."""
         return not is_gzip(self.urls[shard])

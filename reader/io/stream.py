@@ -13,13 +13,19 @@ kept when all its members were read before it (the damage is not in one of its o
 members; see :func:`shardify.tario.iter_samples`).
 
 With ``checksums``, each shard's SHA-256 is checked against the manifest's before its first
-sample is used (once per shard and process); a mismatch raises, or with ``skip_damaged``
-loses every position of the shard.
+sample is used (once per shard and process, again when a local shard's file changed since);
+a mismatch raises, or with ``skip_damaged`` loses every position of the shard.
+
+With ``tables`` (each shard's per-sample table, :mod:`shardify.sampletable`), every sample of
+a plain tar shard is read whole and checked against its CRC-32 (:mod:`~shardify.reader.io.seekread`):
+one that does not match is a :class:`~shardify.errors.SampleChecksumError` naming the shard
+and key, or with ``skip_damaged`` that position alone comes back :class:`Lost`. Gzip and
+chunked shards have no table.
 
 A shard that cannot be opened (deleted, never there, a directory, no permission) is damage
 like any other: a :class:`ShardFormatError` naming it, or with ``skip_damaged`` its positions
-come back :class:`Lost`. Only the ``fields`` asked for are read into memory; the others are
-passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
+come back :class:`Lost`. Without a table, only the ``fields`` asked for are read into memory;
+the others are passed over (not read on a plain tar, read through in chunks on gzip). A gzip shard read to
 its last sample is read to its trailer too, so a CRC mismatch is damage of that shard.
 
 Chunked shards (``chunks``, :mod:`shardify.chunk`) are read by the same machinery in units of
@@ -39,14 +45,14 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from shardify.chunk import KEYS_EXT, chunk_count
-from shardify.errors import KeyRuleError
+from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.chunked import ChunkSlicer
 from shardify.reader.io.forward import read_forward
 from shardify.reader.io.items import Item, Lost
 from shardify.reader.io.ranged import RangeFetcher, read_ranged
 from shardify.reader.io.seekread import read_scanned, read_windows
-from shardify.reader.io.shardfile import ShardChecks, ShardFiles
+from shardify.reader.io.shardfile import ShardChecks, ShardFiles, Table
 from shardify.reader.io.shardlist import distinct_values
 from shardify.reader.io.shardopen import open_tar
 from shardify.tario import DEFAULT_MAX_MEMBER
@@ -69,6 +75,7 @@ class ShardReader:
         filesizes: Sequence[int | None] | None = None,
         chunks: Sequence[int | None] | None = None,
         ranged: RangeFetcher | None = None,
+        tables: Sequence[Table] | None = None,
     ) -> None:
         units = list(sizes)
         """Samples per shard, or for a chunked shard chunks: the units its tar samples are."""
@@ -86,7 +93,7 @@ class ShardReader:
             units,
             skip_damaged=skip_damaged,
             opener=opener,
-            checks=ShardChecks(checksums=checksums, offsets=offsets, filesizes=filesizes),
+            checks=ShardChecks(checksums=checksums, offsets=offsets, filesizes=filesizes, tables=tables),
             max_member=max_member,
             keep=keep,
         )
@@ -123,10 +130,16 @@ class ShardReader:
             yield from refused
         elif not files.seekable(shard):
             yield from read_forward(files.cursor(shard, start), start, stop, skip_damaged=files.skip)
-        elif files.windowed(shard, start, stop):
-            yield from read_windows(files, shard, start, stop, self._fields)
         else:
-            yield from read_scanned(files, shard, start, stop, self._fields)
+            try:
+                ranges = files.sample_ranges(shard)  # each sample checked against it
+            except ShardFormatError as e:  # a sidecar missing, or not this shard's
+                yield from files.lost(shard, start, stop, e)
+                return
+            if files.windowed(shard, start, stop):
+                yield from read_windows(files, shard, start, stop, self._fields, ranges)
+            else:
+                yield from read_scanned(files, shard, start, stop, self._fields, ranges)
 
 
 def _keep_member(fields: frozenset[str], name: str) -> bool:

@@ -9,11 +9,11 @@ import pytest
 
 from shardify.errors import ManifestError, ShardFormatError, SidecarError
 from shardify.manifest import ShardEntry
-from shardify.sampletable import RECORD, SampleTable
+from shardify.sampletable import RECORD, SampleTable, sample_digest
 from shardify.sidecar import HEADER_V1, SIDECAR_RECORD, SidecarRef, decode, encode_v1, ref_of, sidecar_name
 
 SIZES = [1536, 2048, 1024, 3072, 1536]
-TABLE = SampleTable(b"".join(RECORD.pack(n, hashlib.sha256(bytes([i])).digest()[:16]) for i, n in enumerate(SIZES)))
+TABLE = SampleTable(b"".join(RECORD.pack(n, sample_digest(bytes([i]))) for i, n in enumerate(SIZES)))
 FILESIZE = sum(SIZES) + 1024
 
 

@@ -334,6 +334,7 @@ def test_the_groups_of_a_flat_record_build_it_again():
         on_error="skip",
         allow_pickle=True,
         verify=True,
+        check_samples=False,
         samples_per_epoch=15,
         mark_repeats=True,
         max_member_bytes=4096,

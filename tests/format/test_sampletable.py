@@ -1,0 +1,31 @@
+"""The per-sample table: 8-byte records of each sample's length and CRC-32, built from the
+bytes a writer writes, read back as ranges with their checksums."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+from shardify.sampletable import DIGEST_BYTES, RECORD, SampleTable, TableBuilder, sample_digest
+
+
+def test_the_table_holds_each_sample_s_length_and_crc32_whatever_the_writes() -> None:
+    samples = [os.urandom(n) for n in (1024, 1536, 512, 4096)]
+    data = b"".join(samples)
+    builder = TableBuilder()
+    at = 0
+    for s in samples:  # where each starts, marked ahead of the bytes
+        builder.mark(at)
+        at += len(s)
+    for k in range(0, len(data), 700):  # writes that do not line up with the samples
+        builder.feed(data[k : k + 700])
+    builder.mark(at)  # where the last ends, once written
+    table = SampleTable(builder.table(len(samples)))
+    assert RECORD.size == 8 and DIGEST_BYTES == 4 and len(table.raw) == 8 * len(samples)
+    assert list(table.records()) == [(len(s), zlib.crc32(s).to_bytes(4, "little")) for s in samples]
+    ranges = table.ranges()
+    assert [ranges[i] for i in range(len(samples))] == [
+        (a, a + len(s), sample_digest(s)) for a, s in zip([0, 1024, 2560, 3072], samples)
+    ]
+    assert list(ranges.ends) == [0, 1024, 2560, 3072, 7168]
+    assert list(ranges.crcs) == [zlib.crc32(s) for s in samples]  # what a reader compares, as ints
