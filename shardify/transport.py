@@ -11,10 +11,13 @@ comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import re
 import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,6 +33,9 @@ __all__ = [
     "Transient",
     "Permanent",
     "Complete",
+    "RangeIgnored",
+    "Deadline",
+    "Abort",
     "HttpBody",
     "FsspecBody",
     "open_body",
@@ -47,7 +53,12 @@ PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirec
 
 
 class Transient(Exception):
-    """A failure worth retrying (the message says what happened)."""
+    """A failure worth retrying (the message says what happened); ``retry_after``: the seconds
+    the server asked to wait (``Retry-After``), None when it did not say."""
+
+    def __init__(self, what: str, *, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.retry_after = retry_after
 
 
 class Permanent(Exception):
@@ -58,20 +69,136 @@ class Complete(Exception):
     """A resumed request found nothing left to fetch (HTTP 416 at exactly the file's end)."""
 
 
+class RangeIgnored(Permanent):
+    """A ranged GET answered 200 with the whole file: the server ignores ``Range``."""
+
+
+class Deadline:
+    """When one request must be over, from connecting to its last byte: ``seconds`` from now;
+    each socket operation waits at most ``read_timeout`` seconds, and never past the end."""
+
+    def __init__(self, seconds: float, read_timeout: float) -> None:
+        self.seconds, self.read_timeout = seconds, read_timeout
+        self.end = time.monotonic() + seconds
+
+    def timeout(self) -> float:
+        """Seconds the next socket operation may wait; Transient once the deadline has passed."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise Transient(f"no complete answer within the request deadline of {self.seconds:g} s")
+        return min(self.read_timeout, left)
+
+
+class Abort:
+    """Stops the requests it is passed to, from another thread: :meth:`fire` shuts down the
+    sockets they use (a blocked read returns at once) and makes their next step fail."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._socks: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def fired(self) -> bool:
+        return self._event.is_set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless fired first; whether it was fired."""
+        return self._event.wait(seconds)
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Shut ``sock`` down when fired (at once, if fired already)."""
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.add(sock)
+            if not self.fired:
+                return
+        _shut(sock)
+
+    def forget(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._socks.discard(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self._event.set()
+            socks, self._socks = list(self._socks), set()
+        for sock in socks:
+            _shut(sock)
+
+    def check(self) -> None:
+        if self.fired:
+            raise Permanent("no longer wanted (stopped)")
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or never connected
+        pass
+
+
+def _sock_of(resp: http.client.HTTPResponse) -> socket.socket | None:
+    """The socket under an answer (urllib's responses do not name it)."""
+    raw = getattr(getattr(resp, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def read_timed(resp: http.client.HTTPResponse, n: int, deadline: Deadline, sock: socket.socket | None) -> bytes:
+    """Up to ``n`` bytes of ``resp``'s body (fewer only at its end), each socket read bounded by
+    ``deadline`` (a trickle cannot stretch one read past it)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n and not resp.isclosed():
+        wait = deadline.timeout()
+        if sock is not None and sock.fileno() != -1:
+            sock.settimeout(wait)
+        piece = resp.read1(n - got)
+        if not piece:
+            resp.read(0)  # at the body's known end: marks the answer complete (the connection can be kept)
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP-date); None
+    when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 class HttpBody:
     """The body of a GET from byte ``start``: ``self.start`` is where it really starts (0 when
-    the server ignored the range), ``self.total`` the whole file's size when known."""
+    the server ignored the range), ``self.total`` the whole file's size when known. The request
+    ends by ``deadline``; ``abort`` can stop it from another thread."""
 
-    def __init__(self, url: str, start: int, timeout: float) -> None:
+    def __init__(self, url: str, start: int, deadline: Deadline, abort: Abort | None = None) -> None:
         headers = {"Accept-Encoding": "identity", "User-Agent": f"shardify/{__version__}"}
         if start:
             headers["Range"] = f"bytes={start}-"
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=deadline.timeout())
         except urllib.error.HTTPError as e:
             e.close()
             raise http_error(e, start) from e
-        self._resp = resp
+        self._resp, self._deadline, self._abort = resp, deadline, abort
+        self._sock = _sock_of(resp)
+        if abort is not None:
+            abort.watch(self._sock)
         self.start, self.total = 0, None
         length = resp.headers.get("Content-Length")
         if resp.status == 206:
@@ -89,9 +216,11 @@ class HttpBody:
             raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
 
     def read(self, n: int) -> bytes:
-        return bytes(self._resp.read(n))
+        return read_timed(self._resp, n, self._deadline, self._sock)
 
     def close(self) -> None:
+        if self._abort is not None:
+            self._abort.forget(self._sock)
         self._resp.close()
 
 
@@ -104,7 +233,7 @@ def http_status_error(code: int, reason: str, headers: Message, start: int) -> E
     file's end, when resuming) or Permanent."""
     what = f"HTTP {code} {reason}"
     if code == 429 or code >= 500:
-        return Transient(what)
+        return Transient(what, retry_after=retry_after(headers.get("Retry-After")) if headers else None)
     if code == 416 and start:
         m = re.fullmatch(r"bytes\s+\*/(\d+)", (headers.get("Content-Range") or "").strip())
         if m is not None and int(m.group(1)) == start:
@@ -147,9 +276,15 @@ class FsspecBody:
         self._f.close()
 
 
-def open_body(url: str, start: int, timeout: float, storage_options: Mapping[str, Any] | None) -> HttpBody | FsspecBody:
+def open_body(
+    url: str,
+    start: int,
+    deadline: Deadline,
+    storage_options: Mapping[str, Any] | None,
+    abort: Abort | None = None,
+) -> HttpBody | FsspecBody:
     if url.startswith(HTTP_SCHEMES):
-        return HttpBody(url, start, timeout)
+        return HttpBody(url, start, deadline, abort)
     return FsspecBody(url, start, storage_options)
 
 
@@ -171,8 +306,10 @@ def classify(e: BaseException) -> Exception:
     return Permanent(what)
 
 
-def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
-    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent.
+def http_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None = None) -> bytes:
+    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent
+    (:class:`RangeIgnored` when the server answers with the whole file), by ``deadline``;
+    ``abort`` stops it from another thread.
 
     Over the calling thread's kept connection to the host (:mod:`shardify.keepalive`): one the
     server closed since its last answer is reopened once, not counted as a failure. Redirects
@@ -181,8 +318,8 @@ def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
     ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
     for _ in range(MAX_REDIRECTS + 1):
         if _proxied(url):
-            return _urllib_range(url, start, stop, timeout)
-        got = _kept_range(url, start, stop, timeout)
+            return _urllib_range(url, start, stop, deadline, abort)
+        got = _kept_range(url, start, stop, deadline, abort)
         if isinstance(got, bytes):
             return got
         url = got
@@ -203,7 +340,7 @@ def _range_headers(start: int, stop: int) -> dict[str, str]:
     }
 
 
-def _kept_range(url: str, start: int, stop: int, timeout: float) -> bytes | str:
+def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes | str:
     """The bytes, or the URL a redirect points to; the connection is kept only when the whole
     answer was read and right."""
     parts = urllib.parse.urlsplit(url)
@@ -212,38 +349,56 @@ def _kept_range(url: str, start: int, stop: int, timeout: float) -> bytes | str:
     except ValueError as e:
         raise Permanent(f"bad URL {url!r}: {e}") from e
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    conn = connection(parts.scheme, parts.hostname or "", port, timeout)
+    if abort is not None:
+        abort.check()
+    conn = connection(parts.scheme, parts.hostname or "", port, deadline.timeout())
     keep = False
     try:
-        resp = _send(conn, target, _range_headers(start, stop))
+        resp = _send(conn, target, _range_headers(start, stop), abort)
         if resp.status in REDIRECTS:
             keep = _drain(resp)
             return _redirect_target(url, resp.getheader("Location"))
         if resp.status >= 400:
             _drain(resp)
             raise http_status_error(resp.status, resp.reason, resp.headers, 0)
-        data = _checked_range(resp, start, stop)
+        data = _checked_range(resp, start, stop, deadline, conn.sock)
         keep = resp.isclosed() and not resp.will_close
         return data
     except (Transient, Permanent, Complete):
         raise
     except Exception as e:
+        if abort is not None and abort.fired:
+            raise Permanent("no longer wanted (stopped)") from e
         raise classify(e) from e
     finally:
+        if abort is not None:
+            abort.forget(conn.sock)
         if not keep:
             conn.close()
 
 
-def _send(conn: http.client.HTTPConnection, target: str, headers: dict[str, str]) -> http.client.HTTPResponse:
-    """The answer's status and headers; a kept connection the server closed is reopened once."""
+def _send(
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+) -> http.client.HTTPResponse:
+    """The answer's status and headers; a kept connection the server closed is reopened once.
+    Its socket is watched by ``abort`` from the moment it is connected."""
     reused = conn.sock is not None
     try:
-        conn.request("GET", target, headers=headers)
-        return conn.getresponse()
+        return _request(conn, target, headers, abort)
     except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-        if not reused:
+        if not reused or (abort is not None and abort.fired):
             raise
     conn.close()
+    return _request(conn, target, headers, abort)
+
+
+def _request(
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+) -> http.client.HTTPResponse:
+    if conn.sock is None:
+        conn.connect()
+    if abort is not None:
+        abort.watch(conn.sock)
     conn.request("GET", target, headers=headers)
     return conn.getresponse()
 
@@ -264,29 +419,42 @@ def _redirect_target(url: str, location: str | None) -> str:
     return target
 
 
-def _urllib_range(url: str, start: int, stop: int, timeout: float) -> bytes:
+def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes:
     """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
     try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=timeout)
+        resp = urllib.request.urlopen(
+            urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=deadline.timeout()
+        )
     except urllib.error.HTTPError as e:
         e.close()
         raise http_error(e, 0) from e
+    except (Transient, Permanent):
+        raise
     except Exception as e:
         raise classify(e) from e
+    sock = _sock_of(resp)
+    if abort is not None:
+        abort.watch(sock)
     try:
-        return _checked_range(resp, start, stop)
+        return _checked_range(resp, start, stop, deadline, sock)
+    except (Transient, Permanent, Complete):
+        raise
+    except Exception as e:
+        raise classify(e) from e
     finally:
+        if abort is not None:
+            abort.forget(sock)
         resp.close()
 
 
-def _checked_range(resp: http.client.HTTPResponse, start: int, stop: int) -> bytes:
+def _checked_range(
+    resp: http.client.HTTPResponse, start: int, stop: int, deadline: Deadline, sock: socket.socket | None
+) -> bytes:
     """The body of an answer to ``Range: bytes=start-(stop-1)``: exactly those bytes, or
-    Transient/Permanent (read one byte past them, so that a chunked body is read to its end)."""
+    Transient/Permanent (read one byte past them, so that a chunked body is read to its end).
+    An answer of 200 (the whole file) is :class:`RangeIgnored`, its body not read."""
     if resp.status == 200:
-        raise Permanent(
-            "the server ignores Range (it answered 200 with the whole file); read this dataset "
-            "with CacheOptions(ranged=False), which fetches whole shards"
-        )
+        raise RangeIgnored("the server ignores Range (it answered 200 with the whole file)")
     if resp.status != 206:
         raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
     found = resp.headers.get("Content-Range", "")
@@ -299,7 +467,9 @@ def _checked_range(resp: http.client.HTTPResponse, start: int, stop: int) -> byt
     if length is not None and length.strip() != str(stop - start):
         raise Permanent(f"Content-Range {found!r} with Content-Length {length}")
     try:
-        data = bytes(resp.read(stop - start + 1))
+        data = read_timed(resp, stop - start + 1, deadline, sock)
+    except (Transient, Permanent):
+        raise
     except Exception as e:
         raise classify(e) from e
     if len(data) != stop - start:
