@@ -5,7 +5,7 @@ mid-body, close it after every answer, send a wrong or no Content-Range, trickle
 stall after the headers or part of the body, answer an error status with ``Retry-After``,
 send more bytes than the file, answer 200 with an HTML page), redirect paths, or add a delay
 before every answer. Faults apply to the first ``faults_left`` GETs (None: all) of the paths
-ending with one of ``fault_paths`` (empty: every path)."""
+ending with one of ``fault_paths`` (empty: every path) and none of ``clean_paths``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class Behaviour:
     no_content_range: bool = False  # answer 206 without Content-Range
     html_200: bool = False  # answer 200 with an HTML error page
     fault_paths: tuple[str, ...] = ()  # faults only for paths ending so (empty: all)
+    clean_paths: tuple[str, ...] = ()  # never faults for paths ending so
     stopped: threading.Event = field(default_factory=threading.Event)  # set when the server stops
     connections: int = 0  # connections accepted
     open: int = 0  # connections open now
@@ -65,7 +66,9 @@ class Behaviour:
             self.sent_by_path.clear()
 
     def _faulty(self, rel: str) -> bool:
-        if self.fault_paths and not rel.endswith(self.fault_paths):
+        if (self.fault_paths and not rel.endswith(self.fault_paths)) or (
+            self.clean_paths and rel.endswith(self.clean_paths)
+        ):
             return False
         with self.lock:
             if self.faults_left is None:

@@ -20,6 +20,7 @@ aborts the requests in flight (shuts their sockets), so none outlives the reads 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -360,7 +361,7 @@ class RangeFetcher:
         self._runs.clear()
         running += self._abandoned
         self._abandoned = []
-        if running:
+        if running and not sys.is_finalizing():  # (at exit, daemon threads no longer run: nothing to wait for)
             wait(running, timeout=STOP_WAIT_S)
 
     def close(self) -> None:
