@@ -155,11 +155,11 @@ def test_a_body_longer_than_the_shard_is_cut_off_and_retried(www, tmp_path, faul
     b = rangeserver.Behaviour(extra_body=4 << 20, no_length=True, fault_paths=(".tar",), faults_left=faults)
     cache_dir = tmp_path / "cache"
     policy = RetryPolicy(retries=1, backoff_s=0.0, max_backoff_s=0.0, timeout_s=5.0)
-    local = [list(batch[0]) for batch in ShardedDataset(www / "ds", batch_size=4, fields=("__key__",))]
+    local = [list(batch) for batch in ShardedDataset(www / "ds", batch_size=4, fields=("__key__",))]
     with rangeserver.serve(www, b) as (base, _):
         cache = CacheOptions(ranged=False, dir=cache_dir, retry=policy)
         ds = ShardedDataset(f"{base}/ds", batch_size=4, fields=("__key__",), cache=cache)
-        took, got = _bounded(lambda: [list(batch[0]) for batch in ds])
+        took, got = _bounded(lambda: [list(batch) for batch in ds])
     assert not list(cache_dir.glob("*.part-*"))
     sizes = {p.stat().st_size for p in cache_dir.glob("*.tar")}
     assert sizes <= {p.stat().st_size for p in (www / "ds").glob("*.tar")}  # never a byte past the file
