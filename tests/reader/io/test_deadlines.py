@@ -116,7 +116,8 @@ def test_a_stalled_download_ends_at_the_deadline(www, stall_at):
 def test_an_epoch_over_trickled_shards_ends_with_the_policy_from_cache_options(www, ranged):
     b = rangeserver.Behaviour(trickle_bps=10, fault_paths=(".tar",))
     with rangeserver.serve(www, b) as (base, _):
-        cache = CacheOptions(ranged=ranged, retry=RetryPolicy(retries=1, backoff_s=0.0, max_backoff_s=0.0, deadline_s=1))
+        policy = RetryPolicy(retries=1, backoff_s=0.0, max_backoff_s=0.0, deadline_s=1)
+        cache = CacheOptions(ranged=ranged, retry=policy)
         ds = ShardedDataset(f"{base}/ds", batch_size=4, fields=("__key__",), cache=cache)
         took, got = _bounded(lambda: [batch for batch in ds])
     assert isinstance(got, ShardFetchError) and "deadline" in str(got), got
