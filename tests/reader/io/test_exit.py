@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -101,3 +102,27 @@ def test_a_process_exits_promptly_after_its_last_batch(www, tmp_path, workers, m
     if workers or mode == "ranged":  # (0 workers, whole shards: nothing is fetched in the background)
         assert trickled, "no fetch was trickling when the loop ended: the test tests nothing"
     assert took < EXIT_BOUND_S
+
+
+def test_fetch_threads_are_daemons_that_end_with_their_pool():
+    from shardify.reader.io.fetchpool import DaemonPool
+
+    pool = DaemonPool(2, "test-fetch")
+    release = threading.Event()
+    running = [pool.submit(release.wait, 30.0) for _ in range(2)]
+    queued = pool.submit(lambda: "never")
+    threads = [t for t in threading.enumerate() if t.name.startswith("test-fetch-")]
+    assert len(threads) == 2 and all(t.daemon for t in threads)
+    pool.shutdown()
+    assert queued.cancelled()
+    release.set()
+    assert [f.result(timeout=30) for f in running] == [True, True]
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: None)
+    bad = DaemonPool(1, "test-fetch-bad")
+    with pytest.raises(ZeroDivisionError):
+        bad.submit(lambda: 1 / 0).result(timeout=30)
+    bad.shutdown()
