@@ -325,5 +325,7 @@ def fetch_range(
         return _retrying(url, attempt, retry=retry, what=what, abort=abort)
     except ShardFetchError as e:
         if isinstance(e.__cause__, RangeIgnored):
-            raise RangeNotSupported(f"cannot fetch {what}: {e.__cause__}", shard=url) from e.__cause__
+            raise RangeNotSupported(
+                f"cannot fetch {what}: {e.__cause__}; CacheOptions(ranged=False) fetches whole shards", shard=url
+            ) from e.__cause__
         raise
