@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardify.reader.io.checksums import ChecksumSpec
+from shardify.remote import RetryPolicy
 from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = [
@@ -160,17 +161,23 @@ class CacheOptions:
     removed above ``limit_bytes``; better when a node's cache holds the whole dataset for
     many epochs. ``allow_locations``: URL or path prefixes a manifest or split index may send the
     reader to besides its own folder (by default only there: no other host, no local path; a
-    local dataset's files once links are resolved)."""
+    local dataset's files once links are resolved).
+    ``retry``: how long each request may take and how often a failed one is tried again, for
+    every fetch (manifest, indexes, sidecars, shards, ranges); its ``worst_case_s`` is the
+    longest one fetch can take (docs/remote.md)."""
 
     dir: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None
     ranged: bool = True
     requests: int = 64
     allow_locations: tuple[str, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError(f"CacheOptions: requests={self.requests} should be >= 1")
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"CacheOptions: retry= should be a RetryPolicy, got {type(self.retry).__name__}")
         if isinstance(self.allow_locations, str):
             raise TypeError("CacheOptions: allow_locations should be a tuple of prefixes, not one string")
         object.__setattr__(self, "allow_locations", tuple(self.allow_locations))

@@ -73,7 +73,12 @@ def opened_streams(
         cache_dir=where.dir,
         cache_limit_bytes=where.limit_bytes,
         skip_unreadable=decoding.on_error == "skip",
-        remote={"allow_locations": where.allow_locations, "ranged": where.ranged, "requests": where.requests},
+        remote={
+            "allow_locations": where.allow_locations,
+            "ranged": where.ranged,
+            "requests": where.requests,
+            "retry": where.retry,
+        },
     )
     verify = decoding.verify
     if verify is not False and verify is not True:

@@ -1,16 +1,22 @@
 """Fetching URLs: ``http(s)://`` with the standard library, any other scheme through fsspec.
 
 A download streams into a file in chunks (memory holds one chunk), retries transient
-failures (connection reset or refused, timeouts, truncated bodies, HTTP 429 and 5xx) with
-exponential backoff within a :class:`RetryPolicy`, and resumes where it stopped: HTTP with
+failures (connection reset or refused, timeouts, a request past its deadline, truncated
+bodies, bodies longer than expected, HTTP 429 and 5xx) with exponential backoff within a
+:class:`RetryPolicy` (waiting as long as a ``Retry-After`` header asks, up to
+``max_retry_after_s``), and resumes where it stopped: HTTP with
 ``Range: bytes=N-`` (checked against the answer's ``Content-Range``; a server that ignores
 the range and answers 200 restarts the file from byte 0, what was received is discarded),
-fsspec with a seek. Sizes are checked against ``Content-Length`` and the manifest, the
-SHA-256 against the manifest when it is known.
+fsspec with a seek. Sizes are checked against ``Content-Length`` and the manifest (a body
+longer than that is cut off there, never written past it), the SHA-256 against the manifest
+when it is known. Every request (connecting, the headers, the whole body) ends within
+``deadline_s``, whatever pace the server sends at; :attr:`RetryPolicy.worst_case_s` is the
+longest a fetch can take.
 
 :func:`fetch_range` fetches one byte range (``Range: bytes=a-b``, fsspec ``cat_file``) and
 returns exactly those bytes: a server that answers 200 with the whole file (it ignores
-Range) is refused at once, a shorter range or a connection dropped mid-range is retried
+Range) raises :class:`RangeNotSupported` at once (the caller can fetch the whole file
+instead), a shorter range or a connection dropped mid-range is retried
 within the policy, then refused; never are other bytes returned. Over ``http(s)://`` a
 fetch thread keeps its connection to a host for the next range (see
 :func:`~shardify.transport.http_range`).
@@ -38,8 +44,11 @@ from typing import Any, BinaryIO, TypeVar
 from shardify.errors import ShardFormatError
 from shardify.transport import (
     HTTP_SCHEMES,
+    Abort,
     Complete,
+    Deadline,
     Permanent,
+    RangeIgnored,
     Transient,
     classify,
     fsspec_range,
@@ -47,7 +56,17 @@ from shardify.transport import (
     open_body,
 )
 
-__all__ = ["RetryPolicy", "ShardFetchError", "is_remote", "join_url", "download", "fetch_bytes", "fetch_range"]
+__all__ = [
+    "Abort",
+    "RetryPolicy",
+    "ShardFetchError",
+    "RangeNotSupported",
+    "is_remote",
+    "join_url",
+    "download",
+    "fetch_bytes",
+    "fetch_range",
+]
 
 log = logging.getLogger("shardify.reader")
 T = TypeVar("T")
@@ -56,14 +75,18 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class RetryPolicy:
     """How hard to try a URL: ``retries`` attempts after the first failure, waiting
-    ``backoff_s`` seconds and doubling up to ``max_backoff_s`` (so at most
-    ``retries * max_backoff_s`` seconds asleep); ``timeout_s`` bounds connecting and each
-    read; ``chunk_bytes`` is the memory one download holds."""
+    ``backoff_s`` seconds and doubling up to ``max_backoff_s``, or as long as the server's
+    ``Retry-After`` asks up to ``max_retry_after_s``; ``timeout_s`` bounds connecting and each
+    read, ``deadline_s`` one whole request (connecting, headers and body: a server trickling
+    bytes cannot hold it longer); ``chunk_bytes`` is the memory one download holds.
+    :attr:`worst_case_s` is the longest one fetch can take."""
 
     retries: int = 5
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
-    timeout_s: float = 60.0
+    timeout_s: float = 30.0
+    deadline_s: float = 300.0
+    max_retry_after_s: float = 60.0
     chunk_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
@@ -73,6 +96,22 @@ class RetryPolicy:
             raise ValueError(f"{self.backoff_s=} and {self.max_backoff_s=} should be 0 <= backoff_s <= max_backoff_s")
         if self.timeout_s <= 0 or self.chunk_bytes < 1:
             raise ValueError(f"{self.timeout_s=} should be > 0 and {self.chunk_bytes=} >= 1")
+        if self.deadline_s <= 0 or self.max_retry_after_s < 0:
+            raise ValueError(f"{self.deadline_s=} should be > 0 and {self.max_retry_after_s=} >= 0")
+
+    @property
+    def worst_case_s(self) -> float:
+        """The longest one fetch can take (seconds): every attempt running to ``deadline_s``,
+        and before each retry the longest wait (the backoff, or a ``Retry-After`` up to
+        ``max_retry_after_s``)."""
+        waits = sum(self.wait_s(i, self.max_retry_after_s) for i in range(1, self.retries + 1))
+        return (self.retries + 1) * self.deadline_s + waits
+
+    def wait_s(self, failures: int, retry_after: float | None = None) -> float:
+        """The longest wait after the ``failures``-th failure: the backoff, or what the server
+        asked (``retry_after``) up to ``max_retry_after_s``, whichever is longer."""
+        base = min(self.max_backoff_s, self.backoff_s * 2.0 ** (failures - 1))
+        return max(base, min(retry_after, self.max_retry_after_s)) if retry_after is not None else base
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failure (jittered, never above ``max_backoff_s``)."""
@@ -86,6 +125,11 @@ class ShardFetchError(ShardFormatError):
     The message names the URL and the last cause; a subclass of
     :class:`~shardify.errors.ShardFormatError` so readers treat it like an unreadable shard.
     """
+
+
+class RangeNotSupported(ShardFetchError):
+    """The server answered a ranged request with the whole file (it ignores ``Range``): the
+    caller fetches the whole file instead (:func:`fetch_range`)."""
 
 
 def is_remote(url: str) -> bool:
@@ -111,6 +155,7 @@ class _Progress:
 
     def __init__(self, url: str, dest: BinaryIO, *, sha256: str, max_bytes: int | None) -> None:
         self.url, self.dest, self.max_bytes = url, dest, max_bytes
+        self.expected: int | None = None  # the file's size, once known: no byte is written past it
         self.want_sha = sha256.lower()
         self.pos = 0
         self.hasher = hashlib.sha256() if sha256 else None
@@ -123,6 +168,9 @@ class _Progress:
         self.hasher = hashlib.sha256() if self.want_sha else None
 
     def write(self, chunk: bytes) -> None:
+        if self.expected is not None and self.pos + len(chunk) > self.expected:
+            self.restart()  # what else this answer held cannot be trusted either
+            raise Transient(f"the body is longer than the {self.expected} bytes expected; cut off there")
         if self.max_bytes is not None and self.pos + len(chunk) > self.max_bytes:
             raise Permanent(f"larger than {self.max_bytes} bytes; is this the right URL?")
         try:
@@ -174,12 +222,13 @@ def _retrying(
     retry: RetryPolicy,
     what: str = "",
     received: Callable[[], int] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    abort: Abort | None = None,
 ) -> T:
     """What ``attempt()`` returns, calling it again after each Transient failure within
     ``retry``; ShardFetchError naming ``url`` when it fails for good. For the messages:
     ``what`` part of the file is asked for (a byte range; "" for all of it), ``received``
-    how many bytes a download has so far. ``cancelled`` is asked before each retry."""
+    how many bytes a download has so far. ``abort``, when fired, ends the wait before a
+    retry and the retries."""
     at, prefix = (f" {what}", f"{what}: ") if what else ("", "")
     failures = 0
     while True:
@@ -190,15 +239,21 @@ def _retrying(
         except Transient as e:
             failures += 1
             got = f" ({received()} bytes received)" if received is not None else ""
-            if cancelled is not None and cancelled():
+            if abort is not None and abort.fired:
                 raise ShardFetchError(f"{prefix}{e}; no longer wanted, not retried", shard=url) from e
             if failures > retry.retries:
                 raise ShardFetchError(
                     f"{prefix}gave up after {failures} attempts{got}; last cause: {e}", shard=url
                 ) from e
             wait = retry.delay(failures)
+            if e.retry_after is not None:
+                wait = max(wait, min(e.retry_after, retry.max_retry_after_s))
             log.warning("%s: %s%s; retry %d of %d in %.2f s%s", url, prefix, e, failures, retry.retries, wait, got)
-            time.sleep(wait)
+            if abort is not None:
+                if abort.sleep(wait):
+                    raise ShardFetchError(f"{prefix}{e}; no longer wanted, not retried", shard=url) from e
+            else:
+                time.sleep(wait)
 
 
 def _attempt(
@@ -207,7 +262,7 @@ def _attempt(
     """One request from byte ``done.pos`` to the end of the file."""
     url = done.url
     try:
-        body = open_body(url, done.pos, retry.timeout_s, storage_options)
+        body = open_body(url, done.pos, Deadline(retry.deadline_s, retry.timeout_s), storage_options)
     except (Transient, Permanent, Complete):
         raise
     except Exception as e:
@@ -219,6 +274,7 @@ def _attempt(
         total = body.total
         if size is not None and total is not None and total != size:
             raise Permanent(f"the server says {total} bytes, the manifest says {size}")
+        done.expected = total if total is not None else size
         while True:
             try:
                 chunk = body.read(retry.chunk_bytes)
@@ -252,15 +308,24 @@ def fetch_range(
     *,
     retry: RetryPolicy,
     storage_options: Mapping[str, Any] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    abort: Abort | None = None,
 ) -> bytes:
     """Bytes ``start..stop-1`` of the file at ``url``, exactly (see the module); raises
-    :class:`ShardFetchError` naming ``url`` and the range. ``cancelled``: asked before each
-    retry; when it says True, the fetch stops (its bytes are no longer wanted)."""
+    :class:`ShardFetchError` naming ``url`` and the range, :class:`RangeNotSupported` when the
+    server answers with the whole file. ``abort``: when fired (from another thread), the fetch
+    stops at once (its bytes are no longer wanted)."""
+    what = f"bytes {start}-{stop - 1}"
 
     def attempt() -> bytes:
         if url.startswith(HTTP_SCHEMES):
-            return http_range(url, start, stop, retry.timeout_s)
+            return http_range(url, start, stop, Deadline(retry.deadline_s, retry.timeout_s), abort)
         return fsspec_range(url, start, stop, storage_options)
 
-    return _retrying(url, attempt, retry=retry, what=f"bytes {start}-{stop - 1}", cancelled=cancelled)
+    try:
+        return _retrying(url, attempt, retry=retry, what=what, abort=abort)
+    except ShardFetchError as e:
+        if isinstance(e.__cause__, RangeIgnored):
+            raise RangeNotSupported(
+                f"cannot fetch {what}: {e.__cause__}; CacheOptions(ranged=False) fetches whole shards", shard=url
+            ) from e.__cause__
+        raise

@@ -6,7 +6,9 @@ library or any other scheme through fsspec; :func:`http_range` and :func:`fsspec
 fetch one byte range exactly, :func:`http_range` over the calling thread's kept connection
 (:mod:`shardify.keepalive`) unless the environment names a proxy for the host. A failure
 comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 and 5xx) or
-:class:`Permanent`; :func:`classify` sorts the rest.
+:class:`Permanent`; :func:`classify` sorts the rest. Each request ends by its
+:class:`~shardify.fetchcontrol.Deadline` and can be stopped by an
+:class:`~shardify.fetchcontrol.Abort` (:mod:`shardify.fetchcontrol`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from email.message import Message
 from typing import Any
 
 from shardify import __version__
+from shardify.fetchcontrol import (
+    Abort,
+    Complete,
+    Deadline,
+    Permanent,
+    RangeIgnored,
+    Transient,
+    read_timed,
+    retry_after,
+    sock_of,
+)
 from shardify.keepalive import connection
 
 __all__ = [
@@ -30,6 +43,9 @@ __all__ = [
     "Transient",
     "Permanent",
     "Complete",
+    "RangeIgnored",
+    "Deadline",
+    "Abort",
     "HttpBody",
     "FsspecBody",
     "open_body",
@@ -46,32 +62,24 @@ DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one 
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-class Transient(Exception):
-    """A failure worth retrying (the message says what happened)."""
-
-
-class Permanent(Exception):
-    """A failure that retrying cannot fix."""
-
-
-class Complete(Exception):
-    """A resumed request found nothing left to fetch (HTTP 416 at exactly the file's end)."""
-
-
 class HttpBody:
     """The body of a GET from byte ``start``: ``self.start`` is where it really starts (0 when
-    the server ignored the range), ``self.total`` the whole file's size when known."""
+    the server ignored the range), ``self.total`` the whole file's size when known. The request
+    ends by ``deadline``; ``abort`` can stop it from another thread."""
 
-    def __init__(self, url: str, start: int, timeout: float) -> None:
+    def __init__(self, url: str, start: int, deadline: Deadline, abort: Abort | None = None) -> None:
         headers = {"Accept-Encoding": "identity", "User-Agent": f"shardify/{__version__}"}
         if start:
             headers["Range"] = f"bytes={start}-"
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=deadline.timeout())
         except urllib.error.HTTPError as e:
             e.close()
             raise http_error(e, start) from e
-        self._resp = resp
+        self._resp, self._deadline, self._abort = resp, deadline, abort
+        self._sock = sock_of(resp)
+        if abort is not None:
+            abort.watch(self._sock)
         self.start, self.total = 0, None
         length = resp.headers.get("Content-Length")
         if resp.status == 206:
@@ -89,9 +97,11 @@ class HttpBody:
             raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
 
     def read(self, n: int) -> bytes:
-        return bytes(self._resp.read(n))
+        return read_timed(self._resp, n, self._deadline, self._sock)
 
     def close(self) -> None:
+        if self._abort is not None:
+            self._abort.forget(self._sock)
         self._resp.close()
 
 
@@ -104,7 +114,7 @@ def http_status_error(code: int, reason: str, headers: Message, start: int) -> E
     file's end, when resuming) or Permanent."""
     what = f"HTTP {code} {reason}"
     if code == 429 or code >= 500:
-        return Transient(what)
+        return Transient(what, retry_after=retry_after(headers.get("Retry-After")) if headers else None)
     if code == 416 and start:
         m = re.fullmatch(r"bytes\s+\*/(\d+)", (headers.get("Content-Range") or "").strip())
         if m is not None and int(m.group(1)) == start:
@@ -147,9 +157,15 @@ class FsspecBody:
         self._f.close()
 
 
-def open_body(url: str, start: int, timeout: float, storage_options: Mapping[str, Any] | None) -> HttpBody | FsspecBody:
+def open_body(
+    url: str,
+    start: int,
+    deadline: Deadline,
+    storage_options: Mapping[str, Any] | None,
+    abort: Abort | None = None,
+) -> HttpBody | FsspecBody:
     if url.startswith(HTTP_SCHEMES):
-        return HttpBody(url, start, timeout)
+        return HttpBody(url, start, deadline, abort)
     return FsspecBody(url, start, storage_options)
 
 
@@ -171,8 +187,10 @@ def classify(e: BaseException) -> Exception:
     return Permanent(what)
 
 
-def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
-    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent.
+def http_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None = None) -> bytes:
+    """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent
+    (:class:`RangeIgnored` when the server answers with the whole file), by ``deadline``;
+    ``abort`` stops it from another thread.
 
     Over the calling thread's kept connection to the host (:mod:`shardify.keepalive`): one the
     server closed since its last answer is reopened once, not counted as a failure. Redirects
@@ -181,8 +199,8 @@ def http_range(url: str, start: int, stop: int, timeout: float) -> bytes:
     ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
     for _ in range(MAX_REDIRECTS + 1):
         if _proxied(url):
-            return _urllib_range(url, start, stop, timeout)
-        got = _kept_range(url, start, stop, timeout)
+            return _urllib_range(url, start, stop, deadline, abort)
+        got = _kept_range(url, start, stop, deadline, abort)
         if isinstance(got, bytes):
             return got
         url = got
@@ -203,7 +221,7 @@ def _range_headers(start: int, stop: int) -> dict[str, str]:
     }
 
 
-def _kept_range(url: str, start: int, stop: int, timeout: float) -> bytes | str:
+def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes | str:
     """The bytes, or the URL a redirect points to; the connection is kept only when the whole
     answer was read and right."""
     parts = urllib.parse.urlsplit(url)
@@ -212,38 +230,56 @@ def _kept_range(url: str, start: int, stop: int, timeout: float) -> bytes | str:
     except ValueError as e:
         raise Permanent(f"bad URL {url!r}: {e}") from e
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    conn = connection(parts.scheme, parts.hostname or "", port, timeout)
+    if abort is not None:
+        abort.check()
+    conn = connection(parts.scheme, parts.hostname or "", port, deadline.timeout())
     keep = False
     try:
-        resp = _send(conn, target, _range_headers(start, stop))
+        resp = _send(conn, target, _range_headers(start, stop), abort)
         if resp.status in REDIRECTS:
             keep = _drain(resp)
             return _redirect_target(url, resp.getheader("Location"))
         if resp.status >= 400:
             _drain(resp)
             raise http_status_error(resp.status, resp.reason, resp.headers, 0)
-        data = _checked_range(resp, start, stop)
+        data = _checked_range(resp, start, stop, deadline, conn.sock)
         keep = resp.isclosed() and not resp.will_close
         return data
     except (Transient, Permanent, Complete):
         raise
     except Exception as e:
+        if abort is not None and abort.fired:
+            raise Permanent("no longer wanted (stopped)") from e
         raise classify(e) from e
     finally:
+        if abort is not None:
+            abort.forget(conn.sock)
         if not keep:
             conn.close()
 
 
-def _send(conn: http.client.HTTPConnection, target: str, headers: dict[str, str]) -> http.client.HTTPResponse:
-    """The answer's status and headers; a kept connection the server closed is reopened once."""
+def _send(
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+) -> http.client.HTTPResponse:
+    """The answer's status and headers; a kept connection the server closed is reopened once.
+    Its socket is watched by ``abort`` from the moment it is connected."""
     reused = conn.sock is not None
     try:
-        conn.request("GET", target, headers=headers)
-        return conn.getresponse()
+        return _request(conn, target, headers, abort)
     except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-        if not reused:
+        if not reused or (abort is not None and abort.fired):
             raise
     conn.close()
+    return _request(conn, target, headers, abort)
+
+
+def _request(
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+) -> http.client.HTTPResponse:
+    if conn.sock is None:
+        conn.connect()
+    if abort is not None:
+        abort.watch(conn.sock)
     conn.request("GET", target, headers=headers)
     return conn.getresponse()
 
@@ -264,29 +300,42 @@ def _redirect_target(url: str, location: str | None) -> str:
     return target
 
 
-def _urllib_range(url: str, start: int, stop: int, timeout: float) -> bytes:
+def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes:
     """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
     try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=timeout)
+        resp = urllib.request.urlopen(
+            urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=deadline.timeout()
+        )
     except urllib.error.HTTPError as e:
         e.close()
         raise http_error(e, 0) from e
+    except (Transient, Permanent):
+        raise
     except Exception as e:
         raise classify(e) from e
+    sock = sock_of(resp)
+    if abort is not None:
+        abort.watch(sock)
     try:
-        return _checked_range(resp, start, stop)
+        return _checked_range(resp, start, stop, deadline, sock)
+    except (Transient, Permanent, Complete):
+        raise
+    except Exception as e:
+        raise classify(e) from e
     finally:
+        if abort is not None:
+            abort.forget(sock)
         resp.close()
 
 
-def _checked_range(resp: http.client.HTTPResponse, start: int, stop: int) -> bytes:
+def _checked_range(
+    resp: http.client.HTTPResponse, start: int, stop: int, deadline: Deadline, sock: socket.socket | None
+) -> bytes:
     """The body of an answer to ``Range: bytes=start-(stop-1)``: exactly those bytes, or
-    Transient/Permanent (read one byte past them, so that a chunked body is read to its end)."""
+    Transient/Permanent (read one byte past them, so that a chunked body is read to its end).
+    An answer of 200 (the whole file) is :class:`RangeIgnored`, its body not read."""
     if resp.status == 200:
-        raise Permanent(
-            "the server ignores Range (it answered 200 with the whole file); read this dataset "
-            "with CacheOptions(ranged=False), which fetches whole shards"
-        )
+        raise RangeIgnored("the server ignores Range (it answered 200 with the whole file)")
     if resp.status != 206:
         raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
     found = resp.headers.get("Content-Range", "")
@@ -299,7 +348,9 @@ def _checked_range(resp: http.client.HTTPResponse, start: int, stop: int) -> byt
     if length is not None and length.strip() != str(stop - start):
         raise Permanent(f"Content-Range {found!r} with Content-Length {length}")
     try:
-        data = bytes(resp.read(stop - start + 1))
+        data = read_timed(resp, stop - start + 1, deadline, sock)
+    except (Transient, Permanent):
+        raise
     except Exception as e:
         raise classify(e) from e
     if len(data) != stop - start:

@@ -1,12 +1,16 @@
 """A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
 support (``bytes=a-b`` and ``bytes=a-``), counts the requests, connections and body bytes it
 sends, can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
-mid-body, close it after every answer, send a wrong Content-Range), redirect paths, or add
-a delay before every answer."""
+mid-body, close it after every answer, send a wrong or no Content-Range, trickle the body,
+stall after the headers or part of the body, answer an error status with ``Retry-After``,
+send more bytes than the file, answer 200 with an HTML page), redirect paths, or add a delay
+before every answer. Faults apply to the first ``faults_left`` GETs (None: all) of the paths
+ending with one of ``fault_paths`` (empty: every path) and none of ``clean_paths``."""
 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +38,17 @@ class Behaviour:
     wrong_range: int = 0  # Content-Range says the range starts this many bytes later than it does
     close_after: str = ""  # close the connection after every answer: "silently" or "announced" (Connection: close)
     redirects: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (status, Location)
+    trickle_bps: int = 0  # send the body at this many bytes per second
+    stall_at: float | None = None  # send this fraction of the body (0: only the headers), then nothing
+    error_status: int = 0  # answer with this status (429, 503, 500...) and no body
+    retry_after: str = ""  # the Retry-After header of an error answer (seconds or an HTTP-date)
+    extra_body: int = 0  # send this many bytes past the file's end
+    no_length: bool = False  # no Content-Length (the body ends when the connection closes)
+    no_content_range: bool = False  # answer 206 without Content-Range
+    html_200: bool = False  # answer 200 with an HTML error page
+    fault_paths: tuple[str, ...] = ()  # faults only for paths ending so (empty: all)
+    clean_paths: tuple[str, ...] = ()  # never faults for paths ending so
+    stopped: threading.Event = field(default_factory=threading.Event)  # set when the server stops
     connections: int = 0  # connections accepted
     open: int = 0  # connections open now
     sent: int = 0
@@ -50,7 +65,11 @@ class Behaviour:
             self.paths.clear()
             self.sent_by_path.clear()
 
-    def _faulty(self) -> bool:
+    def _faulty(self, rel: str) -> bool:
+        if (self.fault_paths and not rel.endswith(self.fault_paths)) or (
+            self.clean_paths and rel.endswith(self.clean_paths)
+        ):
+            return False
         with self.lock:
             if self.faults_left is None:
                 return True
@@ -118,7 +137,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         total = path.stat().st_size
         m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
-        faulty = (b.ignore_range or b.short or b.drop_after is not None) and b._faulty()
+        faulty = b._faulty(rel)
+        if faulty and (b.error_status or b.html_200):
+            self._error(b)
+            return
         if m is None or (faulty and b.ignore_range):
             status, start, stop = 200, 0, total
         else:
@@ -131,21 +153,67 @@ class _Handler(BaseHTTPRequestHandler):
             f.seek(start)
             body = f.read(stop - start)
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        if status == 206:
-            shift = b.wrong_range
+        if not (faulty and b.no_length):
+            self.send_header("Content-Length", str(len(body)))
+        else:
+            self.close_connection = True
+        if status == 206 and not (faulty and b.no_content_range):
+            shift = b.wrong_range if faulty else 0
             self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
         self._end_headers(b)
-        if faulty and b.drop_after is not None:
-            body = body[: b.drop_after]
-            self.close_connection = True
+        if faulty:
+            body = self._faulty_body(b, body)
         self.wfile.write(body[:-1])
         with b.lock:
             b.sent += len(body)
             b.gets += 1
             b.sent_by_path[rel] = b.sent_by_path.get(rel, 0) + len(body)
         self._finished(b)
-        self.wfile.write(body[-1:])
+        if body:
+            self.wfile.write(body[-1:])
+
+    def _error(self, b: Behaviour) -> None:
+        """An error status (with Retry-After) or an HTML page with 200, instead of the file."""
+        page = b"<html><body>Service unavailable, try later</body></html>" if b.html_200 else b""
+        self.send_response(200 if b.html_200 else b.error_status)
+        self.send_header("Content-Length", str(len(page)))
+        if b.html_200:
+            self.send_header("Content-Type", "text/html")
+        if b.retry_after:
+            self.send_header("Retry-After", b.retry_after)
+        self._end_headers(b)
+        self.wfile.write(page)
+
+    def _faulty_body(self, b: Behaviour, body: bytes) -> bytes:
+        """What is left to send of ``body`` after the body faults (trickled and stalled parts are sent here)."""
+        if b.drop_after is not None:
+            body = body[: b.drop_after]
+            self.close_connection = True
+        if b.extra_body:
+            body += b"\0" * b.extra_body
+            self.close_connection = True
+        if b.stall_at is not None:
+            self._send_slowly(b, body[: int(len(body) * b.stall_at)])
+            b.stopped.wait()  # hold the connection, sending nothing, until the server stops
+            self.close_connection = True
+            return b""
+        if b.trickle_bps:
+            self._send_slowly(b, body[:-1])
+            return body[-1:]
+        return body
+
+    def _send_slowly(self, b: Behaviour, data: bytes) -> None:
+        """``data`` at ``trickle_bps`` bytes per second (at once without it); stops with the server."""
+        if not b.trickle_bps:
+            self.wfile.write(data)
+            self.wfile.flush()
+            return
+        step = max(1, b.trickle_bps // 10)
+        for i in range(0, len(data), step):
+            if b.stopped.wait(step / b.trickle_bps):
+                raise ConnectionAbortedError("the server stopped")
+            self.wfile.write(data[i : i + step])
+            self.wfile.flush()
 
     def _end_headers(self, b: Behaviour) -> None:
         if b.close_after == "announced":
@@ -161,6 +229,11 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root, self.behaviour = root, behaviour
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-answer (as tests of deadlines and aborts do) is no error."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
 
 @contextmanager
 def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tuple[str, Behaviour]]:
@@ -169,9 +242,11 @@ def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tupl
     httpd = _Server(Path(root), b)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
+    b.stopped.clear()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", b
     finally:
+        b.stopped.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=10)
@@ -180,7 +255,6 @@ def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tupl
 def main(argv: list[str] | None = None) -> int:
     """``python tools/rangeserver.py ROOT [--delay-ms 50]``: serve ROOT until killed; prints the base URL."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("root", type=Path)

@@ -11,29 +11,34 @@ mismatch raises :class:`~shardify.errors.ShardFormatError` naming the shard and 
 key. Memory holds at most ``requests`` requests' bytes, the tables of the shards they and the
 loads ahead are for, and the most recently used others up to ``table_cache_bytes``. A read
 that was not planned is fetched alone.
+
+A host that ignores ``Range`` is read whole (:mod:`~shardify.reader.io.wholehost`), samples still
+checked. Fetch threads are daemons (:mod:`~shardify.reader.io.fetchpool`); :meth:`RangeFetcher.cancel`
+aborts the requests in flight (shuts their sockets), so none outlives the reads it was made for.
 """
 
 from __future__ import annotations
 
-import io
 import logging
+import sys
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
+from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import READ_ERRORS, Item, damage
-from shardify.reader.io.sampleparse import plain_sample
+from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.shardfile import ShardFiles
 from shardify.reader.io.shardlist import distinct_values
-from shardify.remote import fetch_range
+from shardify.reader.io.wholehost import Opener, range_of_whole, read_whole_from, reads_whole
+from shardify.remote import Abort, RangeNotSupported, fetch_range
 from shardify.sampletable import RECORD, SampleRanges, SampleTable, sample_digest
-from shardify.tario import KeepMember, iter_members, iter_samples
 
 __all__ = ["RangeFetcher", "RangeStats", "parse_sample", "read_ranged"]
 
@@ -43,6 +48,8 @@ Run = tuple[int, int, int]
 """``(shard, start, stop)``: samples ``start..stop-1`` of a shard, read in one go."""
 Table = bytes | Callable[[], bytes]
 """A shard's per-sample table, or what loads it (a sidecar) when first needed."""
+STOP_WAIT_S = 1.0
+"""How long :meth:`RangeFetcher.cancel` waits for the aborted requests to end."""
 
 
 @dataclass
@@ -61,7 +68,7 @@ class _Request:
     start: int  # bytes
     stop: int
     future: Future[bytes] | None = None
-    dropped: bool = False
+    abort: Abort = field(default_factory=Abort)
     runs: deque[Run] = field(default_factory=deque)
 
 
@@ -90,6 +97,7 @@ class RangeFetcher:
         tables: Sequence[Table],
         fetch: Sequence[FetchOptions],
         *,
+        openers: Sequence[Opener] | None = None,
         max_request_bytes: int = 1 << 20,
         table_cache_bytes: int = 32 << 20,
     ) -> None:
@@ -98,7 +106,7 @@ class RangeFetcher:
         if table_cache_bytes < 0:
             raise ValueError(f"{table_cache_bytes=} should be >= 0")
         # kept as given: a compact index's columns make each shard's value on access
-        self._urls, self._tables, self._fetch = urls, tables, fetch
+        self._urls, self._tables, self._fetch, self._openers = urls, tables, fetch, openers
         options = distinct_values(fetch)
         self._failed: dict[int, ShardFormatError] = {}  # tables that could not be loaded
         self._max = max_request_bytes
@@ -106,9 +114,8 @@ class RangeFetcher:
         self._window: deque[Run] = deque()  # planned, tables asked for, not yet made requests
         self._window_shards: Counter[int] = Counter()  # the window's runs per shard (at most `requests` shards)
         self._ahead: deque[_Request] = deque()  # submitted, in plan order
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._requests = max((f.requests for f in options), default=1)
-        self._timeout_s = max((f.retry.timeout_s for f in options), default=0.0)
         # Tables, touched by the worker's thread only (a pool thread gets the ranges it needs
         # with its task): a shard is pinned by each of its runs in the window or in requests
         # ahead, and while it is the shard last read (``offset`` follows ``samples``).
@@ -290,9 +297,9 @@ class RangeFetcher:
         ranges = self._sample_ranges(req.shard)
         return [data[ranges[i][0] - req.start : ranges[i][1] - req.start] for i in range(start, stop)]
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self) -> DaemonPool:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._requests, thread_name_prefix="shardify-ranges")
+            self._pool = DaemonPool(self._requests, "shardify-ranges")
         return self._pool
 
     def _top_up(self) -> None:
@@ -308,14 +315,19 @@ class RangeFetcher:
         """Fetch ``req`` and check each of its samples against ``ranges``, its shard's table
         (in a pool thread: the table comes with the task, whatever the worker's thread drops)."""
         url, fetch = self._urls[req.shard], self._fetch[req.shard]
-        data = fetch_range(
-            url,
-            req.start,
-            req.stop,
-            retry=fetch.retry,
-            storage_options=fetch.storage_options,
-            cancelled=lambda: req.dropped,
-        )
+        openers = self._openers
+        if openers is not None and reads_whole(url):
+            data = range_of_whole(openers[req.shard], url, req.start, req.stop)
+        else:
+            try:
+                data = fetch_range(
+                    url, req.start, req.stop, retry=fetch.retry, storage_options=fetch.storage_options, abort=req.abort
+                )
+            except RangeNotSupported:
+                if openers is None:
+                    raise
+                read_whole_from(url)
+                data = range_of_whole(openers[req.shard], url, req.start, req.stop)
         with self._lock:
             self.stats.requests += 1
             self.stats.bytes += len(data)
@@ -331,15 +343,15 @@ class RangeFetcher:
         return data
 
     def _drop(self, req: _Request) -> None:
-        req.dropped = True
+        req.abort.fire()
         if req.future is not None:
             req.future.cancel()
         while req.runs:
             self._unpin(req.runs.popleft()[0])
 
     def cancel(self) -> None:
-        """Forget the planned reads; waits for the requests and table loads in flight (they are
-        not retried), so none outlives the reads it was made for."""
+        """Forget the planned reads; aborts the requests in flight and waits (up to
+        :data:`STOP_WAIT_S`) for them and the table loads to end."""
         running: list[Future[Any]] = [r.future for r in self._ahead if r.future is not None]
         for req in self._ahead:
             self._drop(req)
@@ -349,35 +361,14 @@ class RangeFetcher:
         self._runs.clear()
         running += self._abandoned
         self._abandoned = []
-        if running:
-            wait(running, timeout=self._timeout_s)
+        if running and not sys.is_finalizing():  # (at exit, daemon threads no longer run: nothing to wait for)
+            wait(running, timeout=STOP_WAIT_S)
 
     def close(self) -> None:
         self.cancel()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
-
-
-def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None, max_member: int) -> dict[str, object]:
-    """The sample dict of one sample's tar bytes ``data`` (found at byte ``offset`` of the
-    shard ``url``): exactly one sample, or :class:`ShardFormatError`. The plain case is parsed
-    in one pass (:func:`~shardify.reader.io.sampleparse.plain_sample`), anything else by the
-    member walk."""
-    plain = plain_sample(data, url=url, offset=offset, keep=keep, max_member=max_member)
-    if plain is not None:
-        return plain
-    members = iter_members(io.BytesIO(data), shard=url, keep=keep, max_member=max_member)
-    found = list(iter_samples(members, shard=url))
-    if len(found) != 1:
-        raise ShardFormatError(
-            f"bytes {offset}-{offset + len(data) - 1} hold {len(found)} samples, the index says one",
-            shard=url,
-            key=str(found[0]["__key__"]) if found else None,
-        )
-    sample = found[0]
-    sample["__offset__"] = offset
-    return sample
 
 
 def read_ranged(ranged: RangeFetcher, files: ShardFiles, shard: int, start: int, stop: int) -> Iterator[Item]:

@@ -17,6 +17,7 @@ from shardify.reader.io.ranged import RangeFetcher, Table
 from shardify.reader.io.shardlist import ChainedSequence, LazySequence, Repeated
 from shardify.reader.io.sidecars import table_loader
 from shardify.reader.io.sources import Source, is_gzip
+from shardify.reader.io.wholehost import Opener
 from shardify.remote import is_remote
 from shardify.sidecar import SidecarRef
 
@@ -32,6 +33,7 @@ def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:
     urls: list[Sequence[str]] = []
     tables: list[Sequence[Table]] = []
     fetch: list[Sequence[FetchOptions]] = []
+    openers: list[Sequence[Opener]] = []
     covered = False
     for src in sources:
         n = len(src.shards)
@@ -40,9 +42,12 @@ def range_fetcher(sources: Sequence[Source]) -> RangeFetcher | None:
         urls.append(src.urls)
         tables.append(column if column is not None else Repeated(n, b""))
         fetch.append(Repeated(n, src.fetch))
+        openers.append(Repeated(n, src.open_tar))  # a host that ignores Range: whole shards, checked
     if not covered:
         return None
-    return RangeFetcher(ChainedSequence(urls), ChainedSequence(tables), ChainedSequence(fetch))
+    return RangeFetcher(
+        ChainedSequence(urls), ChainedSequence(tables), ChainedSequence(fetch), openers=ChainedSequence(openers)
+    )
 
 
 def _tables(src: Source) -> Sequence[Table] | None:

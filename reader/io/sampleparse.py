@@ -11,13 +11,15 @@ errors and messages.
 
 from __future__ import annotations
 
-from shardify.errors import KeyRuleError
+import io
+
+from shardify.errors import KeyRuleError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.tarfmt import BLOCK
 from shardify.tarheader import checksum_ok, header_fields, member_problem
-from shardify.tario import KeepMember
+from shardify.tario import KeepMember, iter_members, iter_samples
 
-__all__ = ["plain_sample"]
+__all__ = ["plain_sample", "parse_sample"]
 
 _PLAIN = (b"0", b"\x00")
 """Regular-file type flags of the plain case."""
@@ -60,3 +62,24 @@ def plain_sample(
             sample[field] = data[start:stop]
         at = stop + (-size % BLOCK)
     return sample if key is not None and at == end else None
+
+
+def parse_sample(data: bytes, *, url: str, offset: int, keep: KeepMember | None, max_member: int) -> dict[str, object]:
+    """The sample dict of one sample's tar bytes ``data`` (found at byte ``offset`` of the
+    shard ``url``): exactly one sample, or :class:`ShardFormatError`. The plain case is parsed
+    in one pass (:func:`~shardify.reader.io.sampleparse.plain_sample`), anything else by the
+    member walk."""
+    plain = plain_sample(data, url=url, offset=offset, keep=keep, max_member=max_member)
+    if plain is not None:
+        return plain
+    members = iter_members(io.BytesIO(data), shard=url, keep=keep, max_member=max_member)
+    found = list(iter_samples(members, shard=url))
+    if len(found) != 1:
+        raise ShardFormatError(
+            f"bytes {offset}-{offset + len(data) - 1} hold {len(found)} samples, the index says one",
+            shard=url,
+            key=str(found[0]["__key__"]) if found else None,
+        )
+    sample = found[0]
+    sample["__offset__"] = offset
+    return sample

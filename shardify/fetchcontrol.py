@@ -1,0 +1,164 @@
+"""What bounds one request and tells its failures apart: the failure kinds
+(:class:`Transient`, worth retrying; :class:`Permanent`; :class:`Complete`), its
+:class:`Deadline` (connecting, headers and the whole body within ``seconds``, each socket
+operation within ``read_timeout``) and :class:`Abort` (another thread stops it by shutting down
+its socket: a blocked read returns at once). Used by :mod:`shardify.transport` and
+:mod:`shardify.remote`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import socket
+import threading
+import time
+
+__all__ = [
+    "Transient",
+    "Permanent",
+    "Complete",
+    "RangeIgnored",
+    "Deadline",
+    "Abort",
+    "sock_of",
+    "read_timed",
+    "retry_after",
+]
+
+
+class Transient(Exception):
+    """A failure worth retrying (the message says what happened); ``retry_after``: the seconds
+    the server asked to wait (``Retry-After``), None when it did not say."""
+
+    def __init__(self, what: str, *, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.retry_after = retry_after
+
+
+class Permanent(Exception):
+    """A failure that retrying cannot fix."""
+
+
+class Complete(Exception):
+    """A resumed request found nothing left to fetch (HTTP 416 at exactly the file's end)."""
+
+
+class RangeIgnored(Permanent):
+    """A ranged GET answered 200 with the whole file: the server ignores ``Range``."""
+
+
+class Deadline:
+    """When one request must be over, from connecting to its last byte: ``seconds`` from now;
+    each socket operation waits at most ``read_timeout`` seconds, and never past the end."""
+
+    def __init__(self, seconds: float, read_timeout: float) -> None:
+        self.seconds, self.read_timeout = seconds, read_timeout
+        self.end = time.monotonic() + seconds
+
+    def timeout(self) -> float:
+        """Seconds the next socket operation may wait; Transient once the deadline has passed."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise self.passed()
+        return min(self.read_timeout, left)
+
+    def passed(self) -> Transient:
+        return Transient(f"no complete answer within the request deadline of {self.seconds:g} s")
+
+
+class Abort:
+    """Stops the requests it is passed to, from another thread: :meth:`fire` shuts down the
+    sockets they use (a blocked read returns at once) and makes their next step fail."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._socks: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def fired(self) -> bool:
+        return self._event.is_set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless fired first; whether it was fired."""
+        return self._event.wait(seconds)
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Shut ``sock`` down when fired (at once, if fired already)."""
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.add(sock)
+            if not self.fired:
+                return
+        _shut(sock)
+
+    def forget(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._socks.discard(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self._event.set()
+            socks, self._socks = list(self._socks), set()
+        for sock in socks:
+            _shut(sock)
+
+    def check(self) -> None:
+        if self.fired:
+            raise Permanent("no longer wanted (stopped)")
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or never connected
+        pass
+
+
+def sock_of(resp: http.client.HTTPResponse) -> socket.socket | None:
+    """The socket under an answer (urllib's responses do not name it)."""
+    raw = getattr(getattr(resp, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def read_timed(resp: http.client.HTTPResponse, n: int, deadline: Deadline, sock: socket.socket | None) -> bytes:
+    """Up to ``n`` bytes of ``resp``'s body (fewer only at its end), each socket read bounded by
+    ``deadline`` (a trickle cannot stretch one read past it)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n and not resp.isclosed():
+        wait = deadline.timeout()
+        if sock is not None and sock.fileno() != -1:
+            sock.settimeout(wait)
+        try:
+            piece = resp.read1(n - got)
+        except TimeoutError as e:
+            if wait < deadline.read_timeout:  # the wait was cut short by the deadline
+                raise deadline.passed() from e
+            raise
+        if not piece:
+            resp.read(0)  # at the body's known end: marks the answer complete (the connection can be kept)
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP-date); None
+    when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

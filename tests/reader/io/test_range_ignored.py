@@ -1,0 +1,68 @@
+"""A server that ignores ``Range`` (answers 200 with the whole file, as Python's http.server
+does): the reader switches that host to whole-shard reads, warns once per host and process, and
+finishes the epoch with the same samples; no worker traceback for an expected condition."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardify.convert import ShardWriter
+from shardify.reader import CacheOptions, ShardedDataset, make_loader
+from shardify.remote import RangeNotSupported, RetryPolicy, fetch_range
+
+_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
+rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+sys.modules["rangeserver"] = rangeserver
+_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
+
+FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, deadline_s=30.0)
+
+
+@pytest.fixture
+def www(tmp_path: Path) -> Path:
+    with ShardWriter(tmp_path / "www" / "ds", samples_per_shard=8, fsync=False) as w:
+        for i in range(40):
+            w.write({"txt": chr(97 + i % 26) * (300 + i * 37 % 700), "cls": i % 5})
+    return tmp_path / "www"
+
+
+def _keys(spec: object, workers: int = 0) -> list[str]:
+    ds = ShardedDataset(spec, batch_size=4, shuffle=True, seed=3, fields=("__key__",), cache=CacheOptions(retry=FAST))
+    with make_loader(ds, num_workers=workers) as loader:
+        return [k for batch in loader for k in batch]
+
+
+def test_a_ranged_fetch_answered_whole_says_so_at_once(www):
+    name = sorted(p.name for p in (www / "ds").glob("*.tar"))[0]
+    with rangeserver.serve(www, rangeserver.Behaviour(ignore_range=True)) as (base, served):
+        with pytest.raises(RangeNotSupported, match="ignores Range"):
+            fetch_range(f"{base}/ds/{name}", 0, 100, retry=FAST)
+        assert served.paths.count(f"ds/{name}") == 1  # not retried
+
+
+def test_the_epoch_finishes_from_whole_shards_with_one_warning(www, caplog):
+    local = _keys(www / "ds")
+    with rangeserver.serve(www, rangeserver.Behaviour(ignore_range=True)) as (base, served):
+        with caplog.at_level(logging.WARNING, logger="shardify.reader"):
+            assert _keys(f"{base}/ds") == local
+            assert _keys(f"{base}/ds") == local  # a second epoch: no new warning
+        host = base.split("://", 1)[1]
+        shards = {p for p in served.paths if p.endswith(".tar")}
+    warned = [r for r in caplog.records if "ignores Range" in r.getMessage()]
+    assert len(warned) == 1 and host in warned[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(shards) == 5
+
+
+def test_workers_finish_the_epoch_without_a_traceback(www, capfd):
+    local = sorted(_keys(www / "ds"))
+    with rangeserver.serve(www, rangeserver.Behaviour(ignore_range=True)) as (base, _):
+        assert sorted(_keys(f"{base}/ds", workers=2)) == local
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert err.count("ignores Range") <= 2  # once per worker process at most
