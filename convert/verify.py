@@ -32,7 +32,7 @@ from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, Shard
 from shardify.keys import check_key
 from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
-from shardify.sampletable import SampleTable, digest_of_crc
+from shardify.sampletable import DIGEST_BYTES, SampleTable
 from shardify.sidecar import SidecarProof, decode_proven, sidecar_name
 from shardify.sidecar import decode as decode_sidecar
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
@@ -66,15 +66,16 @@ class VerifyReport:
 class _HashingReader:
     """A forward-only view of a file that hashes what is read (so seeks are disabled); with a
     per-sample table, also each sample's bytes, against its checksum (``mismatched``: the sample
-    numbers whose bytes do not match the table's CRC-32)."""
+    numbers whose bytes do not match the table's CRC-32 or SHA-256 prefix)."""
 
     def __init__(self, f: BinaryIO, table: bytes = b"") -> None:
         self.f = f
         self.hash = hashlib.sha256()
         self.size = 0
-        self._ranges = SampleTable(table).ranges() if table else []
+        self._ranges = SampleTable(table if table else b"").ranges()
         self._at = 0  # the sample whose bytes come next
         self._sample = 0  # the running CRC-32 of the sample's bytes so far
+        self._sha = hashlib.sha256()  # and their SHA-256
         self.mismatched: list[int] = []
 
     def read(self, n: int = -1) -> bytes:
@@ -95,11 +96,13 @@ class _HashingReader:
             data, pos = data[take:], pos + take
             part = data[: stop - pos]
             self._sample = zlib.crc32(part, self._sample)
+            self._sha.update(part)
             data, pos = data[len(part) :], pos + len(part)
             if pos == stop:
-                if digest_of_crc(self._sample) != digest:
+                crc, sha = self._sample, self._sha.digest()[:DIGEST_BYTES]
+                if crc != self._ranges.crcs[self._at] or sha != digest:
                     self.mismatched.append(self._at)
-                self._sample = 0
+                self._sample, self._sha = 0, hashlib.sha256()
                 self._at += 1
 
     def seekable(self) -> bool:

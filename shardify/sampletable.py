@@ -2,23 +2,26 @@
 
 A split index may list, per shard, one record per sample: the length of the sample's tar
 bytes (its members' headers, data and padding, from its first header to the next sample's)
-as a little-endian ``uint32``, then their CRC-32 (zlib's, the same polynomial as gzip's) as
-a little-endian ``uint32``: 8 bytes a sample. Sample ``i`` starts where sample ``i - 1`` ends
-(sample 0 at byte 0). In the JSON index the table is the shard's ``samples`` field, base64.
-It lets a reader fetch exactly the byte ranges of the samples it reads (HTTP ``Range``), and
-check every sample it reads, remote or local, without hashing the whole shard. Shards of a
-chunked split, and samples of 4 GiB or more, have no table.
+as a little-endian ``uint32``, their CRC-32 (zlib's, the same polynomial as gzip's) as a
+little-endian ``uint32``, then the first 16 bytes of their SHA-256: 24 bytes a sample.
+Sample ``i`` starts where sample ``i - 1`` ends (sample 0 at byte 0). In the JSON index the
+table is the shard's ``samples`` field, base64. It lets a reader fetch exactly the byte ranges
+of the samples it reads (HTTP ``Range``), and check every sample it reads without hashing the
+whole shard. Shards of a chunked split, and samples of 4 GiB or more, have no table.
 
-The checksum is a CRC-32, not a cryptographic hash, because every sample read is checked by
-default, and a CRC-32 costs about a third of a SHA-256 (docs/performance.md). It catches
-accidental change (a flipped bit, a torn write, a shard replaced); a shard's SHA-256
-(``verify=True``, ``shardify verify``) stands against deliberate change.
+Two checksums, for two threats. A sample read from a shard file (local, or fetched whole and
+checked against the shard's SHA-256 on arrival) is checked by default against its CRC-32: it
+catches accidental change (a flipped bit, a torn write, a file edited in place) at about a
+fifth of a SHA-256's cost (docs/reliability.md). A sample fetched by byte range from a server
+is checked against its SHA-256 prefix, since the server may be the one changing it: a CRC-32
+can be forged at will, 128 bits of SHA-256 cannot.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import struct
 import zlib
 from array import array
@@ -32,33 +35,29 @@ from shardify.errors import ManifestError
 
 __all__ = [
     "DIGEST_BYTES",
+    "CRC_BYTES",
     "RECORD",
     "RECORD_DTYPE",
     "sample_digest",
-    "digest_of_crc",
     "SampleRanges",
     "SampleTable",
     "TableBuilder",
     "table_from_json",
 ]
 
-DIGEST_BYTES = 4
-"""Bytes of each sample's checksum: its CRC-32, little-endian."""
-RECORD = struct.Struct(f"<I{DIGEST_BYTES}s")
-RECORD_DTYPE = np.dtype([("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
-"""A record as NumPy reads it: the same 8 bytes as :data:`RECORD`."""
+DIGEST_BYTES = 16
+"""Bytes of each sample's SHA-256 kept in its record: the first 16."""
+CRC_BYTES = 4
+"""Bytes of each sample's CRC-32 in its record, little-endian."""
+RECORD = struct.Struct(f"<II{DIGEST_BYTES}s")
+RECORD_DTYPE = np.dtype([("size", "<u4"), ("crc", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
+"""A record as NumPy reads it: the same 24 bytes as :data:`RECORD`."""
 _MAX_SIZE = (1 << 32) - 1
 
 
 def sample_digest(data: bytes | memoryview) -> bytes:
-    """The checksum the table keeps of ``data``: its CRC-32, 4 bytes little-endian."""
-    return zlib.crc32(data).to_bytes(DIGEST_BYTES, "little")
-
-
-def digest_of_crc(crc: int) -> bytes:
-    """The table's checksum of bytes whose running ``zlib.crc32`` is ``crc`` (for bytes that
-    come in parts: ``crc = zlib.crc32(part, crc)``)."""
-    return crc.to_bytes(DIGEST_BYTES, "little")
+    """The SHA-256 prefix the table keeps of ``data`` (what a ranged read is checked against)."""
+    return hashlib.sha256(data).digest()[:DIGEST_BYTES]
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class SampleTable:
     def __len__(self) -> int:
         return len(self.raw) // RECORD.size
 
-    def records(self) -> Iterator[tuple[int, bytes]]:
+    def records(self) -> Iterator[tuple[int, int, bytes]]:
         return (r for r in RECORD.iter_unpack(self.raw))
 
     def starts(self) -> np.ndarray:
@@ -104,6 +103,7 @@ class TableBuilder:
     def __init__(self) -> None:
         self._marks: list[int] = []
         self._crc: int | None = None
+        self._sha = hashlib.sha256()
         self._start = 0
         self._pos = 0
         self._records = bytearray()
@@ -129,6 +129,7 @@ class TableBuilder:
     def _update(self, view: memoryview) -> None:
         if self._crc is not None and len(view):
             self._crc = zlib.crc32(view, self._crc)
+            self._sha.update(view)
         self._pos += len(view)
 
     def _cut(self) -> None:
@@ -137,8 +138,8 @@ class TableBuilder:
             if size > _MAX_SIZE:
                 self.broken = True
             else:
-                self._records += RECORD.pack(size, digest_of_crc(self._crc))
-        self._crc, self._start = 0, self._pos
+                self._records += RECORD.pack(size, self._crc, self._sha.digest()[:DIGEST_BYTES])
+        self._crc, self._sha, self._start = 0, hashlib.sha256(), self._pos
 
     def table(self, nsamples: int) -> bytes:
         """The table, once the last sample's end was marked; empty if it does not hold
@@ -149,9 +150,10 @@ class TableBuilder:
 
 
 class SampleRanges(Sequence[tuple[int, int, bytes]]):
-    """``(start, stop, digest)`` of each sample of a table, made on access: the table's records,
-    one 8-byte end and one 4-byte checksum a sample are all it holds (a reader keeps those of
-    every shard it reads, so not three Python objects a sample). :attr:`ends` (``ends[i]`` and
+    """``(start, stop, digest)`` of each sample of a table (``digest``: its SHA-256 prefix), made
+    on access: the table's records, one 8-byte end and one 4-byte CRC-32 a sample are all it
+    holds besides them (a reader keeps those of every shard it reads, so not three Python objects
+    a sample). :attr:`ends` (``ends[i]`` and
     ``ends[i + 1]`` bound sample ``i``) and :attr:`crcs` (each sample's CRC-32 as an int) are
     there for a reader's per-sample loop, at no method call's cost."""
 
@@ -163,7 +165,7 @@ class SampleRanges(Sequence[tuple[int, int, bytes]]):
         self.ends.frombytes(ends.tobytes())  # an array: indexing gives a Python int, at no numpy cost
         self.crcs = array("I")
         whole = raw[: len(raw) // RECORD.size * RECORD.size]
-        self.crcs.frombytes(np.frombuffer(whole, dtype="<u4")[1::2].astype(np.uint32).tobytes())
+        self.crcs.frombytes(np.frombuffer(whole, dtype=RECORD_DTYPE)["crc"].astype(np.uint32).tobytes())
 
     def __len__(self) -> int:
         return len(self.ends) - 1
@@ -180,7 +182,7 @@ class SampleRanges(Sequence[tuple[int, int, bytes]]):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} of a table of {n}")
-        at = i * RECORD.size + 4
+        at = i * RECORD.size + 4 + CRC_BYTES
         return self.ends[i], self.ends[i + 1], self._raw[at : at + DIGEST_BYTES]
 
 

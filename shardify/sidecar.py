@@ -7,10 +7,11 @@ sidecar of a shard the first time it reads from that shard, so what a rank reads
 the shards it touches, not with the split.
 
 Layout, little-endian, version 2 (written): a 64-byte header (``b"SHFYIDX\\0"``, ``uint16``
-version 2, ``uint16`` record size 16, ``uint32`` record count, ``uint64`` the shard's size in
+version 2, ``uint16`` record size 32, ``uint32`` record count, ``uint64`` the shard's size in
 bytes, the shard's 32-byte SHA-256, ``uint32`` the number of proof hashes, 4 zero bytes), then
-one 16-byte record per sample: the sample's absolute byte offset in the shard (``uint64``), its
-length (``uint32``) and its CRC-32 (``uint32``), as in the inline table; then the
+one 32-byte record per sample: the sample's absolute byte offset in the shard (``uint64``), its
+length (``uint32``), its CRC-32 (``uint32``) and its SHA-256's first 16 bytes, as in the inline
+table; then the
 sidecar's proof: the sibling hashes (32 bytes each) on its leaf's path in the split's hash tree
 (:mod:`shardify.merkle`), whose leaf is the sidecar's bytes before the proof. A reader of the
 compact index (:mod:`shardify.compactindex`) checks a sidecar against the tree's root alone
@@ -61,9 +62,9 @@ HEADER_V1 = struct.Struct("<8sHHI")
 """Version 1: magic, version, record size (bytes), record count."""
 HEADER = struct.Struct("<8sHHIQ32sI4x")
 """Version 2: magic, version, record size, record count, shard size, shard SHA-256, proof hashes."""
-SIDECAR_RECORD = struct.Struct(f"<QI{DIGEST_BYTES}s")
-"""One sample: absolute byte offset in the shard, length, checksum (CRC-32)."""
-_RECORDS = np.dtype([("offset", "<u8"), ("size", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
+SIDECAR_RECORD = struct.Struct(f"<QII{DIGEST_BYTES}s")
+"""One sample: absolute byte offset in the shard, length, CRC-32, SHA-256 prefix."""
+_RECORDS = np.dtype([("offset", "<u8"), ("size", "<u4"), ("crc", "<u4"), ("digest", f"S{DIGEST_BYTES}")])
 """The same, as NumPy reads it."""
 
 
@@ -116,7 +117,7 @@ def _records(table: SampleTable) -> bytes:
     """The sidecar records of ``table``: each sample's offset, then its table record."""
     given = np.frombuffer(table.raw, dtype=RECORD_DTYPE)
     out = np.empty(len(given), dtype=_RECORDS)
-    out["offset"], out["size"], out["digest"] = table.starts(), given["size"], given["digest"]
+    out["offset"], out["size"], out["crc"], out["digest"] = table.starts(), given["size"], given["crc"], given["digest"]
     return out.tobytes()
 
 
@@ -174,7 +175,7 @@ def _table(data: memoryview, *, shard: str, nsamples: int, filesize: int) -> Sam
         i = int(wrong[0])
         raise SidecarError(f"sidecar says sample {i} starts at {records['offset'][i]}, want {starts[i]}", shard=shard)
     out = np.empty(len(records), dtype=RECORD_DTYPE)
-    out["size"], out["digest"] = records["size"], records["digest"]
+    out["size"], out["crc"], out["digest"] = records["size"], records["crc"], records["digest"]
     table = SampleTable(out.tobytes())
     problem = table.problem(nsamples=nsamples, filesize=filesize)
     if problem is not None:

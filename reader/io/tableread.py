@@ -23,7 +23,7 @@ from shardify.keys import split_member_name
 from shardify.reader.io.items import READ_ERRORS, Item, damage
 from shardify.reader.io.ranged import parse_sample
 from shardify.reader.io.shardfile import ShardFiles
-from shardify.sampletable import SampleRanges, digest_of_crc
+from shardify.sampletable import SampleRanges
 
 __all__ = ["read_table", "sample_key"]
 
@@ -62,9 +62,9 @@ def read_table(files: ShardFiles, shard: int, start: int, stop: int, ranges: Sam
                 )
             alone = end - index == 1
             for i in range(index, end):
-                s, e, digest = ranges[i]
+                s, e = ranges.ends[i], ranges.ends[i + 1]
                 one = data if alone else data[s - a : e - a]
-                if digest_of_crc(zlib.crc32(one)) != digest:
+                if zlib.crc32(one) != ranges.crcs[i]:
                     bad = SampleChecksumError(
                         f"sample {i} (bytes {s}-{e - 1}) does not match the index's checksum (changed or corrupt "
                         "since it was written; `shardify verify` checks every sample)",

@@ -1,15 +1,16 @@
-"""The per-sample table: 8-byte records of each sample's length and CRC-32, built from the
-bytes a writer writes, read back as ranges with their checksums."""
+"""The per-sample table: 24-byte records of each sample's length, CRC-32 and SHA-256 prefix,
+built from the bytes a writer writes, read back as ranges with their checksums."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import zlib
 
 from shardify.sampletable import DIGEST_BYTES, RECORD, SampleTable, TableBuilder, sample_digest
 
 
-def test_the_table_holds_each_sample_s_length_and_crc32_whatever_the_writes() -> None:
+def test_the_table_holds_each_sample_s_length_crc32_and_sha256_whatever_the_writes() -> None:
     samples = [os.urandom(n) for n in (1024, 1536, 512, 4096)]
     data = b"".join(samples)
     builder = TableBuilder()
@@ -21,8 +22,8 @@ def test_the_table_holds_each_sample_s_length_and_crc32_whatever_the_writes() ->
         builder.feed(data[k : k + 700])
     builder.mark(at)  # where the last ends, once written
     table = SampleTable(builder.table(len(samples)))
-    assert RECORD.size == 8 and DIGEST_BYTES == 4 and len(table.raw) == 8 * len(samples)
-    assert list(table.records()) == [(len(s), zlib.crc32(s).to_bytes(4, "little")) for s in samples]
+    assert RECORD.size == 24 and DIGEST_BYTES == 16 and len(table.raw) == 24 * len(samples)
+    assert list(table.records()) == [(len(s), zlib.crc32(s), hashlib.sha256(s).digest()[:16]) for s in samples]
     ranges = table.ranges()
     assert [ranges[i] for i in range(len(samples))] == [
         (a, a + len(s), sample_digest(s)) for a, s in zip([0, 1024, 2560, 3072], samples)

@@ -13,7 +13,7 @@ from shardify.sampletable import RECORD, SampleTable, sample_digest
 from shardify.sidecar import HEADER_V1, SIDECAR_RECORD, SidecarRef, decode, encode_v1, ref_of, sidecar_name
 
 SIZES = [1536, 2048, 1024, 3072, 1536]
-TABLE = SampleTable(b"".join(RECORD.pack(n, sample_digest(bytes([i]))) for i, n in enumerate(SIZES)))
+TABLE = SampleTable(b"".join(RECORD.pack(n, i, sample_digest(bytes([i]))) for i, n in enumerate(SIZES)))
 FILESIZE = sum(SIZES) + 1024
 
 
@@ -25,7 +25,7 @@ def test_a_table_round_trips_with_absolute_offsets() -> None:
     data = encode_v1(TABLE)
     assert len(data) == HEADER_V1.size + len(SIZES) * SIDECAR_RECORD.size == ref_of(data).size
     assert _decode(data, ref_of(data)) == TABLE
-    offsets = [o for o, _, _ in SIDECAR_RECORD.iter_unpack(data[HEADER_V1.size :])]
+    offsets = [o for o, _, _, _ in SIDECAR_RECORD.iter_unpack(data[HEADER_V1.size :])]
     assert offsets == [a for a, _, _ in TABLE.ranges()] == [0, 1536, 3584, 4608, 7680]
     assert sidecar_name("http://h/ds/train-000001.tar") == "http://h/ds/train-000001.tar.idx"
 
@@ -77,7 +77,7 @@ def test_an_index_entry_carries_its_sidecar_ref_and_refuses_both_tables() -> Non
 def test_a_tables_ranges_are_its_records_laid_end_to_end_by_index_slice_and_iteration() -> None:
     ranges = TABLE.ranges()
     records, at = [], 0
-    for size, digest in RECORD.iter_unpack(TABLE.raw):
+    for size, _crc, digest in RECORD.iter_unpack(TABLE.raw):
         records.append((at, at + size, digest))
         at += size
     assert list(ranges) == records and len(ranges) == len(records)

@@ -5,13 +5,15 @@ tables), hash to recorded SHA-256s.
 The inputs are built byte by byte (binary PPM images, numpy arrays, text), never by an encoder
 whose output may change with its version, so the recorded hashes hold on any machine. They were
 recorded from the converter that had two shard writers (one for planned shards, one for shards
-cut as samples come); the one writer that replaced them must write the same bytes, shard for
-shard, in every layout: per-sample and chunked, a shard whose every input was skipped, one and
+cut as samples come), then again when the table's records gained a CRC-32 (the hashed entry
+now holds each sample's length instead of the table's bytes); the one writer must write the same
+bytes, shard for shard, in every layout: per-sample and chunked, a shard whose every input was skipped, one and
 two workers. Run this file as a script to print the hashes of the code at hand.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import sys
@@ -22,6 +24,7 @@ import pytest
 
 from shardify.cli import main
 from shardify.convert import ShardWriter, convert_items
+from shardify.sampletable import SampleTable
 
 
 def _ppm(width: int, height: int, seed: int) -> bytes:
@@ -71,11 +74,14 @@ _ITEMS = {
 
 def _shard_hashes(out: Path) -> list[str]:
     """Per shard, in order: SHA-256 (16 hex digits) of its bytes and of its index entry (count,
-    size, hash, offsets, per-sample table; not its name, which holds the version token)."""
+    size, hash, offsets, each sample's length from the per-sample table; not its name, which
+    holds the version token, nor the table's checksums, whose format tests/format pins)."""
     entries = json.loads((out / "train.json").read_text())["shardlist"]
     hashes = []
     for entry in entries:
         url = entry.pop("url")
+        if "samples" in entry:
+            entry["samples"] = [size for size, *_ in SampleTable(base64.b64decode(entry["samples"])).records()]
         digest = hashlib.sha256((out / url).read_bytes())
         digest.update(json.dumps(entry, sort_keys=True).encode())
         hashes.append(digest.hexdigest()[:16])
@@ -99,65 +105,65 @@ def write(case: str, tmp: Path) -> list[str]:
 
 
 EXPECTED: dict[str, list[str]] = {
-    "cli-per-sample": ["161d4aa1a3604384", "c3642f476413fd84", "7ddb3c68f458431e", "286a896aca994e14"],
+    "cli-per-sample": ["24b49b151828dfcf", "797cb141c9e8d911", "d4576fae78c0b005", "ddbdfa55ebc25e7c"],
     "cli-one-per-shard": [
-        "7b61be3af6c99a69",
-        "69bf92f6bd929ee9",
+        "6b6b49cc34770ad1",
+        "0ac8d152c692d5b4",
         "0e6188cd1c9bf2c1",
-        "defaae397cac0853",
-        "41b7fe59de20cced",
-        "67a894846ae3f6a7",
-        "4ca6efd33b81ff6f",
-        "63b56b69eabf44cd",
-        "a01b4028bc7215de",
-        "f12df3ad32c86335",
-        "e4e793a0efe67b5c",
-        "cbfbbab1a4890b10",
-        "4be644b90b70b269",
-        "ac76b6472398a796",
-        "6a3974c8166f0d79",
-        "f5bfbcf3c6632a3e",
+        "ba8d34712a8a67f4",
+        "a5778e76815d860f",
+        "7162c9a22afbceb4",
+        "200b0dfe7cdbca61",
+        "4f8f21e50ec42975",
+        "71462f19ced2a3bd",
+        "76410145f30d70e5",
+        "90277029f59c0e23",
+        "9139c4f1a7f3f5f8",
+        "bccd242309db76d7",
+        "b8906f9e0b5248fa",
+        "f4320080665a01db",
+        "c53399deb344aa55",
     ],
     "cli-chunked": ["e708995c96a91cbe", "862e0ec0519052f5", "264eba83c11d85e9"],
     "writer-size": [
-        "bd2cc8cda329e281",
-        "fa40af3c5aae3b62",
-        "f48a181bb58a940a",
-        "e1c571bbb2e3cabf",
-        "f3c60e266ee5f364",
-        "e560b51856c1e47b",
-        "2bf1f89fcb86dd73",
-        "54c57c1a14555786",
-        "2bbb5a636645f19f",
-        "0749e756d21a1a95",
-        "5025a206609d6d81",
-        "fd43d1babea68343",
-        "9de993d6fbf0e9e9",
+        "3aed182531195a9d",
+        "ec282e835dd66252",
+        "97c990b54f74ab96",
+        "f25e1fab4508a406",
+        "b6682611dab17fc0",
+        "9a34716d6276b5d0",
+        "3b6cc0125cc2cefb",
+        "10aeadc7d4f81a04",
+        "67084be7fbcc0b62",
+        "ff13e7e3ecf134ca",
+        "fbd28f5fd83b9109",
+        "eed1cb6f4ece193c",
+        "5fe4aa3fa2854f74",
     ],
     "writer-chunked": ["b8a8713af8cde459", "7c1f9a43fc33a5ae", "08429205e55cd724"],
     "items-one-worker": [
-        "669d38398ef29e2a",
-        "5c85f552794ef3d6",
-        "219bd13c2ff682b6",
-        "e077167eafd9cdc7",
-        "42fef24183548032",
+        "6e3789b92e525955",
+        "42fbf0aa4ee591f4",
+        "adee3f183e7e51a7",
+        "78e1086943135708",
+        "1b513b2fdab6ef64",
     ],
     "items-two-workers": [
-        "4163cbe170794f9a",
-        "5d3abefa3ae68253",
-        "44b5515c6236dc1c",
-        "a1bca6efe3b56feb",
-        "7ee364da427bb75a",
-        "c1176a3bb83772a3",
-        "74bd789f10f63553",
-        "02607424e0df1508",
-        "3734b0bd7aaab257",
-        "9397b6b3583ce9b4",
-        "df397452434bbed6",
-        "288b749263394bd0",
-        "a3b3d57537c456be",
-        "57c62f1c488994a3",
-        "e6dbc50e225d32d3",
+        "6d3c12254e73576a",
+        "825cf3fb84932c6e",
+        "6fd135d1aced383e",
+        "73594f331ab3df8b",
+        "8267137e5da05b5f",
+        "f7a6d439805e0f82",
+        "3a735ff9b2cf8722",
+        "c2d29d4a913bf8cc",
+        "daa1a405120f6a63",
+        "3f80050454d13826",
+        "09b15c94c69dbfb4",
+        "8537b9ed213c9821",
+        "de916af832492af6",
+        "0be1338641429611",
+        "e6b43e09c369d813",
     ],
     "items-chunked": ["03645ad343d95c6f", "d5a63c1a554ac817", "535d94783b71e052", "5495415c9f609bc3"],
 }
