@@ -95,7 +95,7 @@ def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
         list(ds)
 
 
-# -- shards missing or unreadable (issue 12, item 3) ------------------------------------------------
+# -- shards missing or unreadable --------------------------------------------------------------------
 
 
 def _gone(shard) -> None:

@@ -184,7 +184,7 @@ def test_a_hung_worker_under_timeout_is_a_worker_error_then_resumes_exactly(
 def test_worker_killed_while_the_loop_runs_its_own_code_then_resumes_with_the_defaults(counting, warm) -> None:
     """Persistent workers (the default), and the worker dies while the loop body runs: torch's
     SIGCHLD handler raises in the loop, outside the loader. The documented recovery must
-    still work: the dead worker set is replaced, and the resume is exact (issue 12, item 1)."""
+    still work: the dead worker set is replaced, and the resume is exact."""
     ds = counting(map=_slow)
     baseline = snapshot()
     loader = make_loader(ds, num_workers=2)
