@@ -36,7 +36,9 @@ def test_every_mutation_applies_to_the_current_source(audit) -> None:
         pytest.param({"old": "code that is nowhere"}, "occurs 0 times in", id="code-moved"),
         pytest.param({"old": "return"}, "times in", id="code-not-unique"),
         pytest.param({"file": "reader/no_such_module.py"}, "does not exist", id="file-gone"),
-        pytest.param({"tests": ("tests/reader/plan/test_assign.py::test_no_such_test",)}, "does not exist", id="test-gone"),
+        pytest.param(
+            {"tests": ("tests/reader/plan/test_assign.py::test_no_such_test",)}, "does not exist", id="test-gone"
+        ),
     ],
 )
 def test_a_mutation_that_does_not_apply_fails_the_run_naming_it(audit, monkeypatch, capsys, change, says) -> None:
