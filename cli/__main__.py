@@ -12,7 +12,6 @@ does not import torch: only ``bench`` and ``show`` load the reader.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from shardify import __version__
 from shardify.cli import convert, inspect, maintain, read
 from shardify.cli.common import EXIT_ERROR, EXIT_USAGE, FORMATTER, UsageError
 from shardify.errors import ShardifyError, SplitRequiredError
+from shardify.suggest import closest
 
 __all__ = ["main", "entrypoint", "build_parser", "GROUPS"]
 
@@ -118,9 +118,9 @@ def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     hints = []
     for arg in unknown:
         if arg.startswith("-"):
-            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
-            if close:
-                hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+            meant = closest(arg.split("=", 1)[0], options)
+            if meant:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {meant}?")
     return f"unrecognized arguments: {' '.join(unknown)}" + ("; " + "; ".join(hints) if hints else "")
 
 

@@ -101,7 +101,7 @@ def labels_text(s: dict[str, Any]) -> str:
         return f"{s['classes']} classes ({names})"
     labels = s.get("labels")
     if not labels:
-        return "no labels" if "cls" not in s["fields"] else "int labels (not recorded by this converter version)"
+        return "no labels" if "cls" not in s["fields"] else _unsummarised_labels(s.get("converter") or {})
     counts = labels.get("counts") or {}
     seen = [int(k) for k in counts]
     if seen and seen == list(range(seen[0], seen[-1] + 1)):
@@ -111,6 +111,13 @@ def labels_text(s: dict[str, Any]) -> str:
     else:
         shown = f"{labels['min']}..{labels['max']}, not all present"
     return f"{labels['distinct']} int labels: {shown}"
+
+
+def _unsummarised_labels(converter: dict[str, Any]) -> str:
+    """A ``cls`` field whose values the split index does not summarise: why, from who wrote it."""
+    if str(converter.get("source", "")).startswith("python"):  # ShardWriter, convert_items: any value
+        return "a cls field (written from Python: its values are not summarised in the index)"
+    return f"int labels (not recorded by converter version {converter.get('version', 'unknown')})"
 
 
 def _bytes(n: float) -> str:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shardify.suggest import suggest_keywords
+
 __all__ = [
     "ConvertOptions",
     "parse_size",
@@ -90,6 +92,7 @@ def worker_count(workers: int) -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class ConvertOptions:
     """How to convert. Only the fields in :meth:`shaping` change the bytes written."""

@@ -13,12 +13,12 @@ unclear which should win. Delete this module, and the ``**deprecated`` of
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from shardify.reader.options import GROUPS, ErrorOptions, ShuffleOptions
+from shardify.suggest import unexpected_keyword
 
 __all__ = ["OLD_KEYWORDS", "OLD_GROUPS", "apply_old_keywords"]
 
@@ -86,11 +86,7 @@ def apply_old_keywords(
     new form of every old keyword used."""
     unknown = sorted(set(old) - set(OLD_KEYWORDS) - set(OLD_GROUPS))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], [*known, *OLD_KEYWORDS, *OLD_GROUPS], n=1, cutoff=0.6)
-        raise TypeError(
-            f"{owner}() got an unexpected keyword argument {unknown[0]!r}"
-            + (f"; did you mean {close[0]}=?" if close else "")
-        )
+        raise TypeError(unexpected_keyword(owner, unknown[0], [*known, *OLD_KEYWORDS, *OLD_GROUPS]))
     out = dict(groups)
     fields, notes = _old_fields(old, owner)
     for group, values in fields.items():

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from shardify.reader.io.checksums import ChecksumSpec
 from shardify.remote import RetryPolicy
+from shardify.suggest import suggest_keywords
 from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class ShuffleOptions:
     """Deprecated, for one release: ``shuffling=ShuffleOptions(buffer=, block=)`` is
@@ -60,6 +62,7 @@ class ShuffleOptions:
             raise ValueError(f"ShuffleOptions: buffer={self.buffer} and block={self.block} should be >= 1")
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class BatchOptions:
     """How samples become batches: ``collate_fn`` (default: ``default_collate``); with
@@ -78,6 +81,7 @@ class BatchOptions:
             raise ValueError(f"BatchOptions: bucket_buffer={self.bucket_buffer} should be >= 1")
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class SamplingOptions:
     """Which samples an epoch holds and in what order. ``samples_per_epoch`` over all ranks
@@ -104,6 +108,7 @@ class SamplingOptions:
             )
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class DecodeOptions:
     """How members are checked and decoded, and what a bad one does: pickle fields only with
@@ -135,6 +140,7 @@ class DecodeOptions:
             raise ValueError(f"DecodeOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class ErrorOptions:
     """Deprecated, for one release: ``errors=ErrorOptions(on_error=, verify=)`` is
@@ -148,6 +154,7 @@ class ErrorOptions:
             raise ValueError(f"ErrorOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class CacheOptions:
     """How remote shards are read (docs/remote.md).
@@ -211,6 +218,7 @@ def with_defaults(groups: dict[str, Any], *, owner: str = "ShardedDataset") -> d
     return out
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class ReadOptions:
     """Every option of a :class:`ShardedDataset` under one flat name; picklable to workers."""

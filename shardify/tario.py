@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from shardify.tarlayout import ShardLayout, scan_layout, scan_sample_offsets, scan_window
 from shardify.tarmembers import (
+    DAMAGE_AFTER,
     DEFAULT_MAX_MEMBER,
     BadMemberHandler,
     KeepMember,
@@ -25,6 +26,7 @@ __all__ = [
     "BadMemberHandler",
     "iter_members",
     "iter_samples",
+    "DAMAGE_AFTER",
     "scan_sample_offsets",
     "scan_layout",
     "scan_window",

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_MEMBER",
     "iter_members",
     "iter_samples",
+    "DAMAGE_AFTER",
     "walk_members",
     "group_members",
     "skip_bytes",
@@ -285,6 +286,10 @@ def walk_members(
         yield Member(name, data, member_offset, data_offset, size, skipped)
 
 
+DAMAGE_AFTER = "__damage_after__"
+"""In a sample read in full just before damage: what the damage is (the shard's error's reason)."""
+
+
 def group_members(
     members: Iterator[Member], *, shard: str, on_bad_member: BadMemberHandler | None
 ) -> Iterator[tuple[str, str, Member] | None]:
@@ -345,7 +350,9 @@ def iter_samples(
     When the archive is damaged after the last member read so far of a sample, that sample
     is yielded before the error is raised, unless the error names its key (the damage is in
     one of its own members). A damaged header cannot be told apart from the next sample's,
-    so the sample before it counts as whole (a member it lacks then fails as a missing field).
+    so the sample before it counts as whole; it carries the damage under :data:`DAMAGE_AFTER`,
+    so that a member it lacks fails as one that may be behind the damage, not as a field never
+    written.
     """
     current: dict[str, object] | None = None
     try:
@@ -362,5 +369,6 @@ def iter_samples(
                 current[field] = m.data
     except ShardFormatError as e:
         if current is not None and e.key != current["__key__"] and not isinstance(e, CompressedDataError):
+            current[DAMAGE_AFTER] = e.reason  # a field it lacks may be behind the damage: say so then
             yield current  # read in full before the damage; the error comes at the next request
         raise

@@ -163,7 +163,7 @@ def _mix(
 
 
 def test_two_ranks_mix_streams_exactly_and_resume_on_one_rank(dataset: Path, tmp_path: Path) -> None:
-    """Issue 10: weighted mixing under a real 2-process job, then the epoch finished by 1 process."""
+    """Weighted mixing under a real 2-process job, then the epoch finished by 1 process."""
     from collections import Counter
 
     extra = ",".join(_tar_shard(tmp_path / f"extra-{i}.tar", [f"x{i}_{j}" for j in range(3)]) for i in range(2))

@@ -6,9 +6,13 @@ realistic bug, runs the tests said to cover the promise, and restores the file w
 code 1). The results are what docs/audit.md tabulates.
 
     python tools/audit_mutations.py --list
+    python tools/audit_mutations.py --check         # every mutation still applies (seconds; what CI runs)
     python tools/audit_mutations.py                 # all, one after another (minutes)
     python tools/audit_mutations.py M07 M09         # some
 
+Before anything is mutated, every chosen mutation is checked against the current source: its
+code must occur exactly once in its file and its tests must exist. One that does not (the code
+moved) fails the run, exit 2, naming it: it must be re-keyed, never reported as caught.
 Run it in a clean work tree: it refuses a mutation whose file has uncommitted changes.
 """
 
@@ -23,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Mutation", "MUTATIONS", "run", "main"]
+__all__ = ["Mutation", "MUTATIONS", "problems", "run", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -363,7 +367,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M35",
         "ShardedDataset refuses an unfinished folder, saying to run the conversion again",
-        "reader/io/sources.py",
+        "reader/io/indexsource.py",
         "        if unfinished is not None:\n            raise unfinished from e",
         "        if False:\n            raise unfinished from e",
         ("tests/convert/pyapi/test_pykill.py",),
@@ -510,7 +514,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M50",
         "a reader whose version was removed raises DatasetVersionError naming both versions",
-        "reader/io/sources.py",
+        "reader/io/source.py",
         "        if now == self.version:\n            return None",
         "        if True:\n            return None",
         ("tests/convert/write/test_versions.py::test_reconversion_between_epochs_never_mixes_versions",),
@@ -766,6 +770,33 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def problems(mutations: tuple[Mutation, ...] = MUTATIONS, *, root: Path = ROOT) -> list[str]:
+    """Why each of ``mutations`` would not run as written against the source under ``root``: its
+    file missing, its code not found exactly once, or a test it names missing (one line each)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    for m in mutations:
+        if m.id in seen:
+            found.append(f"{m.id}: the id is used twice")
+        seen.add(m.id)
+        path = root / m.file
+        if not path.is_file():
+            found.append(f"{m.id}: {m.file} does not exist")
+            continue
+        count = path.read_text().count(m.old)
+        if count != 1:
+            found.append(f"{m.id}: the code to break occurs {count} times in {m.file} (must be once): {m.old!r}")
+        if m.old == m.new:
+            found.append(f"{m.id}: the mutation changes nothing")
+        for test in m.tests:
+            file, _, name = test.partition("::")
+            if not (root / file).is_file():
+                found.append(f"{m.id}: test file {file} does not exist")
+            elif name and f"def {name.split('[')[0]}(" not in (root / file).read_text():
+                found.append(f"{m.id}: test {test} does not exist")
+    return found
+
+
 def _clean(path: str) -> bool:
     return not subprocess.run(
         ["git", "status", "--porcelain", "--", path], cwd=ROOT, capture_output=True, text=True, check=True
@@ -799,13 +830,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ids", nargs="*", help="mutations to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
+    parser.add_argument("--check", action="store_true", help="only check that every mutation applies (no tests run)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutation's tests")
     parser.add_argument("--tests", nargs="*", default=None, help="run these tests instead of the listed ones")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.ids) - {m.id for m in MUTATIONS})
+    if unknown:
+        parser.error(f"no mutation {', '.join(unknown)} (see --list)")
     chosen = [m for m in MUTATIONS if not args.ids or m.id in args.ids]
     if args.list:
         for m in chosen:
             print(f"{m.id}  {m.file}  {m.promise}\n      {' '.join(m.tests)}")
+        return 0
+    broken = problems(tuple(chosen))
+    if broken:
+        print("\n".join(broken), file=sys.stderr)
+        print(f"{len(broken)} problem(s): re-key these mutations on the current code; nothing was run", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{len(chosen)} mutations apply to the current source, each exactly once")
         return 0
     survived = 0
     for m in chosen:

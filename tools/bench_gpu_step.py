@@ -11,7 +11,7 @@ on the CPU too (``--device cpu``: no streams, a smaller default model), where th
 mostly shows the cores shared between the model and the workers.
 Without ``--dataset``, a dataset of photo-like JPEGs is made under ``--out`` (``benchlib.corpus.step_dataset``).
 
-Issue 20's figures, one command each (on the GPU host; the JPEGs are made there):
+The GPU figures of docs/performance.md, one command each (on the GPU host; the JPEGs are made there):
 
     python tools/bench_gpu_step.py --feed --workers 8          # img/s into the GPU, CPU path
     python tools/bench_gpu_step.py --feed --workers 15

@@ -1,4 +1,4 @@
-"""Every GPU figure issue 20 asks for, in one command, with a report to paste.
+"""Every GPU figure of docs/performance.md, in one command, with a report to paste.
 
     python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5-8 min
     python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
@@ -6,7 +6,7 @@
     python tools/gpu_figures.py --redraw figs/gpu_figures.jsonl --chart docs/img/gpu_figures.png  # the chart
 
 Groups, run in this order, each figure a process of its own with a time limit (a hang costs
-its limit, not the session):
+its limit, not the whole run):
 
 - ``tests``: ``python -m pytest tests/gpu`` (nvJPEG path against the CPU path, exactly once,
   resume, the decode thread on real streams);
@@ -57,7 +57,7 @@ class Figure:
 
 
 def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
-    """The figures to run, on ``dataset``: issue 20's list, or a tiny version of it (``quick``)."""
+    """The figures to run, on ``dataset``: the full list, or a tiny version of it (``quick``)."""
     py, step, profile = sys.executable, str(TOOLS / "bench_gpu_step.py"), str(TOOLS / "profile_loader.py")
     common = ["--dataset", str(dataset), "--device", device, "--json"]
     size = ["--batch-size", "8", "--size", "64", "--steps", "3"] if quick else ["--batch-size", "256", "--size", "224"]

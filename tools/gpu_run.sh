@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU host (the device tool's machine; see tools/gpu_wheels.sh): install the carried wheels
-# and shardify itself (editable, offline, as .ci/run does here), then run every GPU figure of
-# issue 20 into $OUT (tools/gpu_figures.py; extra arguments go to it, e.g. --groups feed step).
+# On a GPU host without network access: install the wheels copied into .whl/ (tools/gpu_wheels.sh
+# downloads them on a machine with network) and shardify itself (editable, offline), then run every
+# GPU figure into $OUT (tools/gpu_figures.py; extra arguments go to it, e.g. --groups feed step).
+#   bash tools/gpu_run.sh [--groups ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Here, before a session's GPU run: the wheels the GPU host lacks (it has no network, Python 3.12,
-# and torch, torchvision, numpy, pillow, tqdm, pyyaml, setuptools, wheel, pytest already), into
-# .whl/ (ignored by git). Then, with the device tool:
-#   run(command="bash tools/gpu_run.sh", carry=[".whl"], timeout_s=600)
+# On a machine with network access: download into .whl/ (ignored by git) the wheels that a GPU host
+# without network needs beside what it has (Python 3.12 with torch, torchvision, numpy, pillow, tqdm,
+# pyyaml, setuptools, wheel, pytest). Copy the checkout with .whl/ to the GPU host, then run there:
+#   bash tools/gpu_run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .whl

@@ -46,6 +46,7 @@ from shardify.convert.write.session import ConversionSession, SplitSummary
 from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.errors import EncodeError, InputError, ShardifyError
+from shardify.suggest import suggest_keywords
 
 __all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
 
@@ -53,6 +54,7 @@ FILTERED = "filtered"
 """The ``ignored`` reason counted for items whose ``fn`` returned None."""
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class ItemsOptions(WriteOptions):
     """Options of :func:`convert_items`: those of :class:`WriteOptions` plus how to run ``fn``."""

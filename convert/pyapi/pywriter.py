@@ -24,10 +24,12 @@ from shardify.convert.write.session import ConversionSession, SplitSummary
 from shardify.convert.write.shardstream import ShardStream, sample_size
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.errors import EncodeError, KeyRuleError
+from shardify.suggest import suggest_keywords
 
 __all__ = ["WriteOptions", "ShardWriter", "KeyRegistry", "check_label", "converter_info", "who"]
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class WriteOptions:
     """Options of a split written from Python; those in :meth:`shaping` change the bytes."""

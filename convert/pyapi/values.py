@@ -34,6 +34,7 @@ from shardify import npy
 from shardify.errors import ArrayFormatError, EncodeError, KeyRuleError
 from shardify.keys import check_ext, key_from_name
 from shardify.pixels import encode_ppm, to_rgb
+from shardify.suggest import suggest_keywords
 
 __all__ = ["ValueOptions", "encode_array", "encode_value", "encode_sample", "sample_key", "ORIGINAL_KEY_FIELD"]
 
@@ -44,6 +45,7 @@ _IMAGE_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "
 _JSON_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
 
 
+@suggest_keywords
 @dataclass(frozen=True, kw_only=True)
 class ValueOptions:
     """How values are encoded; every field here changes the bytes written."""

@@ -41,6 +41,7 @@ from shardify.reader.delivery.workers import fork_frozen, how_died, release_fram
 from shardify.reader.plan.resume import LAYOUT, Segment
 from shardify.reader.plan.world import detect_rank_world
 from shardify.reader.sample.device_decode import nvjpeg_decoder
+from shardify.suggest import suggest_keywords
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
 
@@ -281,6 +282,7 @@ class Loader:
         self._epoch, self._batches, self._resume_started = -1, 0, False
 
 
+@suggest_keywords
 def make_loader(
     dataset: ShardedDataset,
     *,

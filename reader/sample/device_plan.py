@@ -35,7 +35,7 @@ from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import planned as _planned
 from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
-from shardify.reader.sample.pipeline import Bad, field_spec
+from shardify.reader.sample.pipeline import Bad, field_spec, missing_field
 from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
@@ -205,8 +205,7 @@ class PlanningProcessor:
             for alternatives in self._fields:
                 ext = next((e for e in alternatives if e in item), None)
                 if ext is None:
-                    have = sorted(e for e in item if not e.startswith("__"))
-                    raise ValueError(f"no field {'/'.join(alternatives)!r} (sample has {have}); pass fields=...")
+                    raise missing_field(alternatives, item)
                 field = ext
                 if ext.rpartition(".")[2] in IMAGE_EXTS:
                     if rng is None:

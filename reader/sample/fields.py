@@ -12,13 +12,13 @@ nothing is checked until reading.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
 from shardify.reader.sample.decode import IMAGE_EXTS
 from shardify.reader.sample.pipeline import IMAGE_FIELD, field_spec, selected_fields
+from shardify.suggest import closest
 
 if TYPE_CHECKING:
     from shardify.reader.streams import Stream
@@ -46,8 +46,8 @@ def _name_to_use(spec: str, held: Sequence[str], image_exts: frozenset[str]) -> 
             f"; for the images use {IMAGE_FIELD!r} (any image extension: here "
             f"{', '.join(repr(f) for f in images)}), e.g. fields=({IMAGE_FIELD!r}, 'cls')"
         )
-    close = difflib.get_close_matches(spec, list(held), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    meant = closest(spec, held)
+    return f"; did you mean {meant!r}?" if meant else ""
 
 
 def output_fields(requested: Sequence[str] | None, held: Sequence[str], *, where: str) -> tuple[str, ...]:

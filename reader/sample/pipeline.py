@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from shardify.errors import SampleError
+from shardify.errors import SampleError, ShardFormatError
 from shardify.reader.io.stream import Item, Lost, ShardReader
 from shardify.reader.plan.assign import Range, WorkerPlan
 from shardify.reader.plan.shuffle import sample_rng
@@ -28,6 +28,7 @@ from shardify.reader.stages.batch import Bucketed, Cut, Fill, fill
 from shardify.reader.stages.chain import state_at_batch, worker_stages
 from shardify.reader.stages.process import Process, by_stream
 from shardify.reader.stages.read import Read, read_runs
+from shardify.tario import DAMAGE_AFTER
 
 if TYPE_CHECKING:
     from shardify.reader.io.sources import Source
@@ -41,6 +42,7 @@ __all__ = [
     "field_spec",
     "read_positions",
     "selected_fields",
+    "missing_field",
     "cut",
     "cut_processed",
     "bucketed",
@@ -70,6 +72,21 @@ def field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
     if not names:
         raise ValueError(f"field {spec!r} names no extension")
     return tuple(sorted(image_exts)) if names == (IMAGE_FIELD,) else names
+
+
+def missing_field(alternatives: Sequence[str], sample: Mapping[str, object]) -> Exception:
+    """The error for an output column none of whose ``alternatives`` ``sample`` holds: the shard's
+    damage when the sample was read just before it (the member may be behind it), else a field the
+    sample never had (``fields=`` chooses them)."""
+    have = sorted(e for e in sample if not e.startswith("__"))
+    wanted = "/".join(alternatives)
+    damage = sample.get(DAMAGE_AFTER)
+    if damage is not None:
+        return ShardFormatError(
+            f"no field {wanted!r} (sample has {have}): the tar header after its members is damaged "
+            f"({damage}), so the member may be behind it"
+        )
+    return ValueError(f"no field {wanted!r} (sample has {have}); pass fields=...")
 
 
 def selected_fields(fields: Sequence[str]) -> frozenset[str]:
@@ -143,8 +160,7 @@ class SampleProcessor:
         for alternatives in self._fields:
             ext = next((e for e in alternatives if e in sample), None)
             if ext is None:
-                have = sorted(e for e in sample if not e.startswith("__"))
-                raise ValueError(f"no field {'/'.join(alternatives)!r} (sample has {have}); pass fields=...")
+                raise missing_field(alternatives, sample)
             data, self._field = sample[ext], ext
             if ext.rpartition(".")[2] in self._images:
                 if rng is None:

@@ -160,3 +160,17 @@ def test_field_bytes_of_a_chunked_split_are_per_sample_not_per_chunk(tmp_path, c
     assert main(["info", str(root)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "already one member per field per chunk" in out and "--chunk N" not in out
+
+
+def test_info_says_what_is_true_of_a_cls_field_written_from_python(tmp_path, capsys):
+    """ShardWriter and convert_items do not summarise ``cls`` (any value may be there): info says
+    so, never that this very version's converter is too old to record it."""
+    from shardify.cli.inspect import labels_text
+
+    assert main(["info", str(_dataset(tmp_path / "ds"))]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "a cls field (written from Python: its values are not summarised in the index)" in out
+    assert "converter version" not in out
+    old = {"classes": 0, "fields": ["cls", "jpg"], "labels": None, "converter": {"source": "ids", "version": "0.0.9"}}
+    assert labels_text(old) == "int labels (not recorded by converter version 0.0.9)"
+    assert labels_text({**old, "fields": ["jpg"]}) == "no labels"

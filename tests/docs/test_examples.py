@@ -219,3 +219,31 @@ def test_page_examples_run(page: Path, example_data: Path, runner: subprocess.Po
         else:
             rc = _run_bash(block, work, log)
         assert rc == 0, f"{block.where} ({block.lang}) exited {rc}:\n{log.read_text()[-4000:]}"
+
+
+def test_the_readme_quick_start_prints_its_progress(example_data: Path, runner: subprocess.Popen, tmp_path: Path):
+    """The Quick start's training says what it does: a line per epoch with its batches and mean
+    loss, and, run again, where it resumes (as the README shows)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Quick start")
+    first = text[:start].count("\n") + 1
+    last = first + text[start:].split("\n## ")[0].count("\n")
+    quick = [b for b in to_run(ROOT / "README.md") if first <= b.line <= last]
+    assert [b.lang for b in quick] == ["python", "bash", "python"]
+    work = tmp_path / "work"
+    shutil.copytree(example_data, work, symlinks=True)
+    logs = []
+    for n, block in enumerate([*quick, quick[-1]]):  # the training block twice: the second resumes
+        log = tmp_path / f"block{n}.log"
+        rc = _run_python(runner, block, work, log) if block.lang == "python" else _run_bash(block, work, log)
+        assert rc == 0, log.read_text()[-4000:]
+        logs.append(log.read_text())
+    epoch_line = re.compile(r"^epoch (\d): (\d+) batches, mean loss \d+\.\d{3}$", re.M)
+    epochs = [(int(e), int(b)) for e, b in epoch_line.findall(logs[2])]
+    assert [e for e, _ in epochs] == [0, 1, 2] and len({b for _, b in epochs}) == 1 and epochs[0][1] > 0, logs[2]
+    shown = re.search(r"```text\n(epoch 0:.*?)```", text, re.S)
+    assert shown is not None and len(epoch_line.findall(shown[1])) == 3  # the README shows that output
+    resumed = re.search(r"^resuming epoch 2 after its batch (\d+) \(ckpt\.pt\)$", logs[3], re.M)
+    assert resumed is not None, logs[3]
+    rest = re.search(r"^epoch 2: (\d+) batches", logs[3], re.M)  # the epoch's rest, each batch once
+    assert rest is not None and int(resumed[1]) + int(rest[1]) == epochs[2][1], logs[3]

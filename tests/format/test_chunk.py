@@ -120,7 +120,7 @@ def test_a_value_the_writer_cannot_encode_is_named_as_without_chunks(tmp_path: P
 
 
 def _small_images(root: Path, chunk: int | None, n: int = 2048) -> float:
-    """Bytes per sample of 3x32x32 uint8 arrays with an int label (issue 22's case)."""
+    """Bytes per sample of 3x32x32 uint8 arrays with an int label (CIFAR's shape)."""
     rng = np.random.default_rng(0)
     with ShardWriter(root, chunk=chunk, fsync=False) as w:
         for i in range(n):

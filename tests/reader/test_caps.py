@@ -1,4 +1,4 @@
-"""Reader memory caps (issue 12, item 9): a field not selected is never read into memory, a
+"""Reader memory caps: a field not selected is never read into memory, a
 member over ``max_member_bytes`` is refused before it is read, and an image over the pixel
 limit the converter uses is refused before it is decoded. Memory is measured in a child
 process (its peak RSS while reading, over its peak before), so Pillow's pixel buffers count.

@@ -81,6 +81,33 @@ def test_truncated_shard_with_skip_keeps_earlier_samples_and_reports_the_loss(tm
     assert (report.bad, report.lost) == (0, 5) and "train-000001.tar" in report.entries[0][0]
 
 
+def test_a_member_behind_a_corrupt_header_is_reported_as_the_damage_not_a_field_to_choose(tmp_path):
+    """A sample whose second member's header is corrupt is read up to it: the field it then lacks
+    is reported as behind the damaged header, never as a field ``fields=`` should leave out."""
+    import tarfile
+
+    from shardify.convert import ShardWriter
+
+    with ShardWriter(tmp_path / "ds", samples_per_shard=10, fsync=False) as w:
+        for i in range(10):
+            w.write({"json": {"i": i}, "cls": i})
+    shard = next((tmp_path / "ds").glob("train-*.tar"))
+    with tarfile.open(shard) as tar:
+        header = [m for m in tar.getmembers() if m.name.endswith(".json")][3].offset
+    data = bytearray(shard.read_bytes())
+    data[header + 148] ^= 0x11  # the checksum field of sample 3's json member: no longer octal
+    shard.write_bytes(bytes(data))
+    ds = ShardedDataset(tmp_path / "ds", batch_size=2, fields=("json", "cls"), decoding=DecodeOptions(on_error="skip"))
+    list(make_loader(ds))
+    report = ds.last_epoch_report
+    (shard_name, key, reason), *_ = [e for e in report.entries if e[1] is not None]
+    assert (shard_name, key) == (str(shard), "000000003")
+    assert reason.startswith("ShardFormatError: no field 'json' (sample has ['cls']): the tar header after its")
+    assert f"corrupt header at byte {header}" in reason and "fields=" not in reason
+    with pytest.raises((SampleError, ShardFormatError), match=f"corrupt header at byte {header}"):  # raise: either
+        list(make_loader(ShardedDataset(tmp_path / "ds", batch_size=2, fields=("json", "cls"))))
+
+
 def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
     root = shards.write_dataset(tmp_path / "g", shards.counting([4, 4, 4]))
     (root / "train-000001.tar").write_bytes(b"\x00garbage" * 300)
@@ -95,7 +122,7 @@ def test_a_batch_with_no_good_sample_borrows_from_the_next(tmp_path, shards):
         list(ds)
 
 
-# -- shards missing or unreadable (issue 12, item 3) ------------------------------------------------
+# -- shards missing or unreadable --------------------------------------------------------------------
 
 
 def _gone(shard) -> None:

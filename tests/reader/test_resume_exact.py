@@ -132,7 +132,7 @@ def test_bucketed_resume_replays_exactly(tmp_path, shards):
 
 @pytest.mark.parametrize("saved, loaded", [(2, 0), (2, 3), (0, 2), (3, 1)])
 def test_resume_with_another_worker_count_reads_the_rest_exactly_once(counting_dataset, saved, loaded):
-    """The defect of issue 10: this resumed with ~1/5 of the samples read twice and as many never."""
+    """Each sample exactly once (a wrong mapping of the saved place read ~1/5 twice and as many never)."""
     root = counting_dataset([7, 2, 13, 30, 1])
 
     def make(workers):

@@ -394,7 +394,7 @@ def _decoder_tolerated() -> dict[str, tuple[bytes, str, str]]:
             "cannot decode jpg: OSError: broken data stream",
         ),
         "jpg_no_end_marker.jpg": (jpg[:-2], "truncated jpg (no end marker)", "truncated jpg (no end marker)"),
-        # Pillow would decode this, a byte at a time; more than 1 MiB of junk is refused (item 10).
+        # Pillow would decode this, a byte at a time; more than 1 MiB of junk is refused.
         "jpg_2mb_junk.jpg": (
             jpg[:20] + b"j" * (2 << 20) + jpg[20:],
             "cannot decode jpg: more than 1 MiB of junk",

@@ -1,4 +1,4 @@
-"""The shard writer's I/O: gathered writes, inputs read by size, and durable shards (issue 11)."""
+"""The shard writer's I/O: gathered writes, inputs read by size, and durable shards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``verify=`` with checksums the user gives (issue 12, item 7): shards without a split index,
+"""``verify=`` with checksums the user gives: shards without a split index,
 local or over HTTP, checked against a mapping or a ``sha256sum`` sidecar file."""
 
 from __future__ import annotations

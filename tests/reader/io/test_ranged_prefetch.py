@@ -59,6 +59,8 @@ class Loader:
         self.tables, self.delay, self.fail = tables, delay, fail
         self.calls: list[tuple[int, str, float]] = []
         self._lock = threading.Lock()
+        self.running = self.most_running = 0
+        """Loads under way now, and the most that ever were at once."""
 
     def of(self, shard: int) -> Callable[[], bytes]:
         return functools.partial(self._load, shard)
@@ -66,7 +68,11 @@ class Loader:
     def _load(self, shard: int) -> bytes:
         with self._lock:
             self.calls.append((shard, threading.current_thread().name, time.perf_counter()))
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
         time.sleep(self.delay)
+        with self._lock:
+            self.running -= 1
         if shard in self.fail:
             raise SidecarError("cannot fetch its sidecar (a test's loader)", shard=f"shard-{shard}")
         return self.tables[shard]
@@ -96,17 +102,15 @@ def test_tables_of_the_next_shards_load_in_the_pool_before_their_reads(split: Sp
     ranged = _fetcher(split, loader, requests=4)
     runs = [(s, 0, 4) for s in range(n)]
     asked: dict[int, float] = {}
-    began = time.perf_counter()
     ranged.plan(runs)
     for s, a, b in runs:
         asked[s] = time.perf_counter()
         assert ranged.samples(s, a, b) == split.local(s, a, b)
-    took = time.perf_counter() - began
     ranged.close()
     assert loader.loads() == Counter(range(n))  # each table loaded once
     assert all(thread.startswith("shardify-ranges") for _, thread, _ in loader.calls)
     assert all(started < asked[s] for s, _, started in loader.calls)  # each load began before its read
-    assert took < 0.5 * n * delay, took  # loaded one after the other, the reads would take n * delay
+    assert loader.most_running > 1  # loaded side by side, not one after the other (whatever the machine's speed)
 
 
 def test_a_table_that_fails_raises_where_its_read_is_made_and_later_reads_succeed(split: Split) -> None:

@@ -175,7 +175,7 @@ def test_unshuffled_and_legacy_sequences_are_whole_shards_in_order():
 
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_each_rank_sees_the_whole_of_class_sorted_shards(world):
-    """Issue 10 (5): with contiguous slices, rank r of a class-sorted single shard saw the same classes."""
+    """With contiguous slices, rank r of a class-sorted single shard saw the same classes."""
     sizes = [3200]  # one shard, class c = index // 400 (8 classes)
     for epoch in range(3):
         seq = sequence(sizes, seed=0, epoch=epoch, shuffle=True, block=4)

@@ -23,7 +23,7 @@ from shardify.reader.plan.simulate import rank_batches
         pytest.param(10, [3, 1, 0.5], [7, 2, 1], id="largest-remainder"),
         pytest.param(4, [1, 1, 1], [2, 1, 1], id="ties-to-the-first"),
         pytest.param(0, [2, 5], [0, 0], id="empty-epoch"),
-        pytest.param(1_000_000, [3, 1, 0.5], [666667, 222222, 111111], id="issue-example"),
+        pytest.param(1_000_000, [3, 1, 0.5], [666667, 222222, 111111], id="three-weights"),
     ],
 )
 def test_stream_counts(total, weights, want):

@@ -1,4 +1,4 @@
-"""Issue 10 (5): each rank's batches are a good sample of class-sorted shards at any world size.
+"""Each rank's batches are a good sample of class-sorted shards at any world size.
 
 The figure is the one ``shardify bench`` prints (``shardify.cli.bench.class_mixing``): mean distinct
 classes per batch over every rank's batches, relative to a full random permutation's.
