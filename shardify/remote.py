@@ -278,6 +278,8 @@ def _attempt(
         while True:
             try:
                 chunk = body.read(retry.chunk_bytes)
+            except (Transient, Permanent):
+                raise
             except Exception as e:
                 raise classify(e) from e
             if not chunk:

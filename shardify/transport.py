@@ -17,6 +17,7 @@ import http.client
 import re
 import socket
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -62,6 +63,67 @@ DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one 
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+_opening = threading.local()  # the deadline and abort of the urllib request being opened in this thread
+
+
+def _watch_new(sock: socket.socket | None) -> None:
+    """A urllib request's new connection: watched by its deadline and abort from the start,
+    so that a server trickling its headers cannot hold it."""
+    deadline: Deadline | None = getattr(_opening, "deadline", None)
+    abort: Abort | None = getattr(_opening, "abort", None)
+    if deadline is not None:
+        deadline.watch(sock)
+    if abort is not None:
+        abort.watch(sock)
+
+
+class _WatchedHTTP(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watch_new(self.sock)
+
+
+class _WatchedHTTPS(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watch_new(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTP, req, **kw)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTPS, req, **kw)
+
+
+_opener: urllib.request.OpenerDirector | None = None
+
+
+def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None) -> http.client.HTTPResponse:
+    """:func:`urllib.request.urlopen` (proxies, redirects) with each connection it makes
+    watched by ``deadline`` and ``abort`` from the moment it connects: status line and
+    headers are bound by the deadline too. Its failures are raised as they come, except one
+    cut short by the deadline: Transient saying so."""
+    global _opener
+    if _opener is None:
+        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+    _opening.deadline, _opening.abort = deadline, abort
+    try:
+        resp: http.client.HTTPResponse = _opener.open(req, timeout=deadline.timeout())
+        return resp
+    except urllib.error.HTTPError:
+        raise
+    except Exception as e:
+        if deadline.expired:
+            raise deadline.passed() from e
+        raise
+    finally:
+        _opening.deadline = _opening.abort = None
+
+
 class HttpBody:
     """The body of a GET from byte ``start``: ``self.start`` is where it really starts (0 when
     the server ignored the range), ``self.total`` the whole file's size when known. The request
@@ -72,10 +134,14 @@ class HttpBody:
         if start:
             headers["Range"] = f"bytes={start}-"
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=deadline.timeout())
+            resp = urlopen(urllib.request.Request(url, headers=headers), deadline, abort)
         except urllib.error.HTTPError as e:
             e.close()
+            deadline.done()
             raise http_error(e, start) from e
+        except BaseException:
+            deadline.done()
+            raise
         self._resp, self._deadline, self._abort = resp, deadline, abort
         self._sock = sock_of(resp)
         if abort is not None:
@@ -100,6 +166,7 @@ class HttpBody:
         return read_timed(self._resp, n, self._deadline, self._sock)
 
     def close(self) -> None:
+        self._deadline.done()
         if self._abort is not None:
             self._abort.forget(self._sock)
         self._resp.close()
@@ -235,7 +302,7 @@ def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abor
     conn = connection(parts.scheme, parts.hostname or "", port, deadline.timeout())
     keep = False
     try:
-        resp = _send(conn, target, _range_headers(start, stop), abort)
+        resp = _send(conn, target, _range_headers(start, stop), deadline, abort)
         if resp.status in REDIRECTS:
             keep = _drain(resp)
             return _redirect_target(url, resp.getheader("Location"))
@@ -250,34 +317,46 @@ def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abor
     except Exception as e:
         if abort is not None and abort.fired:
             raise Permanent("no longer wanted (stopped)") from e
+        if deadline.expired:
+            raise deadline.passed() from e
         raise classify(e) from e
     finally:
+        deadline.done()
         if abort is not None:
             abort.forget(conn.sock)
-        if not keep:
+        if not keep or deadline.expired:  # (a socket shut down just as its answer ended)
             conn.close()
 
 
 def _send(
-    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+    conn: http.client.HTTPConnection,
+    target: str,
+    headers: dict[str, str],
+    deadline: Deadline,
+    abort: Abort | None,
 ) -> http.client.HTTPResponse:
     """The answer's status and headers; a kept connection the server closed is reopened once.
-    Its socket is watched by ``abort`` from the moment it is connected."""
+    Its socket is watched by ``deadline`` and ``abort`` from the moment it is connected."""
     reused = conn.sock is not None
     try:
-        return _request(conn, target, headers, abort)
+        return _request(conn, target, headers, deadline, abort)
     except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-        if not reused or (abort is not None and abort.fired):
+        if not reused or (abort is not None and abort.fired) or deadline.expired:
             raise
     conn.close()
-    return _request(conn, target, headers, abort)
+    return _request(conn, target, headers, deadline, abort)
 
 
 def _request(
-    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+    conn: http.client.HTTPConnection,
+    target: str,
+    headers: dict[str, str],
+    deadline: Deadline,
+    abort: Abort | None,
 ) -> http.client.HTTPResponse:
     if conn.sock is None:
         conn.connect()
+    deadline.watch(conn.sock)
     if abort is not None:
         abort.watch(conn.sock)
     conn.request("GET", target, headers=headers)
@@ -303,15 +382,16 @@ def _redirect_target(url: str, location: str | None) -> str:
 def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes:
     """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
     try:
-        resp = urllib.request.urlopen(
-            urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=deadline.timeout()
-        )
+        resp = urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), deadline, abort)
     except urllib.error.HTTPError as e:
         e.close()
+        deadline.done()
         raise http_error(e, 0) from e
     except (Transient, Permanent):
+        deadline.done()
         raise
     except Exception as e:
+        deadline.done()
         raise classify(e) from e
     sock = sock_of(resp)
     if abort is not None:
@@ -323,6 +403,7 @@ def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Ab
     except Exception as e:
         raise classify(e) from e
     finally:
+        deadline.done()
         if abort is not None:
             abort.forget(sock)
         resp.close()
