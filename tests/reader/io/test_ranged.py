@@ -298,3 +298,27 @@ def test_requests_in_flight_per_worker_are_bounded_by_the_option(www, requests):
         ds = ShardedDataset(source, batch_size=4, shuffle=True, seed=1, fields=("__key__", "cls"))
         assert sum(len(b[0]) for b in ds) == 40
     assert min(requests, 2) <= served.most_active <= requests  # fetched ahead, never more than asked at once
+
+
+def test_closing_the_reader_ends_its_fetch_threads(www):
+    """A reader's fetch threads (daemons, idle between reads) end when it is closed."""
+    import threading
+    import time
+
+    from shardify.reader.io.rangesetup import range_fetcher
+    from shardify.reader.io.stream import ShardReader
+
+    def fetch_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("shardify-ranges")]
+
+    with rangeserver.serve(www) as (base, _):
+        src = resolve_source(f"{base}/ds", retry=FAST)
+        reader = ShardReader(src.urls, src.sizes, skip_damaged=False, ranged=range_fetcher([src]))
+        reader.plan([(0, 0, 4), (1, 0, 4)])
+        assert len(list(reader.read(0, 0, 4))) == 4
+        assert fetch_threads()
+        reader.close()
+        end = time.monotonic() + 30
+        while fetch_threads() and time.monotonic() < end:
+            time.sleep(0.01)
+    assert not fetch_threads()
