@@ -18,7 +18,7 @@ import torch
 
 from shardify.convert import ShardWriter, convert_items
 from shardify.convert.write import finish
-from shardify.errors import LocationError, ShardFormatError
+from shardify.errors import LocationError, SampleChecksumError
 from shardify.reader import CacheOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError
@@ -154,16 +154,20 @@ def test_an_index_without_a_sample_table_reads_whole_shards_as_before(www):
 def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www):
     index = json.loads((www / "ds" / "train.json").read_text())
     entry = index["shardlist"][2]
+    local = sorted(k for b in _epoch(www / "ds") for k in b)
     a, b, _ = _table(entry).ranges()[3]
     shard = www / "ds" / entry["url"]
     data = bytearray(shard.read_bytes())
     data[b - 600] ^= 1  # in the data of sample 3, not a header
     shard.write_bytes(bytes(data))
     with rangeserver.serve(www) as (base, _):
-        with pytest.raises(ShardFormatError) as e:
+        with pytest.raises(SampleChecksumError) as e:
             _epoch(f"{base}/ds")
+        skipped = _epoch(f"{base}/ds", decoding=DecodeOptions(on_error="skip"))
     assert e.value.shard.endswith(entry["url"]) and e.value.key == f"{19:09d}"
     assert "checksum" in str(e.value)
+    keys = sorted(k for b in skipped for k in b)
+    assert set(keys) == set(local) - {f"{19:09d}"}  # that position alone, not the rest of its request
 
 
 def _tables(root: Path, index: dict) -> list[SampleTable]:
