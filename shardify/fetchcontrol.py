@@ -9,7 +9,8 @@ A deadline is enforced by one watchdog thread per process (a daemon, started wit
 request): it keeps a heap of the requests in flight by their end and, when one passes it,
 shuts down that request's socket, so a server trickling its status line, headers or body
 cannot hold a request past ``seconds``. A request registers its socket with
-:meth:`Deadline.watch` and unregisters with :meth:`Deadline.done` (no thread per request).
+:meth:`Deadline.watch` and unregisters with :meth:`Deadline.done` (no thread per request);
+:func:`urlopen` registers each connection urllib makes as soon as it connects.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "sock_of",
     "read_timed",
     "retry_after",
+    "urlopen",
 ]
 
 
@@ -258,3 +262,64 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if when is None or when.tzinfo is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+_opening = threading.local()  # the deadline and abort of the urllib request being opened in this thread
+
+
+def _watch_new(sock: socket.socket | None) -> None:
+    """A urllib request's new connection: watched by its deadline and abort from the start,
+    so that a server trickling its headers cannot hold it."""
+    deadline: Deadline | None = getattr(_opening, "deadline", None)
+    abort: Abort | None = getattr(_opening, "abort", None)
+    if deadline is not None:
+        deadline.watch(sock)
+    if abort is not None:
+        abort.watch(sock)
+
+
+class _WatchedHTTP(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watch_new(self.sock)
+
+
+class _WatchedHTTPS(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watch_new(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTP, req, **kw)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTPS, req, **kw)
+
+
+_opener: urllib.request.OpenerDirector | None = None
+
+
+def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None) -> http.client.HTTPResponse:
+    """:func:`urllib.request.urlopen` (proxies, redirects) with each connection it makes
+    watched by ``deadline`` and ``abort`` from the moment it connects: status line and
+    headers are bound by the deadline too. Its failures are raised as they come, except one
+    cut short by the deadline: Transient saying so."""
+    global _opener
+    if _opener is None:
+        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+    _opening.deadline, _opening.abort = deadline, abort
+    try:
+        resp: http.client.HTTPResponse = _opener.open(req, timeout=deadline.timeout())
+        return resp
+    except urllib.error.HTTPError:
+        raise
+    except Exception as e:
+        if deadline.expired:
+            raise deadline.passed() from e
+        raise
+    finally:
+        _opening.deadline = _opening.abort = None

@@ -17,7 +17,6 @@ import http.client
 import re
 import socket
 import ssl
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,6 +35,7 @@ from shardify.fetchcontrol import (
     read_timed,
     retry_after,
     sock_of,
+    urlopen,
 )
 from shardify.keepalive import connection
 
@@ -61,67 +61,6 @@ REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
 DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one closes the connection
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-
-
-_opening = threading.local()  # the deadline and abort of the urllib request being opened in this thread
-
-
-def _watch_new(sock: socket.socket | None) -> None:
-    """A urllib request's new connection: watched by its deadline and abort from the start,
-    so that a server trickling its headers cannot hold it."""
-    deadline: Deadline | None = getattr(_opening, "deadline", None)
-    abort: Abort | None = getattr(_opening, "abort", None)
-    if deadline is not None:
-        deadline.watch(sock)
-    if abort is not None:
-        abort.watch(sock)
-
-
-class _WatchedHTTP(http.client.HTTPConnection):
-    def connect(self) -> None:
-        super().connect()
-        _watch_new(self.sock)
-
-
-class _WatchedHTTPS(http.client.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _watch_new(self.sock)
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
-        return super().do_open(_WatchedHTTP, req, **kw)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> http.client.HTTPResponse:
-        return super().do_open(_WatchedHTTPS, req, **kw)
-
-
-_opener: urllib.request.OpenerDirector | None = None
-
-
-def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None) -> http.client.HTTPResponse:
-    """:func:`urllib.request.urlopen` (proxies, redirects) with each connection it makes
-    watched by ``deadline`` and ``abort`` from the moment it connects: status line and
-    headers are bound by the deadline too. Its failures are raised as they come, except one
-    cut short by the deadline: Transient saying so."""
-    global _opener
-    if _opener is None:
-        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
-    _opening.deadline, _opening.abort = deadline, abort
-    try:
-        resp: http.client.HTTPResponse = _opener.open(req, timeout=deadline.timeout())
-        return resp
-    except urllib.error.HTTPError:
-        raise
-    except Exception as e:
-        if deadline.expired:
-            raise deadline.passed() from e
-        raise
-    finally:
-        _opening.deadline = _opening.abort = None
 
 
 class HttpBody:
