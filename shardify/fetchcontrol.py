@@ -20,18 +20,23 @@ import heapq
 import http.client
 import itertools
 import os
+import re
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from email.message import Message
+from typing import Any, Protocol
 
 __all__ = [
+    "Body",
     "Transient",
     "Permanent",
     "Complete",
     "RangeIgnored",
+    "http_error",
+    "http_status_error",
     "Deadline",
     "Abort",
     "sock_of",
@@ -58,8 +63,24 @@ class Complete(Exception):
     """A resumed request found nothing left to fetch (HTTP 416 at exactly the file's end)."""
 
 
+class Body(Protocol):
+    """A GET's body from byte ``start`` (of a file of ``total`` bytes, when known)."""
+
+    start: int
+    total: int | None
+
+    def read(self, n: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class RangeIgnored(Permanent):
-    """A ranged GET answered 200 with the whole file: the server ignores ``Range``."""
+    """A ranged GET answered 200 with the whole file: the server ignores ``Range``. ``body``:
+    that answer's body, unread, when the caller asked to be handed it (see :func:`offered`)."""
+
+    def __init__(self, what: str, *, body: Body | None = None) -> None:
+        super().__init__(what)
+        self.body = body
 
 
 class Deadline:
@@ -262,6 +283,23 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if when is None or when.tzinfo is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def http_error(e: urllib.error.HTTPError, start: int) -> Exception:
+    return http_status_error(e.code, e.reason, e.headers, start)
+
+
+def http_status_error(code: int, reason: str, headers: Message, start: int) -> Exception:
+    """An HTTP error status as Transient (429, 5xx), Complete (416 at exactly ``start``, the
+    file's end, when resuming) or Permanent."""
+    what = f"HTTP {code} {reason}"
+    if code == 429 or code >= 500:
+        return Transient(what, retry_after=retry_after(headers.get("Retry-After")) if headers else None)
+    if code == 416 and start:
+        m = re.fullmatch(r"bytes\s+\*/(\d+)", (headers.get("Content-Range") or "").strip())
+        if m is not None and int(m.group(1)) == start:
+            return Complete()
+    return Permanent(what)
 
 
 _opening = threading.local()  # the deadline and abort of the urllib request being opened in this thread

@@ -323,13 +323,19 @@ class RangeFetcher:
         else:
             try:
                 data = fetch_range(
-                    url, req.start, req.stop, retry=fetch.retry, storage_options=fetch.storage_options, abort=req.abort
+                    url,
+                    req.start,
+                    req.stop,
+                    retry=fetch.retry,
+                    storage_options=fetch.storage_options,
+                    abort=req.abort,
+                    take_whole=openers is not None,  # the whole shard, if that is the answer: kept
                 )
-            except RangeNotSupported:
+            except RangeNotSupported as e:
                 if openers is None:
                     raise
                 read_whole_from(url)
-                data = range_of_whole(openers[req.shard], url, req.start, req.stop)
+                data = range_of_whole(openers[req.shard], url, req.start, req.stop, e.body)
         with self._lock:
             self.stats.requests += 1
             self.stats.bytes += len(data)
