@@ -338,6 +338,17 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return super().do_open(_WatchedHTTPS, req, **kw)
 
 
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows redirects to ``http(s)://`` only (urllib's own also follows ``ftp://``)."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: http.client.HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
+        if not newurl.startswith(("http://", "https://")):
+            raise Permanent(f"redirected to {newurl!r}: only http:// and https:// redirects are followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 _opener: urllib.request.OpenerDirector | None = None
 
 
@@ -348,7 +359,7 @@ def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None
     cut short by the deadline: Transient saying so."""
     global _opener
     if _opener is None:
-        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler, _HttpRedirects)
     _opening.deadline, _opening.abort = deadline, abort
     try:
         resp: http.client.HTTPResponse = _opener.open(req, timeout=deadline.timeout())
