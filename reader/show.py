@@ -22,6 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader.io.tablesetup import sample_tables
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.decode import IMAGE_EXTS, decode_field, decode_image, tensor_to_pil
 from shardify.reader.sample.transforms import run_image_transform
@@ -66,6 +67,7 @@ def _read(source: Source, positions: list[int]) -> list[dict[str, object]]:
         skip_damaged=True,
         opener=source.open_tar,
         chunks=[s.chunk for s in source.shards],
+        tables=sample_tables([source]),  # each sample checked, as the loader does
     )
     out = []
     try:

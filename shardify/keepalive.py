@@ -7,17 +7,26 @@ socket. Whoever sends a request on it reads the answer to its end or closes it
 A thread's connections are closed when the thread ends (a pool thread ends when its pool is
 shut down), at interpreter exit, or by :func:`close_connections`; a forked child never uses
 the sockets it inherited from its parent.
+
+An answer of 200 to a ranged GET (the whole file) can be handed over unread
+(:class:`TakenBody`): :func:`offered` lets the thread's next whole GET of that file read it
+instead of asking again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import socket
 import ssl
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 
-__all__ = ["connection", "close_connections"]
+from shardify.fetchcontrol import Deadline, read_timed
+
+__all__ = ["connection", "close_connections", "TakenBody", "offered", "taken"]
 
 Key = tuple[str, str, int]
 """``(scheme, host, port)``."""
@@ -78,3 +87,57 @@ def close_connections() -> None:
     kept: _Kept | None = getattr(_local, "kept", None)
     if kept is not None and kept.pid == os.getpid():
         _close_all(kept.conns)
+
+
+class TakenBody:
+    """The whole file that a ranged GET of ``url`` received (a 200) instead of its range, not
+    yet read: read like an :class:`~shardify.transport.HttpBody` from byte 0, under that
+    request's ``deadline``; :meth:`close` ends the request (``closer`` closes its connection)."""
+
+    start = 0
+
+    def __init__(
+        self,
+        url: str,
+        resp: http.client.HTTPResponse,
+        deadline: Deadline,
+        sock: socket.socket | None,
+        closer: Callable[[], None],
+    ) -> None:
+        self.url, self._resp, self._deadline, self._sock, self._closer = url, resp, deadline, sock, closer
+        length = resp.headers.get("Content-Length")
+        self.total = int(length) if length is not None and length.isdigit() else None
+        self._closed = False
+
+    def read(self, n: int) -> bytes:
+        return read_timed(self._resp, n, self._deadline, self._sock)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._deadline.done()
+            self._closer()
+
+
+_offers = threading.local()
+
+
+@contextlib.contextmanager
+def offered(body: TakenBody) -> Iterator[None]:
+    """Within the block, the calling thread's next whole GET of ``body.url`` from byte 0 reads
+    ``body`` instead of asking the server again (:func:`taken`); closed at the end if unused."""
+    _offers.body = body
+    try:
+        yield
+    finally:
+        _offers.body = None
+        body.close()
+
+
+def taken(url: str, start: int) -> TakenBody | None:
+    """The body offered to the calling thread for a GET of ``url`` from ``start``, if any (once)."""
+    body: TakenBody | None = getattr(_offers, "body", None)
+    if body is None or start != 0 or body.url != url:
+        return None
+    _offers.body = None
+    return body

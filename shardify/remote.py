@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
+from shardify.fetchcontrol import Body
+from shardify.keepalive import TakenBody
 from shardify.transport import (
     HTTP_SCHEMES,
     Abort,
@@ -129,7 +131,10 @@ class ShardFetchError(ShardFormatError):
 
 class RangeNotSupported(ShardFetchError):
     """The server answered a ranged request with the whole file (it ignores ``Range``): the
-    caller fetches the whole file instead (:func:`fetch_range`)."""
+    caller fetches the whole file instead (:func:`fetch_range`). ``body``: that answer's body,
+    unread, when asked for (``take_whole``), else None."""
+
+    body: Body | None = None
 
 
 def is_remote(url: str) -> bool:
@@ -273,11 +278,14 @@ def _attempt(
             done.restart()
         total = body.total
         if size is not None and total is not None and total != size:
-            raise Permanent(f"the server says {total} bytes, the manifest says {size}")
+            what = f"the server says {total} bytes, the manifest says {size}"
+            raise Transient(what) if isinstance(body, TakenBody) else Permanent(what)  # (ask again for that one)
         done.expected = total if total is not None else size
         while True:
             try:
                 chunk = body.read(retry.chunk_bytes)
+            except (Transient, Permanent):
+                raise
             except Exception as e:
                 raise classify(e) from e
             if not chunk:
@@ -309,23 +317,29 @@ def fetch_range(
     retry: RetryPolicy,
     storage_options: Mapping[str, Any] | None = None,
     abort: Abort | None = None,
+    take_whole: bool = False,
 ) -> bytes:
     """Bytes ``start..stop-1`` of the file at ``url``, exactly (see the module); raises
     :class:`ShardFetchError` naming ``url`` and the range, :class:`RangeNotSupported` when the
-    server answers with the whole file. ``abort``: when fired (from another thread), the fetch
-    stops at once (its bytes are no longer wanted)."""
+    server answers with the whole file (with ``take_whole``, its ``body``: that answer's body
+    unread, for the caller to use, see :func:`shardify.keepalive.offered`, and close).
+    ``abort``: when fired (from another thread), the fetch stops at once (its bytes are no
+    longer wanted)."""
     what = f"bytes {start}-{stop - 1}"
 
     def attempt() -> bytes:
         if url.startswith(HTTP_SCHEMES):
-            return http_range(url, start, stop, Deadline(retry.deadline_s, retry.timeout_s), abort)
+            deadline = Deadline(retry.deadline_s, retry.timeout_s)
+            return http_range(url, start, stop, deadline, abort, take_whole=take_whole)
         return fsspec_range(url, start, stop, storage_options)
 
     try:
         return _retrying(url, attempt, retry=retry, what=what, abort=abort)
     except ShardFetchError as e:
         if isinstance(e.__cause__, RangeIgnored):
-            raise RangeNotSupported(
+            refused = RangeNotSupported(
                 f"cannot fetch {what}: {e.__cause__}; CacheOptions(ranged=False) fetches whole shards", shard=url
-            ) from e.__cause__
+            )
+            refused.body = e.__cause__.body
+            raise refused from e.__cause__
         raise

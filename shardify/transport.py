@@ -21,7 +21,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from email.message import Message
 from typing import Any
 
 from shardify import __version__
@@ -32,11 +31,13 @@ from shardify.fetchcontrol import (
     Permanent,
     RangeIgnored,
     Transient,
+    http_error,
+    http_status_error,
     read_timed,
-    retry_after,
     sock_of,
+    urlopen,
 )
-from shardify.keepalive import connection
+from shardify.keepalive import TakenBody, connection, taken
 
 __all__ = [
     "HTTP_SCHEMES",
@@ -59,6 +60,7 @@ CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
 DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one closes the connection
+IGNORED = "the server ignores Range (it answered 200 with the whole file)"
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -72,10 +74,14 @@ class HttpBody:
         if start:
             headers["Range"] = f"bytes={start}-"
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=deadline.timeout())
+            resp = urlopen(urllib.request.Request(url, headers=headers), deadline, abort)
         except urllib.error.HTTPError as e:
             e.close()
+            deadline.done()
             raise http_error(e, start) from e
+        except BaseException:
+            deadline.done()
+            raise
         self._resp, self._deadline, self._abort = resp, deadline, abort
         self._sock = sock_of(resp)
         if abort is not None:
@@ -100,26 +106,10 @@ class HttpBody:
         return read_timed(self._resp, n, self._deadline, self._sock)
 
     def close(self) -> None:
+        self._deadline.done()
         if self._abort is not None:
             self._abort.forget(self._sock)
         self._resp.close()
-
-
-def http_error(e: urllib.error.HTTPError, start: int) -> Exception:
-    return http_status_error(e.code, e.reason, e.headers, start)
-
-
-def http_status_error(code: int, reason: str, headers: Message, start: int) -> Exception:
-    """An HTTP error status as Transient (429, 5xx), Complete (416 at exactly ``start``, the
-    file's end, when resuming) or Permanent."""
-    what = f"HTTP {code} {reason}"
-    if code == 429 or code >= 500:
-        return Transient(what, retry_after=retry_after(headers.get("Retry-After")) if headers else None)
-    if code == 416 and start:
-        m = re.fullmatch(r"bytes\s+\*/(\d+)", (headers.get("Content-Range") or "").strip())
-        if m is not None and int(m.group(1)) == start:
-            return Complete()
-    return Permanent(what)
 
 
 def fsspec_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -163,9 +153,11 @@ def open_body(
     deadline: Deadline,
     storage_options: Mapping[str, Any] | None,
     abort: Abort | None = None,
-) -> HttpBody | FsspecBody:
+) -> HttpBody | FsspecBody | TakenBody:
+    """The body of ``url`` from byte ``start``: a whole body offered to this thread
+    (:func:`~shardify.fetchcontrol.offered`) when there is one, else a new GET."""
     if url.startswith(HTTP_SCHEMES):
-        return HttpBody(url, start, deadline, abort)
+        return taken(url, start) or HttpBody(url, start, deadline, abort)
     return FsspecBody(url, start, storage_options)
 
 
@@ -187,9 +179,12 @@ def classify(e: BaseException) -> Exception:
     return Permanent(what)
 
 
-def http_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None = None) -> bytes:
+def http_range(
+    url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None = None, *, take_whole: bool = False
+) -> bytes:
     """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent
-    (:class:`RangeIgnored` when the server answers with the whole file), by ``deadline``;
+    (:class:`RangeIgnored` when the server answers with the whole file; with ``take_whole``
+    it carries that answer's body, unread, for the caller to use and close), by ``deadline``;
     ``abort`` stops it from another thread.
 
     Over the calling thread's kept connection to the host (:mod:`shardify.keepalive`): one the
@@ -197,10 +192,11 @@ def http_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort
     are followed with a new request, at most :data:`MAX_REDIRECTS`, to ``http(s)://`` only, and
     not remembered. A host reached through a proxy (``http_proxy``, ``https_proxy``,
     ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
+    origin = url
     for _ in range(MAX_REDIRECTS + 1):
         if _proxied(url):
             return _urllib_range(url, start, stop, deadline, abort)
-        got = _kept_range(url, start, stop, deadline, abort)
+        got = _kept_range(url, start, stop, deadline, abort, origin if take_whole else None)
         if isinstance(got, bytes):
             return got
         url = got
@@ -221,9 +217,12 @@ def _range_headers(start: int, stop: int) -> dict[str, str]:
     }
 
 
-def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes | str:
+def _kept_range(
+    url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None, take_as: str | None
+) -> bytes | str:
     """The bytes, or the URL a redirect points to; the connection is kept only when the whole
-    answer was read and right."""
+    answer was read and right. A 200 is :class:`RangeIgnored`, with ``take_as`` (a URL) its
+    body handed over as the whole of that URL, the request left open."""
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -233,9 +232,12 @@ def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abor
     if abort is not None:
         abort.check()
     conn = connection(parts.scheme, parts.hostname or "", port, deadline.timeout())
-    keep = False
+    keep = handed = False
     try:
-        resp = _send(conn, target, _range_headers(start, stop), abort)
+        resp = _send(conn, target, _range_headers(start, stop), deadline, abort)
+        if resp.status == 200 and take_as is not None:
+            handed = True
+            raise RangeIgnored(IGNORED, body=TakenBody(take_as, resp, deadline, conn.sock, conn.close))
         if resp.status in REDIRECTS:
             keep = _drain(resp)
             return _redirect_target(url, resp.getheader("Location"))
@@ -250,34 +252,47 @@ def _kept_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abor
     except Exception as e:
         if abort is not None and abort.fired:
             raise Permanent("no longer wanted (stopped)") from e
+        if deadline.expired:
+            raise deadline.passed() from e
         raise classify(e) from e
     finally:
-        if abort is not None:
-            abort.forget(conn.sock)
-        if not keep:
-            conn.close()
+        if not handed:
+            deadline.done()
+            if abort is not None:
+                abort.forget(conn.sock)
+            if not keep or deadline.expired:  # (a socket shut down just as its answer ended)
+                conn.close()
 
 
 def _send(
-    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+    conn: http.client.HTTPConnection,
+    target: str,
+    headers: dict[str, str],
+    deadline: Deadline,
+    abort: Abort | None,
 ) -> http.client.HTTPResponse:
     """The answer's status and headers; a kept connection the server closed is reopened once.
-    Its socket is watched by ``abort`` from the moment it is connected."""
+    Its socket is watched by ``deadline`` and ``abort`` from the moment it is connected."""
     reused = conn.sock is not None
     try:
-        return _request(conn, target, headers, abort)
+        return _request(conn, target, headers, deadline, abort)
     except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-        if not reused or (abort is not None and abort.fired):
+        if not reused or (abort is not None and abort.fired) or deadline.expired:
             raise
     conn.close()
-    return _request(conn, target, headers, abort)
+    return _request(conn, target, headers, deadline, abort)
 
 
 def _request(
-    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], abort: Abort | None
+    conn: http.client.HTTPConnection,
+    target: str,
+    headers: dict[str, str],
+    deadline: Deadline,
+    abort: Abort | None,
 ) -> http.client.HTTPResponse:
     if conn.sock is None:
         conn.connect()
+    deadline.watch(conn.sock)
     if abort is not None:
         abort.watch(conn.sock)
     conn.request("GET", target, headers=headers)
@@ -303,15 +318,16 @@ def _redirect_target(url: str, location: str | None) -> str:
 def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes:
     """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
     try:
-        resp = urllib.request.urlopen(
-            urllib.request.Request(url, headers=_range_headers(start, stop)), timeout=deadline.timeout()
-        )
+        resp = urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), deadline, abort)
     except urllib.error.HTTPError as e:
         e.close()
+        deadline.done()
         raise http_error(e, 0) from e
     except (Transient, Permanent):
+        deadline.done()
         raise
     except Exception as e:
+        deadline.done()
         raise classify(e) from e
     sock = sock_of(resp)
     if abort is not None:
@@ -323,6 +339,7 @@ def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Ab
     except Exception as e:
         raise classify(e) from e
     finally:
+        deadline.done()
         if abort is not None:
             abort.forget(sock)
         resp.close()
@@ -335,7 +352,7 @@ def _checked_range(
     Transient/Permanent (read one byte past them, so that a chunked body is read to its end).
     An answer of 200 (the whole file) is :class:`RangeIgnored`, its body not read."""
     if resp.status == 200:
-        raise RangeIgnored("the server ignores Range (it answered 200 with the whole file)")
+        raise RangeIgnored(IGNORED)
     if resp.status != 206:
         raise Permanent(f"unexpected HTTP status {resp.status} {resp.reason}")
     found = resp.headers.get("Content-Range", "")

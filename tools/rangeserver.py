@@ -2,10 +2,11 @@
 support (``bytes=a-b`` and ``bytes=a-``), counts the requests, connections and body bytes it
 sends, can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
 mid-body, close it after every answer, send a wrong or no Content-Range, trickle the body,
-stall after the headers or part of the body, answer an error status with ``Retry-After``,
-send more bytes than the file, answer 200 with an HTML page), redirect paths, or add a delay
-before every answer. Faults apply to the first ``faults_left`` GETs (None: all) of the paths
-ending with one of ``fault_paths`` (empty: every path) and none of ``clean_paths``."""
+stall after the headers or part of the body, trickle the status line and headers, answer an
+error status with ``Retry-After``, send more bytes than the file, answer 200 with an HTML
+page), redirect paths, or add a delay before every answer. Faults apply to the first
+``faults_left`` GETs (None: all) of the paths ending with one of ``fault_paths`` (empty:
+every path) and none of ``clean_paths``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Behaviour:
     close_after: str = ""  # close the connection after every answer: "silently" or "announced" (Connection: close)
     redirects: dict[str, tuple[int, str]] = field(default_factory=dict)  # path -> (status, Location)
     trickle_bps: int = 0  # send the body at this many bytes per second
+    header_bps: int = 0  # send the status line and headers at this many bytes per second
     stall_at: float | None = None  # send this fraction of the body (0: only the headers), then nothing
     error_status: int = 0  # answer with this status (429, 503, 500...) and no body
     retry_after: str = ""  # the Retry-After header of an error answer (seconds or an HTTP-date)
@@ -120,6 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
         if b.delay_s:
             time.sleep(b.delay_s)
         rel = unquote(urlsplit(self.path).path).lstrip("/")
+        self._faulty_now = False
         with b.lock:
             b.paths.append(rel)
         if b.close_after:
@@ -137,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         total = path.stat().st_size
         m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
-        faulty = b._faulty(rel)
+        faulty = self._faulty_now = b._faulty(rel)
         if faulty and (b.error_status or b.html_200):
             self._error(b)
             return
@@ -218,7 +221,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _end_headers(self, b: Behaviour) -> None:
         if b.close_after == "announced":
             self.send_header("Connection", "close")
-        self.end_headers()
+        if not (self._faulty_now and b.header_bps):
+            self.end_headers()
+            return
+        head = b"".join(self._headers_buffer) + b"\r\n"  # type: ignore[attr-defined]
+        self._headers_buffer = []  # type: ignore[attr-defined]
+        step = max(1, b.header_bps // 10)
+        for i in range(0, len(head), step):
+            if b.stopped.wait(step / b.header_bps):
+                raise ConnectionAbortedError("the server stopped")
+            self.wfile.write(head[i : i + step])
+            self.wfile.flush()
 
 
 class _Server(ThreadingHTTPServer):

@@ -42,6 +42,7 @@ from shardify.reader.dataset import ShardedDataset
 from shardify.reader.delivery.loader import make_loader
 from shardify.reader.io.sources import Source
 from shardify.reader.io.stream import Lost, ShardReader
+from shardify.reader.io.tablesetup import sample_tables
 from shardify.reader.sample import transforms as T
 from shardify.reader.sample.decode import decode_image
 from shardify.reader.sample.fields import output_fields
@@ -52,7 +53,11 @@ __all__ = ["run_bench"]
 def _encoded_images(source: Source, limit: int | None) -> list[tuple[str, bytes]]:
     """``(key, image bytes)`` of the first ``limit`` samples (all when None)."""
     reader = ShardReader(
-        [s.url for s in source.shards], source.sizes, skip_damaged=True, chunks=[s.chunk for s in source.shards]
+        [s.url for s in source.shards],
+        source.sizes,
+        skip_damaged=True,
+        chunks=[s.chunk for s in source.shards],
+        tables=sample_tables([source]),  # each sample checked, as the loader does
     )
     out: list[tuple[str, bytes]] = []
     try:

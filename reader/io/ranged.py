@@ -7,8 +7,9 @@ loads the sidecars of the next ``requests`` shards in its pool, coalesces reads 
 the same shard into one request (up to ``max_request_bytes``), fetches them with at most
 ``requests`` requests in flight ahead of use (:func:`~shardify.remote.fetch_range`: exact
 ranges, retried), and checks every sample's bytes against the index's digest on arrival: a
-mismatch raises :class:`~shardify.errors.ShardFormatError` naming the shard and the sample's
-key. Memory holds at most ``requests`` requests' bytes, the tables of the shards they and the
+mismatch is a :class:`~shardify.errors.SampleChecksumError` naming the shard and the sample's
+key, for that position only (the request's other samples are used). Memory holds at most
+``requests`` requests' bytes, the tables of the shards they and the
 loads ahead are for, and the most recently used others up to ``table_cache_bytes``. A read
 that was not planned is fetched alone.
 
@@ -23,18 +24,18 @@ import logging
 import sys
 import threading
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardify.errors import KeyRuleError, ShardFormatError
+from shardify.errors import KeyRuleError, SampleChecksumError, ShardFormatError
 from shardify.keys import split_member_name
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import READ_ERRORS, Item, damage
 from shardify.reader.io.sampleparse import parse_sample
-from shardify.reader.io.shardfile import ShardFiles
+from shardify.reader.io.shardfile import ShardFiles, Table
 from shardify.reader.io.shardlist import distinct_values
 from shardify.reader.io.wholehost import Opener, range_of_whole, read_whole_from, reads_whole
 from shardify.remote import Abort, RangeNotSupported, fetch_range
@@ -46,8 +47,8 @@ log = logging.getLogger("shardify.reader")
 
 Run = tuple[int, int, int]
 """``(shard, start, stop)``: samples ``start..stop-1`` of a shard, read in one go."""
-Table = bytes | Callable[[], bytes]
-"""A shard's per-sample table, or what loads it (a sidecar) when first needed."""
+Fetched = tuple[bytes, dict[int, SampleChecksumError]]
+"""A request's bytes and its samples that do not match the index, by position."""
 STOP_WAIT_S = 1.0
 """How long :meth:`RangeFetcher.cancel` waits for the aborted requests to end."""
 
@@ -67,7 +68,7 @@ class _Request:
     last: int  # one past the last sample
     start: int  # bytes
     stop: int
-    future: Future[bytes] | None = None
+    future: Future[Fetched] | None = None
     abort: Abort = field(default_factory=Abort)
     runs: deque[Run] = field(default_factory=deque)
 
@@ -254,7 +255,7 @@ class RangeFetcher:
         try:
             ranges = self._sample_ranges(shard)  # waits only for a table not yet loaded
         except ShardFormatError as e:
-            failed: Future[bytes] = Future()
+            failed: Future[Fetched] = Future()
             failed.set_exception(e)
             return _Request(shard, a, b, 0, 0, future=failed, runs=deque([run]))
         req = _Request(shard, a, b, ranges[a][0], ranges[b - 1][1], runs=deque([run]))
@@ -267,8 +268,9 @@ class RangeFetcher:
             self._fill()
         return req
 
-    def samples(self, shard: int, start: int, stop: int) -> list[bytes]:
-        """The checked bytes of samples ``start..stop-1`` of ``shard``."""
+    def samples(self, shard: int, start: int, stop: int) -> list[bytes | SampleChecksumError]:
+        """The checked bytes of samples ``start..stop-1`` of ``shard`` (the error of each that
+        does not match the index)."""
         self._top_up()
         while self._ahead:
             req = self._ahead[0]
@@ -290,12 +292,12 @@ class RangeFetcher:
         req = _Request(shard, start, stop, ranges[start][0], ranges[stop - 1][1])
         return self._slice(req, self._get(req, ranges), start, stop)
 
-    def _result(self, req: _Request) -> bytes:
+    def _result(self, req: _Request) -> Fetched:
         return req.future.result() if req.future is not None else self._get(req, self._sample_ranges(req.shard))
 
-    def _slice(self, req: _Request, data: bytes, start: int, stop: int) -> list[bytes]:
-        ranges = self._sample_ranges(req.shard)
-        return [data[ranges[i][0] - req.start : ranges[i][1] - req.start] for i in range(start, stop)]
+    def _slice(self, req: _Request, got: Fetched, start: int, stop: int) -> list[bytes | SampleChecksumError]:
+        ranges, (data, bad) = self._sample_ranges(req.shard), got
+        return [bad.get(i) or data[ranges[i][0] - req.start : ranges[i][1] - req.start] for i in range(start, stop)]
 
     def _executor(self) -> DaemonPool:
         if self._pool is None:
@@ -311,7 +313,7 @@ class RangeFetcher:
                 req.future = self._executor().submit(self._get, req, self._sample_ranges(req.shard))
             self._ahead.append(req)
 
-    def _get(self, req: _Request, ranges: SampleRanges) -> bytes:
+    def _get(self, req: _Request, ranges: SampleRanges) -> Fetched:
         """Fetch ``req`` and check each of its samples against ``ranges``, its shard's table
         (in a pool thread: the table comes with the task, whatever the worker's thread drops)."""
         url, fetch = self._urls[req.shard], self._fetch[req.shard]
@@ -321,26 +323,33 @@ class RangeFetcher:
         else:
             try:
                 data = fetch_range(
-                    url, req.start, req.stop, retry=fetch.retry, storage_options=fetch.storage_options, abort=req.abort
+                    url,
+                    req.start,
+                    req.stop,
+                    retry=fetch.retry,
+                    storage_options=fetch.storage_options,
+                    abort=req.abort,
+                    take_whole=openers is not None,  # the whole shard, if that is the answer: kept
                 )
-            except RangeNotSupported:
+            except RangeNotSupported as e:
                 if openers is None:
                     raise
                 read_whole_from(url)
-                data = range_of_whole(openers[req.shard], url, req.start, req.stop)
+                data = range_of_whole(openers[req.shard], url, req.start, req.stop, e.body)
         with self._lock:
             self.stats.requests += 1
             self.stats.bytes += len(data)
+        bad: dict[int, SampleChecksumError] = {}
         for i in range(req.first, req.last):
             a, b, digest = ranges[i]
             if sample_digest(memoryview(data)[a - req.start : b - req.start]) != digest:
-                raise ShardFormatError(
+                bad[i] = SampleChecksumError(
                     f"sample {i} (bytes {a}-{b - 1}) does not match the index's checksum "
                     "(corrupt or replaced on the server)",
                     shard=url,
                     key=_key_of(data[a - req.start : b - req.start]),
                 )
-        return data
+        return data, bad
 
     def _drop(self, req: _Request) -> None:
         req.abort.fire()
@@ -376,9 +385,12 @@ def read_ranged(ranged: RangeFetcher, files: ShardFiles, shard: int, start: int,
     url, index = files.urls[shard], start
     try:
         for data in ranged.samples(shard, start, stop):
-            yield parse_sample(
-                data, url=url, offset=ranged.offset(shard, index), keep=files.keep, max_member=files.max_member
-            )
+            if isinstance(data, SampleChecksumError):
+                yield from files.lost(shard, index, index + 1, data)
+            else:
+                yield parse_sample(
+                    data, url=url, offset=ranged.offset(shard, index), keep=files.keep, max_member=files.max_member
+                )
             index += 1
     except (ShardFormatError, *READ_ERRORS) as e:
         yield from files.lost(shard, index, stop, damage(url, e), e)

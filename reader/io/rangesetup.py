@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.compact import CompactShards
-from shardify.reader.io.ranged import RangeFetcher, Table
+from shardify.reader.io.ranged import RangeFetcher
+from shardify.reader.io.shardfile import Table
 from shardify.reader.io.shardlist import ChainedSequence, LazySequence, Repeated
 from shardify.reader.io.sidecars import table_loader
 from shardify.reader.io.sources import Source, is_gzip

@@ -117,7 +117,10 @@ class ShardReader:
         return self._read_units(shard, start, stop)
 
     def close(self) -> None:
+        """Close the shard files and the ranged fetcher (its requests aborted, its threads ended)."""
         self._files.close()
+        if self._ranged is not None:
+            self._ranged.close()
 
     def _read_units(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Tar samples ``start..stop-1`` of ``shard`` (chunks, in a chunked shard)."""

@@ -4,7 +4,9 @@ A server that answers a ranged GET with 200 and the whole file (Python's ``http.
 CDNs and proxies) cannot serve :mod:`~shardify.reader.io.ranged`'s reads. The first such answer
 puts the host here, with one warning (once per host and process); from then on each of its
 shards is fetched whole by its opener (through the node's cache, checked against the index's
-size and SHA-256) and the bytes asked for are read from that copy.
+size and SHA-256) and the bytes asked for are read from that copy. The body of that first
+answer is not wasted: it becomes its shard's copy (checked the same way), so that shard is
+fetched once, not twice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 from urllib.parse import urlsplit
+
+from shardify.fetchcontrol import Body
+from shardify.keepalive import TakenBody, offered
 
 __all__ = ["Opener", "reads_whole", "read_whole_from", "range_of_whole"]
 
@@ -46,8 +51,15 @@ def read_whole_from(url: str) -> None:
     )
 
 
-def range_of_whole(opener: Opener, url: str, start: int, stop: int) -> bytes:
-    """Bytes ``start..stop-1`` of the shard ``url``, from its whole copy."""
+def range_of_whole(opener: Opener, url: str, start: int, stop: int, body: Body | None = None) -> bytes:
+    """Bytes ``start..stop-1`` of the shard ``url``, from its whole copy. ``body``: the whole
+    shard a ranged GET received (a 200), unread: the copy is made from it, checked like any
+    download, instead of asking the server again (closed here)."""
+    if body is not None and isinstance(body, TakenBody):
+        with offered(body):
+            return range_of_whole(opener, url, start, stop)
+    if body is not None:
+        body.close()
     f, _ = opener(url)
     with f:
         f.seek(start)

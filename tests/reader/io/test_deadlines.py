@@ -112,6 +112,34 @@ def test_a_stalled_download_ends_at_the_deadline(www, stall_at):
     assert took < 10
 
 
+@pytest.mark.parametrize("request_kind", ["range", "download", "metadata"])
+def test_trickled_headers_end_at_the_deadline(www, request_kind):
+    """Status line and headers at 2 bytes/s (about a minute for them all): each socket read
+    returns within the read timeout, so only the deadline's watchdog ends the request."""
+    name = _shard(www)
+    calls: dict[str, Callable[[str], Any]] = {
+        "range": lambda base: fetch_range(f"{base}/ds/{name}", 0, 4000, retry=SHORT),  # a kept connection
+        "download": lambda base: fetch_bytes(f"{base}/ds/{name}", retry=SHORT),  # through urllib
+        "metadata": lambda base: resolve_source(f"{base}/ds", retry=SHORT),
+    }
+    with rangeserver.serve(www, rangeserver.Behaviour(header_bps=2)) as (base, _):
+        took, got = _bounded(lambda: calls[request_kind](base))
+    assert isinstance(got, ShardifyError) and "deadline of 1 s" in str(got), got
+    assert took < BOUND_S / 6
+
+
+def test_the_watchdog_forgets_requests_that_ended(www):
+    """Many requests, each done long before its deadline: none is fired afterwards, and the
+    watchdog's heap does not keep them all."""
+    from shardify import fetchcontrol
+
+    name = _shard(www)
+    with rangeserver.serve(www) as (base, _):
+        for _ in range(200):
+            assert len(fetch_range(f"{base}/ds/{name}", 0, 100, retry=RetryPolicy(retries=0))) == 100
+    assert len(fetchcontrol._WATCHDOG._heap) <= 130
+
+
 @pytest.mark.parametrize("ranged", [True, False], ids=["ranged", "whole"])
 def test_an_epoch_over_trickled_shards_ends_with_the_policy_from_cache_options(www, ranged):
     b = rangeserver.Behaviour(trickle_bps=10, fault_paths=(".tar",))

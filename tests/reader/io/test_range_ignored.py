@@ -66,3 +66,21 @@ def test_workers_finish_the_epoch_without_a_traceback(www, capfd):
     err = capfd.readouterr().err
     assert "Traceback" not in err
     assert err.count("ignores Range") <= 2  # once per worker process at most
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_whole_answer_to_a_ranged_request_becomes_the_shard_s_copy(www, tmp_path, workers):
+    """The 200 body is used (checked, stored in the cache): each shard is fetched once, not
+    once ranged and once more whole (with workers, once per worker process at most: each
+    learns of the host for itself; the others then find the copy in the shared cache)."""
+    local = [k for b in ShardedDataset(www / "ds", batch_size=4, fields=("__key__",)) for k in b]
+    cache = CacheOptions(retry=FAST, dir=tmp_path / "cache")
+    with rangeserver.serve(www, rangeserver.Behaviour(ignore_range=True)) as (base, served):
+        ds = ShardedDataset(f"{base}/ds", batch_size=4, fields=("__key__",), cache=cache)
+        with make_loader(ds, num_workers=workers) as loader:
+            got = [k for batch in loader for k in batch]
+        gets = {p: served.paths.count(p) for p in served.paths if p.endswith(".tar")}
+    assert sorted(got) == sorted(local)
+    assert len(gets) == 5 and max(gets.values()) <= max(1, workers), gets
+    copies = sorted(p.read_bytes() for p in (tmp_path / "cache").glob("*.tar"))
+    assert copies == sorted(p.read_bytes() for p in (www / "ds").glob("*.tar"))

@@ -18,7 +18,7 @@ import torch
 
 from shardify.convert import ShardWriter, convert_items
 from shardify.convert.write import finish
-from shardify.errors import LocationError, ShardFormatError
+from shardify.errors import LocationError, SampleChecksumError
 from shardify.reader import CacheOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError
@@ -154,16 +154,20 @@ def test_an_index_without_a_sample_table_reads_whole_shards_as_before(www):
 def test_a_sample_changed_on_the_server_is_refused_naming_the_shard_and_key(www):
     index = json.loads((www / "ds" / "train.json").read_text())
     entry = index["shardlist"][2]
+    local = sorted(k for b in _epoch(www / "ds") for k in b)
     a, b, _ = _table(entry).ranges()[3]
     shard = www / "ds" / entry["url"]
     data = bytearray(shard.read_bytes())
     data[b - 600] ^= 1  # in the data of sample 3, not a header
     shard.write_bytes(bytes(data))
     with rangeserver.serve(www) as (base, _):
-        with pytest.raises(ShardFormatError) as e:
+        with pytest.raises(SampleChecksumError) as e:
             _epoch(f"{base}/ds")
+        skipped = _epoch(f"{base}/ds", decoding=DecodeOptions(on_error="skip"))
     assert e.value.shard.endswith(entry["url"]) and e.value.key == f"{19:09d}"
     assert "checksum" in str(e.value)
+    keys = sorted(k for b in skipped for k in b)
+    assert set(keys) == set(local) - {f"{19:09d}"}  # that position alone, not the rest of its request
 
 
 def _tables(root: Path, index: dict) -> list[SampleTable]:
@@ -298,3 +302,27 @@ def test_requests_in_flight_per_worker_are_bounded_by_the_option(www, requests):
         ds = ShardedDataset(source, batch_size=4, shuffle=True, seed=1, fields=("__key__", "cls"))
         assert sum(len(b[0]) for b in ds) == 40
     assert min(requests, 2) <= served.most_active <= requests  # fetched ahead, never more than asked at once
+
+
+def test_closing_the_reader_ends_its_fetch_threads(www):
+    """A reader's fetch threads (daemons, idle between reads) end when it is closed."""
+    import threading
+    import time
+
+    from shardify.reader.io.rangesetup import range_fetcher
+    from shardify.reader.io.stream import ShardReader
+
+    def fetch_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("shardify-ranges")]
+
+    with rangeserver.serve(www) as (base, _):
+        src = resolve_source(f"{base}/ds", retry=FAST)
+        reader = ShardReader(src.urls, src.sizes, skip_damaged=False, ranged=range_fetcher([src]))
+        reader.plan([(0, 0, 4), (1, 0, 4)])
+        assert len(list(reader.read(0, 0, 4))) == 4
+        assert fetch_threads()
+        reader.close()
+        end = time.monotonic() + 30
+        while fetch_threads() and time.monotonic() < end:
+            time.sleep(0.01)
+    assert not fetch_threads()

@@ -252,3 +252,22 @@ def test_verify_hashes_a_shard_once_while_its_file_stays_the_same(tiny: Path, tm
     problem = files.verify(0)
     assert problem is not None and "sha256" in str(problem) and len(calls) == 3
     files.close()
+
+
+def test_show_and_bench_read_checked_samples(photos: Path, tmp_path: Path) -> None:
+    """``shardify show`` and the benchmark's image reader pass over a changed sample, as the
+    loader does: they read with the shards' per-sample tables."""
+    from shardify.cli.bench.run import _encoded_images
+    from shardify.reader.io.sources import resolve_source
+    from shardify.reader.show import _read
+
+    root = _copy(photos, tmp_path / "ds")
+    shard = _shards(root)[0]
+    key, at, _ = _member(shard, ".jpg", 2)
+    raw = bytearray(shard.read_bytes())
+    raw[at + 200] ^= 0xFF  # deep in the JPEG's data: it may still decode
+    shard.write_bytes(bytes(raw))
+    source = resolve_source(root / "train.json")
+    shown = {str(s["__key__"]) for s in _read(source, list(range(16)))}
+    benched = {k for k, _ in _encoded_images(source, None)}
+    assert len(shown) == len(benched) == 15 and key not in shown and key not in benched
