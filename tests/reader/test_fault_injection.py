@@ -12,25 +12,19 @@ tests/reader/test_tampered.py's.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.errors import ShardifyError
 from shardify.reader import CacheOptions, ShardedDataset, make_loader
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 BOUND_S = 30.0
 """Generous: the slowest case (a trickle, every attempt to its 2 s deadline) takes about 5 s."""

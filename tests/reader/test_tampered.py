@@ -13,16 +13,15 @@ reader outside the dataset's folder (an absolute path, ``../``, a link out of it
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.convert.verify import verify_dataset
@@ -35,10 +34,6 @@ from shardify.reader.io.sources import resolve_source
 TIME_LIMIT_S = 120
 """A refusal comes at once: a test past this (seconds) hangs and fails (tests/conftest.py)."""
 
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[2] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 SHARDS, PER_SHARD = 8, 10
 KEYS = {f"{i:09d}" for i in range(SHARDS * PER_SHARD)}

@@ -7,14 +7,13 @@ nothing made per shard up front, however many shards the split has."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify import compactindex
 from shardify.convert import ShardWriter
@@ -27,11 +26,6 @@ from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.worker import ProcessReader
 from shardify.remote import RetryPolicy, ShardFetchError
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ hung for minutes; the figures it takes now are well under a tenth of the bound."
 from __future__ import annotations
 
 import email.utils
-import importlib.util
 import io
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.errors import ShardifyError
@@ -25,11 +24,6 @@ from shardify.fetchcontrol import retry_after
 from shardify.reader import CacheOptions, ShardedDataset
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy, ShardFetchError, download, fetch_bytes, fetch_range
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 BOUND_S = 60.0  # "does not hang": each bounded call here takes a few seconds at most
 SHORT = RetryPolicy(retries=0, timeout_s=30.0, deadline_s=1.0)  # a read timeout far above the deadline

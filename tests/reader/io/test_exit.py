@@ -7,7 +7,6 @@ generous so that a loaded machine passes: before the fix, a 0-worker ranged loop
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,14 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.convert.synth import jpeg_bytes, natural_image
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 EXIT_BOUND_S = 10.0  # measured: about 1 s
 KILL_S = 90.0

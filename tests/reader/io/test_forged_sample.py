@@ -10,24 +10,18 @@ deliberate change there is for ``verify=True`` (the shard's SHA-256) or ``shardi
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.errors import ShardFormatError
 from shardify.reader import CacheOptions, DecodeOptions, ShardedDataset, make_loader
 from shardify.remote import RetryPolicy
 from shardify.sampletable import SampleTable
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, deadline_s=30.0)
 

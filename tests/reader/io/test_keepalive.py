@@ -5,7 +5,6 @@ ends (tools/rangeserver.py on 127.0.0.1)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,15 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.keepalive import close_connections
 from shardify.remote import RetryPolicy, ShardFetchError, fetch_range
 
 _TOOLS = Path(__file__).parents[3] / "tools"
-_SPEC = importlib.util.spec_from_file_location("rangeserver", _TOOLS / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 NO_RETRY = RetryPolicy(retries=0, timeout_s=5.0)
 DATA = bytes(range(256)) * 64  # 16 KiB

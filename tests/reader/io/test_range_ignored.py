@@ -4,21 +4,15 @@ finishes the epoch with the same samples; no worker traceback for an expected co
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.reader import CacheOptions, ShardedDataset, make_loader
 from shardify.remote import RangeNotSupported, RetryPolicy, fetch_range
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0, deadline_s=30.0)
 

@@ -5,15 +5,14 @@ and servers that misbehave (tools/rangeserver.py on 127.0.0.1)."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import multiprocessing
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 import torch
 
 from shardify.convert import ShardWriter, convert_items
@@ -25,11 +24,6 @@ from shardify.remote import RetryPolicy, ShardFetchError
 from shardify.sampletable import SampleTable, sample_digest
 from shardify.sidecar import decode as decode_sidecar
 from shardify.tarfmt import OFFSET_STRIDE
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
 

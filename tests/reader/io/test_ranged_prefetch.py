@@ -6,9 +6,7 @@ one loaded again when needed; every read stays exact (tools/rangeserver.py on 12
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
-import sys
 import threading
 import time
 import weakref
@@ -17,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.errors import SidecarError
@@ -26,11 +25,6 @@ from shardify.reader.io.ranged import RangeFetcher, Run, Table
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy
 from shardify.sampletable import RECORD, SampleRanges, SampleTable
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
 SHARDS, PER_SHARD = 30, 8

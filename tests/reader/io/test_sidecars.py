@@ -5,13 +5,12 @@ it against the index, and refuses one that does not match (tools/rangeserver.py 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
 from shardify.convert import ShardWriter
 from shardify.convert.write import finish
@@ -22,11 +21,6 @@ from shardify.reader.io.ranged import RangeFetcher
 from shardify.reader.io.rangesetup import range_fetcher
 from shardify.reader.io.sources import resolve_source
 from shardify.remote import RetryPolicy
-
-_SPEC = importlib.util.spec_from_file_location("rangeserver", Path(__file__).parents[3] / "tools" / "rangeserver.py")
-rangeserver = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-sys.modules["rangeserver"] = rangeserver
-_SPEC.loader.exec_module(rangeserver)  # type: ignore[union-attr]
 
 FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
 
