@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from builders import text_dataset  # tests/builders.py: builders test modules import by name
 
 from shardify.convert.synth import jpeg_bytes, natural_image
 from shardify.keys import member_name
@@ -145,7 +146,11 @@ def image_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shards() -> SimpleNamespace:
     """The builders above, for tests that write their own shards."""
     return SimpleNamespace(
-        tar_bytes=tar_bytes, write_dataset=write_dataset, counting=counting_shards, images=image_shards
+        tar_bytes=tar_bytes,
+        write_dataset=write_dataset,
+        counting=counting_shards,
+        images=image_shards,
+        text=text_dataset,
     )
 
 

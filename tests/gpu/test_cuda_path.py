@@ -14,15 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import augmented
 
-from shardify.reader import ShardedDataset, make_loader
-from shardify.reader import transforms as T
+from shardify.reader import make_loader
 
 TIME_LIMIT_S = 300
-
-
-def _dataset(root: Path, **kw: object) -> ShardedDataset:
-    return ShardedDataset(root, batch_size=8, shuffle=True, seed=3, transform=T.imagenet_train(64), **kw)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +33,7 @@ def test_batches_equal_the_cpu_path_after_normalisation(
     jpeg_dataset: Path, device: str, dtype: torch.dtype, channels_last: bool, atol: float, workers: int
 ) -> None:
     # Two datasets alike: iterating one dataset twice at once in one process shares its shard reader.
-    ds, twin = _dataset(jpeg_dataset), _dataset(jpeg_dataset)
+    ds, twin = augmented(jpeg_dataset), augmented(jpeg_dataset)
     with (
         make_loader(twin, num_workers=workers, device="cpu") as cpu,
         make_loader(ds, num_workers=workers, device=device, dtype=dtype, channels_last=channels_last) as dev,
@@ -62,7 +58,7 @@ def test_no_use_after_free_under_the_caching_allocator(jpeg_dataset: Path, devic
     dropped it and the prefetch of the next batches allocated memory on the side stream.
     Without ``record_stream`` the allocator could hand the batch's memory to a later copy
     before the delayed read ran, and the sums would differ from the CPU's."""
-    ds = _dataset(jpeg_dataset)
+    ds = augmented(jpeg_dataset)
     with make_loader(ds, num_workers=2, device="cpu") as cpu:  # batches depend on the worker count
         expected = []
         for epoch in range(6):

@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import augmented
 
 from shardify.reader import DecodeOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 
 
-def _dataset(root: Path, **kw: object) -> ShardedDataset:
-    return ShardedDataset(root, batch_size=8, shuffle=True, seed=3, transform=T.imagenet_train(64), **kw)
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_copy_and_pin_measured_waits_split(jpeg_dataset: Path, device: str, workers: int) -> None:
-    with make_loader(_dataset(jpeg_dataset), num_workers=workers, device=device) as loader:
+    with make_loader(augmented(jpeg_dataset), num_workers=workers, device=device) as loader:
         for x, _ in loader:
             assert x.device.type == device
         s = loader.stats()
@@ -33,7 +30,7 @@ def test_copy_and_pin_measured_waits_split(jpeg_dataset: Path, device: str, work
 
 
 def test_a_loop_busy_on_the_device_is_compute_bound(jpeg_dataset: Path, device: str) -> None:
-    ds = _dataset(jpeg_dataset)
+    ds = augmented(jpeg_dataset)
     w = torch.randn(2048, 2048, device=device)
     with make_loader(ds, num_workers=2, device=device) as loader:
         for _ in loader:  # persistent workers started

@@ -12,9 +12,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+from builders import text_dataset
 
 from shardify.cli import main as cli_main
-from shardify.convert import ShardWriter
 from shardify.convert.synth import make_imagefolder
 from shardify.convert.verify import verify_dataset
 from shardify.convert.write import finish
@@ -26,10 +26,7 @@ from shardify.sidecar import HEADER, SIDECAR_RECORD, decode
 
 
 def _dataset(root: Path, n: int = 20, *, fsync: bool = False) -> Path:
-    with ShardWriter(root, samples_per_shard=8, fsync=fsync) as w:
-        for i in range(n):
-            w.write({"txt": chr(97 + i % 26) * (200 + i * 37 % 500), "cls": i % 3})
-    return root
+    return text_dataset(root, n, base=200, spread=500, classes=3, fsync=fsync)
 
 
 def _index(root: Path) -> Path:

@@ -7,17 +7,15 @@ import base64
 import json
 from pathlib import Path
 
+from builders import text_dataset
+
 from shardify.cli import main as cli_main
-from shardify.convert import ShardWriter
 from shardify.convert.verify import verify_dataset
 from shardify.sampletable import RECORD
 
 
 def _dataset(root: Path) -> Path:
-    with ShardWriter(root, samples_per_shard=8, fsync=False) as w:
-        for i in range(20):
-            w.write({"txt": chr(97 + i % 26) * (200 + i * 37 % 500), "cls": i % 3})
-    return root
+    return text_dataset(root, 20, base=200, spread=500, classes=3)
 
 
 def _index(root: Path) -> Path:

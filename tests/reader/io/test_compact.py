@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
+from builders import text_dataset
 
 from shardify import compactindex
 from shardify.convert import ShardWriter
@@ -32,9 +33,7 @@ from shardify.remote import RetryPolicy, ShardFetchError
 def www(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``www/ds``: 60 samples in 6 shards of 10 with sidecars and a compact index."""
     monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", 0)
-    with ShardWriter(tmp_path / "www" / "ds", samples_per_shard=10, fsync=False) as w:
-        for i in range(60):
-            w.write({"txt": chr(97 + i % 26) * (300 + i * 37 % 700), "cls": i % 5})
+    text_dataset(tmp_path / "www" / "ds", 60, per_shard=10)
     return tmp_path / "www"
 
 

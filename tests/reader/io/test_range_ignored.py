@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
+from builders import text_dataset
 
-from shardify.convert import ShardWriter
 from shardify.reader import CacheOptions, ShardedDataset, make_loader
 from shardify.remote import RangeNotSupported, RetryPolicy, fetch_range
 
@@ -19,9 +19,7 @@ FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0,
 
 @pytest.fixture
 def www(tmp_path: Path) -> Path:
-    with ShardWriter(tmp_path / "www" / "ds", samples_per_shard=8, fsync=False) as w:
-        for i in range(40):
-            w.write({"txt": chr(97 + i % 26) * (300 + i * 37 % 700), "cls": i % 5})
+    text_dataset(tmp_path / "www" / "ds")
     return tmp_path / "www"
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 import torch
+from builders import text_dataset
 
-from shardify.convert import ShardWriter, convert_items
+from shardify.convert import convert_items
 from shardify.convert.write import finish
 from shardify.errors import LocationError, SampleChecksumError
 from shardify.reader import CacheOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
@@ -29,10 +30,7 @@ FAST = RetryPolicy(retries=2, backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
 
 
 def _dataset(root: Path, n: int = 40, per_shard: int = 8) -> Path:
-    with ShardWriter(root, samples_per_shard=per_shard, fsync=False) as w:
-        for i in range(n):
-            w.write({"txt": chr(97 + i % 26) * (300 + i * 37 % 700), "cls": i % 5})
-    return root
+    return text_dataset(root, n, per_shard=per_shard)
 
 
 @pytest.fixture

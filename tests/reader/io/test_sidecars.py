@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
+from builders import text_dataset
 
-from shardify.convert import ShardWriter
 from shardify.convert.write import finish
 from shardify.errors import SidecarError
 from shardify.reader import ShardedDataset
@@ -30,9 +30,7 @@ def www(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``www/ds``: 40 samples in 5 shards, tables in sidecars; ``www/inline``: the same, inline."""
     for name, above in (("ds", 0), ("inline", 1000)):
         monkeypatch.setattr(finish, "SIDECAR_ABOVE_SAMPLES", above)
-        with ShardWriter(tmp_path / "www" / name, samples_per_shard=8, fsync=False) as w:
-            for i in range(40):
-                w.write({"txt": chr(97 + i % 26) * (300 + i * 37 % 700), "cls": i % 5})
+        text_dataset(tmp_path / "www" / name)
     assert len(list((tmp_path / "www" / "ds").glob("*.idx"))) == 5
     assert not list((tmp_path / "www" / "inline").glob("*.idx"))
     return tmp_path / "www"
