@@ -25,9 +25,7 @@ the shuffle's buffer and block sizes), ``decoding`` (:class:`DecodeOptions`: ``a
 ``verify``, checksums from the split index or given, see :mod:`shardify.reader.io.checksums`)
 and ``cache`` (:class:`CacheOptions`). Only the fields the output needs are read from a shard
 (all of them with ``map``); an image over ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample
-(see docs/reliability.md). The keywords these groups replaced (``drop_last=``, ``shuffling=``,
-``errors=``, ``shuffle_buffer=``, ``on_error=``, ...) still work for one release, with a
-``DeprecationWarning`` (:mod:`shardify.reader.deprecated`).
+(see docs/reliability.md).
 
 Several sources: ``source`` as a list of :class:`Stream` (each with its ``weight``, ``split``,
 ``transform``, ``map``, ``fields``: the per-sample keywords above, per stream); batches mix
@@ -59,7 +57,6 @@ save and restore one process's place in its share: the protocol of torchdata's
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -74,16 +71,18 @@ from shardify.reader.io.sources import Source, SourceLike
 from shardify.reader.options import BatchOptions, CacheOptions, DecodeOptions, ReadOptions, SamplingOptions
 from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment
+from shardify.reader.plan.resume import PLAN_VERSION, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.decoders import Decoding, choose_decoding
 from shardify.reader.setup import ReadSetup, merged_options, opened_streams
 from shardify.reader.streams import Stream
 from shardify.reader.worker import ProcessReader, share_batches
+from shardify.suggest import suggest_keywords
 
-__all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
+__all__ = ["ReadOptions", "ShardedDataset", "Stream", "PLAN_VERSION", "MAX_SEGMENTS"]
 
 
+@suggest_keywords
 class ShardedDataset(EpochControl, IterableDataset[Any]):
     """Batches of a sharded dataset for this rank, the same number on every rank (the keywords:
     :mod:`shardify.reader.dataset`)."""
@@ -93,7 +92,7 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         source: SourceLike | Source | Stream | Sequence[Stream],
         *,
         split: str | None = None,
-        batch_size: int | None = None,
+        batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
         transform: Callable[..., Any] | None = None,
@@ -103,15 +102,13 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         sampling: SamplingOptions | None = None,
         decoding: DecodeOptions | None = None,
         cache: CacheOptions | None = None,
-        **deprecated: Any,
     ) -> None:
         super().__init__()
         given = dict(batching=batching, sampling=sampling, decoding=decoding, cache=cache)
-        known = tuple(inspect.signature(ShardedDataset.__init__).parameters)
         keywords: dict[str, Any] = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=fields, map=map
         )
-        self.options, groups = merged_options(given, deprecated, known=known, **keywords)
+        self.options, groups = merged_options(given, **keywords)
         self.streams = opened_streams(source, split=split, groups=groups)
         # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
         self.decode_strategy: Decoding = choose_decoding(groups["decoding"].device, self.options, self.streams)
@@ -161,19 +158,13 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
 
     @property
     def plan_options(self) -> PlanOptions:
-        """The options of this dataset's plan under the current :data:`LAYOUT`."""
-        return self.epoch_inputs.plan_options(LAYOUT)
+        """The options of this dataset's plan (:data:`PLAN_VERSION`)."""
+        return self.epoch_inputs.plan_options()
 
-    def layout_options(self, layout: int) -> PlanOptions:
-        """The options of this dataset's plan under ``layout``."""
-        return self.epoch_inputs.plan_options(layout)
-
-    def epoch_sequence(
-        self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT
-    ) -> tuple[Any, ...] | BlockSequence:
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = ()) -> tuple[Any, ...] | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
-        under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
-        return self.epoch_inputs.sequence(epoch, history, layout)[0]
+        with shuffled blocks (and no history) a :class:`BlockSequence`."""
+        return self.epoch_inputs.sequence(epoch, history)[0]
 
     @property
     def last_epoch_report(self) -> EpochReport:
@@ -210,12 +201,12 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = self._world()
-        epoch, consumed, history, layout = self._shared_epoch.start()
+        epoch, consumed, history = self._shared_epoch.start()
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
         slot = self._report.begin(world.worker, world.workers, in_worker=in_worker, epoch=epoch)
         position, plan = self._place.begin(
-            self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history, layout=layout
+            self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history
         )
         pool = self.batch_slots.pool(world.worker) if in_worker else None  # under make_loader: shared memory
         end = None if in_worker else (lambda: self._report.warn(self.epoch))

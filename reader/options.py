@@ -13,9 +13,7 @@ comes in four groups named by what they are for::
 included; ``sampling`` (:class:`SamplingOptions`): which samples an epoch holds and in what
 order (with ``batch_size``, ``seed`` and the data, what an epoch's plan is a function of);
 ``decoding`` (:class:`DecodeOptions`): how members are checked and decoded, and what a bad one
-does; ``cache`` (:class:`CacheOptions`): how remote shards are fetched. :class:`ShuffleOptions`
-and :class:`ErrorOptions`, the groups ``shuffling=`` and ``errors=`` took, still work for one
-release (:mod:`shardify.reader.deprecated`).
+does; ``cache`` (:class:`CacheOptions`): how remote shards are fetched.
 
 Each group checks its own values, and only there. :class:`ReadOptions` is what the dataset
 keeps and its workers read on the hot path: every option under one flat name, built once from
@@ -37,29 +35,13 @@ from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = [
     "ReadOptions",
-    "ShuffleOptions",
     "BatchOptions",
     "SamplingOptions",
     "DecodeOptions",
-    "ErrorOptions",
     "CacheOptions",
     "GROUPS",
     "with_defaults",
 ]
-
-
-@suggest_keywords
-@dataclass(frozen=True)
-class ShuffleOptions:
-    """Deprecated, for one release: ``shuffling=ShuffleOptions(buffer=, block=)`` is
-    ``sampling=SamplingOptions(shuffle_buffer=, shuffle_block=)``."""
-
-    buffer: int = 1024
-    block: int = 4
-
-    def __post_init__(self) -> None:
-        if self.buffer < 1 or self.block < 1:
-            raise ValueError(f"ShuffleOptions: buffer={self.buffer} and block={self.block} should be >= 1")
 
 
 @suggest_keywords
@@ -138,20 +120,6 @@ class DecodeOptions:
             raise ValueError(f"DecodeOptions: max_member_bytes={self.max_member_bytes} should be >= 0")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"DecodeOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
-
-
-@suggest_keywords
-@dataclass(frozen=True)
-class ErrorOptions:
-    """Deprecated, for one release: ``errors=ErrorOptions(on_error=, verify=)`` is
-    ``decoding=DecodeOptions(on_error=, verify=)``."""
-
-    on_error: Literal["raise", "skip"] = "raise"
-    verify: bool | ChecksumSpec = False
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"ErrorOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 
 
 @suggest_keywords

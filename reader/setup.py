@@ -1,8 +1,8 @@
 """What a ``ShardedDataset`` is built from: its keywords merged into options, its streams resolved,
 and what the plan and the workers need of them, derived once.
 
-:func:`merged_options` folds the dataset's keywords, its option groups and the deprecated
-keywords (:mod:`shardify.reader.deprecated`) into the flat :class:`ReadOptions`;
+:func:`merged_options` folds the dataset's keywords and its option groups into the flat
+:class:`ReadOptions`;
 :func:`opened_streams` resolves the source into streams (remote fetch options from
 ``CacheOptions``, checksums given with ``DecodeOptions(verify=...)``); :meth:`ReadSetup.of` derives
 the rest: the mixed source, each stream's output fields, the epoch plan's inputs
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from shardify.reader.delivery.state import ResumeBasis
-from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike
 from shardify.reader.options import ReadOptions, with_defaults
@@ -31,22 +30,17 @@ __all__ = ["merged_options", "opened_streams", "ReadSetup"]
 
 def merged_options(
     groups: Mapping[str, Any],
-    deprecated: Mapping[str, Any],
     *,
-    known: Sequence[str],
-    batch_size: int | None,
+    batch_size: int,
     shuffle: bool,
     seed: int,
     transform: Callable[..., Any] | None,
     fields: Sequence[str] | None,
     map: Callable[[dict[str, Any]], Any] | None,
 ) -> tuple[ReadOptions, dict[str, Any]]:
-    """``(flat options, each group)`` of the dataset's keywords, its ``groups`` (None: the
-    group's defaults) and the ``deprecated`` keywords; ``known``: the dataset's keywords, to name
-    a misspelt one."""
-    merged = with_defaults(apply_old_keywords(deprecated, groups, known=known, stacklevel=4))
-    if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
-        raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
+    """``(flat options, each group)`` of the dataset's keywords and its ``groups`` (None: the
+    group's defaults)."""
+    merged = with_defaults(dict(groups))
     options = ReadOptions.from_groups(
         batch_size=batch_size,
         shuffle=shuffle,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -32,7 +31,6 @@ import torch
 from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleError
 from shardify.reader.io.stream import Item, Lost
 from shardify.reader.plan.shuffle import sample_rng
-from shardify.reader.sample import planned as _planned
 from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
 from shardify.reader.sample.pipeline import Bad, field_spec, missing_field
@@ -52,8 +50,6 @@ __all__ = [
     "pack_samples",
     "checked_device",
 ]
-# Deprecated, importable for one release through __getattr__ (with a warning): PlannedImage,
-# PlannedColumn, DeviceCollate, plan_on_device, PLACEHOLDER_HINT.
 
 
 class JpegFrame(NamedTuple):
@@ -294,20 +290,6 @@ def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_emp
     return out[0] if width == 1 else tuple(out)
 
 
-class _DeviceCollate:
-    """Deprecated: the device strategy packs its batches itself (:func:`pack_samples`)."""
-
-    def __init__(self, collate_fn: Any) -> None:
-        if collate_fn is not None and collate_fn is not default_collate:
-            raise DeviceDecodeOptionsError(
-                f"collate_fn={collate_fn!r} cannot run under DecodeOptions(device=...): the images are "
-                "decoded after the workers (batches come as default_collate makes them)"
-            )
-
-    def __call__(self, samples: list[PlannedSample]) -> Any:
-        return pack_samples(samples)
-
-
 def checked_device(decode_device: str | torch.device, options: Any, streams: Sequence[Any]) -> torch.device:
     """``decode_device`` as a device, once the options are known to run under device decode.
 
@@ -343,27 +325,3 @@ def checked_device(decode_device: str | torch.device, options: Any, streams: Seq
             "DecodeOptions(device=...) needs transform=... (a crop, e.g. transforms.imagenet_train())"
         )
     return device
-
-
-def _plan_on_device(
-    decode_device: str | torch.device, options: Any, streams: Sequence[Any]
-) -> tuple[torch.device, Any, tuple[Any, ...]]:
-    """Deprecated: ``(device, options, streams)`` once checked (:func:`checked_device`); nothing is
-    rewritten any more: ``ShardedDataset(decoding=DecodeOptions(device=...))`` chooses the strategy."""
-    return checked_device(decode_device, options, streams), options, tuple(streams)
-
-
-def __getattr__(name: str) -> Any:
-    """The deprecated names, with a DeprecationWarning (kept for one release)."""
-    deprecated = {"DeviceCollate": _DeviceCollate, "plan_on_device": _plan_on_device}
-    if name in deprecated:
-        warnings.warn(
-            f"shardify.reader.sample.device_plan.{name} is deprecated: DecodeOptions(device=...) chooses the "
-            "device strategy (shardify.reader.sample.decoders) once",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return deprecated[name]
-    if name in ("PlannedImage", "PlannedColumn", "PLACEHOLDER_HINT"):
-        return getattr(_planned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
