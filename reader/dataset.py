@@ -68,13 +68,20 @@ from shardify.reader.delivery.place import ProcessPlace, require_state
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, EpochControl, SharedEpoch
 from shardify.reader.io.sources import Source, SourceLike
-from shardify.reader.options import BatchOptions, CacheOptions, DecodeOptions, ReadOptions, SamplingOptions
+from shardify.reader.options import (
+    BatchOptions,
+    CacheOptions,
+    DecodeOptions,
+    ReadOptions,
+    SamplingOptions,
+    with_defaults,
+)
 from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.resume import PLAN_VERSION, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.decoders import Decoding, choose_decoding
-from shardify.reader.setup import ReadSetup, merged_options, opened_streams
+from shardify.reader.setup import ReadSetup, opened_streams
 from shardify.reader.streams import Stream
 from shardify.reader.worker import ProcessReader, share_batches
 from shardify.suggest import suggest_keywords
@@ -104,14 +111,14 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         cache: CacheOptions | None = None,
     ) -> None:
         super().__init__()
-        given = dict(batching=batching, sampling=sampling, decoding=decoding, cache=cache)
-        keywords: dict[str, Any] = dict(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=fields, map=map
+        groups = with_defaults(dict(batching=batching, sampling=sampling, decoding=decoding, cache=cache))
+        columns = (fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None)
+        self.options = ReadOptions(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=columns, map=map, **groups
         )
-        self.options, groups = merged_options(given, **keywords)
-        self.streams = opened_streams(source, split=split, groups=groups)
+        self.streams = opened_streams(source, split=split, options=self.options)
         # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
-        self.decode_strategy: Decoding = choose_decoding(groups["decoding"].device, self.options, self.streams)
+        self.decode_strategy: Decoding = choose_decoding(self.options, self.streams)
         self.decode_device: torch.device | None = self.decode_strategy.device
         self._setup = setup = ReadSetup.of(self.options, self.streams)
         self.source, self.epoch_inputs, self.resume_basis = setup.source, setup.epoch_inputs, setup.resume_basis
@@ -147,13 +154,18 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per epoch, padding repeats included."""
-        return samples_per_rank(self.samples_per_epoch, world=detect_rank_world()[1], drop_last=self.options.drop_last)
+        return samples_per_rank(
+            self.samples_per_epoch, world=detect_rank_world()[1], drop_last=self.options.batching.drop_last
+        )
 
     def __len__(self) -> int:
         """Batches each rank yields per epoch (the same on every rank)."""
         o = self.options
         return batches_per_rank(
-            self.samples_per_epoch, world=detect_rank_world()[1], batch_size=o.batch_size, drop_last=o.drop_last
+            self.samples_per_epoch,
+            world=detect_rank_world()[1],
+            batch_size=o.batch_size,
+            drop_last=o.batching.drop_last,
         )
 
     @property

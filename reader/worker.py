@@ -52,16 +52,16 @@ class ProcessReader:
                 ShardReader(
                     source.urls,
                     source.sizes,
-                    skip_damaged=options.on_error == "skip",
+                    skip_damaged=options.skip_errors,
                     checksums=setup.checksums,
                     opener=setup.opener,
                     fields=loaded_fields(setup.stream_fields),
-                    max_member=options.max_member_bytes,
+                    max_member=options.decoding.max_member_bytes,
                     offsets=columns.offsets,
                     filesizes=columns.filesizes,
                     chunks=columns.chunks,
                     ranged=range_fetcher(setup.sources),
-                    tables=sample_tables(setup.sources) if options.check_samples else None,
+                    tables=sample_tables(setup.sources) if options.decoding.check_samples else None,
                 ),
             )
         return self._reader[1]
@@ -92,11 +92,11 @@ def share_batches(
         return
     read, out = plan.orders()
     tag = None
-    if setup.tag_stream or o.mark_repeats:
+    if setup.tag_stream or o.sampling.mark_repeats:
         tag = sample_tagger(
             share,
             streams=setup.epoch_inputs.stream_sizes if setup.tag_stream else None,
-            mark_repeats=o.mark_repeats,
+            mark_repeats=o.sampling.mark_repeats,
         )
     processors = decoding.processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
     collate = decoding.collate(o, empty=slots.empty if slots is not None else private_empty)

@@ -761,7 +761,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M77",
         "under device decode, a custom collate_fn (which would see undecoded images) is refused",
         "reader/sample/device_plan.py",
-        "    if options.collate_fn is not None and options.collate_fn is not default_collate:",
+        "    if collate_fn is not None and collate_fn is not default_collate:",
         "    if False:",
         (
             "tests/reader/sample/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",

@@ -172,7 +172,7 @@ class Loader:
                 jpeg_decoder=options.pop("jpeg_decoder", None),
                 report=self.dataset.shared_report,
                 epoch=self._epoch,
-                skip=self.dataset.options.on_error == "skip",
+                skip=self.dataset.options.skip_errors,
             )
             if decode is not None:
                 options["decode"] = decode

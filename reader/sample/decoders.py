@@ -50,7 +50,8 @@ class CpuDecoding:
 
     def collate(self, options: Any, *, empty: Empty = private_empty) -> Callable[[list[Any]], Any]:
         """``collate_fn`` (default ``default_collate``), drawing from ``empty`` if it is one of shardify's."""
-        chosen = default_collate if options.collate_fn is None else options.collate_fn
+        collate_fn = options.batching.collate_fn
+        chosen = default_collate if collate_fn is None else collate_fn
         return with_allocator(cast(Callable[[list[Any]], Any], chosen), empty)
 
     def device_stage(self, device: torch.device, **_: Any) -> None:
@@ -81,8 +82,8 @@ class DeviceDecoding:
                 fields=fields,
                 seed=options.seed,
                 epoch=epoch,
-                allow_pickle=options.allow_pickle,
-                skip_errors=options.on_error == "skip",
+                allow_pickle=options.decoding.allow_pickle,
+                skip_errors=options.skip_errors,
                 unique_keys=s.source.unique_keys,
             )
             for s, fields, planner in zip(streams, columns, self._planners)
@@ -111,6 +112,7 @@ class DeviceDecoding:
 Decoding = CpuDecoding | DeviceDecoding
 
 
-def choose_decoding(device: str | torch.device | None, options: Any, streams: Sequence[Any]) -> Decoding:
-    """The strategy for ``DecodeOptions.device`` (None: in the workers), checked against the options."""
+def choose_decoding(options: Any, streams: Sequence[Any]) -> Decoding:
+    """The strategy for ``options.decoding.device`` (None: in the workers), checked against the options."""
+    device = options.decoding.device
     return CpuDecoding() if device is None else DeviceDecoding(device, options, streams)

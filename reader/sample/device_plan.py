@@ -311,12 +311,13 @@ def checked_device(decode_device: str | torch.device, options: Any, streams: Seq
             f"map= cannot run under DecodeOptions(device=...): {after}; name the output columns with "
             "fields=... (the batch comes back as default_collate makes it), or decode in the workers"
         )
-    if options.collate_fn is not None and options.collate_fn is not default_collate:
+    collate_fn = options.batching.collate_fn
+    if collate_fn is not None and collate_fn is not default_collate:
         raise DeviceDecodeOptionsError(
-            f"BatchOptions(collate_fn={options.collate_fn!r}) cannot run under DecodeOptions(device=...): "
+            f"BatchOptions(collate_fn={collate_fn!r}) cannot run under DecodeOptions(device=...): "
             f"{after}; batches come as default_collate makes them (compute on them after the loader)"
         )
-    if options.bucket_length is not None:
+    if options.batching.bucket_length is not None:
         raise DeviceDecodeOptionsError(
             f"BatchOptions(bucket_length=...) cannot run under DecodeOptions(device=...): {after}"
         )

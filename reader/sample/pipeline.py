@@ -232,8 +232,8 @@ def stream_processors(
             transform=s.transform or o.transform,
             fields=fields,
             map=s.map or (o.map if s.fields is None else None),
-            allow_pickle=o.allow_pickle,
-            skip_errors=o.on_error == "skip",
+            allow_pickle=o.decoding.allow_pickle,
+            skip_errors=o.skip_errors,
             unique_keys=cast("Source", s.source).unique_keys,  # resolved by now
         )
         for s, fields in zip(streams, columns)
@@ -273,15 +273,15 @@ def share_batches(
         collate=collate,
         on_bad=on_bad,
         tag=tag,
-        bucket_length=o.bucket_length,
-        bucket_buffer=o.bucket_buffer,
+        bucket_length=o.batching.bucket_length,
+        bucket_buffer=o.batching.bucket_buffer,
         seed=o.seed,
         epoch=epoch,
         rank=rank,
         worker=worker,
     )
     if skip:
-        bucketed = o.bucket_length is not None
+        bucketed = o.batching.bucket_length is not None
         stages.load_state_dict(state_at_batch(skip, batch_size=plan.batch_size, samples=len(out), bucketed=bucketed))
     if len(sizes) != plan.num_batches - skip:
         raise ValueError(f"sizes has {len(sizes)} batches; the plan has {plan.num_batches - skip} after {skip=}")

@@ -5,6 +5,7 @@ replaced before the first release are refused, naming the closest keyword.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
 import warnings
 
@@ -104,7 +105,7 @@ def test_the_common_case_is_one_line_and_warns_nothing(counting_dataset):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ds = ShardedDataset(root, split="train", batch_size=4, shuffle=True, fields=("cls",))
-    assert ds.options.shuffle_buffer == SamplingOptions().shuffle_buffer
+    assert ds.options.sampling == SamplingOptions()
     assert sorted(x for b in _epoch(ds) for x in b) == list(range(22))
 
 
@@ -117,31 +118,8 @@ def test_streams_take_the_per_sample_keywords_of_the_dataset(counting_dataset):
     assert stream <= dataset and not stream & set(GROUPS)
 
 
-# A flat ReadOptions field with a bad value, and the group (with the same bad value) that owns its check.
-FLAT_CHECKS = [
-    pytest.param({"shuffle_buffer": 0}, lambda: SamplingOptions(shuffle_buffer=0), id="shuffle-buffer"),
-    pytest.param({"shuffle_block": 0}, lambda: SamplingOptions(shuffle_block=0), id="shuffle-block"),
-    pytest.param({"bucket_buffer": 0}, lambda: BatchOptions(bucket_buffer=0), id="bucket-buffer"),
-    pytest.param({"samples_per_epoch": -1}, lambda: SamplingOptions(samples_per_epoch=-1), id="samples"),
-    pytest.param({"max_member_bytes": -1}, lambda: DecodeOptions(max_member_bytes=-1), id="member-bytes"),
-    pytest.param({"on_error": "warn"}, lambda: DecodeOptions(on_error="warn"), id="on-error"),  # type: ignore[arg-type]
-]
-
-
-@pytest.mark.parametrize("flat, group", FLAT_CHECKS)
-def test_a_flat_record_is_checked_by_its_group_with_the_group_message(flat, group):
-    """Each check lives in its group: a ReadOptions made directly with a bad grouped value
-    raises the group's own error, word for word (no second copy of the rule or its message)."""
-    with pytest.raises(ValueError) as by_group:
-        group()
-    with pytest.raises(ValueError) as by_flat:
-        ReadOptions(batch_size=2, **flat)
-    assert str(by_flat.value) == str(by_group.value)
-    assert "self." not in str(by_group.value)  # the value, not the code that holds it
-
-
 @pytest.mark.parametrize(
-    "flat, message",
+    "kw, message",
     [
         pytest.param({"batch_size": 0}, "batch_size=0 should be >= 1", id="batch-size"),
         pytest.param(
@@ -149,39 +127,23 @@ def test_a_flat_record_is_checked_by_its_group_with_the_group_message(flat, grou
         ),
     ],
 )
-def test_the_flat_record_checks_the_dataset_keywords(flat, message):
+def test_the_record_checks_the_dataset_keywords(kw, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        ReadOptions(**flat)
+        ReadOptions(**kw)
 
 
-def test_the_groups_of_a_flat_record_build_it_again():
-    """``ReadOptions.groups`` is the inverse of ``from_groups``: no field is lost or crossed."""
-    opts = ReadOptions(
-        batch_size=3,
-        shuffle=True,
-        seed=9,
-        drop_last=True,
-        transform=None,
-        fields=("cls",),
-        collate_fn=list,
-        shuffle_buffer=5,
-        shuffle_block=2,
-        bucket_length=_length,
-        bucket_buffer=6,
-        on_error="skip",
-        allow_pickle=True,
-        verify=True,
-        check_samples=False,
-        samples_per_epoch=15,
-        mark_repeats=True,
-        max_member_bytes=4096,
-    )
-    assert all(
-        getattr(opts, f.name) != f.default
-        for f in dataclasses.fields(ReadOptions)
-        if f.name not in ("transform", "map", "batch_size")
-    )  # every grouped field off its default
-    again = ReadOptions.from_groups(
-        batch_size=3, shuffle=True, seed=9, transform=None, fields=("cls",), map=None, **opts.groups()
-    )
-    assert again == opts
+def test_each_option_is_stored_once_in_its_group_and_the_record_pickles():
+    """The record holds the direct keywords and the four groups as given: no field of a group is
+    copied beside it, and what workers receive is the same record after pickling."""
+    direct = {f.name for f in dataclasses.fields(ReadOptions)} - set(GROUPS)
+    assert direct == {"batch_size", "shuffle", "seed", "transform", "fields", "map"}
+    for cls in GROUPS.values():
+        assert not direct & {f.name for f in dataclasses.fields(cls)}, cls
+    sampling = SamplingOptions(shuffle_buffer=5, shuffle_block=2)
+    opts = ReadOptions(batch_size=3, fields=("cls",), sampling=sampling, batching=BatchOptions(drop_last=True))
+    assert opts.sampling is sampling and opts.decoding == DecodeOptions() and opts.cache == CacheOptions()
+    assert pickle.loads(pickle.dumps(opts)) == opts
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.batch_size = 4  # type: ignore[misc]
+    with pytest.raises(TypeError, match="decoding= should be a DecodeOptions, got SamplingOptions"):
+        ReadOptions(batch_size=3, decoding=sampling)  # type: ignore[arg-type]
