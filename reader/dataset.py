@@ -13,7 +13,7 @@ Output: ``fields`` (checked against the split index, if any, when the dataset is
 :mod:`~shardify.reader.sample.fields`) gives one column per entry (an extension, ``"a;b"``
 alternatives, or ``"image"`` for any image extension); image fields go through ``transform``
 (uint8 CHW), others are decoded by extension. Or ``map(sample_dict)`` builds the output (see
-:class:`~shardify.reader.sample.pipeline.SampleProcessor`). ``__stream__`` (the stream's index),
+:class:`~shardify.reader.sample.processor.SampleProcessor`). ``__stream__`` (the stream's index),
 ``__key__`` and, with ``mark_repeats``, ``__valid__`` are there too. ``shuffle``/``seed``: the
 seeded shuffle; ``seed`` also seeds augmentation.
 

@@ -1,9 +1,10 @@
 """What runs in each worker (or in the training process without workers): one share's batches.
 
-:func:`share_batches` wires the worker's stages (:func:`shardify.reader.sample.pipeline.share_batches`)
-for its :class:`~shardify.reader.plan.epoch.EpochPlan` from a position, over this process's
-:class:`ShardReader` (:class:`ProcessReader`: one per process, never shared by a forked copy),
-and counts each batch it yields in the position, so that a state taken after it counts it.
+:func:`share_batches` builds the worker's chain of stages for its
+:class:`~shardify.reader.plan.epoch.EpochPlan` (:func:`~shardify.reader.stages.chain.build_chain`),
+skips it to the position's batch, over this process's :class:`ShardReader`
+(:class:`ProcessReader`: one per process, never shared by a forked copy), and counts each batch
+it yields in the position, so that a state taken after it counts it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from shardify.reader.plan.epoch import EpochPlan
 from shardify.reader.sample.collate import private_empty
 from shardify.reader.sample.decoders import Decoding
 from shardify.reader.sample.fields import loaded_fields
-from shardify.reader.sample.pipeline import share_batches as wired_batches
 from shardify.reader.setup import ReadSetup
+from shardify.reader.stages.chain import ChainContext, build_chain
+from shardify.reader.stages.process import by_stream
 from shardify.reader.stages.transport import Transport
 from shardify.reader.streams import sample_tagger
 
@@ -86,38 +88,32 @@ def share_batches(
     through the slots). The reader is closed when the share ends or the iteration stops."""
     if not isinstance(plan, EpochPlan):
         plan = plan()
-    o, share, skip = setup.options, plan.share, position.batches
-    sizes = share.batch_sizes()[skip:]
-    if not sizes:
+    o, skip = setup.options, position.batches
+    if skip >= plan.num_batches:
         return
-    read, out = plan.orders()
     tag = None
     if setup.tag_stream or o.sampling.mark_repeats:
         tag = sample_tagger(
-            share,
+            plan.share,
             streams=setup.epoch_inputs.stream_sizes if setup.tag_stream else None,
             mark_repeats=o.sampling.mark_repeats,
         )
     processors = decoding.processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
-    collate = decoding.collate(o, empty=slots.empty if slots is not None else private_empty)
     reader = readers.get(setup, o)
+    context = ChainContext(
+        reader=reader,
+        process=by_stream(processors),
+        collate=decoding.collate(o, empty=slots.empty if slots is not None else private_empty),
+        on_bad=functools.partial(report.record_bad, slot),
+        tag=tag,
+        bucket_length=o.batching.bucket_length,
+        bucket_buffer=o.batching.bucket_buffer,
+        seed=o.seed,
+    )
     try:
-        batches: Iterator[Any] = wired_batches(
-            reader,
-            share,
-            read=read,
-            out=out,
-            sizes=sizes,
-            skip=skip,
-            options=o,
-            epoch=plan.epoch,
-            rank=plan.rank,
-            worker=plan.worker,
-            processors=processors,
-            collate=collate,
-            on_bad=functools.partial(report.record_bad, slot),
-            tag=tag,
-        )
+        chain = build_chain(plan, context)
+        chain.skip(skip)
+        batches: Iterator[Any] = chain
         if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
             batches = Transport(batches, slots)
         for batch in report.stages.timed(slot, batches):

@@ -103,7 +103,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M07",
         "augmentation identical whatever the workers (seeded by seed, epoch, key only)",
-        "reader/sample/pipeline.py",
+        "reader/sample/processor.py",
         "return sample_rng(self._seed, self._epoch, sample_id)",
         'return sample_rng(self._seed, self._epoch, f"{os.getpid()}/{sample_id}")',
         ("tests/reader/test_dataset.py::test_one_and_two_workers_augment_a_key_identically",),
@@ -284,7 +284,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M25",
         "an exception in a user transform reaches the trainer (never swallowed)",
-        "reader/sample/pipeline.py",
+        "reader/sample/processor.py",
         "if not self._skip or isinstance(e, self._refused):",
         "if isinstance(e, self._refused):",
         ("tests/reader/test_faults.py::test_transform_error_reaches_the_trainer_with_shard_key_and_cause",),

@@ -1,7 +1,7 @@
 """Where images are decoded, chosen once per dataset: a strategy that plugs in its pair of stages.
 
 - :class:`CpuDecoding` (the default): each worker decodes and transforms a sample
-  (:class:`~shardify.reader.sample.pipeline.SampleProcessor`, ``map=`` included) and collates a
+  (:class:`~shardify.reader.sample.processor.SampleProcessor`, ``map=`` included) and collates a
   batch with ``collate_fn`` (default :func:`~shardify.reader.sample.collate.default_collate`);
   nothing runs on the device but the copy.
 - :class:`DeviceDecoding` (``DecodeOptions(device=...)``): each worker only plans a sample
@@ -31,7 +31,7 @@ import torch
 from shardify.reader.sample.collate import Empty, default_collate, private_empty, with_allocator
 from shardify.reader.sample.device_decode import DeviceDecoder, JpegDecoder
 from shardify.reader.sample.device_plan import DevicePlanner, PlanningProcessor, checked_device, pack_samples
-from shardify.reader.sample.pipeline import stream_processors
+from shardify.reader.sample.processor import stream_processors
 
 __all__ = ["CpuDecoding", "DeviceDecoding", "Decoding", "choose_decoding"]
 

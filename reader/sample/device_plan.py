@@ -31,10 +31,11 @@ import torch
 from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleError
 from shardify.reader.io.stream import Item, Lost
 from shardify.reader.plan.shuffle import sample_rng
+from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
-from shardify.reader.sample.pipeline import Bad, field_spec, missing_field
 from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
+from shardify.reader.sample.processor import field_spec, missing_field
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
 __all__ = [
@@ -168,10 +169,10 @@ class PlanningProcessor:
     """The device strategy's worker stage for one stream: an encoded sample to a :class:`PlannedSample`.
 
     ``fields``: its output columns (an extension or ``"a;b"`` alternatives; ``"image"`` any image
-    extension), as :class:`~shardify.reader.sample.pipeline.SampleProcessor` takes them: image
+    extension), as :class:`~shardify.reader.sample.processor.SampleProcessor` takes them: image
     columns are planned by ``planner``, the others decoded by extension. A sample that fails is
     a :class:`~shardify.errors.SampleError` naming shard and key, or under ``skip_errors`` a
-    :class:`~shardify.reader.sample.pipeline.Bad` (the batch stage replaces it).
+    :class:`~shardify.reader.sample.bad.Bad` (the batch stage replaces it).
     """
 
     def __init__(

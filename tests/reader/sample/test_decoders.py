@@ -13,7 +13,7 @@ from shardify.reader.sample.collate import pad_collate
 from shardify.reader.sample.decoders import CpuDecoding, DeviceDecoding
 from shardify.reader.sample.device_decode import DeviceDecoder, pil_decoder
 from shardify.reader.sample.device_plan import PlanningProcessor
-from shardify.reader.sample.pipeline import SampleProcessor
+from shardify.reader.sample.processor import SampleProcessor
 
 
 def _first_items(ds: ShardedDataset, n: int) -> list:

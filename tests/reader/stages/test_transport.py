@@ -36,6 +36,9 @@ class Batches(Stage[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.i = int(state["i"])
 
+    def skip(self, n: int) -> None:
+        self.i = min(n, self.n)
+
 
 @pytest.fixture()
 def channel() -> Any:
