@@ -29,7 +29,7 @@ from shardify.reader.sample.fields import loaded_fields
 from shardify.reader.setup import ReadSetup
 from shardify.reader.stages.chain import ChainContext, build_chain
 from shardify.reader.stages.process import by_stream
-from shardify.reader.stages.transport import Transport
+from shardify.reader.stages.sharedmem import ToSharedMemory
 from shardify.reader.streams import sample_tagger
 
 __all__ = ["ProcessReader", "share_batches"]
@@ -84,7 +84,7 @@ def share_batches(
     """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
     for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
     is called once all were. ``decoding`` makes each sample's output and collates the batches,
-    in the worker's shared-memory ``slots`` when it has them (then the Transport stage sends them
+    in the worker's shared-memory ``slots`` when it has them (then the ToSharedMemory stage sends them
     through the slots). The reader is closed when the share ends or the iteration stops."""
     if not isinstance(plan, EpochPlan):
         plan = plan()
@@ -115,7 +115,7 @@ def share_batches(
         chain.skip(skip)
         batches: Iterator[Any] = chain
         if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
-            batches = Transport(batches, slots)
+            batches = ToSharedMemory(batches, slots)
         for batch in report.stages.timed(slot, batches):
             position.batches += 1  # before the yield: a state taken after next() counts this batch
             yield batch

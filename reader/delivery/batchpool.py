@@ -12,7 +12,7 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 - :class:`SlotPool` (one per worker process): a collate function given its allocator
   (``default_collate(samples, empty=pool.empty)``) makes each large batch tensor over a free
   slot big enough (or a new one; past ``max_slots`` private memory) and the slot's token is
-  set; :meth:`SlotPool.send` (the Transport stage, :mod:`shardify.reader.stages.transport`)
+  set; :meth:`SlotPool.send` (the ToSharedMemory stage, :mod:`shardify.reader.stages.sharedmem`)
   then packs the batch: a tensor over a slot becomes a reference (no copy), another large one
   is copied into a slot (a collate that allocates for itself), a small one travels by value,
   and a slot's storage goes along the first time the main process needs it.

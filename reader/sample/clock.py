@@ -32,7 +32,7 @@ class StageClock:
     process: float = 0.0  # decode and augment together; ``augment`` is the part after decoding
     augment: float = 0.0
     collate: float = 0.0  # the collate function's call
-    transfer: float = 0.0  # copying and packing a batch into the shared-memory slots (the Transport stage)
+    transfer: float = 0.0  # copying and packing a batch into the shared-memory slots (the ToSharedMemory stage)
 
     def values(self) -> tuple[float, ...]:
         return (self.read, self.process, self.augment, self.collate, self.transfer)
