@@ -767,6 +767,14 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/reader/sample/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
         ),
     ),
+    M(
+        "M78",
+        "a worker resumed at batch k skips exactly the samples of its first k batches (each stage skips itself)",
+        "reader/stages/batch.py",
+        "        skip_source(self.source, sum(self.sizes[:n]))",
+        "        skip_source(self.source, n)",
+        ("tests/reader/stages/test_chain.py",),
+    ),
 )
 
 
