@@ -22,9 +22,11 @@ from typing import Any, BinaryIO, cast
 
 from shardify.convert.write.outfs import backend_reason
 from shardify.errors import ManifestError, ShardFormatError
+from shardify.jsonfiles import load_json
 from shardify.locations import check_in_folder
-from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex, load_json
+from shardify.manifest import MANIFEST_NAME, Manifest
 from shardify.remote import RetryPolicy, ShardFetchError, download, fetch_bytes
+from shardify.splitindex import SplitIndex
 
 __all__ = ["DatasetFiles", "LocatedDataset", "locate_dataset"]
 

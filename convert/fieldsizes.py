@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardify.convert.dataset_files import DatasetFiles
-from shardify.manifest import SplitIndex
+from shardify.splitindex import SplitIndex
 from shardify.tarfmt import BLOCK
 from shardify.tario import scan_layout
 

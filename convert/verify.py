@@ -30,11 +30,11 @@ from shardify.convert.write.finish import compact_fields
 from shardify.convert.write.versions import stray_files
 from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, ShardifyError
 from shardify.keys import check_key
-from shardify.manifest import ShardEntry, SplitIndex
 from shardify.progress import progress_bar
 from shardify.sampletable import DIGEST_BYTES, SampleTable
 from shardify.sidecar import SidecarProof, decode_proven, sidecar_name
 from shardify.sidecar import decode as decode_sidecar
+from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 

@@ -2,8 +2,7 @@
 
 ``ShardedDataset`` yields whole batches, the same number on every rank, exactly once per
 epoch, from one source or weighted ``Stream``s, its rarer options in four small groups
-(``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``CacheOptions``; ``ShuffleOptions`` and
-``ErrorOptions``, the groups they replaced, for one release); ``make_loader`` wraps it in a
+(``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``CacheOptions``); ``make_loader`` wraps it in a
 DataLoader with device prefetch and an exact ``state_dict``. ``transforms`` holds the built-in
 augmentations (uint8 CHW output); ``split_keys`` lists a split's sample keys in stored order.
 """
@@ -20,10 +19,8 @@ from shardify.reader.options import (
     BatchOptions,
     CacheOptions,
     DecodeOptions,
-    ErrorOptions,
     ReadOptions,
     SamplingOptions,
-    ShuffleOptions,
 )
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import transforms
@@ -34,11 +31,9 @@ __all__ = [
     "ShardedDataset",
     "Stream",
     "ReadOptions",
-    "ShuffleOptions",
     "BatchOptions",
     "SamplingOptions",
     "DecodeOptions",
-    "ErrorOptions",
     "CacheOptions",
     "make_loader",
     "Loader",

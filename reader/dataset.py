@@ -13,7 +13,7 @@ Output: ``fields`` (checked against the split index, if any, when the dataset is
 :mod:`~shardify.reader.sample.fields`) gives one column per entry (an extension, ``"a;b"``
 alternatives, or ``"image"`` for any image extension); image fields go through ``transform``
 (uint8 CHW), others are decoded by extension. Or ``map(sample_dict)`` builds the output (see
-:class:`~shardify.reader.sample.pipeline.SampleProcessor`). ``__stream__`` (the stream's index),
+:class:`~shardify.reader.sample.processor.SampleProcessor`). ``__stream__`` (the stream's index),
 ``__key__`` and, with ``mark_repeats``, ``__valid__`` are there too. ``shuffle``/``seed``: the
 seeded shuffle; ``seed`` also seeds augmentation.
 
@@ -25,9 +25,7 @@ the shuffle's buffer and block sizes), ``decoding`` (:class:`DecodeOptions`: ``a
 ``verify``, checksums from the split index or given, see :mod:`shardify.reader.io.checksums`)
 and ``cache`` (:class:`CacheOptions`). Only the fields the output needs are read from a shard
 (all of them with ``map``); an image over ``PIL.Image.MAX_IMAGE_PIXELS`` pixels is a bad sample
-(see docs/reliability.md). The keywords these groups replaced (``drop_last=``, ``shuffling=``,
-``errors=``, ``shuffle_buffer=``, ``on_error=``, ...) still work for one release, with a
-``DeprecationWarning`` (:mod:`shardify.reader.deprecated`).
+(see docs/reliability.md).
 
 Several sources: ``source`` as a list of :class:`Stream` (each with its ``weight``, ``split``,
 ``transform``, ``map``, ``fields``: the per-sample keywords above, per stream); batches mix
@@ -59,7 +57,6 @@ save and restore one process's place in its share: the protocol of torchdata's
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -71,19 +68,28 @@ from shardify.reader.delivery.place import ProcessPlace, require_state
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, EpochControl, SharedEpoch
 from shardify.reader.io.sources import Source, SourceLike
-from shardify.reader.options import BatchOptions, CacheOptions, DecodeOptions, ReadOptions, SamplingOptions
+from shardify.reader.options import (
+    BatchOptions,
+    CacheOptions,
+    DecodeOptions,
+    ReadOptions,
+    SamplingOptions,
+    with_defaults,
+)
 from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.resume import LAYOUT, LAYOUTS, PlanOptions, Segment
+from shardify.reader.plan.resume import PLAN_VERSION, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.decoders import Decoding, choose_decoding
-from shardify.reader.setup import ReadSetup, merged_options, opened_streams
+from shardify.reader.setup import ReadSetup, opened_streams
 from shardify.reader.streams import Stream
 from shardify.reader.worker import ProcessReader, share_batches
+from shardify.suggest import suggest_keywords
 
-__all__ = ["ReadOptions", "ShardedDataset", "Stream", "LAYOUT", "LAYOUTS", "MAX_SEGMENTS"]
+__all__ = ["ReadOptions", "ShardedDataset", "Stream", "PLAN_VERSION", "MAX_SEGMENTS"]
 
 
+@suggest_keywords
 class ShardedDataset(EpochControl, IterableDataset[Any]):
     """Batches of a sharded dataset for this rank, the same number on every rank (the keywords:
     :mod:`shardify.reader.dataset`)."""
@@ -93,7 +99,7 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         source: SourceLike | Source | Stream | Sequence[Stream],
         *,
         split: str | None = None,
-        batch_size: int | None = None,
+        batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
         transform: Callable[..., Any] | None = None,
@@ -103,18 +109,16 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         sampling: SamplingOptions | None = None,
         decoding: DecodeOptions | None = None,
         cache: CacheOptions | None = None,
-        **deprecated: Any,
     ) -> None:
         super().__init__()
-        given = dict(batching=batching, sampling=sampling, decoding=decoding, cache=cache)
-        known = tuple(inspect.signature(ShardedDataset.__init__).parameters)
-        keywords: dict[str, Any] = dict(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=fields, map=map
+        groups = with_defaults(dict(batching=batching, sampling=sampling, decoding=decoding, cache=cache))
+        columns = (fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None)
+        self.options = ReadOptions(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=columns, map=map, **groups
         )
-        self.options, groups = merged_options(given, deprecated, known=known, **keywords)
-        self.streams = opened_streams(source, split=split, groups=groups)
+        self.streams = opened_streams(source, split=split, options=self.options)
         # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
-        self.decode_strategy: Decoding = choose_decoding(groups["decoding"].device, self.options, self.streams)
+        self.decode_strategy: Decoding = choose_decoding(self.options, self.streams)
         self.decode_device: torch.device | None = self.decode_strategy.device
         self._setup = setup = ReadSetup.of(self.options, self.streams)
         self.source, self.epoch_inputs, self.resume_basis = setup.source, setup.epoch_inputs, setup.resume_basis
@@ -150,30 +154,29 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank reads per epoch, padding repeats included."""
-        return samples_per_rank(self.samples_per_epoch, world=detect_rank_world()[1], drop_last=self.options.drop_last)
+        return samples_per_rank(
+            self.samples_per_epoch, world=detect_rank_world()[1], drop_last=self.options.batching.drop_last
+        )
 
     def __len__(self) -> int:
         """Batches each rank yields per epoch (the same on every rank)."""
         o = self.options
         return batches_per_rank(
-            self.samples_per_epoch, world=detect_rank_world()[1], batch_size=o.batch_size, drop_last=o.drop_last
+            self.samples_per_epoch,
+            world=detect_rank_world()[1],
+            batch_size=o.batch_size,
+            drop_last=o.batching.drop_last,
         )
 
     @property
     def plan_options(self) -> PlanOptions:
-        """The options of this dataset's plan under the current :data:`LAYOUT`."""
-        return self.epoch_inputs.plan_options(LAYOUT)
+        """The options of this dataset's plan (:data:`PLAN_VERSION`)."""
+        return self.epoch_inputs.plan_options()
 
-    def layout_options(self, layout: int) -> PlanOptions:
-        """The options of this dataset's plan under ``layout``."""
-        return self.epoch_inputs.plan_options(layout)
-
-    def epoch_sequence(
-        self, epoch: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT
-    ) -> tuple[Any, ...] | BlockSequence:
+    def epoch_sequence(self, epoch: int, *, history: Sequence[Segment] = ()) -> tuple[Any, ...] | BlockSequence:
         """The epoch's samples in order, after ``history``'s: ``(shard, start, stop)`` ranges, or
-        under layout 4 with shuffled blocks (and no history) a :class:`BlockSequence`."""
-        return self.epoch_inputs.sequence(epoch, history, layout)[0]
+        with shuffled blocks (and no history) a :class:`BlockSequence`."""
+        return self.epoch_inputs.sequence(epoch, history)[0]
 
     @property
     def last_epoch_report(self) -> EpochReport:
@@ -210,12 +213,12 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
         world = self._world()
-        epoch, consumed, history, layout = self._shared_epoch.start()
+        epoch, consumed, history = self._shared_epoch.start()
         if not in_worker:
             self.clear_resume()  # in-process: nobody else reads it
         slot = self._report.begin(world.worker, world.workers, in_worker=in_worker, epoch=epoch)
         position, plan = self._place.begin(
-            self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history, layout=layout
+            self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history
         )
         pool = self.batch_slots.pool(world.worker) if in_worker else None  # under make_loader: shared memory
         end = None if in_worker else (lambda: self._report.warn(self.epoch))

@@ -1,4 +1,4 @@
-"""The options of a ``ShardedDataset``: a few small frozen groups, and ``ReadOptions``, their flat record.
+"""The options of a ``ShardedDataset``: a few small frozen groups, and ``ReadOptions``, which holds them.
 
 What a user passes most stays a keyword of :class:`~shardify.reader.ShardedDataset` itself
 (``split``, ``batch_size``, ``shuffle``, ``seed``, ``transform``, ``fields``, ``map``); the rest
@@ -13,14 +13,11 @@ comes in four groups named by what they are for::
 included; ``sampling`` (:class:`SamplingOptions`): which samples an epoch holds and in what
 order (with ``batch_size``, ``seed`` and the data, what an epoch's plan is a function of);
 ``decoding`` (:class:`DecodeOptions`): how members are checked and decoded, and what a bad one
-does; ``cache`` (:class:`CacheOptions`): how remote shards are fetched. :class:`ShuffleOptions`
-and :class:`ErrorOptions`, the groups ``shuffling=`` and ``errors=`` took, still work for one
-release (:mod:`shardify.reader.deprecated`).
+does; ``cache`` (:class:`CacheOptions`): how remote shards are fetched.
 
 Each group checks its own values, and only there. :class:`ReadOptions` is what the dataset
-keeps and its workers read on the hot path: every option under one flat name, built once from
-the groups; it checks the dataset's own keywords and asks the groups for the rest
-(:meth:`ReadOptions.groups`), so a flat record made directly is checked by the same rules.
+keeps and its workers receive: the dataset's direct keywords (checked there) and the four
+groups as they were given (``options.sampling.shuffle_buffer``), each option stored once.
 """
 
 from __future__ import annotations
@@ -37,29 +34,13 @@ from shardify.tario import DEFAULT_MAX_MEMBER
 
 __all__ = [
     "ReadOptions",
-    "ShuffleOptions",
     "BatchOptions",
     "SamplingOptions",
     "DecodeOptions",
-    "ErrorOptions",
     "CacheOptions",
     "GROUPS",
     "with_defaults",
 ]
-
-
-@suggest_keywords
-@dataclass(frozen=True)
-class ShuffleOptions:
-    """Deprecated, for one release: ``shuffling=ShuffleOptions(buffer=, block=)`` is
-    ``sampling=SamplingOptions(shuffle_buffer=, shuffle_block=)``."""
-
-    buffer: int = 1024
-    block: int = 4
-
-    def __post_init__(self) -> None:
-        if self.buffer < 1 or self.block < 1:
-            raise ValueError(f"ShuffleOptions: buffer={self.buffer} and block={self.block} should be >= 1")
 
 
 @suggest_keywords
@@ -142,20 +123,6 @@ class DecodeOptions:
 
 @suggest_keywords
 @dataclass(frozen=True)
-class ErrorOptions:
-    """Deprecated, for one release: ``errors=ErrorOptions(on_error=, verify=)`` is
-    ``decoding=DecodeOptions(on_error=, verify=)``."""
-
-    on_error: Literal["raise", "skip"] = "raise"
-    verify: bool | ChecksumSpec = False
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"ErrorOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
-
-
-@suggest_keywords
-@dataclass(frozen=True)
 class CacheOptions:
     """How remote shards are read (docs/remote.md).
 
@@ -206,108 +173,39 @@ GROUPS: dict[str, type] = {
 """Each group keyword of ``ShardedDataset`` and its class."""
 
 
-def with_defaults(groups: dict[str, Any], *, owner: str = "ShardedDataset") -> dict[str, Any]:
+def with_defaults(groups: dict[str, Any]) -> dict[str, Any]:
     """``groups`` (group keyword -> object or None) with each None replaced by the group's
-    defaults; a value of another type is a ``TypeError`` naming the keyword."""
-    out = {}
-    for name, value in groups.items():
-        cls = GROUPS[name]
-        if value is not None and not isinstance(value, cls):
-            raise TypeError(f"{owner}(): {name}= should be a {cls.__name__}, got {type(value).__name__}")
-        out[name] = cls() if value is None else value
-    return out
+    defaults (:class:`ReadOptions` checks the types)."""
+    return {name: GROUPS[name]() if value is None else value for name, value in groups.items()}
 
 
-@suggest_keywords
 @dataclass(frozen=True)
 class ReadOptions:
-    """Every option of a :class:`ShardedDataset` under one flat name; picklable to workers."""
+    """Every option of a :class:`ShardedDataset`, stored once: its direct keywords and its four
+    groups (each group's own object, as given or its defaults); picklable to workers."""
 
     batch_size: int
     shuffle: bool = False
     seed: int = 0
-    drop_last: bool = False
     transform: Callable[..., Any] | None = None
     fields: tuple[str, ...] | None = None
     map: Callable[[dict[str, Any]], Any] | None = None
-    collate_fn: Callable[[list[Any]], Any] | None = None
-    shuffle_buffer: int = 1024
-    shuffle_block: int = 4
-    bucket_length: Callable[[Any], int] | None = None
-    bucket_buffer: int | None = None
-    on_error: Literal["raise", "skip"] = "raise"
-    allow_pickle: bool = False
-    verify: bool = False
-    check_samples: bool = True
-    samples_per_epoch: int | None = None
-    mark_repeats: bool = False
-    max_member_bytes: int = DEFAULT_MAX_MEMBER
+    batching: BatchOptions = field(default_factory=BatchOptions)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    decoding: DecodeOptions = field(default_factory=DecodeOptions)
+    cache: CacheOptions = field(default_factory=CacheOptions)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} should be >= 1")
         if self.fields is not None and self.map is not None:
             raise ValueError("pass fields=... or map=..., not both")
-        self.groups()  # the grouped options: each group checks its own values
+        for name, cls in GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                raise TypeError(f"ShardedDataset(): {name}= should be a {cls.__name__}, got {type(value).__name__}")
 
-    def groups(self) -> dict[str, Any]:
-        """The option groups this record was built from (:meth:`from_groups`'s keywords; ``verify``
-        as a bool, a checksum spec having been applied to the sources already)."""
-        return {
-            "batching": BatchOptions(
-                collate_fn=self.collate_fn,
-                bucket_length=self.bucket_length,
-                bucket_buffer=self.bucket_buffer,
-                drop_last=self.drop_last,
-            ),
-            "sampling": SamplingOptions(
-                samples_per_epoch=self.samples_per_epoch,
-                mark_repeats=self.mark_repeats,
-                shuffle_buffer=self.shuffle_buffer,
-                shuffle_block=self.shuffle_block,
-            ),
-            "decoding": DecodeOptions(
-                allow_pickle=self.allow_pickle,
-                max_member_bytes=self.max_member_bytes,
-                on_error=self.on_error,
-                verify=self.verify,
-                check_samples=self.check_samples,
-            ),
-        }
-
-    @classmethod
-    def from_groups(
-        cls,
-        *,
-        batch_size: int,
-        shuffle: bool,
-        seed: int,
-        transform: Callable[..., Any] | None,
-        fields: tuple[str, ...] | None,
-        map: Callable[[dict[str, Any]], Any] | None,
-        batching: BatchOptions,
-        sampling: SamplingOptions,
-        decoding: DecodeOptions,
-    ) -> ReadOptions:
-        """The flat record of the dataset's keywords and groups (the cache is the source's, not here)."""
-        return cls(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=batching.drop_last,
-            transform=transform,
-            fields=fields,
-            map=map,
-            collate_fn=batching.collate_fn,
-            shuffle_buffer=sampling.shuffle_buffer,
-            shuffle_block=sampling.shuffle_block,
-            bucket_length=batching.bucket_length,
-            bucket_buffer=batching.bucket_buffer,
-            on_error=decoding.on_error,
-            allow_pickle=decoding.allow_pickle,
-            verify=decoding.verify is not False,
-            check_samples=decoding.check_samples,
-            samples_per_epoch=sampling.samples_per_epoch,
-            mark_repeats=sampling.mark_repeats,
-            max_member_bytes=decoding.max_member_bytes,
-        )
+    @property
+    def skip_errors(self) -> bool:
+        """Whether bad samples are skipped (``DecodeOptions(on_error="skip")``) rather than raised."""
+        return self.decoding.on_error == "skip"

@@ -1,8 +1,6 @@
-"""What a ``ShardedDataset`` is built from: its keywords merged into options, its streams resolved,
-and what the plan and the workers need of them, derived once.
+"""What a ``ShardedDataset`` is built from: its streams resolved, and what the plan and the
+workers need of them and of its options, derived once.
 
-:func:`merged_options` folds the dataset's keywords, its option groups and the deprecated
-keywords (:mod:`shardify.reader.deprecated`) into the flat :class:`ReadOptions`;
 :func:`opened_streams` resolves the source into streams (remote fetch options from
 ``CacheOptions``, checksums given with ``DecodeOptions(verify=...)``); :meth:`ReadSetup.of` derives
 the rest: the mixed source, each stream's output fields, the epoch plan's inputs
@@ -13,60 +11,27 @@ the rest: the mixed source, each stream's output fields, the epoch plan's inputs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from shardify.reader.delivery.state import ResumeBasis
-from shardify.reader.deprecated import apply_old_keywords
 from shardify.reader.io.checksums import source_checksums, with_checksums
 from shardify.reader.io.sources import Source, SourceLike
-from shardify.reader.options import ReadOptions, with_defaults
+from shardify.reader.options import ReadOptions
 from shardify.reader.plan.epoch import EpochInputs
 from shardify.reader.sample.fields import stream_fields
 from shardify.reader.streams import MixedOpener, Stream, epoch_counts, mixed_source, resolve_streams
 
-__all__ = ["merged_options", "opened_streams", "ReadSetup"]
-
-
-def merged_options(
-    groups: Mapping[str, Any],
-    deprecated: Mapping[str, Any],
-    *,
-    known: Sequence[str],
-    batch_size: int | None,
-    shuffle: bool,
-    seed: int,
-    transform: Callable[..., Any] | None,
-    fields: Sequence[str] | None,
-    map: Callable[[dict[str, Any]], Any] | None,
-) -> tuple[ReadOptions, dict[str, Any]]:
-    """``(flat options, each group)`` of the dataset's keywords, its ``groups`` (None: the
-    group's defaults) and the ``deprecated`` keywords; ``known``: the dataset's keywords, to name
-    a misspelt one."""
-    merged = with_defaults(apply_old_keywords(deprecated, groups, known=known, stacklevel=4))
-    if batch_size is None:  # required; a default of None lets a misspelt batchsize= be named first
-        raise TypeError("ShardedDataset() missing 1 required keyword-only argument: 'batch_size'")
-    options = ReadOptions.from_groups(
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        transform=transform,
-        fields=(fields,) if isinstance(fields, str) else (tuple(fields) if fields is not None else None),
-        map=map,
-        batching=merged["batching"],
-        sampling=merged["sampling"],
-        decoding=merged["decoding"],
-    )
-    return options, merged
+__all__ = ["opened_streams", "ReadSetup"]
 
 
 def opened_streams(
-    source: SourceLike | Source | Stream | Sequence[Stream], *, split: str | None, groups: Mapping[str, Any]
+    source: SourceLike | Source | Stream | Sequence[Stream], *, split: str | None, options: ReadOptions
 ) -> tuple[Stream, ...]:
-    """The streams of ``source``, each with its resolved :class:`Source` (fetched as ``groups["cache"]``
-    says; with the checksums ``groups["decoding"].verify`` gives, when it gives them)."""
-    where, decoding = groups["cache"], groups["decoding"]
+    """The streams of ``source``, each with its resolved :class:`Source` (fetched as ``options.cache``
+    says; with the checksums ``options.decoding.verify`` gives, when it gives them)."""
+    where, decoding = options.cache, options.decoding
     streams = resolve_streams(
         source,
         split=split,
@@ -113,21 +78,21 @@ class ReadSetup:
 
     @classmethod
     def of(cls, options: ReadOptions, streams: Sequence[Stream]) -> ReadSetup:
-        o = options
+        o, sampling, batching = options, options.sampling, options.batching
         sources = tuple(cast(Source, s.source) for s in streams)  # resolved by now
         source = mixed_source(sources)
-        counts = epoch_counts(streams, samples_per_epoch=o.samples_per_epoch)
+        counts = epoch_counts(streams, samples_per_epoch=sampling.samples_per_epoch)
         columns = tuple(stream_fields(s, fields=o.fields, map=o.map) for s in streams)
         wanted = {f for fields in columns for f in fields}
-        if "__valid__" in wanted and not o.mark_repeats:
+        if "__valid__" in wanted and not sampling.mark_repeats:
             raise ValueError("fields=... names '__valid__': pass sampling=SamplingOptions(mark_repeats=True)")
         inputs = EpochInputs(
             seed=o.seed,
             shuffle=o.shuffle,
             batch_size=o.batch_size,
-            drop_last=o.drop_last,
-            block=o.shuffle_block,
-            buffer=o.shuffle_buffer,
+            drop_last=batching.drop_last,
+            block=sampling.shuffle_block,
+            buffer=sampling.shuffle_buffer,
             stream_sizes=tuple(tuple(s.sizes) for s in sources),
             counts=counts,
             # a compressed shard cannot seek: read in cross-rank blocks it would be inflated from
@@ -146,9 +111,9 @@ class ReadSetup:
             or "__stream__" in wanted
             or o.map is not None
             or any(s.map is not None for s in streams),
-            checksums=source_checksums(source) if o.verify else None,
+            checksums=source_checksums(source) if o.decoding.verify is not False else None,
             epoch_inputs=inputs,
             resume_basis=ResumeBasis.of(
-                inputs, sources, bucketed=o.bucket_length is not None, bucket_buffer=o.bucket_buffer
+                inputs, sources, bucketed=batching.bucket_length is not None, bucket_buffer=batching.bucket_buffer
             ),
         )

@@ -1,9 +1,10 @@
 """What runs in each worker (or in the training process without workers): one share's batches.
 
-:func:`share_batches` wires the worker's stages (:func:`shardify.reader.sample.pipeline.share_batches`)
-for its :class:`~shardify.reader.plan.epoch.EpochPlan` from a position, over this process's
-:class:`ShardReader` (:class:`ProcessReader`: one per process, never shared by a forked copy),
-and counts each batch it yields in the position, so that a state taken after it counts it.
+:func:`share_batches` builds the worker's chain of stages for its
+:class:`~shardify.reader.plan.epoch.EpochPlan` (:func:`~shardify.reader.stages.chain.build_chain`),
+skips it to the position's batch, over this process's :class:`ShardReader`
+(:class:`ProcessReader`: one per process, never shared by a forked copy), and counts each batch
+it yields in the position, so that a state taken after it counts it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from shardify.reader.plan.epoch import EpochPlan
 from shardify.reader.sample.collate import private_empty
 from shardify.reader.sample.decoders import Decoding
 from shardify.reader.sample.fields import loaded_fields
-from shardify.reader.sample.pipeline import share_batches as wired_batches
 from shardify.reader.setup import ReadSetup
-from shardify.reader.stages.transport import Transport
+from shardify.reader.stages.chain import ChainContext, build_chain
+from shardify.reader.stages.process import by_stream
+from shardify.reader.stages.sharedmem import ToSharedMemory
 from shardify.reader.streams import sample_tagger
 
 __all__ = ["ProcessReader", "share_batches"]
@@ -52,16 +54,16 @@ class ProcessReader:
                 ShardReader(
                     source.urls,
                     source.sizes,
-                    skip_damaged=options.on_error == "skip",
+                    skip_damaged=options.skip_errors,
                     checksums=setup.checksums,
                     opener=setup.opener,
                     fields=loaded_fields(setup.stream_fields),
-                    max_member=options.max_member_bytes,
+                    max_member=options.decoding.max_member_bytes,
                     offsets=columns.offsets,
                     filesizes=columns.filesizes,
                     chunks=columns.chunks,
                     ranged=range_fetcher(setup.sources),
-                    tables=sample_tables(setup.sources) if options.check_samples else None,
+                    tables=sample_tables(setup.sources) if options.decoding.check_samples else None,
                 ),
             )
         return self._reader[1]
@@ -82,44 +84,38 @@ def share_batches(
     """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
     for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
     is called once all were. ``decoding`` makes each sample's output and collates the batches,
-    in the worker's shared-memory ``slots`` when it has them (then the Transport stage sends them
+    in the worker's shared-memory ``slots`` when it has them (then the ToSharedMemory stage sends them
     through the slots). The reader is closed when the share ends or the iteration stops."""
     if not isinstance(plan, EpochPlan):
         plan = plan()
-    o, share, skip = setup.options, plan.share, position.batches
-    sizes = share.batch_sizes()[skip:]
-    if not sizes:
+    o, skip = setup.options, position.batches
+    if skip >= plan.num_batches:
         return
-    read, out = plan.orders()
     tag = None
-    if setup.tag_stream or o.mark_repeats:
+    if setup.tag_stream or o.sampling.mark_repeats:
         tag = sample_tagger(
-            share,
+            plan.share,
             streams=setup.epoch_inputs.stream_sizes if setup.tag_stream else None,
-            mark_repeats=o.mark_repeats,
+            mark_repeats=o.sampling.mark_repeats,
         )
     processors = decoding.processors(setup.streams, setup.stream_fields, o, epoch=plan.epoch)
-    collate = decoding.collate(o, empty=slots.empty if slots is not None else private_empty)
     reader = readers.get(setup, o)
+    context = ChainContext(
+        reader=reader,
+        process=by_stream(processors),
+        collate=decoding.collate(o, empty=slots.empty if slots is not None else private_empty),
+        on_bad=functools.partial(report.record_bad, slot),
+        tag=tag,
+        bucket_length=o.batching.bucket_length,
+        bucket_buffer=o.batching.bucket_buffer,
+        seed=o.seed,
+    )
     try:
-        batches: Iterator[Any] = wired_batches(
-            reader,
-            share,
-            read=read,
-            out=out,
-            sizes=sizes,
-            skip=skip,
-            options=o,
-            epoch=plan.epoch,
-            rank=plan.rank,
-            worker=plan.worker,
-            processors=processors,
-            collate=collate,
-            on_bad=functools.partial(report.record_bad, slot),
-            tag=tag,
-        )
+        chain = build_chain(plan, context)
+        chain.skip(skip)
+        batches: Iterator[Any] = chain
         if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
-            batches = Transport(batches, slots)
+            batches = ToSharedMemory(batches, slots)
         for batch in report.stages.timed(slot, batches):
             position.batches += 1  # before the yield: a state taken after next() counts this batch
             yield batch

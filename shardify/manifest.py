@@ -28,34 +28,20 @@ from shardify import FORMAT_VERSION
 from shardify.compactindex import CompactRef
 from shardify.errors import IndexMismatchError, ManifestError
 from shardify.jsonfiles import (
-    file_sha256,
     hex_field,
     json_bytes,
     json_field,
     load_json,
-    write_bytes_atomic,
     write_json_atomic,
 )
-from shardify.pixels import RawPixels
-from shardify.splitindex import FORMAT_NAME, ShardEntry, SplitIndex, check_format_version
-from shardify.tarfmt import VERSION_CHARS, index_name, is_temp_name, report_name, shard_name, shard_of_split
+from shardify.splitindex import FORMAT_NAME, SplitIndex, check_format_version
+from shardify.tarfmt import VERSION_CHARS, index_name, shard_name, shard_of_split
 
 __all__ = [
     "MANIFEST_NAME",
-    "ShardEntry",
-    "SplitIndex",
-    "RawPixels",
     "SplitRef",
     "Manifest",
     "index_bytes",
-    "index_name",
-    "report_name",
-    "is_temp_name",
-    "write_json_atomic",
-    "write_bytes_atomic",
-    "json_bytes",
-    "file_sha256",
-    "load_json",
 ]
 
 MANIFEST_NAME = "manifest.json"

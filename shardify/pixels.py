@@ -7,7 +7,7 @@ decoding a JPEG. The member is a binary PPM (``{key}.ppm``, netpbm ``P6``, maxva
 header ``b"P6\\n{width} {height}\\n255\\n"`` then ``height x width x 3`` bytes, rows top to
 bottom, RGB interleaved. Pillow, webdataset's decoders and Hugging Face ``datasets`` read it
 as an ordinary image; shardify's reader views the bytes as an ``H x W x 3`` array with no
-decoding at all (:func:`rgb_view`). The split index records it (:class:`shardify.manifest.RawPixels`).
+decoding at all (:func:`rgb_view`). The split index records it (:class:`RawPixels`).
 
 The colour rules are the reader's (:func:`to_rgb`, also used by
 :mod:`shardify.reader.sample.decode`): alpha dropped, 16-bit scaled to 8-bit, float taken as

@@ -1,5 +1,4 @@
-"""Shared test plumbing: a per-test time limit for modules that could hang if a promise broke,
-shardify's deprecated keywords made errors in the Python processes the tests start, and tiny
+"""Shared test plumbing: a per-test time limit for modules that could hang if a promise broke, and tiny
 datasets written directly with the format modules in tmp_path (the reader's, the tools' and the
 command line's tests use them).
 
@@ -11,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,24 +19,11 @@ import pytest
 from builders import text_dataset  # tests/builders.py: builders test modules import by name
 
 from shardify.convert.synth import jpeg_bytes, natural_image
+from shardify.jsonfiles import write_json_atomic
 from shardify.keys import member_name
-from shardify.manifest import Manifest, ShardEntry, SplitIndex, write_json_atomic
+from shardify.manifest import Manifest
+from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
-
-OLD_KEYWORDS_FAIL = "error:ShardedDataset:DeprecationWarning"
-"""pyproject.toml's filter of the old keywords' warning, for ``PYTHONWARNINGS`` (which matches a
-literal start of the message, not a pattern)."""
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _old_keywords_fail_in_child_processes() -> Iterator[None]:
-    """A script a test runs (``python -c``, torchrun ranks) stops on an old ``ShardedDataset`` keyword
-    too, instead of printing the warning to a stderr nobody reads; a test that sets its own
-    ``PYTHONWARNINGS`` for a child keeps it."""
-    given = os.environ.get("PYTHONWARNINGS")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONWARNINGS", f"{given},{OLD_KEYWORDS_FAIL}" if given else OLD_KEYWORDS_FAIL)
-        yield
 
 
 @pytest.fixture(autouse=True)

@@ -103,7 +103,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M07",
         "augmentation identical whatever the workers (seeded by seed, epoch, key only)",
-        "reader/sample/pipeline.py",
+        "reader/sample/processor.py",
         "return sample_rng(self._seed, self._epoch, sample_id)",
         'return sample_rng(self._seed, self._epoch, f"{os.getpid()}/{sample_id}")',
         ("tests/reader/test_dataset.py::test_one_and_two_workers_augment_a_key_identically",),
@@ -112,8 +112,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M08",
         "verify=True: a shard whose SHA-256 differs from the index fails",
         "reader/io/shardfile.py",
-        "                    if found == expected\n",
-        "                    if found or expected\n",
+        "            if found == expected\n",
+        "            if found or expected\n",
         (
             "tests/reader/test_untrusted.py::test_tampered_shard_reads_silently_without_verify_and_fails_with_it",
             "tests/reader/io/test_checksums.py::test_user_checksums_pass_intact_shards_and_catch_a_tampered_one",
@@ -259,11 +259,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     M(
         "M22",
-        "an old keyword warns with a DeprecationWarning naming its new form",
-        "reader/deprecated.py",
-        '        warnings.warn(\n            f"{owner}: these',
-        '        (lambda *a, **k: None)(\n            f"{owner}: these',
-        ("tests/reader/test_options.py::test_an_old_keyword_warns_and_reads_as_its_group",),
+        "a state of an earlier (unreleased) version is refused naming the version found and wanted",
+        "reader/delivery/state.py",
+        "    if version != STATE_VERSION or isinstance(version, bool):",
+        "    if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):",
+        ("tests/reader/delivery/test_state.py::test_a_state_of_an_earlier_version_is_refused_naming_both_versions",),
     ),
     M(
         "M23",
@@ -284,7 +284,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M25",
         "an exception in a user transform reaches the trainer (never swallowed)",
-        "reader/sample/pipeline.py",
+        "reader/sample/processor.py",
         "if not self._skip or isinstance(e, self._refused):",
         "if isinstance(e, self._refused):",
         ("tests/reader/test_faults.py::test_transform_error_reaches_the_trainer_with_shard_key_and_cause",),
@@ -431,8 +431,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M41",
         "verify=True hashes each shard once per process",
         "reader/io/shardfile.py",
-        "        if shard not in self._verified:",
-        "        if True:",
+        "        if known is not None and known[0] == stamp:",
+        "        if False:",
         ("tests/reader/test_untrusted.py::test_verify_passes_and_hashes_each_shard_once_per_process",),
     ),
     M(
@@ -761,11 +761,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M77",
         "under device decode, a custom collate_fn (which would see undecoded images) is refused",
         "reader/sample/device_plan.py",
-        "    if options.collate_fn is not None and options.collate_fn is not default_collate:",
+        "    if collate_fn is not None and collate_fn is not default_collate:",
         "    if False:",
         (
             "tests/reader/sample/test_device_decode.py::test_what_would_see_undecoded_images_is_refused_when_the_dataset_is_made",
         ),
+    ),
+    M(
+        "M78",
+        "a worker resumed at batch k skips exactly the samples of its first k batches (each stage skips itself)",
+        "reader/stages/batch.py",
+        "        skip_source(self.source, sum(self.sizes[:n]))",
+        "        skip_source(self.source, n)",
+        ("tests/reader/stages/test_chain.py",),
     ),
 )
 

@@ -37,7 +37,9 @@ def bookkeeping(n: int = 20_000) -> None:
     import torch
 
     from shardify.reader.delivery.stats import LoaderMeter, StageTable
-    from shardify.reader.sample.pipeline import _timed, cut, cut_processed
+    from shardify.reader.stages.batch import Cut
+    from shardify.reader.stages.collate import Collate
+    from shardify.reader.stages.process import Process
 
     batch = (torch.zeros(BATCH, 3, 32, 32, dtype=torch.uint8), torch.zeros(BATCH, dtype=torch.int64))
     table, items = StageTable(1), list(range(BATCH))
@@ -54,19 +56,19 @@ def bookkeeping(n: int = 20_000) -> None:
     def cuts(make: Callable[[], object]) -> Callable[[], None]:
         return lambda: [drain(make()) for _ in range(n)]
 
-    collate = _timed(len, "collate")
     plain = _best(lambda: drain(itertools.repeat(batch, n)))
     parts = {
         "worker's timing and shared row": (_best(lambda: drain(table.timed(0, itertools.repeat(batch, n)))) - plain)
         / n,
         "loader's wrappers (waits, samples)": (_best(meter) - plain) / n,
         "batch read whole, then processed": (
-            _best(cuts(lambda: cut_processed(iter(items), int, [BATCH])))
-            - _best(cuts(lambda: cut(map(int, iter(items)), [BATCH])))
+            _best(cuts(lambda: Process(Cut(iter(items), [BATCH]), int, batched=True)))
+            - _best(cuts(lambda: Cut(map(int, iter(items)), [BATCH])))
         )
         / n,
         "collate timer": (
-            _best(lambda: [collate(items) for _ in range(n)]) - _best(lambda: [len(items) for _ in range(n)])
+            _best(lambda: drain(Collate(itertools.repeat(items, n), len)))
+            - _best(lambda: drain(map(len, itertools.repeat(items, n))))
         )
         / n,
     }

@@ -30,9 +30,10 @@ from benchlib import memory
 from shardify import merkle
 from shardify.compactindex import compact_name
 from shardify.compactindex import encode as encode_compact
-from shardify.manifest import ShardEntry, json_bytes
+from shardify.jsonfiles import json_bytes
 from shardify.sampletable import RECORD
 from shardify.sidecar import HEADER, SIDECAR_RECORD, SidecarRef
+from shardify.splitindex import ShardEntry
 from shardify.tarfmt import OFFSET_STRIDE, member_size
 
 SAMPLE_RECORD_BYTES = 110

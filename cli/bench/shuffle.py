@@ -38,7 +38,6 @@ def _rank0_batches(
         drop_last=False,
         block=shuffle_block,
         buffer=shuffle_buffer,
-        vectorised=interleave,
     )
     seq: Sequence[Range] | BlockSequence
     if interleave:  # the default layout's blocks across shards

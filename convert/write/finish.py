@@ -27,9 +27,13 @@ from shardify.convert.write.identity import format_version
 from shardify.convert.write.outfs import WORK_DIR, OutputFS
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.versions import load_manifest, remove_stale_shards
-from shardify.manifest import MANIFEST_NAME, RawPixels, ShardEntry, SplitIndex, index_name, json_bytes, report_name
+from shardify.jsonfiles import json_bytes
+from shardify.manifest import MANIFEST_NAME
+from shardify.pixels import RawPixels
 from shardify.sampletable import SampleTable
 from shardify.sidecar import SidecarRef, encode, ref_of, sidecar_name, with_proof
+from shardify.splitindex import ShardEntry, SplitIndex
+from shardify.tarfmt import index_name, report_name
 
 __all__ = [
     "finish_split",

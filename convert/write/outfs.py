@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, cast
 
 from shardify.convert.write.gather import GatherFile
 from shardify.errors import OutputError
-from shardify.manifest import write_bytes_atomic
+from shardify.jsonfiles import write_bytes_atomic
 
 __all__ = [
     "OutputFS",

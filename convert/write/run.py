@@ -33,7 +33,8 @@ from shardify.convert.write.session import ConversionSession, ConvertResult, Spl
 from shardify.convert.write.shards import write_shards
 from shardify.convert.write.shardtypes import ShardResult, ShardTask
 from shardify.errors import InputError
-from shardify.manifest import RawPixels, report_name
+from shardify.pixels import RawPixels
+from shardify.tarfmt import report_name
 
 __all__ = [
     "SplitSummary",

@@ -35,8 +35,9 @@ from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.versions import begin_version, folder_state, listed_version, load_manifest, read_marker
 from shardify.errors import OutputError, OutputExistsError, ShardifyError
-from shardify.manifest import SplitIndex, file_sha256, is_temp_name, load_json
-from shardify.tarfmt import check_split_name
+from shardify.jsonfiles import file_sha256, load_json
+from shardify.splitindex import SplitIndex
+from shardify.tarfmt import check_split_name, is_temp_name
 
 __all__ = ["ConversionSession", "SplitSummary", "ConvertResult", "record_name", "shard_matches"]
 

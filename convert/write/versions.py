@@ -17,18 +17,11 @@ from dataclasses import dataclass, field
 
 from shardify.convert.write.outfs import WORK_DIR, OutputFS, OutputLock, is_locked, open_output
 from shardify.errors import OutputError, ShardifyError
-from shardify.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    SplitIndex,
-    index_name,
-    is_temp_name,
-    json_bytes,
-    load_json,
-    report_name,
-)
+from shardify.jsonfiles import json_bytes, load_json
+from shardify.manifest import MANIFEST_NAME, Manifest
 from shardify.sidecar import SUFFIX, sidecar_name
-from shardify.tarfmt import VERSION_CHARS, shard_of_split
+from shardify.splitindex import SplitIndex
+from shardify.tarfmt import VERSION_CHARS, index_name, is_temp_name, report_name, shard_of_split
 
 __all__ = [
     "FolderState",

@@ -85,9 +85,10 @@ def basis_of(source: StateSource) -> ResumeBasis:
     return source if isinstance(source, ResumeBasis) else source.resume_basis
 
 
-def plan_fields(basis: ResumeBasis, version: int = STATE_VERSION) -> dict[str, Any]:
+def plan_fields(basis: ResumeBasis) -> dict[str, Any]:
+    """The plan options a state records and must match to resume."""
     o = basis.inputs
-    plan: dict[str, Any] = {
+    return {
         "batch_size": o.batch_size,
         "drop_last": o.drop_last,
         "shuffle": o.shuffle,
@@ -95,11 +96,9 @@ def plan_fields(basis: ResumeBasis, version: int = STATE_VERSION) -> dict[str, A
         "shuffle_buffer": o.buffer,
         "streams": list(basis.stream_samples),
         "stream_counts": list(basis.stream_counts),
+        "bucketed": basis.bucketed,
+        "bucket_buffer": basis.bucket_buffer,
     }
-    if version >= 3:
-        plan["bucketed"] = basis.bucketed
-        plan["bucket_buffer"] = basis.bucket_buffer
-    return plan
 
 
 def data_identity(source: Source) -> dict[str, Any]:

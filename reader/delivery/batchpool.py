@@ -12,7 +12,7 @@ Here each worker keeps a few shared-memory *slots*, and the main process maps ea
 - :class:`SlotPool` (one per worker process): a collate function given its allocator
   (``default_collate(samples, empty=pool.empty)``) makes each large batch tensor over a free
   slot big enough (or a new one; past ``max_slots`` private memory) and the slot's token is
-  set; :meth:`SlotPool.send` (the Transport stage, :mod:`shardify.reader.stages.transport`)
+  set; :meth:`SlotPool.send` (the ToSharedMemory stage, :mod:`shardify.reader.stages.sharedmem`)
   then packs the batch: a tensor over a slot becomes a reference (no copy), another large one
   is copied into a slot (a collate that allocates for itself), a small one travels by value,
   and a slot's storage goes along the first time the main process needs it.
@@ -37,9 +37,8 @@ import random
 import threading
 import time
 import uuid
-import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -51,8 +50,7 @@ from shardify.reader.delivery.slotwire import _inlinable, _Inline, _map_leaves, 
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.clock import CLOCK
 
-__all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "active_pool", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
-# (active_pool: deprecated, always None; remove in the release after)
+__all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
 
 MAX_SLOTS = 16
 """The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
@@ -61,18 +59,6 @@ INLINE_BYTES = 64 * 1024
 """Tensors up to this size (labels, lengths) travel by value inside the pickled batch."""
 
 _CHANNELS: dict[str, BatchChannel] = {}
-
-
-def active_pool() -> None:
-    """Deprecated, always None: no pool is active while a collate function runs any more (the
-    Transport stage copies the collated batch into a slot). Kept for one release."""
-    warnings.warn(
-        "batchpool.active_pool() is deprecated and always None: collate functions return plain tensors "
-        "and shardify.reader.stages.transport.Transport moves them into the slots",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return None
 
 
 def _capacity(nbytes: int) -> int:
@@ -258,15 +244,6 @@ class SlotPool:
         self._taken = {}
         CLOCK.transfer += time.perf_counter() - start
         return Packed(self._channel, self._id, self._worker, tuple(refs), payload)
-
-    def collate(self, collate_fn: Callable[[list[Any]], Any], samples: list[Any]) -> Packed:
-        """Deprecated: ``send(collate_fn(samples))``. Kept for one release."""
-        warnings.warn(
-            "SlotPool.collate(collate_fn, samples) is deprecated: use SlotPool.send(collate_fn(samples))",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.send(collate_fn(samples))
 
 
 class WorkerSlots:

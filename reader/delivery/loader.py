@@ -38,7 +38,7 @@ from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, Devic
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.delivery.stats import LoaderMeter
 from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames
-from shardify.reader.plan.resume import LAYOUT, Segment
+from shardify.reader.plan.resume import Segment
 from shardify.reader.plan.world import detect_rank_world
 from shardify.reader.sample.device_decode import nvjpeg_decoder
 from shardify.suggest import suggest_keywords
@@ -76,7 +76,7 @@ class Loader:
         self._epoch = -1
         self._batches = 0
         self._resume_started = False
-        self._history: tuple[tuple[Segment, ...], int] = ((), LAYOUT)
+        self._history: tuple[Segment, ...] = ()
         self._live: Any = None  # the DataLoader iterator of the iteration under way
         self._iteration: weakref.ref[Any] | None = None  # the generator of the last iteration (see _end_iteration)
         self._meter = LoaderMeter(progress=progress)  # the epoch's waits and stages: stats()
@@ -122,7 +122,7 @@ class Loader:
         point = ds.resume_point
         self._epoch = ds.epoch
         self._batches = point[1] if point is not None and point[0] == self._epoch else 0
-        self._history = ds.resume_history if point is not None and point[0] == self._epoch else ((), LAYOUT)
+        self._history = ds.resume_history if point is not None and point[0] == self._epoch else ()
         self._resume_started = point is not None
         gen = self._run()
         self._iteration = weakref.ref(gen)
@@ -172,7 +172,7 @@ class Loader:
                 jpeg_decoder=options.pop("jpeg_decoder", None),
                 report=self.dataset.shared_report,
                 epoch=self._epoch,
-                skip=self.dataset.options.on_error == "skip",
+                skip=self.dataset.options.skip_errors,
             )
             if decode is not None:
                 options["decode"] = decode
@@ -243,17 +243,16 @@ class Loader:
         """Where the epoch stands (see :mod:`shardify.reader.delivery.state`): small, versioned."""
         ds = self.dataset
         if self._epoch == ds.epoch:
-            batches, (history, layout) = self._batches, self._history
+            batches, history = self._batches, self._history
         else:
             point = ds.resume_point
             batches = point[1] if point is not None and point[0] == ds.epoch else 0
-            history, layout = ds.resume_history if point is not None and point[0] == ds.epoch else ((), LAYOUT)
+            history = ds.resume_history if point is not None and point[0] == ds.epoch else ()
         return make_state(
             ds.resume_basis,
             epoch=ds.epoch,
             batches=batches,
             history=history,
-            layout=layout,
             world=detect_rank_world()[1],
             workers=max(1, self.dataloader.num_workers),
         )
@@ -268,13 +267,11 @@ class Loader:
         require_state(state, owner="loader")
         self._end_iteration()
         ds = self.dataset
-        epoch, batches, history, layout = load_state(
+        epoch, batches, history = load_state(
             ds.resume_basis, state, world=detect_rank_world()[1], workers=max(1, self.dataloader.num_workers)
         )
-        ds.resume_at(epoch, batches, history=history, layout=layout)
-        if batches and batches == epoch_batches(
-            ds.resume_basis, epoch, history=history, layout=layout, world=detect_rank_world()[1]
-        ):
+        ds.resume_at(epoch, batches, history=history)
+        if batches and batches == epoch_batches(ds.resume_basis, epoch, history=history, world=detect_rank_world()[1]):
             # Saved after the epoch's last batch (Lightning checkpoints there, before the loader
             # ends): the next iteration is the next epoch's, unless set_epoch(epoch) asks for the
             # (empty) rest of this one, which the resume point above still holds.

@@ -25,7 +25,7 @@ from shardify.errors import ResumeError
 from shardify.reader.delivery.state import IterPosition, ResumeBasis, load_iter_state, make_iter_state
 from shardify.reader.plan.assign import resumed_role
 from shardify.reader.plan.epoch import EpochInputs, EpochPlan
-from shardify.reader.plan.resume import LAYOUT, Segment
+from shardify.reader.plan.resume import Segment
 from shardify.reader.plan.world import World
 
 __all__ = ["ProcessPlace", "loaded_place", "require_state"]
@@ -70,9 +70,7 @@ class ProcessPlace:
         way, else the place loaded, else the start of ``epoch`` as ``world.worker``."""
         place = self.saved()
         if place is None:
-            place = IterPosition(
-                epoch=epoch, role=world.worker, workers=world.workers, world=world.world, batches=0, layout=LAYOUT
-            )
+            place = IterPosition(epoch=epoch, role=world.worker, workers=world.workers, world=world.world, batches=0)
         return make_iter_state(basis, place)
 
     def load_state_dict(self, basis: ResumeBasis, state: dict[str, Any], *, world: World) -> None:
@@ -80,21 +78,21 @@ class ProcessPlace:
         self.load(load_iter_state(basis, state, world=world.world, workers=world.workers))
 
     def begin(
-        self, inputs: EpochInputs, *, world: World, epoch: int, consumed: int, history: tuple[Segment, ...], layout: int
+        self, inputs: EpochInputs, *, world: World, epoch: int, consumed: int, history: tuple[Segment, ...]
     ) -> tuple[IterPosition, EpochPlan | Callable[[], EpochPlan]]:
         """Where this process's iteration of ``epoch`` starts, and its share's plan (or what makes
         it, when the first batch is asked for): a place loaded for it, else DataLoader worker
         ``world.worker``'s role after the ``consumed`` batches of the resume point, from
-        ``history`` under ``layout`` (:meth:`SharedEpoch.start`)."""
+        ``history`` (:meth:`SharedEpoch.start`)."""
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=consumed)
         loaded = self.take_planned(inputs, epoch=epoch, world=world)
         plan: EpochPlan | Callable[[], EpochPlan]
         if loaded is not None:
             place, plan = loaded
-            role, skip, history, layout = place.role, place.batches, place.history, place.layout
+            role, skip, history = place.role, place.batches, place.history
         else:
             ranks = dict(rank=world.rank, world=world.world, workers=world.workers)
-            plan = functools.partial(inputs.worker, epoch, worker=role, history=history, layout=layout, **ranks)
+            plan = functools.partial(inputs.worker, epoch, worker=role, history=history, **ranks)
         self.position = IterPosition(
             epoch=epoch,
             role=role,
@@ -102,7 +100,6 @@ class ProcessPlace:
             world=world.world,
             batches=skip,
             history=history,
-            layout=layout,
         )
         return self.position, plan
 
@@ -119,7 +116,6 @@ class ProcessPlace:
             worker=place.role,
             workers=world.workers,
             history=place.history,
-            layout=place.layout,
         )
         loaded = loaded_place(place, epoch=epoch, total=plan.num_batches, holds_last=plan.holds_last)
         return None if loaded is None else (loaded, plan)

@@ -198,6 +198,15 @@ class DevicePrefetcher(Stage[Any]):
         else:
             self._skip = self.yielded
 
+    def skip(self, n: int) -> None:
+        """Hand out the batches after the first ``n``: a stage source skips them itself, the
+        batches of another are passed over."""
+        self.yielded = n
+        if isinstance(self._batches, Stage):
+            self._batches.skip(n)
+        else:
+            self._skip = n
+
     def _source(self) -> Iterator[tuple[Any, Any]]:
         """``(batch, the source's state just after it)`` from the source, restored batches passed over."""
         it = iter(self._batches)

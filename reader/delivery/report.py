@@ -19,7 +19,7 @@ import torch
 from shardify.reader.delivery.stats import StageTable, WorkerTimes
 
 if TYPE_CHECKING:
-    from shardify.reader.sample.pipeline import Bad
+    from shardify.reader.sample.bad import Bad
 
 __all__ = ["EpochReport", "SharedReport", "MAX_WORKERS"]
 

@@ -23,15 +23,15 @@ from collections.abc import Sequence
 import torch
 
 from shardify.errors import ResumeError
-from shardify.reader.plan.resume import LAYOUT, LAYOUTS, Segment
+from shardify.reader.plan.resume import Segment
 
 __all__ = ["MAX_SEGMENTS", "SharedEpoch", "EpochControl"]
 
 MAX_SEGMENTS = 16
 """Resumes of one epoch on another topology that a state can hold."""
 
-_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _LAYOUT, _SEGMENTS, _PENDING = range(6)
-_HEADER = 6
+_EPOCH, _RESUME_EPOCH, _RESUME_BATCHES, _SEGMENTS, _PENDING = range(5)
+_HEADER = 5
 
 
 class SharedEpoch:
@@ -74,7 +74,7 @@ class SharedEpoch:
             f"at the saved epoch, state['epoch']), or clear_resume() first to drop the state on purpose"
         )
 
-    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
+    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = ()) -> None:
         """Select ``epoch`` and make its next iteration skip its first ``batches`` batches."""
         if epoch < 0 or batches < 0:
             raise ValueError(f"{epoch=} and {batches=} should be >= 0")
@@ -83,12 +83,9 @@ class SharedEpoch:
                 f"epoch {epoch} was resumed on another topology {len(history)} times; "
                 f"a state holds at most {MAX_SEGMENTS}"
             )
-        if layout not in LAYOUTS:
-            raise ValueError(f"{layout=} should be one of {LAYOUTS}")
         self._cells[_EPOCH] = epoch
         self._cells[_RESUME_EPOCH] = epoch
         self._cells[_RESUME_BATCHES] = batches
-        self._cells[_LAYOUT] = layout
         self._cells[_SEGMENTS] = len(history)
         for i, seg in enumerate(history):
             self._cells[_HEADER + 3 * i : _HEADER + 3 * i + 3] = torch.tensor([seg.world, seg.workers, seg.batches])
@@ -103,18 +100,17 @@ class SharedEpoch:
     def clear_resume(self) -> None:
         self._cells[_RESUME_EPOCH] = -1
         self._cells[_RESUME_BATCHES] = 0
-        self._cells[_LAYOUT] = LAYOUT
         self._cells[_SEGMENTS] = 0
         self._cells[_PENDING] = 0
 
     @property
-    def resume_history(self) -> tuple[tuple[Segment, ...], int]:
-        """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
+    def resume_history(self) -> tuple[Segment, ...]:
+        """The segments of the pending resume point (none when there is none)."""
         if int(self._cells[_RESUME_EPOCH]) < 0:
-            return (), LAYOUT
+            return ()
         n = int(self._cells[_SEGMENTS])
         v = self._cells[_HEADER : _HEADER + 3 * n].tolist()
-        return tuple(Segment(*v[3 * i : 3 * i + 3]) for i in range(n)), int(self._cells[_LAYOUT]) or LAYOUT
+        return tuple(Segment(*v[3 * i : 3 * i + 3]) for i in range(n))
 
     @property
     def resume_point(self) -> tuple[int, int] | None:
@@ -122,16 +118,15 @@ class SharedEpoch:
         e = int(self._cells[_RESUME_EPOCH])
         return None if e < 0 else (e, int(self._cells[_RESUME_BATCHES]))
 
-    def start(self) -> tuple[int, int, tuple[Segment, ...], int]:
-        """``(epoch, batches consumed, history, layout)`` of the iteration starting now: the
+    def start(self) -> tuple[int, int, tuple[Segment, ...]]:
+        """``(epoch, batches consumed, history)`` of the iteration starting now: the
         resume point's when it is of the current epoch, else the epoch from its start. The
         resume point is no longer pending (see the module docstring)."""
         self._cells[_PENDING] = 0
         epoch = int(self._cells[_EPOCH])
         if int(self._cells[_RESUME_EPOCH]) != epoch:
-            return epoch, 0, (), LAYOUT
-        history, layout = self.resume_history
-        return epoch, int(self._cells[_RESUME_BATCHES]), history, layout
+            return epoch, 0, ()
+        return epoch, int(self._cells[_RESUME_BATCHES]), self.resume_history
 
 
 class EpochControl:
@@ -153,13 +148,13 @@ class EpochControl:
         """
         self._shared_epoch.set_epoch(epoch)
 
-    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = (), layout: int = LAYOUT) -> None:
+    def resume_at(self, epoch: int, batches: int, *, history: Sequence[Segment] = ()) -> None:
         """Make the next iteration of ``epoch`` skip its first ``batches`` batches (not decoded).
 
         ``history``: the parts of the epoch consumed before on other topologies (their samples
-        are left out and the rest is planned anew); ``layout``: the epoch's (see :data:`LAYOUT`).
+        are left out and the rest is planned anew).
         """
-        self._shared_epoch.resume_at(epoch, batches, history=history, layout=layout)
+        self._shared_epoch.resume_at(epoch, batches, history=history)
 
     def resume_after_end(self, epoch: int) -> None:
         """Make the next iteration ``epoch + 1``'s: ``epoch`` was read to its end (a state saved
@@ -171,8 +166,8 @@ class EpochControl:
         self._shared_epoch.clear_resume()
 
     @property
-    def resume_history(self) -> tuple[tuple[Segment, ...], int]:
-        """``(segments, layout)`` of the pending resume point (``((), LAYOUT)`` when none)."""
+    def resume_history(self) -> tuple[Segment, ...]:
+        """The segments of the pending resume point (none when there is none)."""
         return self._shared_epoch.resume_history
 
     @property

@@ -1,9 +1,10 @@
 """The loader's state: a small versioned dict saying where an epoch stands, and its loading.
 
-Version 3 (written now): ``epoch``; ``batches`` consumed by each rank in the current part of
+Version 3: ``epoch``; ``batches`` consumed by each rank in the current part of
 the epoch, read under ``world`` ranks x ``workers`` (DataLoader workers, 0 counting as 1);
 ``history``: the earlier parts of the epoch read on other topologies, ``[world, workers,
-batches]`` each (see :mod:`shardify.reader.plan.resume`); ``layout`` of the epoch's sequence;
+batches]`` each (see :mod:`shardify.reader.plan.resume`); ``layout``: the plan's version
+(:data:`~shardify.reader.plan.resume.PLAN_VERSION`);
 ``seed`` and ``plan``, the options that must match to resume; ``num_batches``, an epoch's
 batches per rank; ``data``, one ``{"version", "digest"}`` per stream: the split's version
 token and a short digest of what defines the epoch's sequence (each shard's file name,
@@ -17,12 +18,8 @@ counts), another dataset or dataset version (``data``), an edited or incomplete 
 (``check``). ``fields``, ``transform``, ``map`` and ``on_error`` may differ: they change what
 is made of a sample, not which samples an epoch holds.
 
-Version 2 (without ``data`` and ``check``) still loads, except mid-epoch in an epoch that
-reads part of a pass of a stream (``samples_per_epoch`` or weights giving a count that is not
-a whole multiple of the stream's size): the rule for that part changed after version 2
-(:mod:`shardify.reader.plan.mix`), so such a state would resume another sequence. Version 1
-(``epoch``, ``batches``, ``seed``, ``world``, ``num_batches``, maybe ``workers``) still loads:
-it is finished with the whole-shard layout it was saved under.
+A state of another version, or of another plan version, is refused with
+:class:`~shardify.errors.ResumeError` naming the version found and the one this reader reads.
 
 Loaded under the same world and workers, the resumed epoch yields exactly the batches the
 saved run had left; under others, the part read so far becomes one more history entry and
@@ -48,8 +45,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from shardify.errors import ResumeError
 from shardify.reader.delivery.basis import (
     STATE_VERSION,
     ResumeBasis,
@@ -60,11 +58,7 @@ from shardify.reader.delivery.basis import (
     plan_fields,
 )
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS
-from shardify.reader.plan.assign import batches_per_rank
-from shardify.reader.plan.resume import LAYOUTS, Segment
-
-if TYPE_CHECKING:
-    pass
+from shardify.reader.plan.resume import PLAN_VERSION, Segment
 
 __all__ = [
     "ResumeBasis",
@@ -129,7 +123,7 @@ def seal_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_state(
-    ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], layout: int, world: int, workers: int
+    ds: StateSource, *, epoch: int, batches: int, history: tuple[Segment, ...], world: int, workers: int
 ) -> dict[str, Any]:
     """The state of ``ds`` after ``batches`` batches of ``epoch`` under ``(world, workers)``."""
     b = basis_of(ds)
@@ -143,7 +137,7 @@ def make_state(
             "workers": workers,
             "num_batches": b.inputs.rank_batches(epoch, world=world),  # a whole epoch's: len(dataset)
             "history": [[s.world, s.workers, s.batches] for s in history],
-            "layout": layout,
+            "layout": PLAN_VERSION,
             "plan": plan_fields(b),
             "data": identities(b),
         }
@@ -202,24 +196,6 @@ def _check_data(ds: ResumeBasis, saved: Any, what: str = "loader") -> None:
             )
 
 
-def _check_part_passes(ds: ResumeBasis, epoch: int, batches: int, history: tuple[Segment, ...]) -> None:
-    """A version 2 state mid-epoch where a stream reads part of a pass: that part changed since."""
-    if not batches and not history:
-        return
-    sizes = list(ds.stream_samples)
-    counts = list(ds.stream_counts)
-    part = [i for i, (c, n) in enumerate(zip(counts, sizes)) if n and c % n]
-    if part:
-        i = part[0]
-        raise ValueError(
-            f"loader state field 'version' is 2, saved {batches} batches into epoch {epoch}, in which stream {i} "
-            f"reads {counts[i]} of its {sizes[i]} samples (plan.stream_counts {counts}, not whole passes); "
-            "this loader (state version 3) takes that part of a pass by another rule, so the rest of the saved "
-            f"epoch cannot be resumed. Restart epoch {epoch} (set_epoch({epoch}) without loading the state) or go "
-            f"on with epoch {epoch + 1}"
-        )
-
-
 def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> int:
     value = state.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -227,72 +203,66 @@ def _int(state: dict[str, Any], name: str, low: int, what: str = "loader") -> in
     return value
 
 
-def _check_plan(ds: ResumeBasis, state: dict[str, Any], *, what: str, version: int = STATE_VERSION) -> None:
+def _check_plan(ds: ResumeBasis, state: dict[str, Any], *, what: str) -> None:
     """Refuse a state whose plan options (those that decide an epoch's batches) are not ``ds``'s."""
     saved = state.get("plan")
     if not isinstance(saved, dict):
         raise ValueError(f"{what} state field 'plan' is {saved!r}; want a dict")
-    for name, value in plan_fields(ds, version).items():
+    for name, value in plan_fields(ds).items():
         if saved.get(name) != value:
             raise ValueError(f"{what} state field 'plan.{name}' is {saved.get(name)!r}, this {what} has {value!r}")
 
 
-def _history_and_layout(state: dict[str, Any], *, what: str) -> tuple[tuple[Segment, ...], int]:
-    """The ``history`` segments and the ``layout`` a state names, checked."""
+def _check_version(state: dict[str, Any], *, what: str) -> None:
+    """Refuse a state of another state version, naming the one found and the one wanted."""
+    version = state.get("version")
+    if version != STATE_VERSION or isinstance(version, bool):
+        raise ResumeError(
+            f"{what} state field 'version' is {version!r}; this reader reads state version {STATE_VERSION} only "
+            "(states of earlier versions were never released)"
+        )
+
+
+def _check_plan_version(state: dict[str, Any], *, what: str) -> None:
+    """Refuse a state of another plan version, naming the one found and the one wanted."""
+    layout = state.get("layout")
+    if layout != PLAN_VERSION or isinstance(layout, bool):
+        raise ResumeError(
+            f"{what} state field 'layout' (the plan version) is {layout!r}; this reader plans epochs with "
+            f"plan version {PLAN_VERSION} only"
+        )
+
+
+def _history(state: dict[str, Any], *, what: str) -> tuple[Segment, ...]:
+    """The ``history`` segments a state names, checked."""
     raw = state.get("history")
     try:
-        history = tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
+        return tuple(Segment(*(int(x) for x in seg)) for seg in raw)  # type: ignore[union-attr]
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} state field 'history' is {raw!r}; want [[world, workers, batches], ...]") from e
-    layout = state.get("layout")
-    if layout not in LAYOUTS:
-        raise ValueError(f"{what} state field 'layout' is {layout!r}; want one of {LAYOUTS}")
-    return history, layout
 
 
-def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], layout: int, world: int) -> int:
+def epoch_batches(ds: StateSource, epoch: int, *, history: tuple[Segment, ...], world: int) -> int:
     """Batches per rank in the part of ``epoch`` read after ``history`` (the whole epoch without one).
     With a history it plans the rest here once, so that a bad state fails now and not in a worker."""
-    return basis_of(ds).inputs.rank_batches(epoch, world=world, history=history, layout=layout)
+    return basis_of(ds).inputs.rank_batches(epoch, world=world, history=history)
 
 
 def load_state(
     ds: StateSource, state: dict[str, Any], *, world: int, workers: int
-) -> tuple[int, int, tuple[Segment, ...], int]:
-    """``(epoch, batches, history, layout)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
+) -> tuple[int, int, tuple[Segment, ...]]:
+    """``(epoch, batches, history)`` to resume ``ds`` at ``state`` under ``(world, workers)``."""
     b = basis_of(ds)
-    version = state.get("version")
-    if version not in (1, 2, STATE_VERSION) or isinstance(version, bool):
-        raise ValueError(f"loader state field 'version' is {version!r}; this loader reads 1, 2 and {STATE_VERSION}")
-    if version == STATE_VERSION:
-        _check_integrity(state)
-        _check_data(b, state.get("data"))
+    _check_version(state, what="loader")
+    _check_integrity(state)
+    _check_plan_version(state, what="loader")
+    _check_data(b, state.get("data"))
     if state.get("seed") != b.inputs.seed:
         raise ValueError(f"loader state field 'seed' is {state.get('seed')!r}, this loader has {b.inputs.seed!r}")
     epoch, batches = _int(state, "epoch", 0), _int(state, "batches", 0)
-    saved_world = _int(state, "world", 1)
-    saved_workers = _int(state, "workers", 1) if "workers" in state else workers
-    if version == 1:
-        if len(b.inputs.stream_sizes) > 1 or b.inputs.samples_per_epoch != b.num_samples:
-            raise ValueError(
-                "a version 1 loader state was saved from one source read whole each epoch; "
-                "this loader mixes streams or sets samples_per_epoch"
-            )
-        expected = batches_per_rank(
-            b.num_samples, world=saved_world, batch_size=b.inputs.batch_size, drop_last=b.inputs.drop_last
-        )
-        if state.get("num_batches") != expected:
-            raise ValueError(
-                f"loader state field 'num_batches' is {state.get('num_batches')!r}, this dataset "
-                f"has {expected} under world {saved_world}"
-            )
-        history: tuple[Segment, ...] = ()
-        layout = 1
-    else:
-        _check_plan(b, state, what="loader", version=version)
-        history, layout = _history_and_layout(state, what="loader")
-        if version == 2:
-            _check_part_passes(b, epoch, batches, history)
+    saved_world, saved_workers = _int(state, "world", 1), _int(state, "workers", 1)
+    _check_plan(b, state, what="loader")
+    history = _history(state, what="loader")
     segment = Segment(saved_world, saved_workers, batches)
     if (saved_world, saved_workers) != (world, workers):
         if b.bucketed:
@@ -306,10 +276,10 @@ def load_state(
                 f"a state holds at most {MAX_SEGMENTS}"
             )
         history, batches, saved_world = history + (segment,), 0, world
-    have = b.inputs.rank_batches(epoch, world=world, history=history, layout=layout)
+    have = b.inputs.rank_batches(epoch, world=world, history=history)
     if batches > have:
         raise ValueError(f"loader state has {batches=} but each rank has {have} batches in epoch {epoch}")
-    return epoch, batches, history, layout
+    return epoch, batches, history
 
 
 ITER_STATE_KIND = "shardify.iter"
@@ -325,7 +295,6 @@ class IterPosition:
     workers: int
     world: int
     batches: int
-    layout: int
     history: tuple[Segment, ...] = ()
 
 
@@ -343,7 +312,7 @@ def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
             "batches": pos.batches,
             "seed": b.inputs.seed,
             "history": [[s.world, s.workers, s.batches] for s in pos.history],
-            "layout": pos.layout,
+            "layout": PLAN_VERSION,
             "plan": plan_fields(b),
             "data": identities(b),
         }
@@ -363,11 +332,9 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
             f"dataset state field 'kind' is {kind!r}; want {ITER_STATE_KIND!r} (a loader's state "
             "goes to loader.load_state_dict)"
         )
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(
-            f"dataset state field 'version' is {state.get('version')!r}; this reader reads {STATE_VERSION}"
-        )
+    _check_version(state, what="dataset")
     _check_integrity(state, _ITER_CHECKED, "dataset")
+    _check_plan_version(state, what="dataset")
     _check_data(b, state.get("data"), "dataset")
     if state.get("seed") != b.inputs.seed:
         raise ValueError(f"dataset state field 'seed' is {state.get('seed')!r}, this dataset has {b.inputs.seed!r}")
@@ -382,7 +349,7 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
     role = _int(state, "worker", 0, "dataset")
     if role >= workers:
         raise ValueError(f"dataset state field 'worker' is {role}; want < {workers=}")
-    history, layout = _history_and_layout(state, what="dataset")
+    history = _history(state, what="dataset")
     return IterPosition(
         epoch=_int(state, "epoch", 0, "dataset"),
         role=role,
@@ -390,5 +357,4 @@ def load_iter_state(ds: StateSource, state: dict[str, Any], *, world: int, worke
         world=world,
         batches=_int(state, "batches", 0, "dataset"),
         history=history,
-        layout=layout,
     )

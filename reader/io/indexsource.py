@@ -15,12 +15,13 @@ from pathlib import Path
 
 from shardify.errors import IndexMismatchError, ManifestError, SplitRequiredError
 from shardify.locations import check_location
-from shardify.manifest import MANIFEST_NAME, Manifest, SplitIndex
+from shardify.manifest import MANIFEST_NAME, Manifest
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.compact import CompactShards, compact_base, read_compact
 from shardify.reader.io.shardlist import ShardInfo
 from shardify.reader.io.source import Source, fetch_file, fetch_json
 from shardify.remote import join_url
+from shardify.splitindex import SplitIndex
 from shardify.tarfmt import shard_name
 
 __all__ = ["from_manifest", "from_url", "from_index", "check_split"]

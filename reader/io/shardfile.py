@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
-from shardify.manifest import file_sha256
+from shardify.jsonfiles import file_sha256
 from shardify.reader.io.forward import Cursor
 from shardify.reader.io.items import READ_ERRORS, Lost, damage
 from shardify.reader.io.shardlist import LazySequence

@@ -16,7 +16,8 @@ from functools import cached_property
 from typing import Any, BinaryIO
 
 from shardify.errors import DatasetVersionError, ManifestError, ShardFormatError
-from shardify.manifest import Manifest, load_json
+from shardify.jsonfiles import load_json
+from shardify.manifest import Manifest
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.shardlist import (

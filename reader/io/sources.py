@@ -23,13 +23,14 @@ from typing import Any
 import braceexpand
 
 from shardify.errors import ManifestError, ShardFormatError
-from shardify.manifest import MANIFEST_NAME, SplitIndex
+from shardify.manifest import MANIFEST_NAME
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.indexsource import check_split, from_index, from_manifest, from_url
 from shardify.reader.io.shardlist import ShardInfo
 from shardify.reader.io.shardopen import TAR_SUFFIXES, count_samples, is_gzip, local_path, open_shard, open_tar
 from shardify.reader.io.source import ShardColumns, Source, shard_columns
 from shardify.remote import RetryPolicy, is_remote
+from shardify.splitindex import SplitIndex
 
 __all__ = [
     "ShardInfo",

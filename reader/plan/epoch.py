@@ -4,12 +4,12 @@
 and the topology: the seed, the plan options (shuffle, batch size, ``drop_last``, block and
 buffer sizes), each stream's shard sizes and its samples per epoch. A dataset builds it once.
 :meth:`EpochInputs.worker` is then a pure function of ``(epoch, rank, world, worker, workers)``
-(and of the parts of the epoch read before on other topologies, and the plan layout) giving
+(and of the parts of the epoch read before on other topologies) giving
 an :class:`EpochPlan`: the worker's share (:func:`~shardify.reader.plan.assign.plan_worker`),
 its batch count, whether the epoch's last batch is among them, and its read and output orders
 (:func:`~shardify.reader.plan.resume.share_order`).
 
-An epoch's sequence is planned once per process and ``(inputs, epoch, history, layout)`` (a
+An epoch's sequence is planned once per process and ``(inputs, epoch, history)`` (the last
 two are kept): every worker plan of that epoch, a resume check and the next iteration reuse it.
 """
 
@@ -24,12 +24,12 @@ import numpy as np
 
 from shardify.reader.plan.assign import WorkerPlan, batches_per_rank, plan_worker, sequence_length, sequence_starts
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.mix import layout_sequence
-from shardify.reader.plan.resume import LAYOUT, PlanOptions, Segment, resumed_sequence, share_order
+from shardify.reader.plan.mix import planned_sequence
+from shardify.reader.plan.resume import PlanOptions, Segment, resumed_sequence, share_order
 
 __all__ = ["EpochInputs", "EpochPlan"]
 
-Sequence_ = tuple[Any, ...] | BlockSequence  # an epoch's sequence: (shard, start, stop) ranges, or layout 4's blocks
+Sequence_ = tuple[Any, ...] | BlockSequence  # an epoch's sequence: (shard, start, stop) ranges, or shuffled blocks
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,8 @@ class EpochInputs:
     blocks: bool = True
     """Shards may be read in blocks across ranks (False when some shard cannot seek: gzip)."""
 
-    def plan_options(self, layout: int = LAYOUT) -> PlanOptions:
-        """The options of the plan under ``layout`` (layouts before 3: no buffer ramp; before 4:
-        the buffer simulated in Python)."""
+    def plan_options(self) -> PlanOptions:
+        """The options of the plan (what fixes it besides the sequence and the topology)."""
         return PlanOptions(
             seed=self.seed,
             shuffle=self.shuffle,
@@ -61,8 +60,6 @@ class EpochInputs:
             drop_last=self.drop_last,
             block=self.block,
             buffer=self.buffer,
-            ramp=layout >= 3,
-            vectorised=layout >= 4,
         )
 
     @property
@@ -72,16 +69,14 @@ class EpochInputs:
             return sum(self.counts)
         return sum(sum(sizes) for sizes in self.stream_sizes)
 
-    def sequence(
-        self, epoch: int, history: Sequence[Segment] = (), layout: int = LAYOUT
-    ) -> tuple[Sequence_, np.ndarray | None]:
+    def sequence(self, epoch: int, history: Sequence[Segment] = ()) -> tuple[Sequence_, np.ndarray | None]:
         """``(sequence, sequence_starts)`` of the part of ``epoch`` left after ``history``."""
-        return _sequence(self, epoch, tuple(history), layout)
+        return _sequence(self, epoch, tuple(history))
 
-    def rank_batches(self, epoch: int, *, world: int, history: Sequence[Segment] = (), layout: int = LAYOUT) -> int:
+    def rank_batches(self, epoch: int, *, world: int, history: Sequence[Segment] = ()) -> int:
         """Batches each of ``world`` ranks yields in the part of ``epoch`` left after ``history``."""
         if history:
-            seq, starts = self.sequence(epoch, history, layout)
+            seq, starts = self.sequence(epoch, history)
             left = int(starts[-1]) if starts is not None else sequence_length(seq)
         else:
             left = self.samples_per_epoch
@@ -96,11 +91,10 @@ class EpochInputs:
         worker: int,
         workers: int,
         history: Sequence[Segment] = (),
-        layout: int = LAYOUT,
     ) -> EpochPlan:
         """The plan of ``worker`` of ``workers`` of rank ``rank`` of ``world`` in ``epoch``."""
         history = tuple(history)
-        seq, starts = self.sequence(epoch, history, layout)
+        seq, starts = self.sequence(epoch, history)
         share = plan_worker(
             seq,
             rank=rank,
@@ -118,10 +112,9 @@ class EpochInputs:
             worker=worker,
             workers=workers,
             history=history,
-            layout=layout,
             share=share,
-            options=self.plan_options(layout),
-            rank_batches=self.rank_batches(epoch, world=world, history=history, layout=layout),
+            options=self.plan_options(),
+            rank_batches=self.rank_batches(epoch, world=world, history=history),
         )
 
 
@@ -135,7 +128,6 @@ class EpochPlan:
     worker: int
     workers: int
     history: tuple[Segment, ...]
-    layout: int
     share: WorkerPlan
     options: PlanOptions
     rank_batches: int
@@ -159,19 +151,16 @@ class EpochPlan:
 
 
 @functools.lru_cache(maxsize=2)
-def _sequence(
-    inputs: EpochInputs, epoch: int, history: tuple[Segment, ...], layout: int
-) -> tuple[Sequence_, np.ndarray | None]:
-    seq: Sequence_ = layout_sequence(
+def _sequence(inputs: EpochInputs, epoch: int, history: tuple[Segment, ...]) -> tuple[Sequence_, np.ndarray | None]:
+    seq: Sequence_ = planned_sequence(
         inputs.stream_sizes,
         counts=inputs.counts,
         seed=inputs.seed,
         epoch=epoch,
         shuffle=inputs.shuffle,
         block=inputs.block,
-        layout=layout,
         blocks=inputs.blocks,
     )
     if history:
-        seq = resumed_sequence(seq, history, inputs.plan_options(layout), epoch=epoch)
+        seq = resumed_sequence(seq, history, inputs.plan_options(), epoch=epoch)
     return seq, sequence_starts(seq)

@@ -16,10 +16,10 @@ by weight with largest-remainder rounding, so the counts add up.
 With shuffle, the streams' takes are then cut into blocks of ``block`` samples (read with
 one seek each) and the blocks put in a seeded random order: batches mix the streams, and
 any slice of the sequence (a rank's) is a sample of the whole epoch even when shards are
-sorted by class: under plan layout 4 (:func:`block_sequence`) the takes stay numpy arrays and
-the blocks' order is a keyed bijection each worker evaluates on its own share
-(:mod:`shardify.reader.plan.blocks`); layouts 2 and 3 (:func:`epoch_sequence`) list the whole
-epoch's permutation. Everything here is a pure function of its arguments.
+sorted by class: :func:`block_sequence` keeps the takes as numpy arrays and the blocks' order
+is a keyed bijection each worker evaluates on its own share (:mod:`shardify.reader.plan.blocks`).
+(:func:`epoch_sequence` with ``interleave`` lists the whole epoch's permutation instead: a
+reference for tests and benchmarks.) Everything here is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from shardify.reader.plan.assign import Range, append_range
 from shardify.reader.plan.blocks import BlockSequence
 from shardify.reader.plan.shuffle import derive_seed, shard_order
 
-__all__ = ["stream_counts", "stream_take", "epoch_sequence", "shard_permutation", "block_sequence", "layout_sequence"]
+__all__ = ["stream_counts", "stream_take", "epoch_sequence", "shard_permutation", "block_sequence", "planned_sequence"]
 
 
 def stream_counts(total: int, weights: Sequence[float]) -> list[int]:
@@ -210,7 +210,7 @@ def epoch_sequence(
     return _interleave(takes, block=block, seed=seed, epoch=epoch)
 
 
-def layout_sequence(
+def planned_sequence(
     streams: Sequence[Sequence[int]],
     *,
     counts: Sequence[int] | None,
@@ -218,16 +218,14 @@ def layout_sequence(
     epoch: int,
     shuffle: bool,
     block: int,
-    layout: int,
     blocks: bool = True,
 ) -> tuple[Range, ...] | BlockSequence:
-    """The epoch's sequence under plan ``layout``: with ``shuffle`` and ``blocks`` (shards that
-    can seek), layout 4's :func:`block_sequence`, layouts 2 and 3's interleaved
-    :func:`epoch_sequence`; else (and under layout 1) the takes in order."""
-    if layout >= 4 and shuffle and blocks:
+    """The epoch's sequence the plan reads: with ``shuffle`` and ``blocks`` (shards that can
+    seek), :func:`block_sequence`; else the takes in order."""
+    if shuffle and blocks:
         return block_sequence(streams, counts=counts, seed=seed, epoch=epoch, block=block)
     return epoch_sequence(
-        streams, counts=counts, seed=seed, epoch=epoch, shuffle=shuffle, block=block, interleave=layout >= 2 and blocks
+        streams, counts=counts, seed=seed, epoch=epoch, shuffle=shuffle, block=block, interleave=False
     )
 
 

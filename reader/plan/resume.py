@@ -7,12 +7,11 @@ shuffled order. What is left of the sequence (its order kept) is then planned li
 epoch over the new ``(world, workers)``: every remaining sample once over all ranks, the same
 number of batches on every rank. An epoch resumed several times keeps its segments in order;
 segment ``i`` plans the sequence left after segments ``0..i-1``, its workers shuffling with
-``stream_rng(..., segment=i)``. A state thus stays a few integers per segment.
+the seed of segment ``i`` (:func:`share_order`). A state thus stays a few integers per segment.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,11 +26,10 @@ from shardify.reader.plan.assign import (
     sequence_starts,
 )
 from shardify.reader.plan.blocks import BlockSequence
-from shardify.reader.plan.shuffle import array_order, numpy_rng, ramp_start, stream_rng, worker_order
+from shardify.reader.plan.shuffle import array_order, numpy_rng, ramp_start
 
 __all__ = [
-    "LAYOUT",
-    "LAYOUTS",
+    "PLAN_VERSION",
     "PlanOptions",
     "Segment",
     "share_order",
@@ -40,19 +38,12 @@ __all__ = [
     "resumed_sequence",
 ]
 
-LAYOUT = 4
-"""How an epoch is planned: 4, as 3 with the blocks in a keyed order that each worker
-evaluates on its own share (:mod:`shardify.reader.plan.blocks`; the shards of a pass in
-:func:`~shardify.reader.plan.mix.shard_permutation` order), so no process builds the whole
-epoch's permutation; 3, as 2 with a shuffle buffer that ramps up (the first samples
-leave a worker after a small initial fill, see :mod:`shardify.reader.plan.shuffle`); 2,
-blocks of every shard interleaved (see :mod:`shardify.reader.plan.mix`), the buffer filled
-whole before its first output; 1, whole shards one after another (before cross-rank
-shuffle; an epoch resumed from a version 1 loader state is finished that way). A state
-saved under an older layout finishes its epoch under that layout."""
-
-LAYOUTS = (1, 2, 3, 4)
-"""Every layout a resume point may name."""
+PLAN_VERSION = 4
+"""The version of the epoch plan, recorded in every state (its ``layout`` field): blocks of
+every shard in a keyed order that each worker evaluates on its own share
+(:mod:`shardify.reader.plan.blocks`; the shards of a pass in
+:func:`~shardify.reader.plan.mix.shard_permutation` order), and a shuffle buffer that ramps up
+(:mod:`shardify.reader.plan.shuffle`). A state naming another version is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +56,6 @@ class PlanOptions:
     drop_last: bool
     block: int
     buffer: int
-    ramp: bool = True
-    """The shuffle buffer ramps up (plan layouts 3 and 4; see :mod:`shardify.reader.plan.shuffle`);
-    False: it fills whole before its first output (layouts 1 and 2)."""
-    vectorised: bool = True
-    """A worker's order from :func:`~shardify.reader.plan.shuffle.array_order` (layout 4);
-    False: :func:`~shardify.reader.plan.shuffle.worker_order`'s buffer (layouts 1 to 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,20 +74,19 @@ class Segment:
 def share_order(
     plan: WorkerPlan, opts: PlanOptions, *, epoch: int, rank: int, worker: int, segment: int = 0
 ) -> tuple[list[int], list[int]]:
-    """``(read order, output order)`` of a worker's share (see :func:`worker_order` and
-    :func:`array_order`)."""
-    initial = ramp_start(opts.buffer) if opts.ramp else None
-    if opts.shuffle and opts.vectorised:
-        parts: tuple[object, ...] = ("stream", opts.seed, epoch, rank, worker) + (
-            ("segment", segment) if segment else ()
-        )
-        return array_order(
-            plan.num_samples, rng=numpy_rng(*parts), block=opts.block, buffer_size=opts.buffer, initial=initial
-        )
-    rng: random.Random | None = None
-    if opts.shuffle:
-        rng = stream_rng(opts.seed, epoch, rank, worker, segment)
-    return worker_order(plan.num_samples, rng=rng, block=opts.block, buffer_size=opts.buffer, initial=initial)
+    """``(read order, output order)`` of a worker's share (see :func:`array_order`; without
+    shuffle both are the natural order)."""
+    if not opts.shuffle:
+        natural = list(range(plan.num_samples))
+        return natural, natural
+    parts: tuple[object, ...] = ("stream", opts.seed, epoch, rank, worker) + (("segment", segment) if segment else ())
+    return array_order(
+        plan.num_samples,
+        rng=numpy_rng(*parts),
+        block=opts.block,
+        buffer_size=opts.buffer,
+        initial=ramp_start(opts.buffer),
+    )
 
 
 def consumed_mask(

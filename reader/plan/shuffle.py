@@ -15,12 +15,10 @@ two stages that bound memory by ``buffer_size`` encoded samples:
    ``buffer_size`` it reads two samples per sample emitted. So a worker's first batch of
    ``B`` waits for about ``s + 2 B`` reads instead of ``buffer_size + B`` (for the defaults
    and ``B = 64``: at most 190, median 175, instead of ~1,050), and the buffer is full after
-   ``2 (buffer_size - s)`` reads; from there on it is the full buffer. (Plans of layouts 1
-   and 2, see :data:`shardify.reader.plan.resume.LAYOUT`, have no ramp: the buffer fills first.)
+   ``2 (buffer_size - s)`` reads; from there on it is the full buffer.
 
-Plan layout 4 runs both stages with numpy's draws (:func:`array_order`): the same process and
-bounds, vectorised but for the ramp (a few milliseconds for 50,000 samples where the Python
-loops take tens).
+:func:`array_order` runs both stages with numpy's draws, vectorised but for the ramp (a few
+milliseconds for 50,000 samples).
 
 Because the output order is a list of positions, resuming after ``k`` outputs only has to
 read the positions not yet emitted: nothing is replayed, nothing is decoded twice.
@@ -38,13 +36,9 @@ import numpy as np
 __all__ = [
     "derive_seed",
     "shard_order",
-    "stream_rng",
     "sample_rng",
-    "block_order",
     "RAMP_START",
     "ramp_start",
-    "buffer_order",
-    "worker_order",
     "numpy_rng",
     "array_order",
     "reorder",
@@ -67,35 +61,15 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     return order
 
 
-def stream_rng(seed: int, epoch: int, rank: int, worker: int, segment: int = 0) -> random.Random:
-    """The RNG of the shuffle of one (rank, worker)'s share in ``epoch``; ``segment``: how many
-    times the epoch was resumed on another topology before (see :mod:`shardify.reader.plan.resume`)."""
-    if segment:
-        return random.Random(derive_seed("stream", seed, epoch, rank, worker, "segment", segment))
-    return random.Random(derive_seed("stream", seed, epoch, rank, worker))
-
-
 def sample_rng(seed: int, epoch: int, key: str) -> random.Random:
     """The augmentation RNG of sample ``key`` in ``epoch``: the same whatever the ranks and workers."""
     return random.Random(derive_seed("sample", seed, epoch, key))
 
 
-def block_order(n: int, *, block: int, rng: random.Random) -> list[int]:
-    """Positions ``0..n-1`` grouped in runs of ``block``, the runs in random order."""
-    if block < 1:
-        raise ValueError(f"{block=} should be >= 1")
-    starts = list(range(0, n, block))
-    rng.shuffle(starts)
-    out: list[int] = []
-    for s in starts:
-        out.extend(range(s, min(s + block, n)))
-    return out
-
-
 RAMP_START = 64
 """At most this many samples are held before a ramped buffer's first output (see
-:func:`ramp_start`). Part of the plan: changing it changes every ramped order (a new plan
-layout)."""
+:func:`ramp_start`). Part of the plan: changing it changes every ramped order (a new
+:data:`~shardify.reader.plan.resume.PLAN_VERSION`)."""
 
 
 def ramp_start(buffer_size: int) -> int:
@@ -106,7 +80,7 @@ def ramp_start(buffer_size: int) -> int:
 
 
 def _ramp(n: int, *, size: int, initial: int | None, draw: Callable[[], float]) -> tuple[list[int], list[int], int]:
-    """The shuffle buffer's ramp, shared by :func:`buffer_order` and its numpy twin: start with
+    """The shuffle buffer's ramp (webdataset's ``shuffle(initial=...)``): start with
     ``initial`` items (None: a full buffer of ``size``), then emit one and read two until full.
     ``draw()`` gives a float in [0, 1) per step. Returns ``(buffer, emitted, next item to read)``."""
     t = size if initial is None else max(1, min(initial, size))
@@ -123,45 +97,6 @@ def _ramp(n: int, *, size: int, initial: int | None, draw: Callable[[], float]) 
     return buf, out, t
 
 
-def buffer_order(n: int, *, buffer_size: int, rng: random.Random, initial: int | None = None) -> list[int]:
-    """The order in which a shuffle buffer of ``buffer_size`` emits items read as ``0..n-1``.
-
-    ``initial``: the buffer emits its first item once it holds ``initial`` items, then reads
-    two items per item emitted until it holds ``buffer_size`` (webdataset's ramp); None (or
-    ``>= buffer_size``): it fills whole first. Item ``k`` of the output is always among the
-    first ``k + buffer_size`` items read, so a consumer holding at most ``buffer_size`` items
-    can produce it lazily; with the ramp, among the first ``initial + 2 k`` while it lasts.
-    """
-    size = min(buffer_size, n)
-    if size <= 1:
-        return list(range(n))
-    rand = rng.random
-    buf, out, t = _ramp(n, size=size, initial=initial, draw=rand)
-    for k in range(t, n):  # full: emit one, read one (with no ramp, the only loop)
-        j = int(rand() * size)
-        out.append(buf[j])
-        buf[j] = k
-    rng.shuffle(buf)
-    out.extend(buf)
-    return out
-
-
-def worker_order(
-    n: int, *, rng: random.Random | None, block: int, buffer_size: int, initial: int | None = None
-) -> tuple[list[int], list[int]]:
-    """``(read order, output order)`` of a worker's ``n`` samples, both permutations of ``0..n-1``.
-
-    ``rng=None`` means no shuffle: both are the natural order. ``initial``: the buffer's
-    ramp (see :func:`buffer_order`).
-    """
-    if rng is None:
-        natural = list(range(n))
-        return natural, natural
-    read = block_order(n, block=block, rng=rng)
-    emitted = buffer_order(n, buffer_size=buffer_size, rng=rng, initial=initial)
-    return read, [read[i] for i in emitted]
-
-
 def numpy_rng(*parts: object) -> np.random.RandomState:
     """A NumPy ``RandomState`` (a frozen stream, NEP 19) seeded with :func:`derive_seed` of ``parts``."""
     seed = derive_seed(*parts)
@@ -169,8 +104,8 @@ def numpy_rng(*parts: object) -> np.random.RandomState:
 
 
 def _buffer_emitted(n: int, *, size: int, initial: int | None, rng: np.random.RandomState) -> np.ndarray:
-    """:func:`buffer_order`'s process with numpy draws: the ramp (at most ``size`` steps) in
-    Python, then the full buffer vectorised. Each step of the full buffer picks slot ``j``,
+    """The order in which a shuffle buffer of ``size`` emits items read as ``0..n-1``: the ramp
+    (at most ``size`` steps) in Python, then the full buffer vectorised. Each step of the full buffer picks slot ``j``,
     emits what it holds and puts the next item read there; so the item a step emits is the one
     put in its slot at that slot's previous pick (or the slot's item when the buffer filled)."""
     size = min(size, n)
@@ -194,12 +129,11 @@ def _buffer_emitted(n: int, *, size: int, initial: int | None, rng: np.random.Ra
 def array_order(
     n: int, *, rng: np.random.RandomState, block: int, buffer_size: int, initial: int | None = None
 ) -> tuple[list[int], list[int]]:
-    """Layout 4's ``(read order, output order)`` of a worker's ``n`` samples: the two stages of
-    :func:`worker_order` (runs of ``block`` in a seeded order, then a shuffle buffer of
-    ``buffer_size`` with its ramp from ``initial``) with numpy's draws, in O(n) numpy work and
-    a Python loop of at most ``buffer_size`` steps (a few milliseconds for 50,000 samples where
-    :func:`worker_order` takes tens). The same bounds: output ``k`` among the first
-    ``k + buffer_size`` items read (``initial + 2 k`` while the ramp lasts)."""
+    """``(read order, output order)`` of a worker's ``n`` samples, both permutations of
+    ``0..n-1``: runs of ``block`` in a seeded order, then a shuffle buffer of ``buffer_size``
+    with its ramp from ``initial`` (None: it fills whole first), with numpy's draws, in O(n)
+    numpy work and a Python loop of at most ``buffer_size`` steps. Output ``k`` is among the
+    first ``k + buffer_size`` items read (``initial + 2 k`` while the ramp lasts)."""
     if block < 1:
         raise ValueError(f"{block=} should be >= 1")
     if n <= 0:
@@ -214,7 +148,7 @@ def reorder(source: Iterator[tuple[int, T]], order: Sequence[int]) -> Iterator[T
     """Yield the items of ``source`` (``(position, item)`` pairs) in ``order`` of positions.
 
     Reads ``source`` only as far as the next position needs, so what it holds is bounded by
-    how far ``order`` runs ahead of the read order (the buffer size for :func:`worker_order`).
+    how far ``order`` runs ahead of the read order (the buffer size for :func:`array_order`).
     """
     pending: dict[int, T] = {}
     for pos in order:

@@ -1,2 +1,2 @@
-"""Sample: decode fields by extension, augment (``transforms``), run the per-sample pipeline
+"""Sample: decode fields by extension, augment (``transforms``), process each sample into its output
 and collate samples into batches."""

@@ -4,7 +4,7 @@ One :data:`CLOCK` per process (a DataLoader worker, or the main process reading 
 the pipeline adds the time of each batch's reading (shard reads, remote waits and the shuffle
 buffer), its samples' processing and its collate, once per batch; the transforms add the
 time spent augmenting an image after its decode (once per image, which costs milliseconds);
-:class:`~shardify.reader.sample.pipeline.SampleProcessor` adds the time of ``map=``. Decoding
+:class:`~shardify.reader.sample.processor.SampleProcessor` adds the time of ``map=``. Decoding
 is the rest of processing. The batch transport adds the time it packs a batch for sending.
 Nothing is timed per sample on a path without images or ``map=``.
 """
@@ -32,7 +32,7 @@ class StageClock:
     process: float = 0.0  # decode and augment together; ``augment`` is the part after decoding
     augment: float = 0.0
     collate: float = 0.0  # the collate function's call
-    transfer: float = 0.0  # copying and packing a batch into the shared-memory slots (the Transport stage)
+    transfer: float = 0.0  # copying and packing a batch into the shared-memory slots (the ToSharedMemory stage)
 
     def values(self) -> tuple[float, ...]:
         return (self.read, self.process, self.augment, self.collate, self.transfer)

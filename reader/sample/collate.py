@@ -2,8 +2,8 @@
 
 ``default_collate`` stacks each field into one preallocated tensor. These functions are pure:
 a list of samples in, tensors out, each allocated by the ``empty`` they are given (private
-memory by default). Moving a batch to the main process is the Transport stage's job
-(:mod:`shardify.reader.stages.transport`); given the worker pool's allocator
+memory by default). Moving a batch to the main process is the ToSharedMemory stage's job
+(:mod:`shardify.reader.stages.sharedmem`); given the worker pool's allocator
 (:func:`with_allocator`), the batch is made in shared memory and travels without a copy. ``pad_collate`` pads
 variable-size fields and returns lengths and a mask.
 ``bucket_batches`` groups samples of similar length to cut the padding.

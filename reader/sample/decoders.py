@@ -1,7 +1,7 @@
 """Where images are decoded, chosen once per dataset: a strategy that plugs in its pair of stages.
 
 - :class:`CpuDecoding` (the default): each worker decodes and transforms a sample
-  (:class:`~shardify.reader.sample.pipeline.SampleProcessor`, ``map=`` included) and collates a
+  (:class:`~shardify.reader.sample.processor.SampleProcessor`, ``map=`` included) and collates a
   batch with ``collate_fn`` (default :func:`~shardify.reader.sample.collate.default_collate`);
   nothing runs on the device but the copy.
 - :class:`DeviceDecoding` (``DecodeOptions(device=...)``): each worker only plans a sample
@@ -31,7 +31,7 @@ import torch
 from shardify.reader.sample.collate import Empty, default_collate, private_empty, with_allocator
 from shardify.reader.sample.device_decode import DeviceDecoder, JpegDecoder
 from shardify.reader.sample.device_plan import DevicePlanner, PlanningProcessor, checked_device, pack_samples
-from shardify.reader.sample.pipeline import stream_processors
+from shardify.reader.sample.processor import stream_processors
 
 __all__ = ["CpuDecoding", "DeviceDecoding", "Decoding", "choose_decoding"]
 
@@ -50,7 +50,8 @@ class CpuDecoding:
 
     def collate(self, options: Any, *, empty: Empty = private_empty) -> Callable[[list[Any]], Any]:
         """``collate_fn`` (default ``default_collate``), drawing from ``empty`` if it is one of shardify's."""
-        chosen = default_collate if options.collate_fn is None else options.collate_fn
+        collate_fn = options.batching.collate_fn
+        chosen = default_collate if collate_fn is None else collate_fn
         return with_allocator(cast(Callable[[list[Any]], Any], chosen), empty)
 
     def device_stage(self, device: torch.device, **_: Any) -> None:
@@ -81,8 +82,8 @@ class DeviceDecoding:
                 fields=fields,
                 seed=options.seed,
                 epoch=epoch,
-                allow_pickle=options.allow_pickle,
-                skip_errors=options.on_error == "skip",
+                allow_pickle=options.decoding.allow_pickle,
+                skip_errors=options.skip_errors,
                 unique_keys=s.source.unique_keys,
             )
             for s, fields, planner in zip(streams, columns, self._planners)
@@ -111,6 +112,7 @@ class DeviceDecoding:
 Decoding = CpuDecoding | DeviceDecoding
 
 
-def choose_decoding(device: str | torch.device | None, options: Any, streams: Sequence[Any]) -> Decoding:
-    """The strategy for ``DecodeOptions.device`` (None: in the workers), checked against the options."""
+def choose_decoding(options: Any, streams: Sequence[Any]) -> Decoding:
+    """The strategy for ``options.decoding.device`` (None: in the workers), checked against the options."""
+    device = options.decoding.device
     return CpuDecoding() if device is None else DeviceDecoding(device, options, streams)

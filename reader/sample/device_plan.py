@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -32,11 +31,11 @@ import torch
 from shardify.errors import DeviceDecodeError, DeviceDecodeOptionsError, SampleError
 from shardify.reader.io.stream import Item, Lost
 from shardify.reader.plan.shuffle import sample_rng
-from shardify.reader.sample import planned as _planned
+from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
-from shardify.reader.sample.pipeline import Bad, field_spec, missing_field
 from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
+from shardify.reader.sample.processor import field_spec, missing_field
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
 __all__ = [
@@ -52,8 +51,6 @@ __all__ = [
     "pack_samples",
     "checked_device",
 ]
-# Deprecated, importable for one release through __getattr__ (with a warning): PlannedImage,
-# PlannedColumn, DeviceCollate, plan_on_device, PLACEHOLDER_HINT.
 
 
 class JpegFrame(NamedTuple):
@@ -172,10 +169,10 @@ class PlanningProcessor:
     """The device strategy's worker stage for one stream: an encoded sample to a :class:`PlannedSample`.
 
     ``fields``: its output columns (an extension or ``"a;b"`` alternatives; ``"image"`` any image
-    extension), as :class:`~shardify.reader.sample.pipeline.SampleProcessor` takes them: image
+    extension), as :class:`~shardify.reader.sample.processor.SampleProcessor` takes them: image
     columns are planned by ``planner``, the others decoded by extension. A sample that fails is
     a :class:`~shardify.errors.SampleError` naming shard and key, or under ``skip_errors`` a
-    :class:`~shardify.reader.sample.pipeline.Bad` (the batch stage replaces it).
+    :class:`~shardify.reader.sample.bad.Bad` (the batch stage replaces it).
     """
 
     def __init__(
@@ -294,20 +291,6 @@ def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_emp
     return out[0] if width == 1 else tuple(out)
 
 
-class _DeviceCollate:
-    """Deprecated: the device strategy packs its batches itself (:func:`pack_samples`)."""
-
-    def __init__(self, collate_fn: Any) -> None:
-        if collate_fn is not None and collate_fn is not default_collate:
-            raise DeviceDecodeOptionsError(
-                f"collate_fn={collate_fn!r} cannot run under DecodeOptions(device=...): the images are "
-                "decoded after the workers (batches come as default_collate makes them)"
-            )
-
-    def __call__(self, samples: list[PlannedSample]) -> Any:
-        return pack_samples(samples)
-
-
 def checked_device(decode_device: str | torch.device, options: Any, streams: Sequence[Any]) -> torch.device:
     """``decode_device`` as a device, once the options are known to run under device decode.
 
@@ -329,12 +312,13 @@ def checked_device(decode_device: str | torch.device, options: Any, streams: Seq
             f"map= cannot run under DecodeOptions(device=...): {after}; name the output columns with "
             "fields=... (the batch comes back as default_collate makes it), or decode in the workers"
         )
-    if options.collate_fn is not None and options.collate_fn is not default_collate:
+    collate_fn = options.batching.collate_fn
+    if collate_fn is not None and collate_fn is not default_collate:
         raise DeviceDecodeOptionsError(
-            f"BatchOptions(collate_fn={options.collate_fn!r}) cannot run under DecodeOptions(device=...): "
+            f"BatchOptions(collate_fn={collate_fn!r}) cannot run under DecodeOptions(device=...): "
             f"{after}; batches come as default_collate makes them (compute on them after the loader)"
         )
-    if options.bucket_length is not None:
+    if options.batching.bucket_length is not None:
         raise DeviceDecodeOptionsError(
             f"BatchOptions(bucket_length=...) cannot run under DecodeOptions(device=...): {after}"
         )
@@ -343,27 +327,3 @@ def checked_device(decode_device: str | torch.device, options: Any, streams: Seq
             "DecodeOptions(device=...) needs transform=... (a crop, e.g. transforms.imagenet_train())"
         )
     return device
-
-
-def _plan_on_device(
-    decode_device: str | torch.device, options: Any, streams: Sequence[Any]
-) -> tuple[torch.device, Any, tuple[Any, ...]]:
-    """Deprecated: ``(device, options, streams)`` once checked (:func:`checked_device`); nothing is
-    rewritten any more: ``ShardedDataset(decoding=DecodeOptions(device=...))`` chooses the strategy."""
-    return checked_device(decode_device, options, streams), options, tuple(streams)
-
-
-def __getattr__(name: str) -> Any:
-    """The deprecated names, with a DeprecationWarning (kept for one release)."""
-    deprecated = {"DeviceCollate": _DeviceCollate, "plan_on_device": _plan_on_device}
-    if name in deprecated:
-        warnings.warn(
-            f"shardify.reader.sample.device_plan.{name} is deprecated: DecodeOptions(device=...) chooses the "
-            "device strategy (shardify.reader.sample.decoders) once",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return deprecated[name]
-    if name in ("PlannedImage", "PlannedColumn", "PLACEHOLDER_HINT"):
-        return getattr(_planned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

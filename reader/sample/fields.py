@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardify.errors import FieldError
 from shardify.reader.sample.decode import IMAGE_EXTS
-from shardify.reader.sample.pipeline import IMAGE_FIELD, field_spec, selected_fields
+from shardify.reader.sample.processor import IMAGE_FIELD, field_spec, selected_fields
 from shardify.suggest import closest
 
 if TYPE_CHECKING:

@@ -11,14 +11,11 @@ side share them without importing one another.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, NamedTuple
 
 import torch
 
 __all__ = ["ImagePlan", "PlannedSample", "EncodedBatch"]
-# Deprecated, importable for one release through __getattr__ (with a warning): PlannedImage,
-# PlannedColumn, PLACEHOLDER_HINT.
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,30 +76,3 @@ class EncodedBatch(NamedTuple):
             "made with DecodeOptions(device=...) is decoded by make_loader's prefetcher; iterate it "
             "through make_loader, or leave DecodeOptions.device unset to decode in the workers"
         )
-
-
-class _PlannedColumn(list[Any]):
-    """Deprecated: collate no longer sees planned images."""
-
-
-_DEPRECATED: dict[str, Any] = {
-    "PlannedImage": ImagePlan,
-    "PlannedColumn": _PlannedColumn,
-    "PLACEHOLDER_HINT": (
-        "under DecodeOptions(device=...) images are planned and packed by the device strategy itself: "
-        "map=, collate_fn= and bucket_length= are refused when the dataset is made"
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The deprecated names, with a DeprecationWarning (kept for one release)."""
-    if name in _DEPRECATED:
-        warnings.warn(
-            f"shardify.reader.sample.planned.{name} is deprecated: device decode no longer sends placeholders "
-            "through map= or collate_fn= (see ImagePlan, PlannedSample)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _DEPRECATED[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """The reader's stages: small iterators over their source, each saving and restoring its place.
 
 ``Read -> Shuffle -> Process (decode, augment) -> Batch (Cut or Bucketed, then Fill) -> Collate
--> Transport`` run in each worker (:mod:`~shardify.reader.stages.chain` wires them);
+-> ToSharedMemory`` run in each worker (:func:`~shardify.reader.stages.chain.build_chain` builds
+them from the worker's plan);
 ``DevicePrefetch`` in the training process. Every stage follows :class:`~shardify.reader.stages.base.Stage`.
 """

@@ -6,16 +6,21 @@ JSON holds), and ``load_state_dict(state)``, called on a fresh stage before its 
 it yield exactly the items that followed that state. A stage whose own place is its source's (a
 map) saves its source's state under ``"source"``; a stage that holds items (a shuffle buffer, a
 batch being cut) saves what it needs to skip or rebuild them, never the items themselves.
-``check_midpoints`` (tests/reader/stages/conftest.py) checks this contract at a midpoint for every stage.
+``skip(n)``, called on a fresh stage, makes it yield the items after its first ``n``: each stage
+says what that means for its source (a map passes it down; ``Cut`` turns batches into samples),
+so a chain resumes at a batch with ``chain.skip(k)`` and no code outside a stage knows its
+state. ``check_midpoints`` (tests/reader/stages/conftest.py) checks both at midpoints for every stage.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["Stage", "Mapped", "source_state", "load_source_state"]
+__all__ = ["Stage", "Mapped", "source_state", "load_source_state", "skip_source"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -38,6 +43,10 @@ class Stage(ABC, Generic[T]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Go on from ``state`` (from :meth:`state_dict`); called before the first item."""
 
+    @abstractmethod
+    def skip(self, n: int) -> None:
+        """Yield the items after the first ``n`` this stage would yield; called before the first item."""
+
 
 def source_state(source: object) -> dict[str, Any] | None:
     """The state of ``source`` if it is a stage; None for a plain iterable (it cannot resume)."""
@@ -51,6 +60,15 @@ def load_source_state(source: object, state: Mapping[str, Any] | None) -> None:
     if not isinstance(source, Stage):
         raise TypeError(f"cannot restore a state into {type(source).__name__}: it is not a Stage")
     source.load_state_dict(state)
+
+
+def skip_source(source: object, n: int) -> None:
+    """Make ``source`` yield its items after its first ``n``: a stage skips them itself (without
+    reading them where it can); a plain iterator is advanced past them."""
+    if isinstance(source, Stage):
+        source.skip(n)
+    else:
+        collections.deque(itertools.islice(cast(Iterator[Any], source), n), maxlen=0)
 
 
 class Mapped(Stage[U]):
@@ -67,3 +85,6 @@ class Mapped(Stage[U]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         load_source_state(self.source, state["source"])
+
+    def skip(self, n: int) -> None:
+        skip_source(self.source, n)

@@ -1,7 +1,8 @@
 """Batching stages: ``Cut`` and ``Bucketed`` group items into batches, ``Fill`` replaces skipped samples.
 
 - :class:`Cut`: groups of the plan's ``sizes``, in order. State ``{"batches": k, "source": ...}``:
-  the groups yielded and the source's state; restored, it goes on with ``sizes[k:]``.
+  the groups yielded and the source's state; restored, it goes on with ``sizes[k:]``. Skipping
+  ``k`` groups skips the source's first ``sum(sizes[:k])`` items.
 - :class:`Bucketed`: groups of samples of similar length (``bucket_length``), drawn by a seeded
   RNG from a buffer. The groups depend on everything before them, so its state is
   ``{"batches": k}`` only: a restored one replays its source from the start and drops its
@@ -25,7 +26,7 @@ from typing import Any
 from shardify.errors import SampleError
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import bucket_batches
-from shardify.reader.stages.base import Stage, load_source_state, source_state
+from shardify.reader.stages.base import Stage, load_source_state, skip_source, source_state
 
 __all__ = ["Cut", "Bucketed", "Fill", "fill", "is_bad"]
 
@@ -59,6 +60,12 @@ class Cut(Stage[list[Any]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         load_source_state(self.source, state["source"])
         self.batches = int(state["batches"])
+
+    def skip(self, n: int) -> None:
+        """The first ``n`` groups are the source's first ``sum(sizes[:n])`` items."""
+        n = min(n, len(self.sizes))
+        skip_source(self.source, sum(self.sizes[:n]))
+        self.batches = n
 
 
 class Bucketed(Stage[list[Any]]):
@@ -102,6 +109,10 @@ class Bucketed(Stage[list[Any]]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.batches = self._skip = int(state["batches"])
+
+    def skip(self, n: int) -> None:
+        """The groups depend on everything before them: replay the source and drop ``n`` groups."""
+        self.batches = self._skip = n
 
 
 def fill(items: list[Any], donor: Any) -> list[Any]:
@@ -193,3 +204,8 @@ class Fill(Stage[list[Any]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         load_source_state(self.source, state["source"])
         self._drop = int(state["yielded"])
+
+    def skip(self, n: int) -> None:
+        """One group out per group in: skip the source's first ``n`` (as a restored state, the
+        last good sample before them is not kept)."""
+        skip_source(self.source, n)

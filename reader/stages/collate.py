@@ -4,7 +4,7 @@ Applies the collate function (``BatchOptions.collate_fn``, default
 :func:`~shardify.reader.sample.collate.default_collate`); its time goes to the
 :data:`~shardify.reader.sample.clock.CLOCK`'s ``collate``. A stage that sends batches to the
 training process (the shared-memory transport) follows it. State: its source's
-(``{"source": ...}``); collating holds nothing.
+(``{"source": ...}``); collating holds nothing, so skipping ``k`` batches skips ``k`` of its source's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardify.reader.sample.clock import CLOCK
-from shardify.reader.stages.base import Stage, load_source_state, source_state
+from shardify.reader.stages.base import Stage, load_source_state, skip_source, source_state
 
 __all__ = ["Collate"]
 
@@ -38,3 +38,6 @@ class Collate(Stage[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         load_source_state(self.source, state["source"])
+
+    def skip(self, n: int) -> None:
+        skip_source(self.source, n)  # one batch out per batch in

@@ -1,4 +1,4 @@
-"""``Process``: decode and augment, a map of :class:`~shardify.reader.sample.pipeline.SampleProcessor`.
+"""``Process``: decode and augment, a map of :class:`~shardify.reader.sample.processor.SampleProcessor`.
 
 A sample's augmentation RNG is its own, seeded by ``(seed, epoch, key)``, so processing holds
 no state: the stage's state is its source's (``{"source": ...}``).
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardify.reader.sample.clock import CLOCK
-from shardify.reader.stages.base import Stage, load_source_state, source_state
+from shardify.reader.stages.base import Stage, load_source_state, skip_source, source_state
 
 __all__ = ["Process", "by_stream"]
 
@@ -54,3 +54,6 @@ class Process(Stage[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         load_source_state(self.source, state["source"])
+
+    def skip(self, n: int) -> None:
+        skip_source(self.source, n)  # one output per item (or group) of the source

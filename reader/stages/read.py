@@ -106,4 +106,8 @@ class Read(Stage[tuple[int, Any]]):
         return {"yielded": self.yielded}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.yielded = self._skip = int(state["yielded"])
+        self.skip(int(state["yielded"]))
+
+    def skip(self, n: int) -> None:
+        """Skip the first ``n`` positions left to read, without reading them."""
+        self.yielded = self._skip = n

@@ -47,7 +47,11 @@ class Shuffle(Stage[Any]):
         return {"yielded": self.yielded}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        k = min(int(state["yielded"]), len(self.out))
+        self.skip(int(state["yielded"]))
+
+    def skip(self, n: int) -> None:
+        """Mark the positions of the first ``n`` outputs consumed: they are never read."""
+        k = min(n, len(self.out))
         if k:
             consumed = bytearray(len(self.out))
             for p in self.out[:k]:

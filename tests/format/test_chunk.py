@@ -17,10 +17,11 @@ from shardify import splitindex as splitindex_module
 from shardify.chunk import KEYS_EXT, Stacked, Variable, decode_chunk, encode_chunk
 from shardify.convert import ShardWriter
 from shardify.errors import EncodeError, ManifestError, ShardFormatError
-from shardify.manifest import Manifest, SplitIndex
+from shardify.manifest import Manifest
 from shardify.npy import encode_array, encode_tensor
 from shardify.reader import ShardedDataset
 from shardify.reader.sample.decode import decode_field
+from shardify.splitindex import SplitIndex
 
 
 def _chunk(values: list[bytes | None], ext: str = "npy"):

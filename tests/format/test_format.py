@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from shardify.errors import KeyRuleError, ManifestError, ShardFormatError
 from shardify.keys import MAX_KEY_LENGTH, assign_keys, check_key, key_from_name, member_name, split_member_name
-from shardify.manifest import Manifest, ShardEntry, SplitIndex
+from shardify.manifest import Manifest
+from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 from shardify.tario import iter_members, iter_samples, scan_sample_offsets
 

@@ -13,7 +13,8 @@ import pytest
 
 from shardify.convert import ShardWriter
 from shardify.errors import IndexMismatchError, ManifestError
-from shardify.manifest import Manifest, ShardEntry, SplitIndex, index_bytes
+from shardify.manifest import Manifest, index_bytes
+from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import shard_name
 
 VERSION = "0123456789ab"

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from shardify.errors import ManifestError
-from shardify.manifest import RawPixels, ShardEntry, SplitIndex
-from shardify.pixels import RAW_FORMAT_VERSION, encode_ppm, ppm_layout, rgb_view, stored_size
+from shardify.pixels import RAW_FORMAT_VERSION, RawPixels, encode_ppm, ppm_layout, rgb_view, stored_size
+from shardify.splitindex import ShardEntry, SplitIndex
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import hashlib
 import pytest
 
 from shardify.errors import ManifestError, ShardFormatError, SidecarError
-from shardify.manifest import ShardEntry
 from shardify.sampletable import RECORD, SampleTable, sample_digest
 from shardify.sidecar import HEADER_V1, SIDECAR_RECORD, SidecarRef, decode, encode_v1, ref_of, sidecar_name
+from shardify.splitindex import ShardEntry
 
 SIZES = [1536, 2048, 1024, 3072, 1536]
 TABLE = SampleTable(b"".join(RECORD.pack(n, i, sample_digest(bytes([i]))) for i, n in enumerate(SIZES)))

@@ -214,8 +214,8 @@ def test_an_epoch_is_planned_once_per_process(counting_dataset, monkeypatch):
     import shardify.reader.plan.epoch as epoch_module
 
     calls: list[int] = []
-    real = epoch_module.layout_sequence
-    monkeypatch.setattr(epoch_module, "layout_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
+    real = epoch_module.planned_sequence
+    monkeypatch.setattr(epoch_module, "planned_sequence", lambda *a, **kw: calls.append(kw["epoch"]) or real(*a, **kw))
     epoch_module._sequence.cache_clear()  # planned by an earlier test of the same inputs
     ds = counting(
         counting_dataset([7, 2, 13]), shuffle=True, seed=5, sampling=SamplingOptions(shuffle_buffer=4, shuffle_block=2)

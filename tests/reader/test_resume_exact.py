@@ -206,31 +206,6 @@ def test_resume_on_another_world_and_workers_reads_the_rest_once(counting_datase
     assert seen == Counter(range(53))
 
 
-def test_a_version_1_state_still_loads_and_finishes_its_epoch(counting_dataset):
-    from shardify.reader.plan.mix import epoch_sequence
-    from shardify.reader.plan.simulate import rank_batches
-
-    root = counting_dataset([7, 2, 13, 30, 1])
-    ds = _counting(root)
-    legacy = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3, interleave=False)
-    old_run = rank_batches(legacy, ds.layout_options(1), epoch=2, rank=0, world=1, workers=2)  # what version 1 read
-    start = [0, 7, 9, 22, 52]
-    index = [[start[s] + i for s, i, _ in b] for b in old_run]
-    state = {"version": 1, "epoch": 2, "batches": 5, "seed": 3, "world": 1, "num_batches": len(ds)}
-    # without "workers" (first version 1), the same worker count is assumed; with it, any loads
-    for workers, same, extra in ((2, True, {}), (0, False, {"workers": 2}), (3, False, {"workers": 2})):
-        with make_loader(_counting(root), num_workers=workers) as loader:
-            loader.load_state_dict({**state, **extra})
-            got = list(loader)
-        rest = [cls.tolist() for cls, _ in got]
-        if same:
-            assert rest == index[5:]
-        valid = [x for cls, ok in got for x in cls[ok].tolist()]
-        assert sorted([x for b in index[:5] for x in b] + valid) == list(range(53))
-    with pytest.raises(ValueError, match="version"):
-        loader.load_state_dict({**state, "version": 7})
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(image_dataset, tmp_path, workers):
     """Lightning checkpoints after the epoch's last batch, before the loader ends, and makes the
@@ -255,41 +230,32 @@ def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(image_data
     assert list(loader) == []
 
 
-def test_a_state_of_an_older_layout_resumes_on_its_own_order(counting_dataset):
-    """Loader states of plan layout 2 (saved before the shuffle buffer ramped up) and 3 (blocks
-    in a permutation of the whole epoch) finish their epoch in their layout's order; a new state
-    (layout 4: blocks in a keyed order per worker) in the new order."""
-    from shardify.reader.dataset import LAYOUT
-    from shardify.reader.plan.mix import block_sequence, epoch_sequence
+def test_an_epoch_reads_and_resumes_in_the_plans_keyed_block_order(counting_dataset):
+    """An epoch's batches are the plan's (blocks in a keyed order per worker, a ramped buffer),
+    as simulated from the plan alone; a state records the plan version and resumes that order."""
+    from shardify.reader.dataset import PLAN_VERSION
+    from shardify.reader.plan.mix import block_sequence
     from shardify.reader.plan.simulate import rank_batches
 
     root = counting_dataset([7, 2, 13, 30, 1])
     ds = _counting(root, shuffle_buffer=40)  # a ramp from 2 samples to 40
-    seq = epoch_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, shuffle=True, block=3)
     keyed = block_sequence([ds.source.sizes], counts=None, seed=3, epoch=2, block=3)
     start = [0, 7, 9, 22, 52]
-    runs = {
-        layout: [
-            [start[s] + i for s, i, _ in b]
-            for b in rank_batches(
-                keyed if layout == 4 else seq, ds.layout_options(layout), epoch=2, rank=0, world=1, workers=2
-            )
-        ]
-        for layout in (2, 3, 4)
-    }
-    assert LAYOUT == 4 and runs[2][5:] != runs[3][5:] and runs[3] != runs[4]
+    run = [
+        [start[s] + i for s, i, _ in b]
+        for b in rank_batches(keyed, ds.plan_options, epoch=2, rank=0, world=1, workers=2)
+    ]
     with make_loader(ds, num_workers=2) as loader:
         ds.set_epoch(2)
-        assert [cls.tolist() for cls, _ in loader] == runs[4]  # an epoch now: the keyed block order
-    for layout in (2, 3, 4):
-        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
-            loader.dataset.set_epoch(2)
-            it = iter(loader)
-            head = [next(it)[0].tolist() for _ in range(5)]
-            state = seal_state({**loader.state_dict(), "layout": layout})  # as saved by the code of that layout
-            del it
-        with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
-            loader.load_state_dict(state)
-            rest = [cls.tolist() for cls, _ in loader]
-            assert loader.state_dict()["layout"] == layout
-        assert head == runs[4][:5] and rest == runs[layout][5:]  # the rest in the order the state names
+        assert [cls.tolist() for cls, _ in loader] == run
+    with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+        loader.dataset.set_epoch(2)
+        it = iter(loader)
+        head = [next(it)[0].tolist() for _ in range(5)]
+        state = loader.state_dict()
+        del it
+    assert state["layout"] == PLAN_VERSION == 4
+    with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
+        loader.load_state_dict(state)
+        rest = [cls.tolist() for cls, _ in loader]
+    assert head == run[:5] and rest == run[5:]

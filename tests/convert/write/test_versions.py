@@ -19,8 +19,10 @@ from shardify.convert.write.outfs import open_output
 from shardify.convert.write.run import convert_imagefolder
 from shardify.convert.write.versions import collect_garbage, folder_state
 from shardify.errors import DatasetVersionError, ManifestError, OutputExistsError
-from shardify.manifest import Manifest, SplitIndex, json_bytes
+from shardify.jsonfiles import json_bytes
+from shardify.manifest import Manifest
 from shardify.reader import BatchOptions
+from shardify.splitindex import SplitIndex
 
 TIME_LIMIT_S = 120
 """A hang fails the test instead of stalling the run (see tests/conftest.py)."""

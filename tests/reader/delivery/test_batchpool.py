@@ -242,15 +242,6 @@ def test_a_batch_for_a_closed_loader_is_a_clear_error(channel):
         received.unpack()
 
 
-def test_the_deprecated_names_still_work(channel):
-    pool = bp.SlotPool(channel, 0)
-    with pytest.warns(DeprecationWarning, match="send"):
-        x, _ = send(pool.collate(default_collate, images(2, 3))).unpack()
-    assert int(x[1, 0, 0, 0]) == 4
-    with pytest.warns(DeprecationWarning, match="always None"):
-        assert bp.active_pool() is None
-
-
 @given(st.integers(1, 1 << 34))
 def test_capacity_rounds_up_by_at_most_an_eighth(n):
     c = bp._capacity(n)

@@ -13,7 +13,7 @@ from shardify.reader.delivery.state import IterPosition
 
 
 def at(epoch: int, batches: int) -> IterPosition:
-    return IterPosition(epoch=epoch, role=1, workers=2, world=1, batches=batches, layout=3)
+    return IterPosition(epoch=epoch, role=1, workers=2, world=1, batches=batches)
 
 
 def test_a_state_holds_the_iteration_under_way_else_the_place_loaded():

@@ -13,10 +13,10 @@ import pytest
 from shardify.convert import ShardWriter, convert_items
 from shardify.convert.verify import verify_dataset
 from shardify.errors import ManifestError
-from shardify.manifest import ShardEntry
 from shardify.reader.io import shardfile as shardfile_module
 from shardify.reader.io.sources import resolve_source
 from shardify.reader.io.stream import ShardReader
+from shardify.splitindex import ShardEntry
 from shardify.tarfmt import OFFSET_STRIDE
 from shardify.tario import scan_layout
 

@@ -560,21 +560,3 @@ def test_a_full_disk_names_the_shard_and_the_cache_and_leaves_no_entry(dataset, 
         assert hashlib.sha256(f.read()).hexdigest() == info.sha256
     assert [r for r in faults.gets(SHARD)] == [(None, 200), (None, 200)]
     assert len(ShardCache(cache_dir).entries()) == 1
-
-
-def test_the_old_module_path_is_a_deprecated_alias_of_shardify_remote() -> None:
-    """The fetching moved beside the format (the converter uses it too); the reader's old path
-    still gives the same objects for one release, with a DeprecationWarning."""
-    import subprocess
-    import sys
-
-    code = (
-        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-        "try:\n    import shardify.reader.io.remote\nexcept DeprecationWarning as e:\n    print('warned:', e)\n"
-        "warnings.simplefilter('ignore')\n"
-        "import shardify.reader.io.remote as old, shardify.remote as new\n"
-        "print(old.RetryPolicy is new.RetryPolicy and old.fetch_range is new.fetch_range)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "warned: shardify.reader.io.remote is deprecated: import from shardify.remote" in out
-    assert out.strip().endswith("True")

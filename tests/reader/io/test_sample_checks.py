@@ -227,7 +227,7 @@ def test_verify_hashes_a_shard_again_when_it_changed_between_epochs(tiny: Path, 
 def test_verify_hashes_a_shard_once_while_its_file_stays_the_same(tiny: Path, tmp_path: Path, monkeypatch) -> None:
     """The stamp looked at before each read costs no hash while the file is unchanged; a touch
     (same bytes, new mtime) is hashed again and passes."""
-    from shardify.manifest import file_sha256
+    from shardify.jsonfiles import file_sha256
     from shardify.reader.io import shardfile
 
     root = _copy(tiny, tmp_path / "ds")

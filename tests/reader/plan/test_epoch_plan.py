@@ -11,7 +11,7 @@ import shardify.reader.plan.epoch as epoch_module
 from shardify.reader import ShardedDataset
 from shardify.reader.plan.assign import plan_worker
 from shardify.reader.plan.epoch import EpochInputs
-from shardify.reader.plan.resume import LAYOUT, LAYOUTS, Segment, share_order
+from shardify.reader.plan.resume import Segment, share_order
 
 
 def _inputs(**kw: object) -> EpochInputs:
@@ -21,17 +21,13 @@ def _inputs(**kw: object) -> EpochInputs:
     return EpochInputs(**{**base, **kw})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_shares_cover_the_epoch_once_and_one_worker_holds_the_ranks_last_batch(layout: int, drop_last: bool) -> None:
+def test_shares_cover_the_epoch_once_and_one_worker_holds_the_ranks_last_batch(drop_last: bool) -> None:
     inputs = _inputs(drop_last=drop_last)
     for epoch, world, workers in itertools.product((0, 3), (1, 2, 3), (1, 2, 4)):
         seen: list[tuple[int, int]] = []
         for rank in range(world):
-            plans = [
-                inputs.worker(epoch, rank=rank, world=world, worker=w, workers=workers, layout=layout)
-                for w in range(workers)
-            ]
+            plans = [inputs.worker(epoch, rank=rank, world=world, worker=w, workers=workers) for w in range(workers)]
             assert sum(p.holds_last for p in plans) == (1 if plans[0].rank_batches else 0)
             if plans[0].rank_batches:  # round robin: the last worker of those with the most batches
                 most = max(p.num_batches for p in plans)
@@ -39,7 +35,7 @@ def test_shares_cover_the_epoch_once_and_one_worker_holds_the_ranks_last_batch(l
                     w for w, p in enumerate(plans) if p.num_batches == most
                 )
             assert sum(p.num_batches for p in plans) == plans[0].rank_batches
-            assert plans[0].rank_batches == inputs.rank_batches(epoch, world=world, layout=layout)
+            assert plans[0].rank_batches == inputs.rank_batches(epoch, world=world)
             for p in plans:
                 repeats = p.share.repeats()
                 seen += [s for i, s in enumerate(p.share.samples()) if i not in repeats]
@@ -54,7 +50,7 @@ def test_a_plan_is_what_the_plan_functions_give_and_a_value() -> None:
     a = inputs.worker(2, rank=1, world=2, worker=1, workers=2)
     share = plan_worker(seq, rank=1, world=2, worker=1, workers=2, batch_size=4, drop_last=False, starts=starts)
     assert a.share == share
-    assert a.orders() == share_order(share, inputs.plan_options(LAYOUT), epoch=2, rank=1, worker=1)
+    assert a.orders() == share_order(share, inputs.plan_options(), epoch=2, rank=1, worker=1)
     assert a == inputs.worker(2, rank=1, world=2, worker=1, workers=2)  # equal inputs, equal plans
     assert hash(inputs) == hash(_inputs()) and inputs == _inputs()
     with pytest.raises(dataclasses.FrozenInstanceError):

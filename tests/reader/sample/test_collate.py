@@ -86,7 +86,7 @@ def test_batch_is_one_preallocated_tensor(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_collate_is_pure_even_in_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No shared memory, no pool, whatever process it runs in: the Transport stage moves the batch."""
+    """No shared memory, no pool, whatever process it runs in: the ToSharedMemory stage moves the batch."""
     import torch.utils.data
 
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=1))

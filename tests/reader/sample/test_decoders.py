@@ -13,7 +13,7 @@ from shardify.reader.sample.collate import pad_collate
 from shardify.reader.sample.decoders import CpuDecoding, DeviceDecoding
 from shardify.reader.sample.device_decode import DeviceDecoder, pil_decoder
 from shardify.reader.sample.device_plan import PlanningProcessor
-from shardify.reader.sample.pipeline import SampleProcessor
+from shardify.reader.sample.processor import SampleProcessor
 
 
 def _first_items(ds: ShardedDataset, n: int) -> list:
@@ -50,7 +50,7 @@ def test_each_strategy_plugs_in_its_stages_and_draws_from_the_given_allocator(im
 def test_a_custom_collate_allocates_for_itself(image_dataset: Path) -> None:
     own = BatchOptions(collate_fn=lambda samples: SimpleNamespace(n=len(samples)))
     ds = ShardedDataset(image_dataset, batch_size=2, transform=T.imagenet_train(16), batching=own)
-    assert ds.decode_strategy.collate(ds.options, empty=None) is ds.options.collate_fn  # type: ignore[arg-type]
+    assert ds.decode_strategy.collate(ds.options, empty=None) is ds.options.batching.collate_fn  # type: ignore[arg-type]
 
 
 def test_the_device_strategys_errors_name_shard_and_key() -> None:

@@ -2,10 +2,10 @@
 ``fake_reader``, a tiny in-memory shard reader (item ``(shard, i)`` has ``x = 100 * shard + i``).
 
 ``check_midpoints(make)``: ``make()`` builds a fresh stage (with its sources) over the same data.
-For each midpoint: take that many items, save the state, then (1) the rest from the same stage
-and (2) a fresh stage loaded with a JSON round trip of the state both give exactly the items of
-an uninterrupted run after that point. Items are compared with :func:`same` (tensors and arrays
-by value).
+For each midpoint: take that many items, save the state, then (1) the rest from the same stage,
+(2) a fresh stage loaded with a JSON round trip of the state and (3) a fresh stage told to
+``skip`` that many items all give exactly the items of an uninterrupted run after that point.
+Items are compared with :func:`same` (tensors and arrays by value).
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ def _take(stage: Stage[Any], n: int) -> list[Any]:
     return [next(stage) for _ in range(n)]
 
 
-def check_midpoints(make: Callable[[], Stage[Any]], midpoints: Iterable[int] | None = None) -> list[Any]:
-    """Check save/restore of ``make()``'s stage at each midpoint (default: start, 1, middle,
-    last item, end); return the uninterrupted run's items."""
+def check_midpoints(
+    make: Callable[[], Stage[Any]], midpoints: Iterable[int] | None = None, *, skip: bool = True
+) -> list[Any]:
+    """Check save/restore (and, with ``skip``, :meth:`Stage.skip`) of ``make()``'s stage at each
+    midpoint (default: start, 1, middle, last item, end); return the uninterrupted run's items."""
     full = list(make())
     n = len(full)
     default = (0, min(1, n), n // 2, max(n - 1, 0), n)
@@ -62,6 +64,11 @@ def check_midpoints(make: Callable[[], Stage[Any]], midpoints: Iterable[int] | N
         fresh.load_state_dict(plain)
         rest = list(fresh)
         assert same(rest, full[k:]), f"restored at item {k} of {n}: {len(rest)} items, expected {n - k}"
+        if skip:
+            skipped = make()
+            skipped.skip(k)
+            rest = list(skipped)
+            assert same(rest, full[k:]), f"skipped {k} items of {n}: {len(rest)} items, expected {n - k}"
     return full
 
 

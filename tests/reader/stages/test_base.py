@@ -26,6 +26,9 @@ class Count(Stage[int]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.i = int(state["i"])
 
+    def skip(self, n: int) -> None:
+        self.i = min(n, self.n)
+
 
 class Forgetful(Count):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -1,4 +1,8 @@
-"""A worker's whole chain: restored at every midpoint, and at a batch by ``state_at_batch``."""
+"""A worker's whole chain, built from its plan: restored at every midpoint, and skipped to each batch.
+
+``chain.skip(k)`` is how a worker resumes at batch ``k``: each stage translates it for its
+source, so a chain with a stage added still resumes exactly (no state layout is built by hand).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,25 @@ from typing import Any
 import pytest
 
 from shardify.reader.plan.assign import WorkerPlan
-from shardify.reader.plan.resume import PlanOptions, share_order
+from shardify.reader.plan.epoch import EpochPlan
+from shardify.reader.plan.resume import PlanOptions
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import default_collate
-from shardify.reader.stages.base import Stage
-from shardify.reader.stages.chain import state_at_batch, worker_stages
+from shardify.reader.stages.base import Mapped, Stage
+from shardify.reader.stages.chain import ChainContext, build_chain
 
-PLAN = WorkerPlan(ranges=((0, 0, 9), (1, 2, 12), (2, 0, 4)), batch_size=4)  # 23 samples, 6 batches
+SHARE = WorkerPlan(ranges=((0, 0, 9), (1, 2, 12), (2, 0, 4)), batch_size=4)  # 23 samples, 6 batches
+PLAN = EpochPlan(
+    epoch=0,
+    rank=0,
+    world=1,
+    worker=0,
+    workers=1,
+    history=(),
+    share=SHARE,
+    options=PlanOptions(seed=3, shuffle=True, batch_size=4, drop_last=False, block=2, buffer=6),
+    rank_batches=6,
+)
 
 
 def _process(item: Any) -> Any:
@@ -28,16 +44,10 @@ def _tag(pair: tuple[int, Any]) -> tuple[int, Any]:
     return pair
 
 
-def _maker(reader: Any, bucketed: bool) -> Callable[[], Stage[Any]]:
-    opts = PlanOptions(seed=3, shuffle=True, batch_size=4, drop_last=False, block=2, buffer=6)
-    read, out = share_order(PLAN, opts, epoch=0, rank=0, worker=0)
-
+def _maker(reader: Any, bucketed: bool, extra: bool = False) -> Callable[[], Stage[Any]]:
     def make() -> Stage[Any]:
-        return worker_stages(
-            reader(),
-            PLAN,
-            read=read,
-            out=out,
+        context = ChainContext(
+            reader=reader(),
             process=_process,
             collate=default_collate,
             on_bad=lambda bad: None,
@@ -46,19 +56,35 @@ def _maker(reader: Any, bucketed: bool) -> Callable[[], Stage[Any]]:
             bucket_buffer=8 if bucketed else None,
             seed=3,
         )
+        chain = build_chain(PLAN, context)
+        return Mapped(chain, lambda b: b + 1) if extra else chain  # a stage added on top
 
     return make
 
 
 @pytest.mark.parametrize("bucketed", [False, True])
-def test_the_chain_restores_at_every_midpoint_and_at_each_batch(
-    bucketed: bool, check_midpoints: Any, fake_reader: Any
+@pytest.mark.parametrize("extra", [False, True], ids=["chain", "chain-and-a-stage"])
+def test_the_chain_restores_and_skips_at_every_batch(
+    bucketed: bool, extra: bool, check_midpoints: Any, fake_reader: Any
 ) -> None:
-    make = _maker(fake_reader, bucketed)
-    full = check_midpoints(make, range(7))
+    full = check_midpoints(_maker(fake_reader, bucketed, extra), range(7))
     sizes = [len(b) for b in full]
     assert (sorted(sizes, reverse=True) if bucketed else sizes) == [4, 4, 4, 4, 4, 3]
-    for k in range(7):
-        stage = make()
-        stage.load_state_dict(state_at_batch(k, batch_size=4, samples=23, bucketed=bucketed))
-        assert [b.tolist() for b in stage] == [b.tolist() for b in full[k:]]
+
+
+def test_skipping_never_reads_the_samples_of_the_batches_skipped(fake_reader: Any) -> None:
+    """Without bucketing, ``skip(k)`` marks the first ``k`` batches' samples consumed: a restored
+    worker reads only the rest of its share."""
+    readers: list[Any] = []
+
+    def reader() -> Any:
+        readers.append(fake_reader())
+        return readers[-1]
+
+    make = _maker(reader, bucketed=False)
+    full = list(make())
+    chain = make()
+    chain.skip(4)
+    assert [b.tolist() for b in chain] == [b.tolist() for b in full[4:]]
+    read = sum(stop - start for _, start, stop in readers[-1].reads)
+    assert read == 23 - 4 * 4

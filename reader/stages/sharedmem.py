@@ -1,4 +1,4 @@
-"""Transport: each collated batch moved into a worker's shared-memory slot and packed for the main process.
+"""ToSharedMemory: each collated batch moved into a worker's shared-memory slot and packed for the main process.
 
 The last stage in a DataLoader worker. ``slots`` (the worker's
 :class:`~shardify.reader.delivery.batchpool.SlotPool`, given by whoever wires the stages) returns
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from shardify.reader.stages.base import Mapped, Stage
 
-__all__ = ["Slots", "Transport"]
+__all__ = ["Slots", "ToSharedMemory"]
 
 
 class Slots(Protocol):
@@ -24,7 +24,7 @@ class Slots(Protocol):
     def send(self, batch: Any) -> Any: ...
 
 
-class Transport(Mapped[Any]):
+class ToSharedMemory(Mapped[Any]):
     """``slots.send`` on each batch of ``source``; its state is its source's."""
 
     def __init__(self, source: Iterator[Any] | Stage[Any], slots: Slots) -> None:

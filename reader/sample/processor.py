@@ -1,33 +1,22 @@
-"""One worker's epoch: the per-sample processing, and the wiring of the worker's stages.
-
-:class:`SampleProcessor` decodes and transforms one sample into its output (or a :class:`Bad`
-marker under the skip policy), its augmentation RNG seeded by (seed, epoch, key). The stages
-that read, shuffle, process, batch and collate a worker's share are in
-:mod:`shardify.reader.stages` (one file each); :func:`share_batches` wires them for one
-worker's share of an epoch (:func:`shardify.reader.stages.chain.worker_stages`).
-:func:`read_positions`, :func:`cut`, :func:`cut_processed`, :func:`bucketed` and
-:func:`batches` are those stages as plain generator functions, kept for their callers.
+"""Per-sample processing: :class:`SampleProcessor` decodes and transforms one sample into its
+output (or a :class:`Bad` marker under the skip policy), its augmentation RNG seeded by
+(seed, epoch, key); :func:`stream_processors` makes one per stream. The stages that run it over
+a worker's share are in :mod:`shardify.reader.stages`.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from shardify.errors import SampleError, ShardFormatError
-from shardify.reader.io.stream import Item, Lost, ShardReader
-from shardify.reader.plan.assign import Range, WorkerPlan
+from shardify.reader.io.stream import Item, Lost
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.bad import Bad
-from shardify.reader.sample.clock import CLOCK, augmenting
+from shardify.reader.sample.clock import augmenting
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, decode_sample
 from shardify.reader.sample.transforms import run_image_transform
-from shardify.reader.stages.batch import Bucketed, Cut, Fill, fill
-from shardify.reader.stages.chain import state_at_batch, worker_stages
-from shardify.reader.stages.process import Process, by_stream
-from shardify.reader.stages.read import Read, read_runs
 from shardify.tario import DAMAGE_AFTER
 
 if TYPE_CHECKING:
@@ -37,33 +26,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMAGE_FIELD",
-    "Bad",
     "SampleProcessor",
     "field_spec",
-    "read_positions",
     "selected_fields",
     "missing_field",
-    "cut",
-    "cut_processed",
-    "bucketed",
-    "batches",
     "stream_processors",
-    "share_batches",
 ]
 
 IMAGE_FIELD = "image"
 """In ``fields``, the name that matches whichever image extension a sample has."""
-
-
-def read_positions(
-    reader: ShardReader, ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None
-) -> Iterator[tuple[int, Item]]:
-    """Yield ``(position, item)`` for the worker's positions in ``order``, except ``consumed`` ones
-    (the :class:`~shardify.reader.stages.read.Read` stage)."""
-    return Read(reader, ranges, order, consumed)
-
-
-_runs = read_runs
 
 
 def field_spec(spec: str, image_exts: frozenset[str]) -> tuple[str, ...]:
@@ -171,54 +142,6 @@ class SampleProcessor:
         return out[0] if len(out) == 1 else tuple(out)
 
 
-_fill = fill
-
-
-def cut(outputs: Iterator[Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
-    """Group ``outputs`` into lists of ``sizes`` (the :class:`~shardify.reader.stages.batch.Cut` stage)."""
-    return Cut(outputs, sizes)
-
-
-def cut_processed(items: Iterator[Any], process: Callable[[Any], Any], sizes: Sequence[int]) -> Iterator[list[Any]]:
-    """:func:`cut` of ``map(process, items)``, each group read whole, then processed: the
-    :data:`~shardify.reader.sample.clock.CLOCK` gets the reading and processing time per batch."""
-    return Process(Cut(items, sizes), process, batched=True)
-
-
-def _timed(fn: Callable[[Any], Any], stage: str) -> Callable[[Any], Any]:
-    """``fn``, its time added to the clock's ``stage`` at each call."""
-    clock = CLOCK
-
-    def timed(x: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(x)
-        finally:
-            setattr(clock, stage, getattr(clock, stage) + time.perf_counter() - t)
-
-    return timed
-
-
-def bucketed(
-    outputs: Iterator[Any], *, batch_size: int, length: Callable[[Any], int], buffer_size: int, rng: Any
-) -> Iterator[list[Any]]:
-    """Group ``outputs`` by ``length`` (skipped samples count as 0) into ``ceil(n / batch_size)`` lists."""
-    return Bucketed(
-        lambda: outputs, batch_size=batch_size, length=length, buffer_size=buffer_size, make_rng=lambda: rng
-    )
-
-
-def batches(
-    groups: Iterable[list[Any]],
-    *,
-    collate: Callable[[list[Any]], Any],
-    on_bad: Callable[[Bad], None],
-) -> Iterator[Any]:
-    """Collate each group, replacing skipped samples (the :class:`~shardify.reader.stages.batch.Fill`
-    stage, then ``collate``); one batch per group."""
-    return map(collate, Fill(iter(groups), on_bad=on_bad))
-
-
 def stream_processors(
     streams: Sequence[Stream], columns: Sequence[tuple[str, ...]], options: ReadOptions, *, epoch: int
 ) -> list[SampleProcessor]:
@@ -232,57 +155,9 @@ def stream_processors(
             transform=s.transform or o.transform,
             fields=fields,
             map=s.map or (o.map if s.fields is None else None),
-            allow_pickle=o.allow_pickle,
-            skip_errors=o.on_error == "skip",
+            allow_pickle=o.decoding.allow_pickle,
+            skip_errors=o.skip_errors,
             unique_keys=cast("Source", s.source).unique_keys,  # resolved by now
         )
         for s, fields in zip(streams, columns)
     ]
-
-
-def share_batches(
-    reader: ShardReader,
-    plan: WorkerPlan,
-    *,
-    read: Sequence[int],
-    out: Sequence[int],
-    sizes: Sequence[int],
-    skip: int,
-    options: ReadOptions,
-    epoch: int,
-    rank: int,
-    worker: int,
-    processors: Sequence[Callable[[Item], Any]],
-    collate: Callable[[list[Any]], Any],
-    on_bad: Callable[[Bad], None],
-    tag: Callable[[tuple[int, Item]], tuple[int, Item]] | None,
-) -> Iterator[Any]:
-    """The batches of a worker's ``plan`` after its first ``skip``: ``read`` and ``out`` are its
-    read and output orders (:func:`~shardify.reader.plan.resume.share_order`), ``sizes`` the
-    sizes of the batches left (``plan.batch_sizes()[skip:]``). ``processors``: one per stream;
-    ``tag`` marks each ``(position, item)``'s stream (and repeats) when the output needs it
-    (:func:`~shardify.reader.streams.sample_tagger`). Lazy: nothing is read before the first
-    batch is asked for."""
-    o = options
-    stages = worker_stages(
-        reader,
-        plan,
-        read=read,
-        out=out,
-        process=by_stream(processors),
-        collate=collate,
-        on_bad=on_bad,
-        tag=tag,
-        bucket_length=o.bucket_length,
-        bucket_buffer=o.bucket_buffer,
-        seed=o.seed,
-        epoch=epoch,
-        rank=rank,
-        worker=worker,
-    )
-    if skip:
-        bucketed = o.bucket_length is not None
-        stages.load_state_dict(state_at_batch(skip, batch_size=plan.batch_size, samples=len(out), bucketed=bucketed))
-    if len(sizes) != plan.num_batches - skip:
-        raise ValueError(f"sizes has {len(sizes)} batches; the plan has {plan.num_batches - skip} after {skip=}")
-    return stages

@@ -1,4 +1,4 @@
-"""The Transport stage: batches through a worker's shared-memory slots, resumable at any midpoint."""
+"""The ToSharedMemory stage: batches through a worker's shared-memory slots, resumable at any midpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.multiprocessing  # noqa: F401 - registers the tensor reductions wit
 import shardify.reader.delivery.batchpool as bp
 from shardify.reader.sample.collate import default_collate
 from shardify.reader.stages.base import Mapped, Stage
-from shardify.reader.stages.transport import Transport
+from shardify.reader.stages.sharedmem import ToSharedMemory
 
 
 class Batches(Stage[Any]):
@@ -36,6 +36,9 @@ class Batches(Stage[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.i = int(state["i"])
 
+    def skip(self, n: int) -> None:
+        self.i = min(n, self.n)
+
 
 @pytest.fixture()
 def channel() -> Any:
@@ -52,7 +55,7 @@ def _received(packed: bp.Packed) -> Any:
 
 def test_transport_restores_at_every_midpoint(channel: bp.BatchChannel, check_midpoints: Any) -> None:
     def make() -> Stage[Any]:
-        return Mapped(Transport(Batches(6), bp.SlotPool(channel, 0)), _received)
+        return Mapped(ToSharedMemory(Batches(6), bp.SlotPool(channel, 0)), _received)
 
     full = check_midpoints(make, range(7))
     assert len(full) == 6
@@ -61,5 +64,5 @@ def test_transport_restores_at_every_midpoint(channel: bp.BatchChannel, check_mi
 
 
 def test_transport_sends_the_images_through_a_slot(channel: bp.BatchChannel) -> None:
-    packed = next(Transport(Batches(1), bp.SlotPool(channel, 0)))
+    packed = next(ToSharedMemory(Batches(1), bp.SlotPool(channel, 0)))
     assert [type(x).__name__ for x in packed.payload] == ["_SlotRef", "_Inline"] and len(packed.refs) == 1
