@@ -30,6 +30,7 @@ from shardify.convert.write.versions import load_manifest, remove_stale_shards
 from shardify.manifest import MANIFEST_NAME, RawPixels, ShardEntry, SplitIndex, index_name, json_bytes, report_name
 from shardify.sampletable import SampleTable
 from shardify.sidecar import SidecarRef, encode, ref_of, sidecar_name, with_proof
+from shardify.splitindex import TokenInfo
 
 __all__ = [
     "finish_split",
@@ -83,6 +84,7 @@ def _entry(r: ShardResult, *, samples: bytes, sidecar: SidecarRef | None = None)
         offsets=r.offsets,
         samples=samples,
         sidecar=sidecar,
+        tokens=r.tokens,
     )
 
 
@@ -130,6 +132,7 @@ def finish_split(
     raw_pixels: RawPixels | None = None,
     chunk: int | None = None,
     durable: bool = True,
+    tokens: TokenInfo | None = None,
 ) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
@@ -139,7 +142,8 @@ def finish_split(
     index's ``ignored`` counts without a report line each. ``raw_pixels``: the record of
     images stored pre-decoded (``--raw-pixels``). ``chunk``: the shards are in the
     chunked layout, that many samples a chunk (the index is then format 3). ``durable``: the
-    sidecars are fsynced (as the conversion's shards are, its ``fsync`` option).
+    sidecars are fsynced (as the conversion's shards are, its ``fsync`` option). ``tokens``:
+    the record of a split of token documents (each shard's lengths come with its result).
     """
     remove_stale_shards(fs, split, version, len(ordered))
     write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
@@ -159,6 +163,7 @@ def finish_split(
         chunk=chunk,
         format_version=format_version(chunk),
         sidecar_root=root if version is not None else None,
+        tokens=tokens,
     )
     if index.sidecar_root is not None and version is not None:
         fs.write_atomic(compact_name(split, version), compact_bytes(index))
