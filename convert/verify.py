@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
+import numpy as np
+
 from shardify.chunk import chunk_samples, decode_chunk
 from shardify.compactindex import CompactRef
 from shardify.compactindex import decode as decode_compact
@@ -366,4 +368,7 @@ def dataset_info(
                 out["splits"][split]["field_bytes_error"] = str(e)
         if index.raw_pixels is not None:
             out["splits"][split]["raw_pixels"] = index.raw_pixels.to_json()
+        if index.tokens is not None:
+            lengths = sum(int(np.frombuffer(e.tokens, "<u4").sum(dtype=np.uint64)) for e in index.shards)
+            out["splits"][split]["tokens"] = {**index.tokens.to_json(), "num_tokens": lengths}
     return out
