@@ -186,18 +186,20 @@ class TokenRunner(ChunkRunner):
         self.descr = repr(self.dtype.newbyteorder("<").str)
 
     def run(self, chunk: ItemChunk) -> tuple[list[Outcome], list[bytes]]:
-        texts = [t for t in chunk.items if isinstance(t, str) and t]
-        ids = iter(self.tokenizer.encode(texts) if texts else [])
+        at = [j for j, item in enumerate(chunk.items) if isinstance(item, str) and item]  # the texts to encode
+        ids: list[Sequence[int] | str | None] = [None] * len(chunk.items)
+        for j, got in zip(at, self.tokenizer.encode([chunk.items[j] for j in at]) if at else [], strict=True):
+            ids[j] = got
         parts: list[bytes] = []
         outcomes = [
-            self._outcome(index, item, next(ids) if isinstance(item, str) and item else None, parts)
-            for index, item in zip(chunk.indexes, chunk.items)
+            self._outcome(index, item, ids[j], parts) for j, (index, item) in enumerate(zip(chunk.indexes, chunk.items))
         ]
         return outcomes, parts
 
     def one(self, index: int, item: Any, parts: list[bytes]) -> Outcome:
-        got = self.tokenizer.encode([item])[0] if isinstance(item, str) and item else None
-        return self._outcome(index, item, got, parts)
+        outcomes, mine = self.run(ItemChunk(start=0, indexes=(index,), items=(item,)))
+        parts += mine
+        return outcomes[0]
 
     def _outcome(self, index: int, item: Any, ids: Sequence[int] | str | None, parts: list[bytes]) -> Outcome:
         if ids is None:
