@@ -7,7 +7,6 @@ Parses the options into :class:`~shardify.convert.pyapi.tokens.TokenOptions` and
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from shardify.cli.common import FORMATTER
@@ -81,8 +80,6 @@ def add_parser(kinds: Any) -> None:
 
 def convert(args: argparse.Namespace) -> Any:
     """Run the conversion of ``convert tokens``'s arguments; a ``ConvertResult`` of its one split."""
-    from shardify.convert.options import parse_size  # deferred: the writer loads Pillow and numpy
-    from shardify.convert.pyapi.jsonlitems import load_function  # deferred: the writer loads numpy
     from shardify.convert.pyapi.tokens import TokenOptions, convert_tokens  # deferred: the writer loads numpy
     from shardify.convert.write.run import ConvertResult  # deferred: the writer loads Pillow and numpy
 
@@ -92,7 +89,7 @@ def convert(args: argparse.Namespace) -> Any:
         eos=args.eos,
         vocab_size=args.vocab_size,
         split=args.split,
-        shard_size=parse_size(args.shard_size),
+        shard_size=args.shard_size,
         samples_per_shard=args.samples_per_shard,
         chunk=args.chunk or None,
         overwrite=args.overwrite,
@@ -104,7 +101,5 @@ def convert(args: argparse.Namespace) -> Any:
         progress=not args.quiet,
         fsync=not args.no_fsync,
     )
-    spec = args.tokenizer
-    tokenizer = load_function(spec) if ":" in spec and not os.path.exists(spec) else spec
-    summary = convert_tokens(args.src, args.out, tokenizer=tokenizer, options=options)
+    summary = convert_tokens(args.src, args.out, tokenizer=args.tokenizer, options=options)
     return ConvertResult(out_dir=args.out, splits={summary.split: summary})

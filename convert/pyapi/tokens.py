@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from shardify.convert.pyapi.fromitems import ItemsOptions, RunSpec, run_items
 from shardify.convert.pyapi.itemchunks import ChunkRunner, ItemChunk, Outcome
+from shardify.convert.pyapi.jsonlitems import load_function
 from shardify.convert.pyapi.textrows import MissingText, TextRows
 from shardify.convert.pyapi.values import ValueOptions
 from shardify.convert.write.identity import fingerprint
@@ -100,9 +101,12 @@ class Tokenizer:
 
     @classmethod
     def of(cls, tokenizer: str | os.PathLike[str] | Tokenize | Any) -> Tokenizer:
-        """From a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a callable."""
+        """From a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``, a callable or the name of one
+        (``MODULE:FUNCTION``, a string that is not a file)."""
         if isinstance(tokenizer, Tokenizer):
             return tokenizer
+        if isinstance(tokenizer, str) and ":" in tokenizer and not os.path.exists(tokenizer):
+            tokenizer = load_function(tokenizer)
         if isinstance(tokenizer, (str, os.PathLike)):
             path = os.fspath(tokenizer)
             try:
@@ -137,7 +141,7 @@ class Tokenizer:
                     "a tokenizer.json needs the tokenizers package: pip install 'shardify[tokens]'", path=self.name
                 ) from e
             try:
-                self._hf = HFTokenizer.from_str(self.json)
+                self._hf = HFTokenizer.from_str(self.json or "")
             except Exception as e:  # noqa: BLE001 - the library raises a bare Exception for bad JSON
                 raise InputError(f"not a tokenizers tokenizer: {e}", path=self.name) from e
             self._pid = os.getpid()
@@ -271,7 +275,7 @@ def convert_tokens(
     limit = vocab if vocab is not None else 1 << 32
     runner = TokenRunner(tok, dtype=dtype, limit=limit, eos=o.eos, check=tok.fn is not None or o.vocab_size is not None)
     info = TokenInfo(field=TOKENS_FIELD, dtype=dtype, vocab_size=vocab, eos=o.eos)
-    count = len(items) if hasattr(items, "__len__") else None
+    count = len(items) if isinstance(items, Sized) else None
     fp = fingerprint(options=o.shaping(), tokens=info.to_json(), tokenizer=tok.digest(), count=count).hexdigest()
     spec = RunSpec(runner=runner, source=f"tokens:{tok.name}", noun="row", reason="", tokens=info)
     return run_items(items, spec, out, o, str(fp))

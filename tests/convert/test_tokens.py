@@ -114,7 +114,9 @@ def test_eos_is_appended_and_counted(tmp_path: Path, tokenizer_json: Path) -> No
     for i, ids in enumerate(_encode(tokenizer_json, texts)):
         assert stored[f"{i:09d}"].tolist() == [*ids, 1]
     index = _index(out)
-    assert np.frombuffer(index.shards[0].tokens, "<u4").tolist() == [len(ids) + 1 for ids in _encode(tokenizer_json, texts)]
+    assert np.frombuffer(index.shards[0].tokens, "<u4").tolist() == [
+        len(ids) + 1 for ids in _encode(tokenizer_json, texts)
+    ]
     assert index.tokens is not None and index.tokens.eos == 1
     with pytest.raises(ValueError, match="eos=20 should be below the tokenizer's vocabulary size 13"):
         convert_tokens(texts, tmp_path / "bad", tokenizer=tokenizer_json, eos=20, **FAST)
@@ -243,3 +245,22 @@ def test_options_check_their_values() -> None:
         TokenOptions(eos=5, vocab_size=5)
     with pytest.raises(TypeError, match="tokenizer should be"):
         convert_tokens(["a"], "unused", tokenizer=3)
+
+
+def test_cli_takes_a_function_as_tokenizer(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "mytok.py").write_text("def encode(text):\n    return [len(w) for w in text.split()]\n")
+    monkeypatch.chdir(tmp_path)
+    src = _write(tmp_path, ["a bb", "ccc"], "jsonl")
+    argv = ["convert", "tokens", str(src), "out", "--tokenizer", "mytok:encode", "--vocab-size", "100", "--quiet"]
+    assert main(argv) == EXIT_OK
+    assert {k: v.tolist() for k, v in _stored(tmp_path / "out").items()} == {"000000000": [1, 2], "000000001": [3]}
+    assert main(["convert", "tokens", str(src), "out2", "--tokenizer", "nosuchmodule:encode", "--quiet"]) != EXIT_OK
+
+
+def test_item_limits_run_the_same_tokenizer_in_supervised_workers(tmp_path: Path, tokenizer_json: Path) -> None:
+    texts = [*_texts(30), ""]
+    plain = convert_tokens(texts, tmp_path / "plain", tokenizer=tokenizer_json, workers=1, **FAST)
+    limited = convert_tokens(texts, tmp_path / "limited", tokenizer=tokenizer_json, item_timeout=60, workers=2, **FAST)
+    assert (plain.samples, len(plain.skipped)) == (limited.samples, len(limited.skipped)) == (30, 1)
+    a, b = _stored(tmp_path / "plain"), _stored(tmp_path / "limited")
+    assert a.keys() == b.keys() and all(a[k].tolist() == b[k].tolist() for k in a)
