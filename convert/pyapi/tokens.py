@@ -23,7 +23,7 @@ import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -106,7 +106,7 @@ class Tokenizer:
         if isinstance(tokenizer, Tokenizer):
             return tokenizer
         if isinstance(tokenizer, str) and ":" in tokenizer and not os.path.exists(tokenizer):
-            tokenizer = load_function(tokenizer)
+            tokenizer = cast(Tokenize, load_function(tokenizer))
         if isinstance(tokenizer, (str, os.PathLike)):
             path = os.fspath(tokenizer)
             try:
