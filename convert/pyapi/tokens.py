@@ -34,11 +34,11 @@ from shardify.convert.pyapi.textrows import MissingText, TextRows
 from shardify.convert.pyapi.values import ValueOptions
 from shardify.convert.write.identity import fingerprint
 from shardify.convert.write.session import SplitSummary
-from shardify.convert.write.tarwrite import member_parts
 from shardify.errors import InputError
 from shardify.npy import npy_header
 from shardify.splitindex import TokenInfo
 from shardify.suggest import suggest_keywords
+from shardify.tarfmt import BLOCK, ustar_header
 
 __all__ = ["TokenOptions", "convert_tokens", "TokenRunner", "Tokenizer", "TOKENS_FIELD", "token_dtype"]
 
@@ -216,10 +216,11 @@ class TokenRunner(ChunkRunner):
             return Outcome(error=f"tokenizer returned {str(e)[:300]}")
         if len(ids) == 0:
             return Outcome(error="no tokens")
-        key = f"{index:09d}"
-        tar, size = member_parts(key, [(TOKENS_FIELD, npy_header(self.descr, array.shape) + array.tobytes())])
-        parts += tar
-        return Outcome(key=key, fields=(TOKENS_FIELD,), size=size, tokens=int(array.size))
+        key = f"{index:09d}"  # digits only: a valid key, so the member is encoded here without member_parts' checks
+        data = npy_header(self.descr, array.shape) + array.tobytes()
+        pad = -len(data) % BLOCK
+        parts += (ustar_header(f"{key}.{TOKENS_FIELD}", len(data)), data, bytes(pad))
+        return Outcome(key=key, fields=(TOKENS_FIELD,), size=BLOCK + len(data) + pad, tokens=int(array.size))
 
     def _array(self, ids: Sequence[int]) -> np.ndarray:
         n = len(ids)
