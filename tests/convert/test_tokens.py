@@ -264,3 +264,30 @@ def test_item_limits_run_the_same_tokenizer_in_supervised_workers(tmp_path: Path
     assert (plain.samples, len(plain.skipped)) == (limited.samples, len(limited.skipped)) == (30, 1)
     a, b = _stored(tmp_path / "plain"), _stored(tmp_path / "limited")
     assert a.keys() == b.keys() and all(a[k].tolist() == b[k].tolist() for k in a)
+
+
+def test_the_tokenizer_travels_by_pickle_without_its_loaded_state(tokenizer_json: Path) -> None:
+    import pickle
+
+    from shardify.convert.pyapi.tokens import Tokenizer
+
+    tok = Tokenizer.of(tokenizer_json)
+    assert tok.load() is not None  # loaded here (to check the file) ...
+    copy = pickle.loads(pickle.dumps(tok))
+    assert copy._hf is None  # ... but a worker (spawn, Ray) loads its own, once
+    texts = _texts(5)
+    assert copy.encode(texts) == tok.encode(texts) == _encode(tokenizer_json, texts)
+
+
+def test_ray_engine_gives_the_same_bytes(tmp_path: Path, tokenizer_json: Path, tree_bytes) -> None:
+    ray = pytest.importorskip("ray")
+    texts = [*_texts(60), 3, ""]
+    opts = dict(tokenizer=tokenizer_json, eos=1, samples_per_shard=16, chunk=4, chunk_size=8, **FAST)
+    local = convert_tokens(texts, tmp_path / "local", workers=1, **opts)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        on_ray = convert_tokens(texts, tmp_path / "ray", engine="ray", workers=2, **opts)
+    finally:
+        ray.shutdown()
+    assert on_ray.samples == local.samples == 60 and len(on_ray.skipped) == 2
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
