@@ -58,7 +58,7 @@ def add_parser(kinds: Any) -> None:
         type=int,
         default=256,
         metavar="N",
-        help="documents per tar member (the chunked layout; default: 256)",
+        help="documents per tar member (the chunked layout; default: 256; 0: one tar sample per document)",
     )
     g.add_argument("--overwrite", action="store_true", help="replace a split that is already finished in OUT")
     g.add_argument("--strict", action="store_true", help="stop at the first bad row")
