@@ -291,3 +291,21 @@ def test_ray_engine_gives_the_same_bytes(tmp_path: Path, tokenizer_json: Path, t
         ray.shutdown()
     assert on_ray.samples == local.samples == 60 and len(on_ray.skipped) == 2
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
+def test_verify_checks_each_document_against_its_recorded_length(
+    tmp_path: Path, tokenizer_json: Path, monkeypatch, capsys
+) -> None:
+    from shardify.convert.pyapi.tokens import TokenRunner
+
+    real = TokenRunner._outcome
+
+    def one_long(self, index, item, ids, parts):  # noqa: ANN001, ANN202 - a converter that records a wrong length
+        got = real(self, index, item, ids, parts)
+        return got._replace(tokens=got.tokens + 1) if index == 7 else got
+
+    monkeypatch.setattr(TokenRunner, "_outcome", one_long)
+    convert_tokens(_texts(20), tmp_path / "out", tokenizer=tokenizer_json, workers=1, **FAST)
+    assert main(["verify", str(tmp_path / "out")]) == EXIT_SKIPPED
+    out = capsys.readouterr().out
+    assert "000000007" in out and "field 'tokens.npy': holds uint16" in out and out.count("the index says") == 1
