@@ -309,3 +309,16 @@ def test_verify_checks_each_document_against_its_recorded_length(
     assert main(["verify", str(tmp_path / "out")]) == EXIT_SKIPPED
     out = capsys.readouterr().out
     assert "000000007" in out and "field 'tokens.npy': holds uint16" in out and out.count("the index says") == 1
+
+
+def test_missing_optional_packages_are_named_with_the_install_line(
+    tmp_path: Path, tokenizer_json: Path, monkeypatch
+) -> None:
+    src = _write(tmp_path, ["the cat"], "parquet")
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow.parquet", None)
+    with pytest.raises(InputError, match=r"reading Parquet needs pyarrow: pip install pyarrow") as e:
+        convert_tokens(src, tmp_path / "a", tokenizer=len, **FAST)
+    assert e.value.__cause__ is not None and str(src) in str(e.value)
+    monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)
+    with pytest.raises(InputError, match=r"pip install 'shardify\[tokens\]'"):
+        convert_tokens(["the cat"], tmp_path / "b", tokenizer=tokenizer_json, **FAST)
