@@ -322,3 +322,13 @@ def test_missing_optional_packages_are_named_with_the_install_line(
     monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)
     with pytest.raises(InputError, match=r"pip install 'shardify\[tokens\]'"):
         convert_tokens(["the cat"], tmp_path / "b", tokenizer=tokenizer_json, **FAST)
+
+
+def test_wids_opens_a_token_split_with_its_extra_index_fields(tmp_path: Path, tokenizer_json: Path) -> None:
+    wids = pytest.importorskip("wids")
+    out = tmp_path / "out"
+    texts = _texts(20)
+    convert_tokens(texts, out, tokenizer=tokenizer_json, chunk=None, workers=1, **FAST)  # one tar sample each
+    ds = wids.ShardListDataset(str(out / "train.json"), cache_dir=str(tmp_path / "cache"), transformations=[])
+    assert len(ds) == 20
+    assert np.load(ds[3][".tokens.npy"]).tolist() == _encode(tokenizer_json, texts)[3]  # wids gives a file object
