@@ -1,4 +1,4 @@
-"""``shardify convert KIND SRC OUT``: the writer side's command (imagefolder, ids, listing, python).
+"""``shardify convert KIND SRC OUT``: the writer side's command (imagefolder, ids, listing, python, tokens).
 
 Parses the options of each input kind into :class:`~shardify.convert.options.ConvertOptions`
 (or :class:`~shardify.convert.pyapi.fromitems.ItemsOptions`), calls :mod:`shardify.convert`, and
@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from shardify.cli import convert_tokens
 from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, count, human
 from shardify.errors import InputError
 
@@ -22,6 +23,7 @@ _EXAMPLES = {
   shardify convert ids data/ out/mydata --partition partition.json --labels labels.json
   shardify convert listing train.jsonl out/mydata
   shardify convert python mymodule:make_sample items.jsonl out/tokens
+  shardify convert tokens corpus.jsonl out/corpus --tokenizer tokenizer.json --eos 0
 
 `shardify convert KIND --help` shows each kind's options and examples.""",
     "imagefolder": """example:
@@ -306,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("convert ids takes its splits from --partition; --split is not used there")
     if args.kind == "python":
         result = _convert_python(args)
+    elif args.kind == "tokens":
+        result = convert_tokens.convert(args)
     else:
         options = convert_options(args)
         if args.kind == "imagefolder":
@@ -391,3 +395,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument("src", metavar="ITEMS.jsonl")
     p.add_argument("out", metavar="OUT")
     _python_args(p)
+    convert_tokens.add_parser(kinds)

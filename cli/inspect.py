@@ -77,6 +77,12 @@ def run_info(args: argparse.Namespace) -> int:
         )
         if s.get("chunk"):
             print(f"    chunked: {s['chunk']} samples a chunk (format 3; other readers see one sample per chunk)")
+        if s.get("tokens"):
+            t = s["tokens"]
+            print(
+                f"    tokens: {t['num_tokens']:,} in {count(s['samples'], 'document')} ({t['dtype']}, "
+                f"vocabulary {t['vocab_size']}, end-of-document id {t['eos']}), field {t['field']}"
+            )
         if s.get("raw_pixels"):
             raw = s["raw_pixels"]
             print(

@@ -1,15 +1,24 @@
 """The writer side: plan, pack and verify shards (the ``shardify`` command line is :mod:`shardify.cli`).
 
 From Python: :class:`ShardWriter` writes a split one sample at a time; :func:`convert_items`
-runs a function over items in parallel. Both are imported on first use, so that the command
-line starts without them.
+runs a function over items in parallel; :func:`convert_tokens` tokenizes texts into token
+documents. They are imported on first use, so that the command line starts without them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ShardWriter", "WriteOptions", "ValueOptions", "convert_items", "ItemsOptions", "JsonlItems"]
+__all__ = [
+    "ShardWriter",
+    "WriteOptions",
+    "ValueOptions",
+    "convert_items",
+    "ItemsOptions",
+    "JsonlItems",
+    "convert_tokens",
+    "TokenOptions",
+]
 
 _LAZY = {
     "ShardWriter": "shardify.convert.pyapi.pywriter",
@@ -18,6 +27,8 @@ _LAZY = {
     "convert_items": "shardify.convert.pyapi.fromitems",
     "ItemsOptions": "shardify.convert.pyapi.fromitems",
     "JsonlItems": "shardify.convert.pyapi.fromitems",
+    "convert_tokens": "shardify.convert.pyapi.tokens",
+    "TokenOptions": "shardify.convert.pyapi.tokens",
 }
 
 

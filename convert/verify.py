@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
+import numpy as np
+
 from shardify.chunk import chunk_samples, decode_chunk
 from shardify.compactindex import CompactRef
 from shardify.compactindex import decode as decode_compact
@@ -28,13 +30,14 @@ from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.write.finish import compact_fields
 from shardify.convert.write.versions import stray_files
-from shardify.errors import KeyRuleError, ManifestError, ShardFormatError, ShardifyError
+from shardify.errors import ArrayFormatError, KeyRuleError, ManifestError, ShardFormatError, ShardifyError
 from shardify.keys import check_key
+from shardify.npy import npy_layout
 from shardify.progress import progress_bar
 from shardify.sampletable import DIGEST_BYTES, SampleTable
 from shardify.sidecar import SidecarProof, decode_proven, sidecar_name
 from shardify.sidecar import decode as decode_sidecar
-from shardify.splitindex import ShardEntry, SplitIndex
+from shardify.splitindex import ShardEntry, SplitIndex, TokenInfo
 from shardify.tarfmt import OFFSET_STRIDE, shard_name, shard_of_split
 from shardify.tario import iter_members, iter_samples
 
@@ -190,6 +193,9 @@ def _verify_split(files: DatasetFiles, index: SplitIndex, decode: bool, report: 
                         shard_keys.append(str(sample.get("__key__")))
                         try:
                             _check_sample(split, entry.url, sample, index, keys, decode, problems)
+                            if index.tokens is not None and count <= len(entry.tokens) // 4:
+                                length = int.from_bytes(entry.tokens[4 * count - 4 : 4 * count], "little")
+                                _check_tokens(split, entry.url, sample, index.tokens, length, problems)
                         except Exception as e:  # any sample, however hostile, is a reported problem
                             problems.append(
                                 Problem(
@@ -334,6 +340,18 @@ def _check_sample(
                     problems.append(Problem(split, shard, key, f"field {ext!r}: {e}"))
 
 
+def _check_tokens(
+    split: str, shard: str, sample: dict[str, Any], info: TokenInfo, n: int, problems: list[Problem]
+) -> None:
+    """A token document is a 1-D ``.npy`` of the split's dtype and of the length its index records."""
+    try:
+        dtype, shape, _, _, _ = npy_layout(memoryview(sample.get(info.field) or b""))
+        if dtype.str != np.dtype(info.dtype).newbyteorder("<").str or shape != (n,):
+            raise ArrayFormatError(f"holds {dtype} {shape}, the index says {info.dtype} ({n},)")
+    except ArrayFormatError as e:
+        problems.append(Problem(split, shard, str(sample["__key__"]), f"field {info.field!r}: {e}"))
+
+
 def dataset_info(
     root: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None, sample_shards: int = 0
 ) -> dict[str, Any]:
@@ -366,4 +384,7 @@ def dataset_info(
                 out["splits"][split]["field_bytes_error"] = str(e)
         if index.raw_pixels is not None:
             out["splits"][split]["raw_pixels"] = index.raw_pixels.to_json()
+        if index.tokens is not None:
+            lengths = sum(int(np.frombuffer(e.tokens, "<u4").sum(dtype=np.uint64)) for e in index.shards)
+            out["splits"][split]["tokens"] = {**index.tokens.to_json(), "num_tokens": lengths}
     return out

@@ -9,6 +9,7 @@ field and the file; :mod:`shardify.manifest` checks an index against the manifes
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from shardify.sampletable import SampleTable, table_from_json
 from shardify.sidecar import SidecarRef
 from shardify.tarfmt import OFFSET_STRIDE, VERSION_CHARS, report_name
 
-__all__ = ["READ_VERSION", "WIDS_KIND", "FORMAT_NAME", "check_format_version", "ShardEntry", "SplitIndex"]
+__all__ = ["READ_VERSION", "WIDS_KIND", "FORMAT_NAME", "check_format_version", "ShardEntry", "SplitIndex", "TokenInfo"]
 
 WIDS_KIND = "wids-shard-index-v1"
 FORMAT_NAME = "shardify"
@@ -54,6 +55,9 @@ class ShardEntry:
     ``samples`` in the JSON as base64; empty: not recorded (older indexes, chunked splits, a sidecar)."""
     sidecar: SidecarRef | None = None
     """Size and SHA-256 of the table's sidecar ``<url>.idx`` (:mod:`shardify.sidecar`); None: none."""
+    tokens: bytes = b""
+    """A token split's document lengths in tokens, little-endian uint32 in sample order (``tokens``
+    in the JSON as base64; readers that do not know it ignore it); empty: not a token split."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -68,6 +72,8 @@ class ShardEntry:
             out["samples"] = base64.b64encode(self.samples).decode("ascii")
         if self.sidecar is not None:
             out["sidecar"] = {"sha256": self.sidecar.sha256, "size": self.sidecar.size}
+        if self.tokens:
+            out["tokens"] = base64.b64encode(self.tokens).decode("ascii")
         return out
 
     @classmethod
@@ -115,8 +121,48 @@ class ShardEntry:
         sidecar = SidecarRef.from_json(obj.get("sidecar"), where)
         if sidecar is not None and (table or chunk is not None):
             raise ManifestError(f"{where}: field 'sidecar' goes with no 'samples' field and no chunked layout")
-        entry = cls(url=url, nsamples=nsamples, filesize=filesize, sha256=sha, offsets=tuple(offsets), samples=table)
+        tokens = _token_lengths(obj.get("tokens", ""), nsamples, where)
+        entry = cls(
+            url=url,
+            nsamples=nsamples,
+            filesize=filesize,
+            sha256=sha,
+            offsets=tuple(offsets),
+            samples=table,
+            tokens=tokens,
+        )
         return dataclasses.replace(entry, sidecar=sidecar) if sidecar is not None else entry
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token split's record (``tokens`` in the ``shardify`` section): each sample is one
+    document, field ``field``, a 1-D ``.npy`` of ``dtype`` ending in ``eos`` when set."""
+
+    field: str
+    dtype: str
+    """``uint16`` or ``uint32``."""
+    vocab_size: int | None
+    eos: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str) -> TokenInfo:
+        if not isinstance(obj, dict):
+            raise ManifestError(f"{source}: field 'tokens' should be an object, found {obj!r}")
+        info = cls(
+            field=json_field(obj, "field", str, source),
+            dtype=json_field(obj, "dtype", str, source),
+            vocab_size=obj.get("vocab_size"),
+            eos=obj.get("eos"),
+        )
+        if info.dtype not in ("uint16", "uint32") or not all(
+            v is None or type(v) is int for v in (info.vocab_size, info.eos)
+        ):
+            raise ManifestError(f"{source}: field 'tokens' is not a token record: {obj!r}")
+        return info
 
 
 @dataclass(frozen=True)
@@ -141,6 +187,8 @@ class SplitIndex:
     sidecar_root: str | None = None
     """Hex root of the hash tree over the shards' version-2 sidecars (:mod:`shardify.merkle`),
     also in the compact index; None: no sidecars, or version-1 ones."""
+    tokens: TokenInfo | None = None
+    """Set for a split of token documents (``shardify convert tokens``)."""
 
     @property
     def num_samples(self) -> int:
@@ -177,6 +225,7 @@ class SplitIndex:
                 "ignored": dict(sorted(self.ignored.items())),
                 "report": report_name(self.split),
                 **({"raw_pixels": self.raw_pixels.to_json()} if self.raw_pixels is not None else {}),
+                **({"tokens": self.tokens.to_json()} if self.tokens is not None else {}),
             },
         }
 
@@ -211,6 +260,7 @@ class SplitIndex:
             raw_pixels=RawPixels.from_json(ours["raw_pixels"], source=where) if "raw_pixels" in ours else None,
             chunk=chunk,
             sidecar_root=hex_field(ours, "sidecar_root", 64, where),
+            tokens=TokenInfo.from_json(ours["tokens"], where) if "tokens" in ours else None,
         )
         if declared is not None and declared != index.num_samples:
             raise ManifestError(
@@ -226,6 +276,19 @@ class SplitIndex:
         except OSError as e:
             raise ManifestError(f"{path}: cannot read split index: {e}") from e
         return cls.from_json(load_json(text, source=str(path)), source=str(path))
+
+
+def _token_lengths(text: Any, nsamples: int, where: str) -> bytes:
+    """The ``tokens`` field of a shard entry: base64 of ``nsamples`` uint32 lengths (or absent)."""
+    try:
+        data = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+    except (binascii.Error, ValueError):
+        data = None
+    if data is None or (data and len(data) != 4 * nsamples):
+        raise ManifestError(
+            f"{where}: field 'tokens' should be base64 of {nsamples} uint32 lengths, found {text!r:.40}"
+        )
+    return data
 
 
 def _chunk(obj: dict[str, Any], version: int, source: str) -> int | None:

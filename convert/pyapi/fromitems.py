@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
 from shardify.convert.inputs.inputs import Ignored
 from shardify.convert.options import parse_size, worker_count
 from shardify.convert.pyapi.itemchunks import ChunkRunner, ItemChunk, Outcome, item_repr
@@ -46,9 +48,10 @@ from shardify.convert.write.session import ConversionSession, SplitSummary
 from shardify.convert.write.shardstream import ShardStream
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.errors import EncodeError, InputError, ShardifyError
+from shardify.splitindex import TokenInfo
 from shardify.suggest import suggest_keywords
 
-__all__ = ["ItemsOptions", "convert_items", "JsonlItems", "load_function", "FILTERED"]
+__all__ = ["ItemsOptions", "convert_items", "run_items", "RunSpec", "JsonlItems", "load_function", "FILTERED"]
 
 FILTERED = "filtered"
 """The ``ignored`` reason counted for items whose ``fn`` returned None."""
@@ -137,9 +140,33 @@ def convert_items(
             "pass a list or keep the input order"
         )
     fp = _fingerprint(o, fn, len(items) if isinstance(items, Sized) else None)
+    spec = RunSpec(runner=ChunkRunner(fn, o.values, o.classes), source=f"python:{_fn_name(fn)}")
+    return run_items(items, spec, out, o, fp)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a way into :func:`run_items` brings: the runner that makes each chunk's samples,
+    the converter name for the index, and how reports name an input and its error."""
+
+    runner: ChunkRunner
+    source: str
+    """The index's ``converter.source`` (``python:module:fn``)."""
+    noun: str = "item"
+    reason: str = "fn raised "
+    """Put before an outcome's error in the report."""
+    tokens: TokenInfo | None = None
+    """A token split: each shard's document lengths (:attr:`Outcome.tokens`) go into the index."""
+
+
+def run_items(
+    items: Iterable[Any], spec: RunSpec, out: str | os.PathLike[str], o: ItemsOptions, fp: str
+) -> SplitSummary:
+    """Map ``spec.runner`` over ``items`` into split ``o.split`` of ``out`` (fingerprint ``fp``):
+    the one path of :func:`convert_items` and :func:`~shardify.convert.pyapi.tokens.convert_tokens`."""
     session = ConversionSession.open(out, {o.split: fp}, overwrite=o.overwrite, storage_options=o.storage_options)
     with session.holding():
-        return _Run(items, fn, session, o).run(fp)
+        return _Run(items, spec, session, o).run(fp)
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -175,6 +202,7 @@ class _Open:
     keys: list[str] = field(default_factory=list)
     indexes: list[int] = field(default_factory=list)
     filtered: int = 0
+    tokens: list[int] = field(default_factory=list)
 
 
 class _Run:
@@ -183,14 +211,14 @@ class _Run:
     def __init__(
         self,
         items: Iterable[Any],
-        fn: Callable[[Any], Mapping[str, object] | None],
+        spec: RunSpec,
         session: ConversionSession,
         o: ItemsOptions,
     ) -> None:
-        self.items, self.fn, self.session, self.o = items, fn, session, o
+        self.items, self.spec, self.session, self.o = items, spec, session, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
-        self.keys = KeyRegistry("item")
+        self.keys = KeyRegistry(spec.noun)
         self.pos = 0
         self._end = 0
         self.open = _Open(start=0)
@@ -222,7 +250,7 @@ class _Run:
             done=resume_at,
             done_bytes=sum(r.filesize for r in self.results),
         )
-        runner = ChunkRunner(self.fn, o.values, o.classes)
+        runner = self.spec.runner
         chunks = self._chunks(source)
         try:
             for chunk, out in map_ordered(
@@ -251,10 +279,11 @@ class _Run:
             skipped=skipped,
             ignored=[],
             ignored_counts={FILTERED: filtered} if filtered else None,
-            converter=converter_info(f"python:{_fn_name(self.fn)}", o.shaping()),
+            converter=converter_info(self.spec.source, o.shaping()),
             version=stream.version,
             durable=o.fsync,
             chunk=o.chunk,
+            tokens=self.spec.tokens,
         )
         session.publish()
         return session.summary(index, skipped, reused=len(reused))
@@ -290,11 +319,13 @@ class _Run:
             stream.add_encoded(got.fields, data, offset, offset + got.size)  # may finish the shard before pos
             self.open.keys.append(got.key)
             self.open.indexes.append(index)
+            self.open.tokens.append(got.tokens)
         elif got.error is not None or got.stopped is not None:
-            reason = got.stopped or f"fn raised {got.error}"
+            reason = got.stopped or f"{self.spec.reason}{got.error}"
+            noun = self.spec.noun
             if self.o.strict:
-                raise InputError(reason, path=f"item {index} ({item_repr(item)})")
-            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))
+                raise InputError(reason, path=f"{noun} {index} ({item_repr(item)})")
+            stream.skip(Ignored(f"{noun} {index}: {item_repr(item)}", reason))
         else:
             self.open.filtered += 1
         _hash_item(self.open.hash, item)
@@ -304,6 +335,8 @@ class _Run:
         """A shard was renamed into place: record what it covers (positions start..pos-1)."""
         o = self.open
         stop = self.pos
+        if self.spec.tokens is not None:
+            result = replace(result, tokens=np.asarray(o.tokens, dtype="<u4").tobytes())
         self.session.record(
             self.o.split,
             result,

@@ -62,6 +62,9 @@ class Outcome(NamedTuple):
     stopped: str | None = None
     """``fn`` was stopped on this item, its worker killed: why (``"timed out after 5 s"``);
     reported like an error of ``fn`` (see :mod:`~shardify.convert.pyapi.supervise`)."""
+    tokens: int = 0
+    """The sample's document length in tokens, recorded per shard in the split index
+    (:mod:`~shardify.convert.pyapi.tokens`; 0 for other runners)."""
 
 
 class ChunkOut(NamedTuple):

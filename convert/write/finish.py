@@ -32,7 +32,7 @@ from shardify.manifest import MANIFEST_NAME
 from shardify.pixels import RawPixels
 from shardify.sampletable import SampleTable
 from shardify.sidecar import SidecarRef, encode, ref_of, sidecar_name, with_proof
-from shardify.splitindex import ShardEntry, SplitIndex
+from shardify.splitindex import ShardEntry, SplitIndex, TokenInfo
 from shardify.tarfmt import index_name, report_name
 
 __all__ = [
@@ -87,6 +87,7 @@ def _entry(r: ShardResult, *, samples: bytes, sidecar: SidecarRef | None = None)
         offsets=r.offsets,
         samples=samples,
         sidecar=sidecar,
+        tokens=r.tokens,
     )
 
 
@@ -134,6 +135,7 @@ def finish_split(
     raw_pixels: RawPixels | None = None,
     chunk: int | None = None,
     durable: bool = True,
+    tokens: TokenInfo | None = None,
 ) -> SplitIndex:
     """After the last shard: write the report, then the split index of ``version`` (the token
     in its shards' names, see :mod:`shardify.convert.write.versions`; None: format-1 names).
@@ -143,7 +145,8 @@ def finish_split(
     index's ``ignored`` counts without a report line each. ``raw_pixels``: the record of
     images stored pre-decoded (``--raw-pixels``). ``chunk``: the shards are in the
     chunked layout, that many samples a chunk (the index is then format 3). ``durable``: the
-    sidecars are fsynced (as the conversion's shards are, its ``fsync`` option).
+    sidecars are fsynced (as the conversion's shards are, its ``fsync`` option). ``tokens``:
+    the record of a split of token documents (each shard's lengths come with its result).
     """
     remove_stale_shards(fs, split, version, len(ordered))
     write_report(fs, report_name(split), list(skipped), list(ignored) + list(notes))
@@ -163,6 +166,7 @@ def finish_split(
         chunk=chunk,
         format_version=format_version(chunk),
         sidecar_root=root if version is not None else None,
+        tokens=tokens,
     )
     if index.sidecar_root is not None and version is not None:
         fs.write_atomic(compact_name(split, version), compact_bytes(index))

@@ -61,6 +61,8 @@ class ShardResult:
     """Byte offset of samples 0, OFFSET_STRIDE, ... (see :data:`shardify.tarfmt.OFFSET_STRIDE`)."""
     samples: bytes = b""
     """The shard's per-sample table (:mod:`shardify.sampletable`); empty for a chunked shard."""
+    tokens: bytes = b""
+    """Each document's length in tokens, little-endian uint32 (a token split; empty otherwise)."""
 
     def to_record(self) -> dict[str, Any]:
         """What a resume record keeps of this result (JSON-ready; :meth:`from_record` reads it)."""
@@ -74,6 +76,7 @@ class ShardResult:
             "fields": list(self.fields),
             "skipped": [[s.path, s.reason] for s in self.skipped],
             "notes": [[s.path, s.reason] for s in self.notes],
+            **({"tokens": base64.b64encode(self.tokens).decode()} if self.tokens else {}),
         }
 
     @classmethod
@@ -91,4 +94,5 @@ class ShardResult:
             notes=tuple(Ignored(p, why, "note") for p, why in r.get("notes", [])),
             offsets=tuple(r["offsets"]),
             samples=base64.b64decode(r.get("samples", "")),
+            tokens=base64.b64decode(r.get("tokens", "")),
         )
