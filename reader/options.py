@@ -179,6 +179,7 @@ def with_defaults(groups: dict[str, Any]) -> dict[str, Any]:
     return {name: GROUPS[name]() if value is None else value for name, value in groups.items()}
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class ReadOptions:
     """Every option of a :class:`ShardedDataset`, stored once: its direct keywords and its four

@@ -616,7 +616,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "M61",
         "convert_items: an item whose fn raises is reported with its index (never dropped)",
         "convert/pyapi/fromitems.py",
-        '            stream.skip(Ignored(f"item {index}: {item_repr(item)}", reason))',
+        '            stream.skip(Ignored(f"{noun} {index}: {item_repr(item)}", reason))',
         "            pass",
         ("tests/convert/pyapi/test_fromitems.py::test_a_failing_fn_is_reported_with_index_repr_and_error",),
     ),
