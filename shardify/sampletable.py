@@ -118,7 +118,15 @@ class TableBuilder:
             self._marks.append(at)
 
     def feed(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
+        view = data if type(data) is bytes else memoryview(data).cast("B")
+        n = len(view)
+        if not self._marks or self._marks[0] >= self._pos + n:  # within one sample: most writes
+            if self._crc is not None and n:
+                self._crc = zlib.crc32(view, self._crc)
+                self._sha.update(view)
+            self._pos += n
+            return
+        view = memoryview(view)
         while self._marks and self._marks[0] < self._pos + len(view):
             n = self._marks.pop(0) - self._pos
             self._update(view[:n])

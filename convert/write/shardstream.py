@@ -27,14 +27,18 @@ from shardify.convert.write.outfs import OutputFS
 from shardify.convert.write.shardtypes import ShardResult
 from shardify.convert.write.tarwrite import HashingWriter, split_members, temp_name, write_chunk, write_members
 from shardify.errors import OutputError
-from shardify.tarfmt import END_OF_ARCHIVE, OFFSET_STRIDE, member_size, shard_name
+from shardify.tarfmt import BLOCK, END_OF_ARCHIVE, OFFSET_STRIDE, shard_name
 
 __all__ = ["ShardStream", "sample_size"]
 
 
 def sample_size(members: list[tuple[str, bytes]]) -> int:
-    """Bytes the members of one sample take in a shard, headers and padding included."""
-    return sum(member_size(len(data)) for _, data in members)
+    """Bytes the members of one sample take in a shard, headers and padding included
+    (:func:`~shardify.tarfmt.member_size` of each, inlined: called per sample)."""
+    size = 0
+    for _, data in members:
+        size += BLOCK + (len(data) + BLOCK - 1) // BLOCK * BLOCK
+    return size
 
 
 class ShardStream:
@@ -134,7 +138,10 @@ class ShardStream:
             raise OutputError(f"{self.fs.location}/{self._name()}: cannot write shard: {e.strerror or e}") from e
         self.samples += 1
         self.nbytes += written
-        self.fields.update(ext for ext, _ in members)
+        fields = self.fields
+        for ext, _ in members:  # a loop, not update(genexpr): called per sample
+            if ext not in fields:
+                fields.add(ext)
 
     def add_encoded(self, fields: tuple[str, ...], data: bytes | memoryview, start: int, end: int) -> None:
         """Append one sample already encoded as tar members (``data[start:end]``, see ``member_parts``).
