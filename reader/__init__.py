@@ -14,7 +14,7 @@ from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
-from shardify.reader.keys import split_keys
+from shardify.reader.splitkeys import split_keys
 from shardify.reader.options import (
     BatchOptions,
     CacheOptions,
