@@ -62,7 +62,7 @@ class CpuDecoding:
 
 
 class DeviceDecoding:
-    """Plan in the workers, decode on ``device``; see the module docstring.
+    """Prepare in the workers, decode on ``device``; see the module docstring.
 
     Made with the dataset's options and streams: raises what :func:`checked_device` raises, and
     DeviceDecodeOptionsError for a transform the device cannot run.
