@@ -4,7 +4,7 @@
 
 The commands live one module per side of the library: :mod:`~shardify.cli.convert` (the
 writer), :mod:`~shardify.cli.inspect` (``info``, ``verify``, ``keys``, ``show``: a finished dataset),
-:mod:`~shardify.cli.read` (``bench``: the reader) and :mod:`~shardify.cli.maintain` (``gc``).
+:mod:`~shardify.cli.benchcmd` (``bench``: the reader) and :mod:`~shardify.cli.maintain` (``gc``).
 Each adds its parser and sets ``run``; only :func:`main` prints errors. Importing this module
 does not import torch: only ``bench`` and ``show`` load the reader.
 """
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from shardify import __version__
-from shardify.cli import convert, inspect, maintain, read
+from shardify.cli import benchcmd, convert, inspect, maintain
 from shardify.cli.common import EXIT_ERROR, EXIT_USAGE, FORMATTER, UsageError
 from shardify.errors import ShardifyError, SplitRequiredError
 from shardify.suggest import closest
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_parser(sub)
     inspect.add_parsers(sub)
-    read.add_parser(sub)
+    benchcmd.add_parser(sub)
     maintain.add_parser(sub)
     parser.epilog = _grouped_commands(sub) + "\n\n" + _EXAMPLES
     return parser

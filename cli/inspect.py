@@ -200,7 +200,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    from shardify.reader.keys import split_keys  # deferred: the reader imports torch
+    from shardify.reader.splitkeys import split_keys  # deferred: the reader imports torch
 
     out = sys.stdout
     for key in split_keys(split_source(args.dataset, args.split)):

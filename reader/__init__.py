@@ -14,7 +14,6 @@ from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
-from shardify.reader.keys import split_keys
 from shardify.reader.options import (
     BatchOptions,
     CacheOptions,
@@ -25,6 +24,7 @@ from shardify.reader.options import (
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample import transforms
 from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
+from shardify.reader.splitkeys import split_keys
 from shardify.reader.streams import Stream
 
 __all__ = [

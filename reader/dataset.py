@@ -117,7 +117,7 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
             batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, fields=columns, map=map, **groups
         )
         self.streams = opened_streams(source, split=split, options=self.options)
-        # where images are decoded, chosen once: in the workers, or planned there and decoded by make_loader
+        # where images are decoded, chosen once: in the workers, or prepared there and decoded by make_loader
         self.decode_strategy: Decoding = choose_decoding(self.options, self.streams)
         self.decode_device: torch.device | None = self.decode_strategy.device
         self._setup = setup = ReadSetup.of(self.options, self.streams)

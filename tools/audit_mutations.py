@@ -300,7 +300,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M27",
         "device decode: workers draw the flip exactly as the CPU path does",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         "            if rng.random() < p:",
         "            if rng.random() > p:",
         ("tests/reader/sample/test_device_decode.py::test_same_crop_boxes_and_flips_as_the_cpu_path",),
@@ -530,7 +530,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M52",
         "device decode: only baseline 8-bit 3-component JPEGs go to the device",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         "frame.sof not in (0, 1) or",
         "frame.sof not in (0, 1, 2) or",
         ("tests/reader/sample/test_device_decode.py::test_jpeg_header_decides_what_goes_to_the_device",),
@@ -702,7 +702,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M70",
         "device decode without CUDA is a DeviceDecodeError saying what is missing",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         '    if device.type == "cuda" and not torch.cuda.is_available():',
         "    if False:",
         ("tests/reader/sample/test_device_decode.py::test_no_cuda_is_a_clear_error",),
@@ -742,7 +742,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M75",
         "under device decode, map= (which would see undecoded images) is refused when the dataset is made",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         "    if options.map is not None or any(s.map is not None for s in streams):",
         "    if False:",
         (
@@ -752,7 +752,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M76",
         "under device decode, the columns other than images are collated as on the CPU path",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         "        out.append(packed if packed is not None else default_collate(column, empty=empty))",
         "        out.append(packed if packed is not None else list(column))",
         ("tests/reader/sample/test_device_decode.py::test_the_pipeline_gives_the_cpu_paths_batches",),
@@ -760,7 +760,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "M77",
         "under device decode, a custom collate_fn (which would see undecoded images) is refused",
-        "reader/sample/device_plan.py",
+        "reader/sample/device_prep.py",
         "    if collate_fn is not None and collate_fn is not default_collate:",
         "    if False:",
         (

@@ -24,7 +24,7 @@ The GPU figures of docs/performance.md, one command each (on the GPU host; the J
 
 ``--feed``: no model, the loop only takes batches (synchronising at the end): the loader's
 rate into the GPU. ``--device-side``: where the device side of device decode spends its time,
-per batch (batches as the workers plan them, iterated in this process, no workers), timed on
+per batch (batches as the workers prepare them, iterated in this process, no workers), timed on
 the device, each synchronised, best and median of ``--reps``: (1) the batched JPEG decode alone
 (``torchvision.io.decode_jpeg(list, device=...)``, nvJPEG); (2) crop, resize and flip alone
 (``augment_batch`` on the decoded images); (3) the whole :class:`DeviceDecoder` call.
@@ -51,7 +51,7 @@ from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DevicePrefetcher
 from shardify.reader.sample.device_augment import augment_batch
 from shardify.reader.sample.device_decode import DeviceDecoder, encoded_images, nvjpeg_decoder, pil_decoder
-from shardify.reader.sample.device_plan import EncodedBatch
+from shardify.reader.sample.device_prep import EncodedBatch
 
 
 def small_convnet(width: int = 32, classes: int = 1000) -> nn.Module:

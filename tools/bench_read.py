@@ -109,12 +109,12 @@ def remote(args: argparse.Namespace) -> int:
         ):
             print(json.dumps({"samples": what, "block": block, "requests": args.requests, **row}))
     if args.nodes:
-        layouts = [("json-index", dataset)]
+        indexes = [("json-index", dataset)]
         if args.sidecars:
-            layouts.append(("compact-index", build(args.out, args.images, args.per_shard, sidecars=True)))
-        for layout, ds in layouts:
-            for row in bench_remote.node_traffic(ds, nodes=args.nodes, work=args.out / f"nodes-{layout}"):
-                print(json.dumps({"index": layout, **row}))
+            indexes.append(("compact-index", build(args.out, args.images, args.per_shard, sidecars=True)))
+        for index, ds in indexes:
+            for row in bench_remote.node_traffic(ds, nodes=args.nodes, work=args.out / f"nodes-{index}"):
+                print(json.dumps({"index": index, **row}))
     return 0
 
 

@@ -11,7 +11,7 @@ one on one core in this process (best of ``--repeat``):
   crop allows, as the path does), augment (the rest of ``apply_encoded``: crop, resize,
   flip), collate (a batch of 256 into one tensor);
 - device-decode path, worker side: shard read, header parse + box and flip draw
-  (``DevicePlanner``), pack (a batch's bytes into one tensor);
+  (``DevicePrep``), pack (a batch's bytes into one tensor);
 - loader runs with each ``--workers``: img/s out of ``make_loader`` (no device), and the
   main process's CPU time per batch (receiving the batch from a worker, unpacking it);
   the same for the device-decode path's worker side (its batches are not decoded);
@@ -39,7 +39,7 @@ from shardify.reader import transforms as T
 from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.collate import default_collate
 from shardify.reader.sample.decode import _simplejpeg, draft_scale, turbo_jpeg_size
-from shardify.reader.sample.device_plan import DevicePlanner, pack_planned
+from shardify.reader.sample.device_prep import DevicePrep, pack_prepared
 
 __all__ = ["profile", "main"]
 
@@ -75,27 +75,27 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
     def decode_only() -> None:
         for key, data in samples:
             w, h = turbo_jpeg_size(data)  # type: ignore[misc]
-            box, out = crop.plan(w, h, sample_rng(0, 0, key))
+            box, out = crop.draw_crop(w, h, sample_rng(0, 0, key))
             s = draft_scale(box, out)
             _simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=-(-w // s), min_height=-(-h // s))
 
     def decode_augment() -> list[torch.Tensor]:
         return [t.apply_encoded(data, sample_rng(0, 0, key)) for key, data in samples]
 
-    planner = DevicePlanner(t)
+    prep = DevicePrep(t)
 
-    def plan() -> list[Any]:
-        return [planner.plan(data, sample_rng(0, 0, key)) for key, data in samples]
+    def prepare() -> list[Any]:
+        return [prep.prepare(data, sample_rng(0, 0, key)) for key, data in samples]
 
     decode_us = timing.best_of(decode_only, repeat) / n * 1e6
     full_us = timing.best_of(decode_augment, repeat) / n * 1e6
-    plan_us = timing.best_of(plan, repeat) / n * 1e6
+    prep_us = timing.best_of(prepare, repeat) / n * 1e6
     images = decode_augment()
     batch = [(images[i % n], i % 1000) for i in range(batch_size)]
     collate_ms = timing.best_of(lambda: default_collate(batch), repeat) * 1e3
-    planned = plan()
-    planned_batch = [planned[i % n] for i in range(batch_size)]
-    pack_ms = timing.best_of(lambda: pack_planned(planned_batch), repeat) * 1e3
+    prepared = prepare()
+    prepared_batch = [prepared[i % n] for i in range(batch_size)]
+    pack_ms = timing.best_of(lambda: pack_prepared(prepared_batch), repeat) * 1e3
     return {
         "images": n,
         "read_us": read_us,
@@ -103,7 +103,7 @@ def _stage_costs(dataset: Path, *, batch_size: int, size: int, repeat: int, limi
         "augment_us": full_us - decode_us,
         "decode_augment_us": full_us,
         "collate_ms": collate_ms,
-        "header_draw_us": plan_us,
+        "header_draw_us": prep_us,
         "pack_ms": pack_ms,
     }
 

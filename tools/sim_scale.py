@@ -7,8 +7,8 @@ Run by hand (not a test):
 Computes from the format (tar member sizes, split-index entries) and times the reader's
 real plan functions for the workers of rank ``world // 2``, as a worker runs them, in a fresh
 (spawned) process whose peak resident memory it reports: the epoch's sequence
-(``shardify.reader.plan.mix.block_sequence``, plan layout 4; and, up to ``--max-blocks``
-blocks, layout 3's ``epoch_sequence`` with its ``assign.sequence_starts``), then
+(``shardify.reader.plan.mix.block_sequence``, plan version 4; and, up to ``--max-blocks``
+blocks, plan version 3's ``epoch_sequence`` with its ``assign.sequence_starts``), then
 ``assign.plan_worker`` and the worker's shuffled order (``resume.share_order``). Then, in
 another fresh process, it sets up a reader of a compact index of that many shards
 (``shardify.compactindex``, written to a temporary folder with its manifest and no shard): the
@@ -63,9 +63,9 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
     opts = PlanOptions(seed=0, shuffle=True, batch_size=args.batch_size, drop_last=True, block=args.block, buffer=1024)
     base = memory.memory_kib("self")["VmRSS"] * 1024  # resident now: the imports (torch, numpy), the shard sizes
     t0 = time.perf_counter()
-    if kind == "keyed":  # layout 4, the default: the takes as arrays, blocks in a keyed order
+    if kind == "keyed":  # plan version 4, the default: the takes as arrays, blocks in a keyed order
         seq = block_sequence([sizes], counts=None, seed=0, epoch=1, block=args.block)
-    else:  # layout 3: the whole epoch's block permutation, as Python tuples
+    else:  # plan version 3: the whole epoch's block permutation, as Python tuples
         seq = epoch_sequence([sizes], counts=None, seed=0, epoch=1, shuffle=True, block=args.block)
     t1 = time.perf_counter()
     starts = sequence_starts(seq)
@@ -100,7 +100,7 @@ def _plan_child(kind: str, sizes: list[int], args: argparse.Namespace, conn) -> 
 
 def _time_plan(sizes: list[int], args: argparse.Namespace) -> dict:
     """Plan rank ``world // 2``'s workers in a fresh process (spawned, so that its peak memory
-    is its own) under layout 4 and, up to ``--max-blocks`` blocks, under layout 3."""
+    is its own) under plan version 4 and, up to ``--max-blocks`` blocks, under plan version 3."""
     ctx = get_context("spawn")
     out: dict = {"rank": args.world // 2, "blocks": sum(sizes) // args.block}
     for kind in ("keyed", "whole") if out["blocks"] <= args.max_blocks else ("keyed",):
@@ -194,7 +194,7 @@ def _sizes(n: int, args: argparse.Namespace) -> list[int]:
 
 def chart(args: argparse.Namespace) -> None:
     """Plan one worker's epoch at each of ``args.sizes`` samples (each in a fresh process, as
-    :func:`main` does) and draw the time and the memory planning added, per plan layout."""
+    :func:`main` does) and draw the time and the memory planning added, per plan version."""
     import matplotlib  # deferred: only the chart needs it
 
     matplotlib.use("Agg")
@@ -206,7 +206,10 @@ def chart(args: argparse.Namespace) -> None:
         rows.append((int(samples), plan))
         print(json.dumps({"samples": int(samples), **plan}))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for kind, label in (("keyed", "layout 4 (keyed block order)"), ("whole", "layout 3 (whole permutation)")):
+    for kind, label in (
+        ("keyed", "plan version 4 (keyed block order)"),
+        ("whole", "plan version 3 (whole permutation)"),
+    ):
         points = [(n, p[kind]) for n, p in rows if kind in p]
         if not points:
             continue
@@ -240,7 +243,7 @@ def main() -> None:
         "--max-blocks",
         type=float,
         default=3e6,
-        help="also plan under layout 3 (the whole epoch's block permutation) up to this many blocks "
+        help="also plan under plan version 3 (the whole epoch's block permutation) up to this many blocks "
         "(memory: ~100 B each)",
     )
     ap.add_argument("--json", action="store_true")
@@ -248,7 +251,7 @@ def main() -> None:
         "--chart",
         default=None,
         metavar="PNG",
-        help="plan at each of --sizes instead, and draw one worker's plan time and added memory per layout",
+        help="plan at each of --sizes instead, and draw one worker's plan time and added memory per plan version",
     )
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e7, 1e8, 1e9], help="sample counts for --chart")
     args = ap.parse_args()
@@ -347,8 +350,8 @@ def main() -> None:
     )
     mb = 1e6
     for kind, what in (
-        ("keyed", "layout 4 (keyed block order, the default)"),
-        ("whole", "layout 3 (the whole epoch's block permutation)"),
+        ("keyed", "plan version 4 (keyed block order, the default)"),
+        ("whole", "plan version 3 (the whole epoch's block permutation)"),
     ):
         if kind not in plan:
             print(f"  {what}: not run ({plan['blocks']:,} blocks, over --max-blocks)")

@@ -1,4 +1,4 @@
-"""``format_bench``: the figures of :func:`~shardify.cli.bench.run.run_bench` as a table for people."""
+"""``format_bench``: the figures of :func:`~shardify.cli.bench.measure.run_bench` as a table for people."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ memory while work queued there may still read it. Image batches (uint8, ``N x C 
 with ``C == len(mean)``) become ``dtype`` and are normalised on the device; other tensors
 are only moved. Without CUDA the same code runs with no stream (tested on the CPU).
 
-With ``decode``, an :class:`~shardify.reader.sample.device_plan.EncodedBatch` (from a dataset
+With ``decode``, an :class:`~shardify.reader.sample.device_prep.EncodedBatch` (from a dataset
 with ``DecodeOptions(device=...)``) is decoded and augmented on the device by ``decode`` (a
 :class:`~shardify.reader.sample.device_decode.DeviceDecoder`), then normalised like any image
 batch. That work runs in a thread of its own (``shardify-decode``), on the side stream, up to
@@ -41,7 +41,7 @@ import torch
 
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.device_decode import fill_rows
-from shardify.reader.sample.planned import EncodedBatch
+from shardify.reader.sample.prepared import EncodedBatch
 from shardify.reader.stages.base import Stage, load_source_state, source_state
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
@@ -126,7 +126,7 @@ class DevicePrefetcher(Stage[Any]):
         if isinstance(obj, EncodedBatch):
             if self._decode is None or replaced is None:
                 raise ValueError(
-                    "a batch planned for device decode reached a DevicePrefetcher without decode=...; "
+                    "a batch prepared for device decode reached a DevicePrefetcher without decode=...; "
                     "iterate the dataset through make_loader"
                 )
             images, rows = self._decode(obj)

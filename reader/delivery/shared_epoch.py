@@ -3,7 +3,7 @@
 Persistent DataLoader workers hold a copy of the dataset made when they started, so
 ``set_epoch`` and ``resume_at`` in the main process reach them through one small
 shared-memory tensor created with the dataset: the current epoch, the resume point (epoch,
-batches, plan layout) and the history of the resumed epoch (one
+batches) and the history of the resumed epoch (one
 :class:`~shardify.reader.plan.resume.Segment` per earlier topology, at most
 :data:`MAX_SEGMENTS`). Each process reads it when its iteration starts (:meth:`SharedEpoch.start`).
 

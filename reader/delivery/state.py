@@ -3,7 +3,7 @@
 Version 3: ``epoch``; ``batches`` consumed by each rank in the current part of
 the epoch, read under ``world`` ranks x ``workers`` (DataLoader workers, 0 counting as 1);
 ``history``: the earlier parts of the epoch read on other topologies, ``[world, workers,
-batches]`` each (see :mod:`shardify.reader.plan.resume`); ``layout``: the plan's version
+batches]`` each (see :mod:`shardify.reader.plan.resume`); ``plan_version``: the plan's version
 (:data:`~shardify.reader.plan.resume.PLAN_VERSION`);
 ``seed`` and ``plan``, the options that must match to resume; ``num_batches``, an epoch's
 batches per rank; ``data``, one ``{"version", "digest"}`` per stream: the split's version
@@ -85,7 +85,7 @@ _CHECKED = (
     "workers",
     "num_batches",
     "history",
-    "layout",
+    "plan_version",
     "plan",
     "data",
 )
@@ -101,7 +101,7 @@ _ITER_CHECKED = (
     "batches",
     "seed",
     "history",
-    "layout",
+    "plan_version",
     "plan",
     "data",
 )
@@ -137,7 +137,7 @@ def make_state(
             "workers": workers,
             "num_batches": b.inputs.rank_batches(epoch, world=world),  # a whole epoch's: len(dataset)
             "history": [[s.world, s.workers, s.batches] for s in history],
-            "layout": PLAN_VERSION,
+            "plan_version": PLAN_VERSION,
             "plan": plan_fields(b),
             "data": identities(b),
         }
@@ -225,10 +225,10 @@ def _check_version(state: dict[str, Any], *, what: str) -> None:
 
 def _check_plan_version(state: dict[str, Any], *, what: str) -> None:
     """Refuse a state of another plan version, naming the one found and the one wanted."""
-    layout = state.get("layout")
-    if layout != PLAN_VERSION or isinstance(layout, bool):
+    found = state.get("plan_version")
+    if found != PLAN_VERSION or isinstance(found, bool):
         raise ResumeError(
-            f"{what} state field 'layout' (the plan version) is {layout!r}; this reader plans epochs with "
+            f"{what} state field 'plan_version' is {found!r}; this reader plans epochs with "
             f"plan version {PLAN_VERSION} only"
         )
 
@@ -312,7 +312,7 @@ def make_iter_state(ds: StateSource, pos: IterPosition) -> dict[str, Any]:
             "batches": pos.batches,
             "seed": b.inputs.seed,
             "history": [[s.world, s.workers, s.batches] for s in pos.history],
-            "layout": PLAN_VERSION,
+            "plan_version": PLAN_VERSION,
             "plan": plan_fields(b),
             "data": identities(b),
         }

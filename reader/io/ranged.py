@@ -11,7 +11,7 @@ mismatch is a :class:`~shardify.errors.SampleChecksumError` naming the shard and
 key, for that position only (the request's other samples are used). Memory holds at most
 ``requests`` requests' bytes, the tables of the shards they and the
 loads ahead are for, and the most recently used others up to ``table_cache_bytes``. A read
-that was not planned is fetched alone.
+that was not announced is fetched alone.
 
 A host that ignores ``Range`` is read whole (:mod:`~shardify.reader.io.wholehost`), samples still
 checked. Fetch threads are daemons (:mod:`~shardify.reader.io.fetchpool`); :meth:`RangeFetcher.cancel`
@@ -89,7 +89,7 @@ class RangeFetcher:
     """Sample bytes of the shards ``urls`` that have a table in ``tables`` (empty: not read
     here; a callable: loads it, in the pool, up to ``requests`` shards ahead of the reads),
     fetched with ``fetch`` (its retry policy, storage options and ``requests``). The tables of
-    shards with reads planned or in flight are kept; of the others, the most recently used
+    shards with reads announced or in flight are kept; of the others, the most recently used
     up to ``table_cache_bytes`` (records' bytes); one dropped is loaded again when needed."""
 
     def __init__(
@@ -111,10 +111,10 @@ class RangeFetcher:
         options = distinct_values(fetch)
         self._failed: dict[int, ShardFormatError] = {}  # tables that could not be loaded
         self._max = max_request_bytes
-        self._runs: deque[Run] = deque()  # planned, tables not yet asked for
-        self._window: deque[Run] = deque()  # planned, tables asked for, not yet made requests
+        self._runs: deque[Run] = deque()  # announced, tables not yet asked for
+        self._window: deque[Run] = deque()  # announced, tables asked for, not yet made requests
         self._window_shards: Counter[int] = Counter()  # the window's runs per shard (at most `requests` shards)
-        self._ahead: deque[_Request] = deque()  # submitted, in plan order
+        self._ahead: deque[_Request] = deque()  # submitted, in announced order
         self._pool: DaemonPool | None = None
         self._requests = max((f.requests for f in options), default=1)
         # Tables, touched by the worker's thread only (a pool thread gets the ranges it needs
@@ -162,7 +162,7 @@ class RangeFetcher:
             if found is not None:
                 self._lru.move_to_end(shard)
                 return found
-            found = self._load(shard)  # not planned: loaded in this thread
+            found = self._load(shard)  # not announced: loaded in this thread
         except ShardFormatError as e:
             self._failed[shard] = e
             self._loads.pop(shard, None)
@@ -219,7 +219,7 @@ class RangeFetcher:
             self._unpin(self._current[0])
         self._current = shard, ranges
 
-    def plan(self, runs: Iterable[Run]) -> None:
+    def announce(self, runs: Iterable[Run]) -> None:
         """The reads to come, in order (those of shards not read here are passed over); the
         tables of the first ``requests`` shards start loading."""
         self.cancel()
@@ -227,7 +227,7 @@ class RangeFetcher:
         self._fill()
 
     def _fill(self) -> None:
-        """Ask for the tables of the next planned runs, up to ``requests`` shards ahead of the
+        """Ask for the tables of the next announced runs, up to ``requests`` shards ahead of the
         request being built."""
         while self._runs and (len(self._window_shards) < self._requests or self._runs[0][0] in self._window_shards):
             run = self._runs.popleft()
@@ -244,8 +244,8 @@ class RangeFetcher:
         return run
 
     def _next_request(self) -> _Request | None:
-        """The next request of the plan: its next runs that touch in one shard (up to the
-        request size). A shard whose table cannot be loaded stays in the plan as a request that
+        """The next request of the announced reads: its next runs that touch in one shard (up to the
+        request size). A shard whose table cannot be loaded stays among them as a request that
         failed with its error, raised where its read is made; the reads after it keep their place."""
         self._fill()
         if not self._window:
@@ -285,7 +285,7 @@ class RangeFetcher:
                     self._ahead.popleft()
                     self._top_up()
                 return self._slice(req, data, start, stop)
-            self._drop(self._ahead.popleft())  # read out of plan (a resume, an error): forget it
+            self._drop(self._ahead.popleft())  # read out of order (a resume, an error): forget it
             self._top_up()
         ranges = self._sample_ranges(shard)
         self._current_is(shard, ranges)
@@ -359,7 +359,7 @@ class RangeFetcher:
             self._unpin(req.runs.popleft()[0])
 
     def cancel(self) -> None:
-        """Forget the planned reads; aborts the requests in flight and waits (up to
+        """Forget the announced reads; aborts the requests in flight and waits (up to
         :data:`STOP_WAIT_S`) for them and the table loads to end."""
         running: list[Future[Any]] = [r.future for r in self._ahead if r.future is not None]
         for req in self._ahead:

@@ -105,10 +105,10 @@ class ShardReader:
         )
         self._ranged = ranged
 
-    def plan(self, runs: Iterable[tuple[int, int, int]]) -> None:
+    def announce(self, runs: Iterable[tuple[int, int, int]]) -> None:
         """The ``(shard, start, stop)`` reads to come, in order: ranged shards fetch ahead."""
         if self._ranged is not None:
-            self._ranged.plan(runs)
+            self._ranged.announce(runs)
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Item]:
         """Yield the ``stop - start`` items at positions ``start..stop-1`` of shard ``shard``."""

@@ -146,7 +146,7 @@ def shard_sequence(sizes: Sequence[int], order: Sequence[int]) -> tuple[Range, .
 
 def sequence_starts(sequence: Sequence[Range] | BlockSequence) -> np.ndarray | None:
     """Where each range of ``sequence`` starts in it, plus its length at the end (int64);
-    None for a :class:`BlockSequence` (layout 4), which needs none.
+    None for a :class:`BlockSequence` (plan version 4), which needs none.
 
     Checks every range once (``0 <= start <= stop``), vectorised: computed once per epoch's
     sequence and passed to :func:`plan_worker` for each worker, it is the only part of
@@ -206,7 +206,7 @@ def plan_worker(
     ``starts``: :func:`sequence_starts` of ``sequence`` (which also checks its ranges), computed
     once when the caller plans the same sequence for several workers; given, the plan costs
     a binary search per piece of the worker's share, whatever the length of the sequence.
-    A :class:`BlockSequence` (layout 4) needs no ``starts``: the share's positions are mapped
+    A :class:`BlockSequence` (plan version 4) needs no ``starts``: the share's positions are mapped
     through its keyed block order, O(share) whatever the epoch's length.
     """
     if not 0 <= rank < world:
@@ -255,7 +255,7 @@ def _share_runs(
 def _plan_blocks(
     sequence: BlockSequence, *, rank: int, world: int, worker: int, workers: int, batch_size: int, drop_last: bool
 ) -> WorkerPlan:
-    """:func:`plan_worker` of a layout 4 sequence: the share's positions (wrapped past the end
+    """:func:`plan_worker` of a plan version 4 sequence: the share's positions (wrapped past the end
     for padding repeats) mapped to shard ranges with numpy."""
     total = sequence.total
     runs = _share_runs(

@@ -1,4 +1,4 @@
-"""An epoch's block-shuffled sequence that each worker evaluates on its own slice only (plan layout 4).
+"""An epoch's block-shuffled sequence that each worker evaluates on its own slice only (plan version 4).
 
 The epoch's takes (the streams' shards laid end to end, see :mod:`shardify.reader.plan.mix`)
 are held as three numpy arrays, one entry per shard range, never as Python tuples. The
@@ -28,7 +28,7 @@ _CHUNK = 1 << 20
 
 
 class BlockSequence:
-    """The epoch's sequence of layout 4: ``takes`` (shard, first index, samples) in blocks of
+    """The epoch's sequence of plan version 4: ``takes`` (shard, first index, samples) in blocks of
     ``block`` put in the keyed order of ``(seed, epoch)``; see the module docstring.
 
     ``total`` is its length in samples. Iterating lists all of it as ``(shard, start, stop)``

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 PLAN_VERSION = 4
-"""The version of the epoch plan, recorded in every state (its ``layout`` field): blocks of
+"""The version of the epoch plan, recorded in every state (its ``plan_version`` field): blocks of
 every shard in a keyed order that each worker evaluates on its own share
 (:mod:`shardify.reader.plan.blocks`; the shards of a pass in
 :func:`~shardify.reader.plan.mix.shard_permutation` order), and a shuffle buffer that ramps up

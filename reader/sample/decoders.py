@@ -4,12 +4,12 @@
   (:class:`~shardify.reader.sample.processor.SampleProcessor`, ``map=`` included) and collates a
   batch with ``collate_fn`` (default :func:`~shardify.reader.sample.collate.default_collate`);
   nothing runs on the device but the copy.
-- :class:`DeviceDecoding` (``DecodeOptions(device=...)``): each worker only plans a sample
-  (:class:`~shardify.reader.sample.device_plan.PlanningProcessor`: JPEG header, crop and flip
+- :class:`DeviceDecoding` (``DecodeOptions(device=...)``): each worker only prepares a sample
+  (:class:`~shardify.reader.sample.device_prep.PrepProcessor`: JPEG header, crop and flip
   draws; the images nvJPEG cannot take decoded there) and packs a batch
-  (:func:`~shardify.reader.sample.device_plan.pack_samples`: one ``EncodedBatch`` per image
+  (:func:`~shardify.reader.sample.device_prep.pack_samples`: one ``EncodedBatch`` per image
   column); make_loader's prefetcher then runs its device stage
-  (:class:`~shardify.reader.sample.device_decode.DeviceDecoder`). The plans never leave the
+  (:class:`~shardify.reader.sample.device_decode.DeviceDecoder`). The preps never leave the
   strategy's own stages: ``map=``, a custom ``collate_fn=`` and ``bucket_length=``, which would
   see undecoded images, are refused when the dataset is made
   (:class:`~shardify.errors.DeviceDecodeOptionsError`).
@@ -30,7 +30,7 @@ import torch
 
 from shardify.reader.sample.collate import Empty, default_collate, private_empty, with_allocator
 from shardify.reader.sample.device_decode import DeviceDecoder, JpegDecoder
-from shardify.reader.sample.device_plan import DevicePlanner, PlanningProcessor, checked_device, pack_samples
+from shardify.reader.sample.device_prep import DevicePrep, PrepProcessor, checked_device, pack_samples
 from shardify.reader.sample.processor import stream_processors
 
 __all__ = ["CpuDecoding", "DeviceDecoding", "Decoding", "choose_decoding"]
@@ -62,7 +62,7 @@ class CpuDecoding:
 
 
 class DeviceDecoding:
-    """Plan in the workers, decode on ``device``; see the module docstring.
+    """Prepare in the workers, decode on ``device``; see the module docstring.
 
     Made with the dataset's options and streams: raises what :func:`checked_device` raises, and
     DeviceDecodeOptionsError for a transform the device cannot run.
@@ -70,15 +70,15 @@ class DeviceDecoding:
 
     def __init__(self, device: str | torch.device, options: Any, streams: Sequence[Any]) -> None:
         self.device: torch.device | None = checked_device(device, options, streams)
-        default = DevicePlanner(options.transform) if options.transform is not None else None
-        self._planners = [DevicePlanner(s.transform) if s.transform is not None else default for s in streams]
+        default = DevicePrep(options.transform) if options.transform is not None else None
+        self._preps = [DevicePrep(s.transform) if s.transform is not None else default for s in streams]
 
     def processors(
         self, streams: Sequence[Any], columns: Sequence[tuple[str, ...]], options: Any, *, epoch: int
     ) -> list[Processor]:
         return [
-            PlanningProcessor(
-                planner=cast(DevicePlanner, planner),  # checked_device: each stream has a transform
+            PrepProcessor(
+                prep=cast(DevicePrep, prep),  # checked_device: each stream has a transform
                 fields=fields,
                 seed=options.seed,
                 epoch=epoch,
@@ -86,7 +86,7 @@ class DeviceDecoding:
                 skip_errors=options.skip_errors,
                 unique_keys=s.source.unique_keys,
             )
-            for s, fields, planner in zip(streams, columns, self._planners)
+            for s, fields, prep in zip(streams, columns, self._preps)
         ]
 
     def collate(self, options: Any, *, empty: Empty = private_empty) -> Callable[[list[Any]], Any]:

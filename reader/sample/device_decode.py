@@ -27,7 +27,7 @@ import torch
 from shardify.errors import DeviceDecodeError, SampleError
 from shardify.reader.sample.decode import decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import MAX_CHUNK_BYTES, augment_batch
-from shardify.reader.sample.planned import EncodedBatch
+from shardify.reader.sample.prepared import EncodedBatch
 
 __all__ = ["JpegDecoder", "nvjpeg_decoder", "pil_decoder", "DeviceDecoder", "encoded_images", "fill_rows"]
 

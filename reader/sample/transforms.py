@@ -61,7 +61,7 @@ __all__ = [
 
 
 class _Geometric(Transform):
-    """A crop of the original image resized to an output size; planned before decoding.
+    """A crop of the original image resized to an output size; drawn before decoding.
 
     ``fast_decode=True`` (a keyword of every crop transform) decodes JPEGs on the fast path
     with libjpeg-turbo's fast integer IDCT and fast chroma upsampling, as FFCV and DALI do:
@@ -72,7 +72,7 @@ class _Geometric(Transform):
 
     fast_decode: bool = False
 
-    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+    def draw_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         """Draw the crop box (original pixels) and the output (w, h) for an image of that size."""
         raise NotImplementedError
 
@@ -80,29 +80,29 @@ class _Geometric(Transform):
         return img.resize(size, Image.Resampling.BILINEAR, box=box)
 
     def __call__(self, img: Image.Image, rng: random.Random) -> Image.Image:
-        box, size = self.plan(img.width, img.height, rng)
+        box, size = self.draw_crop(img.width, img.height, rng)
         return self._resample(img, box, size)
 
     def apply_encoded(self, data: bytes, rng: random.Random) -> torch.Tensor:
-        return _as_output(self._decode_planned(data, rng))  # type: ignore[return-value]
+        return _as_output(self._decode_cropped(data, rng))  # type: ignore[return-value]
 
-    def _decode_planned(self, data: bytes, rng: random.Random) -> torch.Tensor | Image.Image:
+    def _decode_cropped(self, data: bytes, rng: random.Random) -> torch.Tensor | Image.Image:
         """JPEG and raw pixels: the fast path's tensor. Other formats: the plain path's PIL image."""
         raw = raw_pixels(data)
         if raw is not None:  # pre-decoded (--raw-pixels): the box is drawn on the stored size
-            box, size = self.plan(raw.shape[1], raw.shape[0], rng)
+            box, size = self.draw_crop(raw.shape[1], raw.shape[0], rng)
             cropped = raw_crop(raw, box, size, crop_first=isinstance(self, RandomResizedCrop))
             return cropped if cropped is not None else self._resample(raw_image(raw), box, size)
         turbo = turbo_jpeg_size(data)
         if turbo is not None:  # the usual JPEG: no Pillow at all, unless the crop needs it
-            box, size = self.plan(*turbo, rng)
+            box, size = self.draw_crop(*turbo, rng)
             fast = turbo_crop(data, *turbo, box, size, fast=self.fast_decode)
             if fast is not None:
                 return fast
             img = open_image(data)
         else:
             img = open_image(data)
-            box, size = self.plan(img.width, img.height, rng)
+            box, size = self.draw_crop(img.width, img.height, rng)
         if isinstance(img, JpegImageFile):
             return decode_jpeg_crop(img, box, size, data=None if turbo is not None else data)
         return self._resample(load_rgb(img), box, size)
@@ -172,7 +172,7 @@ class RandomResizedCrop(_Geometric):
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+    def draw_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         top, left, h, w = self.crop_params(width, height, rng)
         return (left, top, left + w, top + h), (self.size[1], self.size[0])
 
@@ -196,7 +196,7 @@ class ScaleJitter(_Geometric):
         self.min_size, self.max_size, self.crop = min_size, max_size, crop
         self.fast_decode = fast_decode
 
-    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+    def draw_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         nw, nh = _shorter_side_to(width, height, rng.randint(self.min_size, self.max_size))
         top, left = rng.randint(0, nh - self.crop), rng.randint(0, nw - self.crop)
         fx, fy, c = width / nw, height / nh, self.crop
@@ -213,7 +213,7 @@ class ResizeCenterCrop(_Geometric):
         self.resize, self.crop = resize, crop
         self.fast_decode = fast_decode
 
-    def plan(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
+    def draw_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, tuple[int, int]]:
         nw, nh = _shorter_side_to(width, height, self.resize)
         c = self.crop
         top, left = int(round((nh - c) / 2.0)), int(round((nw - c) / 2.0))
@@ -267,7 +267,7 @@ class Compose(Transform):
     def apply_encoded(self, data: bytes, rng: random.Random) -> Any:
         first = self.transforms[0] if self.transforms else None
         if isinstance(first, _Geometric):  # decoded with the first transform's crop and resize (the fast path)
-            value = first._decode_planned(data, rng)
+            value = first._decode_cropped(data, rng)
             return augmenting(lambda: self._augmented(value, rng))
         img = decode_image(data)
         return augmenting(lambda: _as_output(self(img, rng)))

@@ -3,7 +3,7 @@
 Applies the collate function (``BatchOptions.collate_fn``, default
 :func:`~shardify.reader.sample.collate.default_collate`); its time goes to the
 :data:`~shardify.reader.sample.clock.CLOCK`'s ``collate``. A stage that sends batches to the
-training process (the shared-memory transport) follows it. State: its source's
+training process (``ToSharedMemory``, :mod:`shardify.reader.stages.sharedmem`) follows it. State: its source's
 (``{"source": ...}``); collating holds nothing, so skipping ``k`` batches skips ``k`` of its source's.
 """
 

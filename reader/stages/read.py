@@ -6,8 +6,8 @@ over it restores it differently: it marks the positions its output has consumed
 (:meth:`Read.consume`), and those are never read.
 
 Each run of consecutive positions in one shard range is one ranged read; the reader is told
-all the reads first (``ShardReader.plan``) so that remote ranges are fetched ahead, and told
-to drop them (``plan(())``) when the stage is closed or stops early.
+all the reads first (``ShardReader.announce``) so that remote ranges are fetched ahead, and told
+to drop them (``announce(())``) when the stage is closed or stops early.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["Read", "ItemReader", "read_runs"]
 class ItemReader(Protocol):
     """What ``Read`` needs of a shard reader (``ShardReader`` is one)."""
 
-    def plan(self, runs: Any) -> None: ...
+    def announce(self, runs: Any) -> None: ...
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Any]: ...
 
@@ -62,7 +62,7 @@ def read_runs(
 class Read(Stage[tuple[int, Any]]):
     """``(position, item)`` for the share's positions in ``order`` (positions into ``ranges``,
     the worker's shard ranges laid end to end), except ``consumed`` ones. Lazy: nothing is
-    planned or read before the first item is asked for."""
+    announced or read before the first item is asked for."""
 
     def __init__(
         self, reader: ItemReader, ranges: Sequence[Range], order: Sequence[int], consumed: bytearray | None = None
@@ -89,13 +89,13 @@ class Read(Stage[tuple[int, Any]]):
             left = [i for i, p in enumerate(order) if self.consumed is None or not self.consumed[p]]
             order = order[left[self._skip] :] if self._skip < len(left) else ()
         runs = list(read_runs(self.ranges, order, self.consumed))
-        self.reader.plan((shard, first, first + count) for _, shard, first, count in runs)
+        self.reader.announce((shard, first, first + count) for _, shard, first, count in runs)
         try:
             for p, shard, first, count in runs:
                 for k, item in enumerate(self.reader.read(shard, first, first + count)):
                     yield p + k, item
         finally:
-            self.reader.plan(())  # stopped early (an error, a break): what was fetched ahead is not wanted
+            self.reader.announce(())  # stopped early (an error, a break): what was fetched ahead is not wanted
 
     def close(self) -> None:
         """Stop reading: what was fetched ahead is dropped."""

@@ -254,7 +254,7 @@ def test_an_epoch_reads_and_resumes_in_the_plans_keyed_block_order(counting_data
         head = [next(it)[0].tolist() for _ in range(5)]
         state = loader.state_dict()
         del it
-    assert state["layout"] == PLAN_VERSION == 4
+    assert state["plan_version"] == PLAN_VERSION == 4
     with make_loader(_counting(root, shuffle_buffer=40), num_workers=2) as loader:
         loader.load_state_dict(state)
         rest = [cls.tolist() for cls, _ in loader]

@@ -11,7 +11,7 @@ from shardify.errors import SampleError
 from shardify.reader import IMAGENET_MEAN, IMAGENET_STD, BatchOptions, DevicePrefetcher, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DECODE_AHEAD, resolve_device
-from shardify.reader.sample.device_plan import EncodedBatch
+from shardify.reader.sample.device_prep import EncodedBatch
 
 
 def batches(n: int = 3):

@@ -87,8 +87,8 @@ EDITS = [
     pytest.param(_drop("batches"), "field 'batches' is missing", id="dropped-batches"),
     pytest.param(_drop("check"), "field 'check' is None", id="dropped-check"),
     pytest.param(
-        lambda s: {**s, "check": {k: v for k, v in s["check"].items() if k != "layout"}},
-        "field 'check' has no checksum of field 'layout'",
+        lambda s: {**s, "check": {k: v for k, v in s["check"].items() if k != "plan_version"}},
+        "field 'check' has no checksum of field 'plan_version'",
         id="dropped-checksum",
     ),
     pytest.param(_truncated_json, "field '[a-z_]+' is missing", id="truncated-json"),
@@ -216,14 +216,24 @@ def test_a_state_of_an_earlier_version_is_refused_naming_both_versions(counting_
         loader.load_state_dict(old(state))
 
 
-@pytest.mark.parametrize("layout", [1, 2, 3, 5])
-def test_a_state_of_another_plan_version_is_refused_naming_both_versions(counting_dataset, layout):
+@pytest.mark.parametrize("version", [1, 2, 3, 5])
+def test_a_state_of_another_plan_version_is_refused_naming_both_versions(counting_dataset, version):
     root = counting_dataset(SIZES)
     state, _ = saved(root)
-    with pytest.raises(ResumeError, match=rf"field 'layout' \(the plan version\) is {layout}; .* plan version 4 only"):
-        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state({**state, "layout": layout}))
-    with pytest.raises(ResumeError, match=rf"field 'layout' \(the plan version\) is {layout}; .* plan version 4 only"):
-        ShardedDataset(root, **OPTIONS).load_state_dict(seal_state({**_iter_state(root), "layout": layout}))
+    with pytest.raises(ResumeError, match=rf"field 'plan_version' is {version}; .* plan version 4 only"):
+        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state({**state, "plan_version": version}))
+    with pytest.raises(ResumeError, match=rf"field 'plan_version' is {version}; .* plan version 4 only"):
+        ShardedDataset(root, **OPTIONS).load_state_dict(seal_state({**_iter_state(root), "plan_version": version}))
+
+
+def test_a_state_naming_its_plan_version_layout_is_refused(counting_dataset):
+    """The plan version's field was named ``layout`` before the first release: such a state is
+    refused naming the field this reader wants (no state of it was ever released)."""
+    root = counting_dataset(SIZES)
+    state, _ = saved(root)
+    old = {("layout" if k == "plan_version" else k): v for k, v in state.items() if k != "check"}
+    with pytest.raises(ValueError, match="field 'plan_version' is missing"):
+        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state(old))
 
 
 def test_a_dataset_state_of_an_earlier_version_is_refused_naming_both_versions(counting_dataset):

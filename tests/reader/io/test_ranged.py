@@ -310,7 +310,7 @@ def test_closing_the_reader_ends_its_fetch_threads(www):
     with rangeserver.serve(www) as (base, _):
         src = resolve_source(f"{base}/ds", retry=FAST)
         reader = ShardReader(src.urls, src.sizes, skip_damaged=False, ranged=range_fetcher([src]))
-        reader.plan([(0, 0, 4), (1, 0, 4)])
+        reader.announce([(0, 0, 4), (1, 0, 4)])
         assert len(list(reader.read(0, 0, 4))) == 4
         assert fetch_threads()
         reader.close()

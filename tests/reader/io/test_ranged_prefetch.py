@@ -96,7 +96,7 @@ def test_tables_of_the_next_shards_load_in_the_pool_before_their_reads(split: Sp
     ranged = _fetcher(split, loader, requests=4)
     runs = [(s, 0, 4) for s in range(n)]
     asked: dict[int, float] = {}
-    ranged.plan(runs)
+    ranged.announce(runs)
     for s, a, b in runs:
         asked[s] = time.perf_counter()
         assert ranged.samples(s, a, b) == split.local(s, a, b)
@@ -110,7 +110,7 @@ def test_tables_of_the_next_shards_load_in_the_pool_before_their_reads(split: Sp
 def test_a_table_that_fails_raises_where_its_read_is_made_and_later_reads_succeed(split: Split) -> None:
     loader = Loader(split.tables, delay=0.02, fail=frozenset({2}))
     ranged = _fetcher(split, loader, requests=4)
-    ranged.plan([(1, 0, 8), (2, 0, 8), (3, 0, 8), (4, 0, 4)])
+    ranged.announce([(1, 0, 8), (2, 0, 8), (3, 0, 8), (4, 0, 4)])
     assert ranged.samples(1, 0, 8) == split.local(1, 0, 8)
     with pytest.raises(SidecarError) as e:
         ranged.samples(2, 0, 8)
@@ -130,7 +130,7 @@ def test_a_table_dropped_from_a_tiny_budget_is_loaded_again_and_reads_stay_exact
     for budget, loads in ((0, 2), (32 << 20, 1)):
         loader = Loader(split.tables)
         ranged = _fetcher(split, loader, requests=1, table_cache_bytes=budget)
-        ranged.plan(runs)
+        ranged.announce(runs)
         for s, a, b in runs:
             assert ranged.samples(s, a, b) == split.local(s, a, b)
         assert ranged.samples(0, 2, 6) == split.local(0, 2, 6)  # out of plan
@@ -159,7 +159,7 @@ def test_tables_kept_never_exceed_those_pinned_plus_the_budget(split: Split, mon
         runs += blocks
     pinned = 2 * requests + 1  # shards of the window ahead, of the requests ahead, and the one being read
     kept = []
-    ranged.plan(runs)
+    ranged.announce(runs)
     for s, a, b in runs:
         assert ranged.samples(s, a, b) == split.local(s, a, b)
         kept.append(len(live))

@@ -257,7 +257,7 @@ def test_verify_hashes_a_shard_once_while_its_file_stays_the_same(tiny: Path, tm
 def test_show_and_bench_read_checked_samples(photos: Path, tmp_path: Path) -> None:
     """``shardify show`` and the benchmark's image reader pass over a changed sample, as the
     loader does: they read with the shards' per-sample tables."""
-    from shardify.cli.bench.run import _encoded_images
+    from shardify.cli.bench.measure import _encoded_images
     from shardify.reader.io.sources import resolve_source
     from shardify.reader.show import _read
 

@@ -60,7 +60,7 @@ def test_a_reader_touching_k_of_n_shards_fetches_exactly_their_k_sidecars(www: P
     with rangeserver.serve(www) as (base, served):
         ranged, names = _fetcher(f"{base}/ds", tmp_path / "cache")
         served.reset()
-        ranged.plan([])
+        ranged.announce([])
         assert served.paths == []  # nothing fetched before a read
         for shard in (3, 1, 3):
             assert len(ranged.samples(shard, 2, 5)) == 3
@@ -123,7 +123,7 @@ def test_a_shard_whose_sidecar_fails_keeps_the_reads_after_it_planned(www: Path,
     (www / "ds" / f"{entry['url']}.idx").unlink()
     with rangeserver.serve(www) as (base, served):
         ranged, names = _fetcher(f"{base}/ds", tmp_path / "cache")
-        ranged.plan([(1, 0, 8), (2, 0, 8), (3, 0, 8)])
+        ranged.announce([(1, 0, 8), (2, 0, 8), (3, 0, 8)])
         assert len(ranged.samples(1, 0, 8)) == 8
         for _ in range(500):  # until shard 3's request, made ahead, has been answered
             if sum(p.endswith(names[3]) for p in served.paths):

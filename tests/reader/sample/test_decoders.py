@@ -12,7 +12,7 @@ from shardify.reader import transforms as T
 from shardify.reader.sample.collate import pad_collate
 from shardify.reader.sample.decoders import CpuDecoding, DeviceDecoding
 from shardify.reader.sample.device_decode import DeviceDecoder, pil_decoder
-from shardify.reader.sample.device_plan import PlanningProcessor
+from shardify.reader.sample.device_prep import PrepProcessor
 from shardify.reader.sample.processor import SampleProcessor
 
 
@@ -34,7 +34,7 @@ def test_each_strategy_plugs_in_its_stages_and_draws_from_the_given_allocator(im
     for kw, strategy, processor, device_stage in (
         ({}, CpuDecoding, SampleProcessor, type(None)),
         ({"batching": BatchOptions(collate_fn=pad_collate)}, CpuDecoding, SampleProcessor, type(None)),
-        ({"decoding": DecodeOptions(device="cpu")}, DeviceDecoding, PlanningProcessor, DeviceDecoder),
+        ({"decoding": DecodeOptions(device="cpu")}, DeviceDecoding, PrepProcessor, DeviceDecoder),
     ):
         ds = ShardedDataset(image_dataset, batch_size=2, transform=T.imagenet_train(16), **kw)
         s = ds.decode_strategy
@@ -57,16 +57,16 @@ def test_the_device_strategys_errors_name_shard_and_key() -> None:
     import pytest
 
     from shardify.errors import SampleError
-    from shardify.reader.sample.device_plan import DevicePlanner, pack_samples
-    from shardify.reader.sample.planned import ImagePlan, PlannedSample
+    from shardify.reader.sample.device_prep import DevicePrep, pack_samples
+    from shardify.reader.sample.prepared import ImagePrep, PreparedSample
 
     box = (0.0, 0.0, 8.0, 8.0)
-    a = PlannedSample((ImagePlan(b"x", box, box, (8, 8), False), 1), "s0.tar", "k0")
-    b = PlannedSample((ImagePlan(b"y", box, box, (8, 6), False), 2), "s1.tar", "k1")
+    a = PreparedSample((ImagePrep(b"x", box, box, (8, 8), False), 1), "s0.tar", "k0")
+    b = PreparedSample((ImagePrep(b"y", box, box, (8, 6), False), 2), "s1.tar", "k1")
     with pytest.raises(ValueError, match=r"sample 1, shard s1.tar, key 'k1'.*one output size"):
         pack_samples([a, b])
-    process = PlanningProcessor(
-        planner=DevicePlanner(T.imagenet_train(8)),
+    process = PrepProcessor(
+        prep=DevicePrep(T.imagenet_train(8)),
         fields=["image", "cls"],
         seed=0,
         epoch=0,

@@ -27,25 +27,25 @@ from shardify.reader.sample.collate import default_collate, pad_collate
 from shardify.reader.sample.decode import DecodeError, decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import augment_batch
 from shardify.reader.sample.device_decode import pil_decoder
-from shardify.reader.sample.device_plan import DevicePlanner, device_decodable, jpeg_frame
-from shardify.reader.sample.planned import EncodedBatch
+from shardify.reader.sample.device_prep import DevicePrep, device_decodable, jpeg_frame
+from shardify.reader.sample.prepared import EncodedBatch
 
 SIZES = ((160, 120), (120, 160), (97, 131), (200, 150), (64, 333), (333, 64))
 
 
 class SpyCrop:
-    """Records the boxes a crop transform's ``plan`` draws (wraps the method of one instance)."""
+    """Records the boxes a crop transform's ``draw_crop`` draws (wraps the method of one instance)."""
 
     def __init__(self, crop: object) -> None:
         self.boxes: list[tuple] = []
-        plan = crop.plan  # type: ignore[attr-defined]
+        draw = crop.draw_crop  # type: ignore[attr-defined]
 
         def spy(width: int, height: int, rng: object) -> tuple:
-            box, size = plan(width, height, rng)
+            box, size = draw(width, height, rng)
             self.boxes.append((tuple(float(v) for v in box), size))
             return box, size
 
-        crop.plan = spy  # type: ignore[attr-defined]
+        crop.draw_crop = spy  # type: ignore[attr-defined]
 
 
 def _encoded(img: Image.Image, **save: object) -> bytes:
@@ -73,11 +73,11 @@ def _transforms() -> list[pytest.param]:
 
 @pytest.mark.parametrize("make", _transforms())
 def test_same_crop_boxes_and_flips_as_the_cpu_path(make) -> None:
-    """Over keys, epochs, seeds and sizes: the planner draws the CPU path's box, and consumes the
+    """Over keys, epochs, seeds and sizes: the device prep draws the CPU path's box, and consumes the
     sample's RNG exactly as the CPU path does (so the flips, the next draws, agree)."""
     t = make()
     crop = t.transforms[0] if isinstance(t, T.Compose) else t
-    planner = DevicePlanner(t)
+    prep = DevicePrep(t)
     spy = SpyCrop(crop)
     images = {s: jpeg_bytes(natural_image(*s, seed=i)) for i, s in enumerate(SIZES)}
     checked = 0
@@ -88,18 +88,18 @@ def test_same_crop_boxes_and_flips_as_the_cpu_path(make) -> None:
                 data, key = images[size], f"key{k:03d}"
                 rng_cpu, rng_dev = sample_rng(seed, epoch, key), sample_rng(seed, epoch, key)
                 cpu = t.apply_encoded(data, rng_cpu)
-                planned = planner.plan(data, rng_dev)
-                cpu_box, cpu_size = spy.boxes[-2]  # the CPU path's draw, then the planner's
-                assert planned.pixels is None and planned.data is data
-                assert (planned.box, planned.size) == (cpu_box, cpu_size) == spy.boxes[-1]
+                prepared = prep.prepare(data, rng_dev)
+                cpu_box, cpu_size = spy.boxes[-2]  # the CPU path's draw, then the device prep's
+                assert prepared.pixels is None and prepared.data is data
+                assert (prepared.box, prepared.size) == (cpu_box, cpu_size) == spy.boxes[-1]
                 assert rng_cpu.getstate() == rng_dev.getstate()
                 # the flip: the device output of the decoded image matches the CPU output, not its mirror
                 img = pil_to_tensor(decode_image(data))
                 out = augment_batch(
                     [img],
-                    torch.tensor([planned.box]),
-                    torch.tensor([planned.bounds]),
-                    torch.tensor([planned.flip]),
+                    torch.tensor([prepared.box]),
+                    torch.tensor([prepared.bounds]),
+                    torch.tensor([prepared.flip]),
                     (cpu.shape[1], cpu.shape[2]),
                 )[0]
                 assert (out.float() - cpu.float()).abs().mean() < (out.flip(-1).float() - cpu.float()).abs().mean()
@@ -112,19 +112,19 @@ def test_pixels_within_one_of_the_cpu_transform_on_the_same_decoded_image(make) 
     """The batched device augment vs the CPU transform's plain path (Pillow), same image, same
     draws: every pixel within 1 (rounding), the mean difference under 0.25."""
     t = make()
-    planner = DevicePlanner(t)
+    prep = DevicePrep(t)
     imgs, boxes, bounds, flips, expected = [], [], [], [], []
     for i in range(24):
         size = SIZES[i % len(SIZES)]
         data = jpeg_bytes(natural_image(*size, seed=100 + i))
-        planned = planner.plan(data, sample_rng(3, i, f"k{i}"))
+        prepared = prep.prepare(data, sample_rng(3, i, f"k{i}"))
         pil = decode_image(data)
         ref = t(pil, sample_rng(3, i, f"k{i}"))
         expected.append(ref if isinstance(ref, torch.Tensor) else pil_to_tensor(ref))
         imgs.append(pil_to_tensor(pil))
-        boxes.append(planned.box)
-        bounds.append(planned.bounds)
-        flips.append(planned.flip)
+        boxes.append(prepared.box)
+        bounds.append(prepared.bounds)
+        flips.append(prepared.flip)
     out = augment_batch(
         imgs,
         torch.tensor(boxes),
@@ -382,7 +382,7 @@ def test_output_contract_dtype_channels_last_and_normalisation(tmp_path: Path, s
             assert float((xd.float() - xc.float()).abs().max()) <= 2.01 / 255 / 0.224 + 0.05  # 2 levels, bf16
 
 
-def test_a_streams_own_transform_is_planned_for_the_device(tmp_path: Path, shards: SimpleNamespace) -> None:
+def test_a_streams_own_transform_is_prepared_for_the_device(tmp_path: Path, shards: SimpleNamespace) -> None:
     from shardify.reader import Stream
 
     root = _write(shards, tmp_path / "ds", _dataset_samples())
@@ -513,7 +513,7 @@ def test_an_undecoded_batch_given_to_a_model_says_what_it_is(tmp_path: Path, sha
     root = _write(shards, tmp_path / "ds", _dataset_samples())
     images, labels, keys = next(iter(DataLoader(_make(root, device=True), batch_size=None)))
     assert len(keys) == 6
-    with pytest.raises(TypeError, match=r"conv2d\(\) got a batch of JPEG bytes planned for device decode.*make_loader"):
+    with pytest.raises(TypeError, match=r"conv2d\(\) got a batch of JPEG bytes prepared for device.*make_loader"):
         torch.nn.Conv2d(3, 4, 3)(images)
-    with pytest.raises(TypeError, match=r"planned for device decode"):
+    with pytest.raises(TypeError, match=r"prepared for device decode"):
         torch.flatten(images)

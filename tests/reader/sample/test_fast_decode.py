@@ -37,7 +37,7 @@ def test_fast_decode_is_close_to_the_exact_path_and_not_equal(make) -> None:
 
 
 def test_bench_reports_the_fast_decode_ratio_and_pixel_difference() -> None:
-    from shardify.cli.bench.decode import fast_decode_figures
+    from shardify.cli.bench.fastdecode import fast_decode_figures
 
     encoded = [(f"k{s}", jpeg_bytes(natural_image(160, 120, seed=s))) for s in range(4)]
     r = fast_decode_figures(encoded, 96, passes=1)  # crops decoded at full scale (scaled IDCTs have no fast variant)

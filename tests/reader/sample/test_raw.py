@@ -66,19 +66,19 @@ def test_raw_pixels_give_the_plain_paths_pixels_within_the_tolerance(name: str) 
 
 
 class _Recorder:
-    """Wraps a crop transform's ``plan``: logs (stored width, height, box, size) per call."""
+    """Wraps a crop transform's ``draw_crop``: logs (stored width, height, box, size) per call."""
 
     def __init__(self, t: T.Transform) -> None:
         self.t, self.calls = t, []
         first = t.transforms[0] if isinstance(t, T.Compose) else t
-        plan = first.plan
+        draw = first.draw_crop
 
         def logged(width, height, rng):  # noqa: ANN001, ANN202
-            box, size = plan(width, height, rng)
+            box, size = draw(width, height, rng)
             self.calls.append((width, height, box, size))
             return box, size
 
-        first.plan = logged
+        first.draw_crop = logged
 
 
 @pytest.mark.parametrize("name", ["train", "eval", "jitter"])

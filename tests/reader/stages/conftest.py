@@ -79,14 +79,14 @@ def check_midpoints_fixture() -> Callable[..., list[Any]]:
 
 
 class FakeReader:
-    """Records what it was asked to plan and read."""
+    """Records what it was asked to announce and read."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[int, int, int]] = []
-        self.planned: list[list[tuple[int, int, int]]] = []
+        self.announced: list[list[tuple[int, int, int]]] = []
 
-    def plan(self, runs: Iterable[tuple[int, int, int]]) -> None:
-        self.planned.append(list(runs))
+    def announce(self, runs: Iterable[tuple[int, int, int]]) -> None:
+        self.announced.append(list(runs))
 
     def read(self, shard: int, start: int, stop: int) -> Iterator[Any]:
         self.reads.append((shard, start, stop))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shardify.reader.delivery.prefetch import DECODE_AHEAD, DevicePrefetcher
-from shardify.reader.sample.planned import EncodedBatch
+from shardify.reader.sample.prepared import EncodedBatch
 from shardify.reader.stages.base import Stage
 
 

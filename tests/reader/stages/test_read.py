@@ -17,7 +17,7 @@ def test_reads_each_run_once_and_restores_at_every_midpoint(check_midpoints: Any
     reader = fake_reader()
     list(Read(reader, RANGES, order))
     assert reader.reads == [(0, 0, 3), (2, 5, 7), (0, 3, 5), (2, 3, 5), (1, 0, 3)]
-    assert reader.planned[0] == reader.reads and reader.planned[-1] == []
+    assert reader.announced[0] == reader.reads and reader.announced[-1] == []
 
 
 def test_a_restored_read_skips_without_reading(fake_reader: Any) -> None:

@@ -1,18 +1,18 @@
 """Device decode, worker side: read the JPEG header, draw the crop and flip, send the bytes.
 
 The worker stage of :class:`~shardify.reader.sample.decoders.DeviceDecoding`. Each sample goes
-through a :class:`PlanningProcessor` (its output columns, as ``fields=`` names them) and each
-image through :class:`DevicePlanner`:
+through a :class:`PrepProcessor` (its output columns, as ``fields=`` names them) and each
+image through :class:`DevicePrep`:
 
 - a baseline JPEG that nvJPEG takes (8-bit YCbCr, 3 components, whole: ends with EOI) becomes
-  an :class:`ImagePlan`: its bytes, the crop box drawn with the transform's own ``plan`` from
+  an :class:`ImagePrep`: its bytes, the crop box drawn with the transform's own ``draw_crop`` from
   the header's size, and the flips, with the draws of the CPU path from the same
   ``random.Random`` (seeded by seed, epoch and key): the same crop on every topology;
 - anything else (PNG, progressive, CMYK, grayscale, unreadable header) is decoded here by the
   CPU path (``transform.apply_encoded``, the same draws again) and sent as pixels; a bad one
   raises here and follows ``on_error`` as on the CPU path.
 
-:func:`pack_samples` (the strategy's collate) turns a batch of planned samples into the CPU
+:func:`pack_samples` (the strategy's collate) turns a batch of prepared samples into the CPU
 path's batch structure with one :class:`EncodedBatch` per image column (the bytes laid end to
 end in one tensor, boxes, flips, the pixels of the CPU-decoded ones) and the other columns as
 ``default_collate`` makes them. :mod:`shardify.reader.sample.device_decode` decodes it on the device.
@@ -34,7 +34,7 @@ from shardify.reader.plan.shuffle import sample_rng
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import Empty, default_collate, private_empty
 from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode_field, over_pixel_limit
-from shardify.reader.sample.planned import EncodedBatch, ImagePlan, PlannedSample
+from shardify.reader.sample.prepared import EncodedBatch, ImagePrep, PreparedSample
 from shardify.reader.sample.processor import field_spec, missing_field
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
 
@@ -42,12 +42,12 @@ __all__ = [
     "JpegFrame",
     "jpeg_frame",
     "device_decodable",
-    "ImagePlan",
-    "PlannedSample",
+    "ImagePrep",
+    "PreparedSample",
     "EncodedBatch",
-    "DevicePlanner",
-    "PlanningProcessor",
-    "pack_planned",
+    "DevicePrep",
+    "PrepProcessor",
+    "pack_prepared",
     "pack_samples",
     "checked_device",
 ]
@@ -134,8 +134,8 @@ def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
     return items[0], tuple(flips)
 
 
-class DevicePlanner:
-    """Each image's :class:`ImagePlan` under ``transform``; see the module docstring.
+class DevicePrep:
+    """Each image's :class:`ImagePrep` under ``transform``; see the module docstring.
     DeviceDecodeOptionsError for a transform the device cannot run."""
 
     def __init__(self, transform: Any) -> None:
@@ -143,15 +143,15 @@ class DevicePlanner:
         self._crop, self._flips = _split_transform(transform)
         self._crop_first = isinstance(self._crop, RandomResizedCrop)
 
-    def plan(self, data: bytes, rng: random.Random) -> ImagePlan:
+    def prepare(self, data: bytes, rng: random.Random) -> ImagePrep:
         frame = jpeg_frame(data)
         if not device_decodable(data, frame):
             pixels = self.transform.apply_encoded(data, rng)  # the CPU path, with the same draws
             h, w = pixels.shape[-2:]
             zero = (0.0, 0.0, 0.0, 0.0)
-            return ImagePlan(None, zero, zero, (int(w), int(h)), False, pixels=pixels)
+            return ImagePrep(None, zero, zero, (int(w), int(h)), False, pixels=pixels)
         width, height = frame.width, frame.height  # type: ignore[union-attr]
-        box, size = self._crop.plan(width, height, rng)
+        box, size = self._crop.draw_crop(width, height, rng)
         flip = False
         for p in self._flips:
             if rng.random() < p:
@@ -159,18 +159,18 @@ class DevicePlanner:
         left, top, right, bottom = box
         box = (float(left), float(top), float(right), float(bottom))
         bounds = box if self._crop_first else (0.0, 0.0, float(width), float(height))
-        return ImagePlan(data, box, bounds, size, flip)
+        return ImagePrep(data, box, bounds, size, flip)
 
     def __repr__(self) -> str:
-        return f"DevicePlanner({self.transform!r})"
+        return f"DevicePrep({self.transform!r})"
 
 
-class PlanningProcessor:
-    """The device strategy's worker stage for one stream: an encoded sample to a :class:`PlannedSample`.
+class PrepProcessor:
+    """The device strategy's worker stage for one stream: an encoded sample to a :class:`PreparedSample`.
 
     ``fields``: its output columns (an extension or ``"a;b"`` alternatives; ``"image"`` any image
     extension), as :class:`~shardify.reader.sample.processor.SampleProcessor` takes them: image
-    columns are planned by ``planner``, the others decoded by extension. A sample that fails is
+    columns are prepared by ``prep``, the others decoded by extension. A sample that fails is
     a :class:`~shardify.errors.SampleError` naming shard and key, or under ``skip_errors`` a
     :class:`~shardify.reader.sample.bad.Bad` (the batch stage replaces it).
     """
@@ -178,7 +178,7 @@ class PlanningProcessor:
     def __init__(
         self,
         *,
-        planner: DevicePlanner,
+        prep: DevicePrep,
         fields: Sequence[str],
         seed: int,
         epoch: int,
@@ -186,12 +186,12 @@ class PlanningProcessor:
         skip_errors: bool,
         unique_keys: bool,
     ) -> None:
-        self._planner = planner
+        self._prep = prep
         self._fields = [field_spec(f, IMAGE_EXTS) for f in fields]
         self._seed, self._epoch = seed, epoch
         self._allow_pickle, self._skip, self._unique = allow_pickle, skip_errors, unique_keys
 
-    def __call__(self, item: Item) -> PlannedSample | Bad:
+    def __call__(self, item: Item) -> PreparedSample | Bad:
         if isinstance(item, Lost):
             return Bad(item.shard, None, item.reason, lost=True)
         shard, key = str(item["__shard__"]), str(item["__key__"])
@@ -208,10 +208,10 @@ class PlanningProcessor:
                     if rng is None:
                         sample_id = key if self._unique else f"{os.path.basename(shard)}/{key}"
                         rng = sample_rng(self._seed, self._epoch, sample_id)
-                    columns.append(self._planner.plan(cast(bytes, item[ext]), rng))
+                    columns.append(self._prep.prepare(cast(bytes, item[ext]), rng))
                 else:
                     columns.append(decode_field(ext, cast(bytes, item[ext]), allow_pickle=self._allow_pickle))
-            return PlannedSample(tuple(columns), shard, key)
+            return PreparedSample(tuple(columns), shard, key)
         except Exception as e:
             reason = (f"field {field!r}: " if field is not None else "") + f"{type(e).__name__}: {e}"
             if not self._skip or isinstance(e, PickleRefusedError):
@@ -219,14 +219,14 @@ class PlanningProcessor:
             return Bad(shard, key, reason, lost=False)
 
 
-def pack_planned(
-    images: Sequence[ImagePlan],
+def pack_prepared(
+    images: Sequence[ImagePrep],
     *,
     shards: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     empty: Empty = private_empty,
 ) -> EncodedBatch:
-    """One :class:`EncodedBatch` of a batch's image plans (all of one output size); ``shards``
+    """One :class:`EncodedBatch` of a batch's image preps (all of one output size); ``shards``
     and ``keys`` name each row in messages; ``empty`` allocates the bytes and pixels (as for
     :func:`~shardify.reader.sample.collate.default_collate`)."""
     shards = list(shards) if shards is not None else [""] * len(images)
@@ -266,7 +266,7 @@ def pack_planned(
     )
 
 
-def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_empty) -> Any:
+def pack_samples(samples: Sequence[PreparedSample], *, empty: Empty = private_empty) -> Any:
     """The device strategy's collate: the CPU path's ``default_collate`` structure, with one
     :class:`EncodedBatch` where that path has a stacked image column (one column: the value itself)."""
     width = len(samples[0].columns)
@@ -279,14 +279,14 @@ def pack_samples(samples: Sequence[PlannedSample], *, empty: Empty = private_emp
     out = []
     for j in range(width):
         column = [s.columns[j] for s in samples]
-        planned = [type(v) is ImagePlan for v in column]
-        if any(planned) and not all(planned):
-            i = planned.index(not planned[0])
+        prepared = [type(v) is ImagePrep for v in column]
+        if any(prepared) and not all(prepared):
+            i = prepared.index(not prepared[0])
             raise ValueError(
                 f"batch[{j}]: sample 0 (shard {shards[0]}, key {keys[0]!r}) and sample {i} (shard "
                 f"{shards[i]}, key {keys[i]!r}) differ in whether this column is an image"
             )
-        packed = pack_planned(column, shards=shards, keys=keys, empty=empty) if planned[0] else None
+        packed = pack_prepared(column, shards=shards, keys=keys, empty=empty) if prepared[0] else None
         out.append(packed if packed is not None else default_collate(column, empty=empty))
     return out[0] if width == 1 else tuple(out)
 

@@ -40,7 +40,7 @@ def _rank0_batches(
         buffer=shuffle_buffer,
     )
     seq: Sequence[Range] | BlockSequence
-    if interleave:  # the default layout's blocks across shards
+    if interleave:  # the default plan's blocks across shards
         seq = block_sequence([sizes], counts=None, seed=seed, epoch=epoch, block=shuffle_block)
     else:
         seq = epoch_sequence(

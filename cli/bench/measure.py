@@ -13,7 +13,7 @@ each epoch; (f) shuffle quality, the mean distance in the original order between
 samples, against a full random permutation's (~N/3), here and for an ImageNet-size dataset
 (computed from the plan alone); (g) shuffle quality across ranks: distinct classes per batch
 on class-sorted shards relative to a full random permutation, at world 1, 2 and 8 ((f) and
-(g): :mod:`~shardify.cli.bench.shuffle`, from the plan alone). What (a) and (c) run is in
+(g): :mod:`~shardify.cli.bench.shufflequality`, from the plan alone). What (a) and (c) run is in
 :mod:`~shardify.cli.bench.compare`, the memory reading in :mod:`~shardify.cli.procmem`.
 The CLI's ``shardify bench`` and ``tools/bench_read.py`` call it;
 :func:`~shardify.cli.bench.table.format_bench` prints it. (a) also times the same work with
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from shardify.cli.bench.compare import PlainCropFlip, decode_all, independent_rate, webdataset_rate
-from shardify.cli.bench.decode import fast_decode_figures
-from shardify.cli.bench.shuffle import shuffle_figures
+from shardify.cli.bench.fastdecode import fast_decode_figures
+from shardify.cli.bench.shufflequality import shuffle_figures
 from shardify.cli.common import split_source
 from shardify.cli.procmem import process_memory
 from shardify.progress import progress_bar
@@ -180,7 +180,7 @@ def _run(
             plain(decode_image(data))
         result["single_process_plain_ips"] = len(encoded) / (time.perf_counter() - t0)
         steps.done("(a) plain PIL")
-        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see cli/bench/decode.py
+        result["fast_decode_vs_exact"] = fast_decode_figures(encoded, image_size)  # see cli/bench/fastdecode.py
         steps.done("(a) fast IDCT")
     finally:
         torch.set_num_threads(threads)

@@ -1,10 +1,10 @@
-"""What device decode sends from the workers to the device: each image's plan, a sample's, the packed batch.
+"""What device decode sends from the workers to the device: each image's prep, a sample's, the packed batch.
 
-The device strategy's worker stage (:mod:`~shardify.reader.sample.device_plan`) plans each JPEG
-into an :class:`ImagePlan` and each sample into a :class:`PlannedSample`; its packing turns a
+The device strategy's worker stage (:mod:`~shardify.reader.sample.device_prep`) prepares each JPEG
+into an :class:`ImagePrep` and each sample into a :class:`PreparedSample`; its packing turns a
 batch of them into one :class:`EncodedBatch`, which :mod:`~shardify.reader.sample.device_decode`
 decodes on the device. These types stay inside the device strategy: they never reach ``map=``,
-a ``collate_fn=`` or the generic stages. Plain data types, so that the planner and the device
+a ``collate_fn=`` or the generic stages. Plain data types, so that the worker side and the device
 side share them without importing one another.
 """
 
@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["ImagePlan", "PlannedSample", "EncodedBatch"]
+__all__ = ["ImagePrep", "PreparedSample", "EncodedBatch"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ImagePlan:
+class ImagePrep:
     """One image of a device-decoded batch: bytes and draws, or (decoded in the worker) ``pixels``.
 
     ``box`` and ``bounds`` are (left, top, right, bottom) in original pixels: the crop is
@@ -37,9 +37,9 @@ class ImagePlan:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PlannedSample:
+class PreparedSample:
     """One sample as the device strategy's worker stage makes it: per output column, an
-    :class:`ImagePlan` (an image column) or the decoded value; and where it comes from."""
+    :class:`ImagePrep` (an image column) or the decoded value; and where it comes from."""
 
     columns: tuple[Any, ...]
     shard: str
@@ -72,7 +72,7 @@ class EncodedBatch(NamedTuple):
         """A model or torch op given the undecoded batch: say what it is, rather than fail deep inside."""
         name = getattr(func, "__name__", str(func))
         raise TypeError(
-            f"{name}() got a batch of JPEG bytes planned for device decode (EncodedBatch): a dataset "
+            f"{name}() got a batch of JPEG bytes prepared for device decode (EncodedBatch): a dataset "
             "made with DecodeOptions(device=...) is decoded by make_loader's prefetcher; iterate it "
             "through make_loader, or leave DecodeOptions.device unset to decode in the workers"
         )
