@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ResumeBasis", "HasResumeBasis", "StateSource", "data_identity", "plan_fields", "identities", "basis_of"]
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 """The version of the states written now (:mod:`~shardify.reader.delivery.state`)."""
 
 

@@ -1,6 +1,6 @@
 """The loader's state: a small versioned dict saying where an epoch stands, and its loading.
 
-Version 3: ``epoch``; ``batches`` consumed by each rank in the current part of
+Version 4: ``epoch``; ``batches`` consumed by each rank in the current part of
 the epoch, read under ``world`` ranks x ``workers`` (DataLoader workers, 0 counting as 1);
 ``history``: the earlier parts of the epoch read on other topologies, ``[world, workers,
 batches]`` each (see :mod:`shardify.reader.plan.resume`); ``plan_version``: the plan's version
@@ -89,7 +89,7 @@ _CHECKED = (
     "plan",
     "data",
 )
-"""The fields of a version 3 state that ``check`` covers (all of them but ``check``)."""
+"""The fields of a version 4 state that ``check`` covers (all of them but ``check``)."""
 
 _ITER_CHECKED = (
     "kind",
@@ -115,7 +115,7 @@ def _field_check(name: str, value: Any) -> str:
 
 
 def seal_state(state: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a version 3 ``state`` (a loader's or a dataset's) with its ``check`` made anew:
+    """A copy of a version 4 ``state`` (a loader's or a dataset's) with its ``check`` made anew:
     for a tool or a test that changes a state on purpose (loading refuses a state edited without it)."""
     body = {k: v for k, v in state.items() if k != "check"}
     names = _ITER_CHECKED if body.get("kind") == ITER_STATE_KIND else _CHECKED
@@ -145,7 +145,7 @@ def make_state(
 
 
 def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, what: str = "loader") -> None:
-    """Refuse a version 3 state whose fields do not match their checksums, naming the field."""
+    """Refuse a version 4 state whose fields do not match their checksums, naming the field."""
     lead = f"{what} state was edited or is incomplete:"
     missing = [name for name in names if name not in state]
     if missing:
@@ -155,7 +155,7 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
         )
     check = state.get("check")
     if not isinstance(check, dict):
-        raise ValueError(f"{lead} field 'check' is {check!r}; a version 3 state carries a checksum of each field")
+        raise ValueError(f"{lead} field 'check' is {check!r}; a version 4 state carries a checksum of each field")
     for name in names:
         if name not in check:
             raise ValueError(f"{lead} field 'check' has no checksum of field {name!r}")
@@ -170,7 +170,7 @@ def _check_integrity(state: dict[str, Any], names: tuple[str, ...] = _CHECKED, w
             )
     extra = sorted(set(state) - set(names) - {"check"})
     if extra:
-        raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 3 state")
+        raise ValueError(f"{lead} field {extra[0]!r} is not part of a version 4 state")
 
 
 def _check_data(ds: ResumeBasis, saved: Any, what: str = "loader") -> None:

@@ -1,5 +1,5 @@
-"""Loader states (version 3): an edited, cut or foreign state is refused naming the field, never
-resumed into a different epoch; states of the unreleased versions 1 and 2 are refused naming the version."""
+"""Loader states (version 4): an edited, cut or foreign state is refused naming the field, never
+resumed into a different epoch; states of the unreleased versions 1 to 3 are refused naming the version."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ EDITS = [
         id="dropped-checksum",
     ),
     pytest.param(_truncated_json, "field '[a-z_]+' is missing", id="truncated-json"),
-    pytest.param(lambda s: {**s, "note": 1}, "field 'note' is not part of a version 3 state", id="added-field"),
+    pytest.param(lambda s: {**s, "note": 1}, "field 'note' is not part of a version 4 state", id="added-field"),
 ]
 
 
@@ -212,7 +212,7 @@ def test_a_state_of_an_earlier_version_is_refused_naming_both_versions(counting_
     state, _ = saved(root)
     found = old(state)["version"]
     loader = make_loader(ShardedDataset(root, **OPTIONS))
-    with pytest.raises(ResumeError, match=f"field 'version' is {found}; this reader reads state version 3 only"):
+    with pytest.raises(ResumeError, match=f"field 'version' is {found}; this reader reads state version 4 only"):
         loader.load_state_dict(old(state))
 
 
@@ -227,18 +227,20 @@ def test_a_state_of_another_plan_version_is_refused_naming_both_versions(countin
 
 
 def test_a_state_naming_its_plan_version_layout_is_refused(counting_dataset):
-    """The plan version's field was named ``layout`` before the first release: such a state is
-    refused naming the field this reader wants (no state of it was ever released)."""
+    """The plan version's field was named ``layout`` in state version 3, before the first release:
+    such a state is refused naming its version (or, relabelled, the field this reader wants)."""
     root = counting_dataset(SIZES)
     state, _ = saved(root)
     old = {("layout" if k == "plan_version" else k): v for k, v in state.items() if k != "check"}
-    with pytest.raises(ValueError, match="field 'plan_version' is missing"):
+    with pytest.raises(ValueError, match="field 'plan_version' is missing"):  # the field's name is checked
         make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state(old))
+    with pytest.raises(ResumeError, match="field 'version' is 3; this reader reads state version 4 only"):
+        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state({**old, "version": 3}))
 
 
 def test_a_dataset_state_of_an_earlier_version_is_refused_naming_both_versions(counting_dataset):
     root = counting_dataset(SIZES)
-    with pytest.raises(ResumeError, match="dataset state field 'version' is 2; this reader reads state version 3 only"):
+    with pytest.raises(ResumeError, match="dataset state field 'version' is 2; this reader reads state version 4 only"):
         ShardedDataset(root, **OPTIONS).load_state_dict(seal_state({**_iter_state(root), "version": 2}))
 
 
@@ -246,8 +248,8 @@ def test_seal_state_is_what_a_deliberate_edit_needs(counting_dataset):
     root = counting_dataset(SIZES)
     state, full = saved(root)
     assert resumed(root, seal_state({**state, "batches": 6})) == full[6:]
-    with pytest.raises(ResumeError, match="field 'version' is 4; this reader reads state version 3 only"):
-        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state({**state, "version": 4}))
+    with pytest.raises(ResumeError, match="field 'version' is 5; this reader reads state version 4 only"):
+        make_loader(ShardedDataset(root, **OPTIONS)).load_state_dict(seal_state({**state, "version": 5}))
 
 
 def _iter_state(root: Path, stop: int = 3) -> dict[str, Any]:
