@@ -166,3 +166,15 @@ def test_over_http_every_index_and_key_with_coalesced_ranged_requests(root: Path
         assert tuple(ds.get(stored[20][0])) == stored[20]
         keys = _keys(DataLoader(ds, batch_size=7, shuffle=True, num_workers=2))
         assert sorted(keys) == sorted(k for k, _, _ in stored)
+
+
+def test_get_compares_the_key_read_when_every_key_shares_one_hash(
+    root: Path, stored: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardify.reader.io import keyindex
+
+    monkeypatch.setattr(keyindex, "key_hash", lambda key: 7)
+    ds = MapDataset(root, fields=FIELDS)
+    assert [tuple(ds.get(k)) for k, _, _ in stored[::9]] == stored[::9]
+    with pytest.raises(KeyError):
+        ds.get("nope")
