@@ -83,7 +83,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             self.fields = tuple(columns)
         self.seed, self.epoch = seed, 0
         self._transform, self._map = transform, map
-        self._bytes = SampleBytes(src, threads=c.requests)
+        self._bytes = SampleBytes(src, threads=c.requests)  # a batch's requests at once, up to `requests`
         self._starts = np.zeros(len(src.sizes) + 1, dtype=np.int64)
         np.cumsum(src.sizes, out=self._starts[1:])
         self._key_path = os.fspath(key_index) if key_index is not None else None

@@ -6,8 +6,9 @@ compact index's sidecar, loaded when a shard is first touched). A local shard is
 ``os.pread`` (one descriptor per shard and process, opened again after a fork), each sample
 checked against its CRC-32; a remote one by ranged requests (:func:`~shardify.remote.fetch_range`,
 with the source's retries), each sample checked against its SHA-256 prefix. The samples of one
-call are grouped by shard, neighbours within ``gap_bytes`` coalesced into one read (up to
-``max_request_bytes``), and remote requests run concurrently (``threads``). A sample that does
+call are grouped by shard, neighbours within ``gap_bytes`` coalesced into one read
+(``remote_gap_bytes`` for a remote shard: a request's latency costs more than the bytes between;
+up to ``max_request_bytes``), and remote requests run concurrently (``threads``). A sample that does
 not match comes back as a :class:`~shardify.errors.SampleChecksumError` naming the shard and key,
 for its position only; a file shorter than its table is a :class:`ShardFormatError` naming it.
 """
@@ -46,12 +47,21 @@ class SampleBytes:
     where it is next used."""
 
     def __init__(
-        self, source: Source, *, threads: int = 16, gap_bytes: int = 64 << 10, max_request_bytes: int = 4 << 20
+        self,
+        source: Source,
+        *,
+        threads: int = 64,
+        gap_bytes: int = 64 << 10,
+        remote_gap_bytes: int = 256 << 10,
+        max_request_bytes: int = 8 << 20,
     ) -> None:
-        if threads < 1 or gap_bytes < 0 or max_request_bytes < 1:
-            raise ValueError(f"{threads=} should be >= 1, {gap_bytes=} >= 0 and {max_request_bytes=} >= 1")
+        if threads < 1 or min(gap_bytes, remote_gap_bytes) < 0 or max_request_bytes < 1:
+            raise ValueError(
+                f"{threads=} should be >= 1, {gap_bytes=} and {remote_gap_bytes=} >= 0, {max_request_bytes=} >= 1"
+            )
         self.source = source
-        self._threads, self._gap, self._max = threads, gap_bytes, max_request_bytes
+        self._threads, self._max = threads, max_request_bytes
+        self._gap, self._remote_gap = gap_bytes, remote_gap_bytes
         self._reset()
 
     def _reset(self) -> None:
@@ -62,7 +72,8 @@ class SampleBytes:
         self._pool: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "_threads": self._threads, "_gap": self._gap, "_max": self._max}
+        keep = ("source", "_threads", "_max", "_gap", "_remote_gap")
+        return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -122,7 +133,8 @@ class SampleBytes:
             ends = self.ranges(shard).ends
             if runs and runs[-1][0] == shard:
                 first, last = runs[-1][1][0], runs[-1][1][-1]
-                if ends[pos] - ends[last + 1] <= self._gap and ends[pos + 1] - ends[first] <= self._max:
+                gap = self._remote_gap if is_remote(self.source.urls[shard]) else self._gap
+                if ends[pos] - ends[last + 1] <= gap and ends[pos + 1] - ends[first] <= self._max:
                     runs[-1][1].append(pos)
                     continue
             runs.append((shard, [pos]))

@@ -1,0 +1,151 @@
+"""Random access, map-style: MapDataset against wids and HF datasets (Arrow), and key lookups.
+
+    python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
+                                  [--http-delay-ms 20] [--keys 100000000] [--dir DIR]
+
+Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
+(``benchlib.corpus.arrays``) as a shardify split, and the same arrays as an Arrow dataset
+(``datasets.Dataset.save_to_disk``, one ``bytes`` column). Each reader is a map-style dataset
+in a ``DataLoader(batch_size, shuffle=True, num_workers, persistent_workers=True)``, its samples
+turned into uint8 ``[B, 3, 32, 32]`` and int64 labels; epochs run in turn, and each side's best
+epoch is printed in samples/s. ``MapDataset`` is also read over HTTP (tools/rangeserver.py, each
+answer delayed ``--http-delay-ms``). ``--keys``: a key index of that many random keys written
+to a file, then 10,000 ``candidates`` lookups timed, and the process's peak RSS printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rangeserver
+import torch
+from benchlib import corpus
+from torch.utils.data import DataLoader
+
+
+def _epochs(loaders: dict[str, Iterable[Any]], epochs: int, samples: int) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for _ in range(epochs):
+        for name, loader in loaders.items():
+            t, n = time.perf_counter(), 0
+            for _x, y in loader:
+                n += int(y.shape[0])
+            took = time.perf_counter() - t
+            if n != samples:
+                raise SystemExit(f"{name}: an epoch gave {n} samples, expected {samples}")
+            best[name] = max(best.get(name, 0.0), n / took)
+    return best
+
+
+def _wids_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = np.stack([np.load(s[".npy"]) for s in batch])  # (wids hands each member as a BytesIO)
+    y = np.array([int(s[".cls"].read()) for s in batch])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _arrow_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = np.frombuffer(b"".join(s["x"] for s in batch), dtype=np.uint8).reshape(len(batch), 3, 32, 32)
+    return torch.from_numpy(x.copy()), torch.tensor([s["y"] for s in batch])
+
+
+def _arrow(root: Path, samples: int) -> Any:
+    import datasets
+
+    if not root.exists():
+        images, labels = corpus.arrays(samples, classes=10)
+        data = datasets.Dataset.from_dict({"x": [a.tobytes() for a in images], "y": [int(v) for v in labels]})
+        data.save_to_disk(str(root))
+    return datasets.load_from_disk(str(root))
+
+
+def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+    import wids
+
+    from shardify.reader import CacheOptions, MapDataset
+
+    root = corpus.arrays_dataset(work / f"map-{samples}", samples, classes=10)
+    corpus.warm(root)
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    sets: dict[str, tuple[Any, Callable[..., Any] | None]] = {
+        "shardify MapDataset": (MapDataset(root, fields=("npy", "cls")), None),
+        "wids ShardListDataset": (wids.ShardListDataset(str(root / "train.json"), transformations=[]), _wids_collate),
+    }
+    try:
+        sets["HF datasets (Arrow)"] = (_arrow(work / f"arrow-{samples}", samples), _arrow_collate)
+    except ImportError:
+        pass
+    loaders = {name: DataLoader(ds, collate_fn=c, **kw) for name, (ds, c) in sets.items()}
+    rates = _epochs(loaders, epochs, samples)
+    with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
+        remote = MapDataset(f"{base}/{root.name}", fields=("npy", "cls"), cache=CacheOptions(requests=batch_size))
+        name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
+        rates.update(_epochs({name: DataLoader(remote, **kw)}, 1, samples))
+    return {k: round(v) for k, v in rates.items()}
+
+
+def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
+    from shardify.reader.io.keyindex import KeyIndex, key_hash, load_key_index, write_key_index
+
+    path = work / f"keys-{n}.idx"
+    if not path.exists():  # random sorted hashes stand for n keys' (the lookup cost does not depend on which)
+        hashes = np.sort(np.random.default_rng(0).integers(0, 2**63, n, dtype=np.uint64))
+        hashes[:: max(1, n // lookups)] = 0  # (replaced below by real keys' hashes)
+        wanted = [f"k{i}" for i in range(lookups)]
+        real = np.array([key_hash(k) for k in wanted], dtype=np.uint64)
+        hashes[: len(real)] = real
+        hashes.sort()
+        write_key_index(KeyIndex(hashes, np.arange(n, dtype=np.uint64)), path)
+        del hashes
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    index = load_key_index(path, nsamples=n)
+    t = time.perf_counter()
+    found = sum(bool(index.candidates(f"k{i}")) for i in range(lookups))
+    per = (time.perf_counter() - t) / lookups
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "keys": n,
+        "found": found,
+        "us_per_lookup": round(per * 1e6, 1),
+        "peak_rss_mb": round(peak / 1024),
+        "rss_growth_mb": round((peak - before) / 1024),
+        "file_mb": round(path.stat().st_size / 2**20),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=int, default=20000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--http-delay-ms", type=float, default=20.0)
+    p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
+    p.add_argument("--dir", type=Path, default=None)
+    a = p.parse_args()
+    work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
+    work.mkdir(parents=True, exist_ok=True)
+    if a.keys:
+        print(json.dumps(keys(work, a.keys), indent=1))
+        return
+    out = read(
+        work,
+        samples=a.samples,
+        workers=a.workers,
+        batch_size=a.batch_size,
+        epochs=a.epochs,
+        delay_ms=a.http_delay_ms,
+    )
+    print(json.dumps({"samples/s": out, "cpus": os.cpu_count()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
