@@ -10,7 +10,8 @@ in a ``DataLoader(batch_size, shuffle=True, num_workers, persistent_workers=True
 turned into uint8 ``[B, 3, 32, 32]`` and int64 labels; epochs run in turn, and each side's best
 epoch is printed in samples/s. ``MapDataset`` is also read over HTTP (tools/rangeserver.py, each
 answer delayed ``--http-delay-ms``). ``--keys``: a key index of that many random keys written
-to a file, then 10,000 ``candidates`` lookups timed, and the process's peak RSS printed.
+to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
+resident memory before and after (Linux).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -96,7 +96,9 @@ def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
     from shardify.reader.io.keyindex import KeyIndex, key_hash, load_key_index, write_key_index
 
     path = work / f"keys-{n}.idx"
-    if not path.exists():  # random sorted hashes stand for n keys' (the lookup cost does not depend on which)
+    if not path.exists():
+        # random sorted hashes stand for n keys' (the lookup cost does not depend on which)
+        print(f"writing {path} (run again for the figures of a process that only looks up)")
         hashes = np.sort(np.random.default_rng(0).integers(0, 2**63, n, dtype=np.uint64))
         hashes[:: max(1, n // lookups)] = 0  # (replaced below by real keys' hashes)
         wanted = [f"k{i}" for i in range(lookups)]
@@ -105,20 +107,28 @@ def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
         hashes.sort()
         write_key_index(KeyIndex(hashes, np.arange(n, dtype=np.uint64)), path)
         del hashes
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _rss()
     index = load_key_index(path, nsamples=n)
     t = time.perf_counter()
     found = sum(bool(index.candidates(f"k{i}")) for i in range(lookups))
     per = (time.perf_counter() - t) / lookups
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _rss()
     return {
         "keys": n,
         "found": found,
         "us_per_lookup": round(per * 1e6, 1),
-        "peak_rss_mb": round(peak / 1024),
-        "rss_growth_mb": round((peak - before) / 1024),
+        "private_mb_before_after": [before["RssAnon"], after["RssAnon"]],
+        "shared_file_pages_mb_after": after["RssFile"],
         "file_mb": round(path.stat().st_size / 2**20),
     }
+
+
+def _rss() -> dict[str, int]:
+    """This process's resident MB: private (``RssAnon``) and file pages mapped (``RssFile``:
+    the page cache's, shared with every process mapping the file, dropped under pressure)."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if line.startswith("Rss"))
+    return {k: int(v.split()[0]) // 1024 for k, v in fields.items()}
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ ascending), then ``n`` indices (``<u8``).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -110,6 +111,11 @@ def load_key_index(path: str | os.PathLike[str], *, nsamples: int) -> KeyIndex:
             f"{os.fspath(path)}: a key index of {n} samples ({size} bytes); the split has {nsamples}: "
             "it belongs to another split or version (delete it to build it again)"
         )
-    hashes = np.memmap(path, dtype="<u8", mode="r", offset=_HEAD.size, shape=(n,)) if n else np.zeros(0, "<u8")
-    indices = np.memmap(path, dtype="<u8", mode="r", offset=_HEAD.size + 8 * n, shape=(n,)) if n else hashes
-    return KeyIndex(hashes, indices)
+    if not n:
+        return KeyIndex(np.zeros(0, "<u8"), np.zeros(0, "<u8"))
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mapped, "madvise"):  # a binary search's reads are random: no readahead around them
+        mapped.madvise(mmap.MADV_RANDOM)
+    hashes = np.frombuffer(mapped, dtype="<u8", count=n, offset=_HEAD.size)
+    return KeyIndex(hashes, np.frombuffer(mapped, dtype="<u8", count=n, offset=_HEAD.size + 8 * n))
