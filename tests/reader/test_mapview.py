@@ -179,3 +179,16 @@ def test_get_compares_the_key_read_when_every_key_shares_one_hash(
     assert [tuple(ds.get(k)) for k, _, _ in stored[::9]] == stored[::9]
     with pytest.raises(KeyError):
         ds.get("nope")
+
+
+def test_a_chunked_split_is_refused_naming_the_shard(tmp_path: Path) -> None:
+    from shardify.convert import ShardWriter
+    from shardify.errors import ShardFormatError
+
+    with ShardWriter(tmp_path / "ds", chunk=4, fsync=False) as w:
+        for i in range(10):
+            w.write({"txt": f"t{i}", "cls": i % 2})
+    ds = MapDataset(tmp_path / "ds", fields=("txt", "cls"))
+    with pytest.raises(ShardFormatError, match="no per-sample table .* read it with ShardedDataset") as e:
+        ds[3]
+    assert e.value.shard == ds.source.urls[0]
