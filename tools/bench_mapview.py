@@ -1,7 +1,7 @@
 """Random access, map-style: MapDataset against wids and HF datasets (Arrow), and key lookups.
 
     python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
-                                  [--http-delay-ms 20] [--keys 100000000] [--dir DIR]
+                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--dir DIR]
 
 Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
 (``benchlib.corpus.arrays``) as a shardify split, and the same arrays as an Arrow dataset
@@ -11,7 +11,9 @@ turned into uint8 ``[B, 3, 32, 32]`` and int64 labels; epochs run in turn, and e
 epoch is printed in samples/s. ``MapDataset`` is also read over HTTP (tools/rangeserver.py, each
 answer delayed ``--http-delay-ms``). ``--keys``: a key index of that many random keys written
 to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
-resident memory before and after (Linux).
+resident memory before and after (Linux). ``--photos``: that many 500x375 JPEGs read with
+``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
+``ShardedDataset`` through ``make_loader``.
 """
 
 from __future__ import annotations
@@ -92,6 +94,30 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
     return {k: round(v) for k, v in rates.items()}
 
 
+def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 64) -> dict[str, Any]:
+    """JPEG photos with ``imagenet_train(224)``: MapDataset + DataLoader against the streaming reader."""
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.synth import make_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
+    from shardify.reader import MapDataset, ShardedDataset, make_loader
+    from shardify.reader import transforms as T
+
+    root = work / f"photos-{n}"
+    if not (root / "manifest.json").exists():
+        src = make_imagefolder(work / f"photos-src-{n}", classes=4, per_class=n // 4, sizes=((500, 375), (375, 500)))
+        convert_imagefolder(src, root, options=ConvertOptions(progress=False, fsync=False))
+    corpus.warm(root)
+    n = len(MapDataset(root))
+    stream = ShardedDataset(root, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(224))
+    mapped = MapDataset(root, transform=T.imagenet_train(224))
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
+    with make_loader(stream, num_workers=workers) as streaming:
+        rates = _epochs(
+            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n
+        )
+    return {k: round(v) for k, v in rates.items()}
+
+
 def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
     from shardify.reader.io.keyindex import KeyIndex, key_hash, load_key_index, write_key_index
 
@@ -139,10 +165,14 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--http-delay-ms", type=float, default=20.0)
     p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
+    p.add_argument("--photos", type=int, default=0, help="only the JPEG figure, with this many photos")
     p.add_argument("--dir", type=Path, default=None)
     a = p.parse_args()
     work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
     work.mkdir(parents=True, exist_ok=True)
+    if a.photos:
+        print(json.dumps(photos(work, n=a.photos, workers=a.workers, epochs=a.epochs), indent=1))
+        return
     if a.keys:
         print(json.dumps(keys(work, a.keys), indent=1))
         return
