@@ -130,13 +130,24 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
         return shard, i - int(self._starts[shard])
 
+    def _locate_many(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """:meth:`locate` of each of ``indices``, at one NumPy search for them all."""
+        i = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        i = np.where(i < 0, i + n, i)
+        bad = (i < 0) | (i >= n)
+        if bad.any():
+            self.locate(int(np.asarray(indices)[bad][0]))  # raises, naming it
+        shards = np.searchsorted(self._starts, i, side="right") - 1
+        return list(zip(shards.tolist(), (i - self._starts[shards]).tolist()))
+
     def __getitem__(self, index: int) -> Any:
         return self._one(self.locate(int(index)))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, read together (grouped by shard, neighbours coalesced,
         remote ranges fetched concurrently); damaged ones left out under ``on_error="skip"``."""
-        where = [self.locate(int(i)) for i in indices]
+        where = self._locate_many(indices)
         out = []
         for w, got in zip(where, self._bytes.read(where)):
             item = self._decode(w, got)
@@ -178,7 +189,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
 
     def _decode(self, where: tuple[int, int], got: Got, *, strict: bool = False) -> Any:
         shard, pos = where
-        url = self.source.urls[shard]
+        url = self._bytes.urls[shard]
         skip = self.decoding.on_error == "skip" and not strict
         if isinstance(got, Exception):
             if skip:

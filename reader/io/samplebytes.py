@@ -65,6 +65,7 @@ class SampleBytes:
         self._reset()
 
     def _reset(self) -> None:
+        self.urls = self.source.urls  # (a tuple source's builds a list: once per process, not per sample)
         self._pid = os.getpid()
         self._tables: Sequence[Table] | None = None
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
@@ -98,7 +99,7 @@ class SampleBytes:
             raise ShardFormatError(
                 "has no per-sample table (a chunked or gzip shard, or shards listed without a split index): "
                 "random access needs one; convert with this shardify, or read it with ShardedDataset",
-                shard=self.source.urls[shard],
+                shard=self.urls[shard],
             )
         got = SampleRanges(raw)
         self._ranges[shard] = got
@@ -114,7 +115,7 @@ class SampleBytes:
         """The bytes of each ``(shard, position)`` of ``wanted``, in that order."""
         self._check_pid()
         runs = self._runs(wanted)
-        remote = [r for r in runs if is_remote(self.source.urls[r[0]])]
+        remote = [r for r in runs if is_remote(self.urls[r[0]])]
         got: dict[tuple[int, int], Got] = {}
         if len(remote) > 1:
             if self._pool is None:
@@ -122,7 +123,7 @@ class SampleBytes:
             for part in self._pool.map(self._read_run, remote):
                 got.update(part)
         for run in runs:
-            if len(remote) <= 1 or not is_remote(self.source.urls[run[0]]):
+            if len(remote) <= 1 or not is_remote(self.urls[run[0]]):
                 got.update(self._read_run(run))
         return [got[w] for w in wanted]
 
@@ -133,7 +134,7 @@ class SampleBytes:
             ends = self.ranges(shard).ends
             if runs and runs[-1][0] == shard:
                 first, last = runs[-1][1][0], runs[-1][1][-1]
-                gap = self._remote_gap if is_remote(self.source.urls[shard]) else self._gap
+                gap = self._remote_gap if is_remote(self.urls[shard]) else self._gap
                 if ends[pos] - ends[last + 1] <= gap and ends[pos + 1] - ends[first] <= self._max:
                     runs[-1][1].append(pos)
                     continue
@@ -143,7 +144,7 @@ class SampleBytes:
     def _read_run(self, run: tuple[int, list[int]]) -> dict[tuple[int, int], Got]:
         shard, positions = run
         ranges = self._ranges.get(shard) or self.ranges(shard)  # (a pool thread: loaded by _runs)
-        url = self.source.urls[shard]
+        url = self.urls[shard]
         a, b = ranges.ends[positions[0]], ranges.ends[positions[-1] + 1]
         remote = is_remote(url)
         data = self._fetch(url, a, b) if remote else self._pread(shard, url, a, b)
