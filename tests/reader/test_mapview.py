@@ -192,3 +192,17 @@ def test_a_chunked_split_is_refused_naming_the_shard(tmp_path: Path) -> None:
     with pytest.raises(ShardFormatError, match="no per-sample table .* read it with ShardedDataset") as e:
         ds[3]
     assert e.value.shard == ds.source.urls[0]
+
+
+def test_over_http_a_damaged_sample_names_shard_and_key_and_failed_requests_are_retried(
+    tmp_path: Path, stored: list
+) -> None:
+    copy = text_dataset(tmp_path / "www" / "ds", n=N, per_shard=8)
+    _damage(copy, stored, 10)
+    behaviour = rangeserver.Behaviour(error_status=503, faults_left=3, fault_paths=(".tar",))
+    with rangeserver.serve(tmp_path / "www", behaviour) as (base, _):
+        ds = MapDataset(f"{base}/ds", fields=FIELDS, cache=CacheOptions(retry=RetryPolicy(retries=4, backoff_s=0.01)))
+        assert [tuple(s) for s in ds.__getitems__([0, 20, 41])] == [stored[0], stored[20], stored[41]]
+        with pytest.raises(SampleChecksumError) as e:
+            ds.__getitems__([9, 10])
+    assert e.value.key == stored[10][0] and e.value.shard == f"{base}/ds/{Path(ds.source.urls[1]).name}"
