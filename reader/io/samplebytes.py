@@ -3,7 +3,8 @@
 :class:`SampleBytes` gives the checked tar bytes of any samples of a source's shards: their
 byte ranges come from each shard's table (:mod:`shardify.sampletable`; inline, a sidecar or a
 compact index's sidecar, loaded when a shard is first touched). A local shard is read with
-``os.pread`` (one descriptor per shard and process, opened again after a fork), each sample
+``os.pread`` (a descriptor per shard and process, the :data:`MAX_OPEN_FILES` most recently
+used kept open, opened again after a fork), each sample
 checked against its CRC-32; a remote one by ranged requests (:func:`~shardify.remote.fetch_range`,
 with the source's retries), each sample checked against its SHA-256 prefix. The samples of one
 call are grouped by shard, neighbours within ``gap_bytes`` coalesced into one read
@@ -38,6 +39,8 @@ Got = bytes | SampleChecksumError
 
 _MAX_TABLES = 4096
 """Shard tables kept per process (the most recently used)."""
+MAX_OPEN_FILES = 128
+"""Local shard files kept open per process (the most recently used; others closed)."""
 
 
 class SampleBytes:
@@ -69,7 +72,7 @@ class SampleBytes:
         self._pid = os.getpid()
         self._tables: Sequence[Table] | None = None
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
-        self._fds: dict[int, int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -177,6 +180,10 @@ class SampleBytes:
         try:
             if fd is None:
                 fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                if len(self._fds) > MAX_OPEN_FILES:
+                    os.close(self._fds.popitem(last=False)[1])
+            else:
+                self._fds.move_to_end(shard)
             data = os.pread(fd, b - a, a)
         except OSError as e:
             raise ShardFormatError(f"cannot read bytes {a}-{b - 1}: {e}", shard=url) from e

@@ -206,3 +206,12 @@ def test_over_http_a_damaged_sample_names_shard_and_key_and_failed_requests_are_
         with pytest.raises(SampleChecksumError) as e:
             ds.__getitems__([9, 10])
     assert e.value.key == stored[10][0] and e.value.shard == f"{base}/ds/{Path(ds.source.urls[1]).name}"
+
+
+def test_local_files_kept_open_are_bounded(root: Path, stored: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardify.reader.io import samplebytes
+
+    monkeypatch.setattr(samplebytes, "MAX_OPEN_FILES", 2)
+    ds = MapDataset(root, fields=FIELDS)
+    assert [tuple(ds[i]) for i in range(N)] == stored and [tuple(ds[i]) for i in range(N)] == stored
+    assert len(ds._bytes._fds) == 2
