@@ -5,6 +5,8 @@ epoch, from one source or weighted ``Stream``s, its rarer options in four small 
 (``BatchOptions``, ``SamplingOptions``, ``DecodeOptions``, ``CacheOptions``); ``make_loader`` wraps it in a
 DataLoader with device prefetch and an exact ``state_dict``. ``transforms`` holds the built-in
 augmentations (uint8 CHW output); ``split_keys`` lists a split's sample keys in stored order.
+``MapDataset`` is the map-style view of a split: ``ds[i]``, ``ds.get(key)`` and batched
+fetches, for any sampler.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
+from shardify.reader.mapview import MapDataset
 from shardify.reader.options import (
     BatchOptions,
     CacheOptions,
@@ -29,6 +32,7 @@ from shardify.reader.streams import Stream
 
 __all__ = [
     "ShardedDataset",
+    "MapDataset",
     "Stream",
     "ReadOptions",
     "BatchOptions",

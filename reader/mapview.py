@@ -1,0 +1,213 @@
+"""``MapDataset``: a converted split as a map-style ``Dataset``, by index and by key.
+
+``len(ds)``, ``ds[i]`` (global index in stored order: shard order, then tar order),
+``ds.get(key)`` and ``ds.__getitems__(indices)`` (torch's batched fetch: a ``DataLoader`` gets
+a batch in one call). Each sample's bytes are read by the split index's per-sample table
+(:mod:`~shardify.reader.io.samplebytes`: ``os.pread`` locally, ranged requests remotely,
+coalesced and concurrent within a batch, every sample checked), parsed in one pass, then
+decoded and transformed by the streaming reader's
+:class:`~shardify.reader.sample.processor.SampleProcessor`: the same output fields, and the same
+augmentation for the same (seed, epoch, key) (:meth:`MapDataset.set_epoch`). Any sampler works
+(``shuffle=True``, ``RandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``,
+``BatchSampler``); a worker gets the resolved source and options, opening its own files.
+
+Keys: :mod:`~shardify.reader.io.keyindex`, built on the first ``get`` (in memory, 16 bytes a
+sample) or kept in the file ``key_index=`` (built there once, then memory-mapped).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardify.errors import SampleError, ShardFormatError
+from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_index
+from shardify.reader.io.samplebytes import Got, SampleBytes
+from shardify.reader.io.sampleparse import parse_sample
+from shardify.reader.io.sources import Source, SourceLike, resolve_source
+from shardify.reader.io.tableread import sample_key
+from shardify.reader.options import CacheOptions, DecodeOptions
+from shardify.reader.sample.bad import Bad
+from shardify.reader.sample.fields import output_fields
+from shardify.reader.sample.processor import SampleProcessor
+
+__all__ = ["MapDataset"]
+
+
+class MapDataset(torch.utils.data.Dataset[Any]):
+    """Random access to ``split`` of ``source`` (what :class:`~shardify.reader.ShardedDataset`
+    takes); see the module. ``fields``, ``transform``, ``map``, ``seed``: as there, per
+    sample. ``decoding.on_error="skip"``: a damaged sample is left out of a
+    ``__getitems__`` batch (logged nowhere, so counted in :attr:`skipped`); ``ds[i]`` and
+    ``get`` raise for it either way. ``key_index``: a file to keep the key index in."""
+
+    def __init__(
+        self,
+        source: SourceLike | Source,
+        *,
+        split: str | None = None,
+        fields: Sequence[str] | None = None,
+        transform: Callable[..., Any] | None = None,
+        map: Callable[[dict[str, Any]], Any] | None = None,
+        seed: int = 0,
+        decoding: DecodeOptions | None = None,
+        cache: CacheOptions | None = None,
+        key_index: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.decoding = decoding or DecodeOptions()
+        c = cache or CacheOptions()
+        if fields is not None and map is not None:
+            raise ValueError("pass fields=... or map=..., not both")
+        if isinstance(source, Source):
+            src = source
+        else:
+            src = resolve_source(
+                source,
+                split=split,
+                cache_dir=c.dir,
+                cache_limit_bytes=c.limit_bytes,
+                retry=c.retry,
+                allow_locations=c.allow_locations,
+                requests=c.requests,
+            )
+        self.source = src
+        columns = (fields,) if isinstance(fields, str) else fields
+        where = f"{src.name} split {src.split!r}"
+        self.fields: tuple[str, ...] = () if map is not None else output_fields(None, src.fields, where=where)
+        if columns is not None:  # checked against the split ("__key__" passes), kept as given
+            output_fields(tuple(f for f in columns if f != "__key__"), src.fields, where=where)
+            self.fields = tuple(columns)
+        self.seed, self.epoch = seed, 0
+        self._transform, self._map = transform, map
+        self._bytes = SampleBytes(src, threads=c.requests)  # a batch's requests at once, up to `requests`
+        self._starts = np.zeros(len(src.sizes) + 1, dtype=np.int64)
+        np.cumsum(src.sizes, out=self._starts[1:])
+        self._key_path = os.fspath(key_index) if key_index is not None else None
+        self._keys: KeyIndex | None = None
+        self.skipped = 0
+        self._processor = self._make_processor()
+
+    def _make_processor(self) -> SampleProcessor:
+        return SampleProcessor(
+            seed=self.seed,
+            epoch=self.epoch,
+            transform=self._transform,
+            fields=self.fields,
+            map=self._map,
+            allow_pickle=self.decoding.allow_pickle,
+            skip_errors=self.decoding.on_error == "skip",
+            unique_keys=self.source.unique_keys,
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._key_path is None:
+            state["_keys"] = None  # an in-memory index stays in its process; a worker that needs one builds it
+        elif self._keys is not None:
+            state["_keys"] = None  # memory-mapped again where it is used
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch that seeds each sample's augmentation (with ``seed`` and its key); call it
+        before each epoch's iteration starts (workers that are not ``persistent_workers``
+        get it then)."""
+        self.epoch = epoch
+        self._processor = self._make_processor()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, position)`` of global ``index`` (negative: from the end); IndexError."""
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {self.source.name} split {self.source.split!r} of {n}")
+        shard = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return shard, i - int(self._starts[shard])
+
+    def _locate_many(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """:meth:`locate` of each of ``indices``, at one NumPy search for them all."""
+        i = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        i = np.where(i < 0, i + n, i)
+        bad = (i < 0) | (i >= n)
+        if bad.any():
+            self.locate(int(np.asarray(indices)[bad][0]))  # raises, naming it
+        shards = np.searchsorted(self._starts, i, side="right") - 1
+        return list(zip(shards.tolist(), (i - self._starts[shards]).tolist()))
+
+    def __getitem__(self, index: int) -> Any:
+        return self._one(self.locate(int(index)))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices``, read together (grouped by shard, neighbours coalesced,
+        remote ranges fetched concurrently); damaged ones left out under ``on_error="skip"``."""
+        where = self._locate_many(indices)
+        out = []
+        for w, got in zip(where, self._bytes.read(where)):
+            item = self._decode(w, got)
+            if isinstance(item, Bad):
+                self.skipped += 1
+                continue
+            out.append(item)
+        return out
+
+    def get(self, key: str) -> Any:
+        """The sample whose key is ``key``; KeyError naming the split when there is none."""
+        if self._keys is None:
+            self._keys = self._load_keys()
+        for i in self._keys.candidates(key):
+            where = self.locate(i)
+            data = self._read(where)
+            if sample_key(data) == key:  # (the first header's name: a hash may be shared)
+                return self._one(where, data)
+        raise KeyError(f"no sample with key {key!r} in {self.source.name} split {self.source.split!r}")
+
+    def _load_keys(self) -> KeyIndex:
+        path = self._key_path
+        if path is not None and os.path.exists(path):
+            return load_key_index(path, nsamples=len(self))
+        index = build_key_index(split_key_list(self._bytes))
+        if path is not None:
+            write_key_index(index, path)
+            return load_key_index(path, nsamples=len(self))
+        return index
+
+    def _read(self, where: tuple[int, int]) -> bytes:
+        got = self._bytes.read([where])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _one(self, where: tuple[int, int], data: bytes | None = None) -> Any:
+        return self._decode(where, data if data is not None else self._read(where), strict=True)
+
+    def _decode(self, where: tuple[int, int], got: Got, *, strict: bool = False) -> Any:
+        shard, pos = where
+        url = self._bytes.urls[shard]
+        skip = self.decoding.on_error == "skip" and not strict
+        if isinstance(got, Exception):
+            if skip:
+                return Bad(url, got.key, str(got), lost=True)
+            raise got
+        try:
+            sample = parse_sample(
+                got,
+                url=url,
+                offset=self._bytes.offset(shard, pos),
+                keep=None,
+                max_member=self.decoding.max_member_bytes,
+            )
+        except ShardFormatError as e:
+            if skip:
+                return Bad(url, e.key, str(e), lost=True)
+            raise
+        out = self._processor(sample)
+        if isinstance(out, Bad) and strict:
+            raise SampleError(out.reason, shard=url, key=out.key)
+        return out

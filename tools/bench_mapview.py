@@ -1,0 +1,191 @@
+"""Random access, map-style: MapDataset against wids and HF datasets (Arrow), and key lookups.
+
+    python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
+                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--dir DIR]
+
+Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
+(``benchlib.corpus.arrays``) as a shardify split, and the same arrays as an Arrow dataset
+(``datasets.Dataset.save_to_disk``, one ``bytes`` column). Each reader is a map-style dataset
+in a ``DataLoader(batch_size, shuffle=True, num_workers, persistent_workers=True)``, its samples
+turned into uint8 ``[B, 3, 32, 32]`` and int64 labels; epochs run in turn, and each side's best
+epoch is printed in samples/s. ``MapDataset`` is also read over HTTP (tools/rangeserver.py, each
+answer delayed ``--http-delay-ms``). ``--keys``: a key index of that many random keys written
+to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
+resident memory before and after (Linux). ``--photos``: that many 500x375 JPEGs read with
+``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
+``ShardedDataset`` through ``make_loader``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rangeserver
+import torch
+from benchlib import corpus
+from torch.utils.data import DataLoader
+
+
+def _epochs(loaders: dict[str, Iterable[Any]], epochs: int, samples: int) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for _ in range(epochs):
+        for name, loader in loaders.items():
+            t, n = time.perf_counter(), 0
+            for _x, y in loader:
+                n += int(y.shape[0])
+            took = time.perf_counter() - t
+            if n != samples:
+                raise SystemExit(f"{name}: an epoch gave {n} samples, expected {samples}")
+            best[name] = max(best.get(name, 0.0), n / took)
+    return best
+
+
+def _wids_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = np.stack([np.load(s[".npy"]) for s in batch])  # (wids hands each member as a BytesIO)
+    y = np.array([int(s[".cls"].read()) for s in batch])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _arrow_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = np.frombuffer(b"".join(s["x"] for s in batch), dtype=np.uint8).reshape(len(batch), 3, 32, 32)
+    return torch.from_numpy(x.copy()), torch.tensor([s["y"] for s in batch])
+
+
+def _arrow(root: Path, samples: int) -> Any:
+    import datasets
+
+    if not root.exists():
+        images, labels = corpus.arrays(samples, classes=10)
+        data = datasets.Dataset.from_dict({"x": [a.tobytes() for a in images], "y": [int(v) for v in labels]})
+        data.save_to_disk(str(root))
+    return datasets.load_from_disk(str(root))
+
+
+def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+    import wids
+
+    from shardify.reader import CacheOptions, MapDataset
+
+    root = corpus.arrays_dataset(work / f"map-{samples}", samples, classes=10)
+    corpus.warm(root)
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    sets: dict[str, tuple[Any, Callable[..., Any] | None]] = {
+        "shardify MapDataset": (MapDataset(root, fields=("npy", "cls")), None),
+        "wids ShardListDataset": (wids.ShardListDataset(str(root / "train.json"), transformations=[]), _wids_collate),
+    }
+    try:
+        sets["HF datasets (Arrow)"] = (_arrow(work / f"arrow-{samples}", samples), _arrow_collate)
+    except ImportError:
+        pass
+    loaders = {name: DataLoader(ds, collate_fn=c, **kw) for name, (ds, c) in sets.items()}
+    rates = _epochs(loaders, epochs, samples)
+    with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
+        remote = MapDataset(f"{base}/{root.name}", fields=("npy", "cls"), cache=CacheOptions(requests=batch_size))
+        name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
+        rates.update(_epochs({name: DataLoader(remote, **kw)}, 1, samples))
+    return {k: round(v) for k, v in rates.items()}
+
+
+def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 64) -> dict[str, Any]:
+    """JPEG photos with ``imagenet_train(224)``: MapDataset + DataLoader against the streaming reader."""
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.synth import make_imagefolder
+    from shardify.convert.write.run import convert_imagefolder
+    from shardify.reader import MapDataset, ShardedDataset, make_loader
+    from shardify.reader import transforms as T
+
+    root = work / f"photos-{n}"
+    if not (root / "manifest.json").exists():
+        src = make_imagefolder(work / f"photos-src-{n}", classes=4, per_class=n // 4, sizes=((500, 375), (375, 500)))
+        convert_imagefolder(src, root, options=ConvertOptions(progress=False, fsync=False))
+    corpus.warm(root)
+    n = len(MapDataset(root))
+    stream = ShardedDataset(root, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(224))
+    mapped = MapDataset(root, transform=T.imagenet_train(224))
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
+    with make_loader(stream, num_workers=workers) as streaming:
+        rates = _epochs(
+            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n
+        )
+    return {k: round(v) for k, v in rates.items()}
+
+
+def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
+    from shardify.reader.io.keyindex import KeyIndex, key_hash, load_key_index, write_key_index
+
+    path = work / f"keys-{n}.idx"
+    if not path.exists():
+        # random sorted hashes stand for n keys' (the lookup cost does not depend on which)
+        print(f"writing {path} (run again for the figures of a process that only looks up)")
+        hashes = np.sort(np.random.default_rng(0).integers(0, 2**63, n, dtype=np.uint64))
+        hashes[:: max(1, n // lookups)] = 0  # (replaced below by real keys' hashes)
+        wanted = [f"k{i}" for i in range(lookups)]
+        real = np.array([key_hash(k) for k in wanted], dtype=np.uint64)
+        hashes[: len(real)] = real
+        hashes.sort()
+        write_key_index(KeyIndex(hashes, np.arange(n, dtype=np.uint64)), path)
+        del hashes
+    before = _rss()
+    index = load_key_index(path, nsamples=n)
+    t = time.perf_counter()
+    found = sum(bool(index.candidates(f"k{i}")) for i in range(lookups))
+    per = (time.perf_counter() - t) / lookups
+    after = _rss()
+    return {
+        "keys": n,
+        "found": found,
+        "us_per_lookup": round(per * 1e6, 1),
+        "private_mb_before_after": [before["RssAnon"], after["RssAnon"]],
+        "shared_file_pages_mb_after": after["RssFile"],
+        "file_mb": round(path.stat().st_size / 2**20),
+    }
+
+
+def _rss() -> dict[str, int]:
+    """This process's resident MB: private (``RssAnon``) and file pages mapped (``RssFile``:
+    the page cache's, shared with every process mapping the file, dropped under pressure)."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if line.startswith("Rss"))
+    return {k: int(v.split()[0]) // 1024 for k, v in fields.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=int, default=20000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--http-delay-ms", type=float, default=20.0)
+    p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
+    p.add_argument("--photos", type=int, default=0, help="only the JPEG figure, with this many photos")
+    p.add_argument("--dir", type=Path, default=None)
+    a = p.parse_args()
+    work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
+    work.mkdir(parents=True, exist_ok=True)
+    if a.photos:
+        print(json.dumps(photos(work, n=a.photos, workers=a.workers, epochs=a.epochs), indent=1))
+        return
+    if a.keys:
+        print(json.dumps(keys(work, a.keys), indent=1))
+        return
+    out = read(
+        work,
+        samples=a.samples,
+        workers=a.workers,
+        batch_size=a.batch_size,
+        epochs=a.epochs,
+        delay_ms=a.http_delay_ms,
+    )
+    print(json.dumps({"samples/s": out, "cpus": os.cpu_count()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
