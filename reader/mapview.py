@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from shardify.errors import SampleError, ShardFormatError
+from shardify.reader.io.items import sample_key
 from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_index
 from shardify.reader.io.samplebytes import Got, SampleBytes
 from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
-from shardify.reader.io.tableread import sample_key
 from shardify.reader.options import CacheOptions, DecodeOptions
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.fields import output_fields

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from shardify.errors import ManifestError
+from shardify.reader.io.items import sample_key
 from shardify.reader.io.samplebytes import SampleBytes
-from shardify.reader.io.tableread import sample_key
 
 __all__ = ["KeyIndex", "key_hash", "split_key_list", "build_key_index", "write_key_index", "load_key_index"]
 

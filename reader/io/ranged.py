@@ -29,11 +29,10 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardify.errors import KeyRuleError, SampleChecksumError, ShardFormatError
-from shardify.keys import split_member_name
+from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader.io.cache import FetchOptions
 from shardify.reader.io.fetchpool import DaemonPool
-from shardify.reader.io.items import READ_ERRORS, Item, damage
+from shardify.reader.io.items import READ_ERRORS, Item, changed_sample, damage, sample_key
 from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.shardfile import ShardFiles, Table
 from shardify.reader.io.shardlist import distinct_values
@@ -41,7 +40,7 @@ from shardify.reader.io.wholehost import Opener, range_of_whole, read_whole_from
 from shardify.remote import Abort, RangeNotSupported, fetch_range
 from shardify.sampletable import RECORD, SampleRanges, SampleTable, sample_digest
 
-__all__ = ["RangeFetcher", "RangeStats", "parse_sample", "read_ranged"]
+__all__ = ["RangeFetcher", "RangeStats", "read_ranged"]
 
 log = logging.getLogger("shardify.reader")
 
@@ -71,14 +70,6 @@ class _Request:
     future: Future[Fetched] | None = None
     abort: Abort = field(default_factory=Abort)
     runs: deque[Run] = field(default_factory=deque)
-
-
-def _key_of(data: bytes) -> str | None:
-    """The sample key in a tar header's name field (None when it cannot be read)."""
-    try:
-        return split_member_name(data[:100].split(b"\0", 1)[0].decode("utf-8"))[0]
-    except (UnicodeDecodeError, KeyRuleError):
-        return None
 
 
 def _table_bytes(ranges: SampleRanges) -> int:
@@ -342,13 +333,9 @@ class RangeFetcher:
         bad: dict[int, SampleChecksumError] = {}
         for i in range(req.first, req.last):
             a, b, digest = ranges[i]
-            if sample_digest(memoryview(data)[a - req.start : b - req.start]) != digest:
-                bad[i] = SampleChecksumError(
-                    f"sample {i} (bytes {a}-{b - 1}) does not match the index's checksum "
-                    "(corrupt or replaced on the server)",
-                    shard=url,
-                    key=_key_of(data[a - req.start : b - req.start]),
-                )
+            one = memoryview(data)[a - req.start : b - req.start]
+            if sample_digest(one) != digest:
+                bad[i] = changed_sample(i, a, b, url=url, key=sample_key(one), remote=True)
         return data, bad
 
     def _drop(self, req: _Request) -> None:

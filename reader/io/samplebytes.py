@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardify.errors import SampleChecksumError, ShardFormatError
+from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.shardfile import Table
 from shardify.reader.io.shardopen import local_path
 from shardify.reader.io.source import Source
-from shardify.reader.io.tableread import sample_key
 from shardify.reader.io.tablesetup import sample_tables
 from shardify.remote import ShardFetchError, fetch_range, is_remote
 from shardify.sampletable import SampleRanges, sample_digest
@@ -160,12 +160,7 @@ class SampleBytes:
             if ok:
                 out[(shard, p)] = bytes(one)
             else:
-                out[(shard, p)] = SampleChecksumError(
-                    f"sample {p} (bytes {s}-{e - 1}) does not match the index's checksum (changed or corrupt "
-                    "since it was written; `shardify verify` checks every sample)",
-                    shard=url,
-                    key=sample_key(bytes(one)),
-                )
+                out[(shard, p)] = changed_sample(p, s, e, url=url, key=sample_key(one), remote=remote)
         return out
 
     def _fetch(self, url: str, a: int, b: int) -> bytes:

@@ -21,9 +21,9 @@ import zlib
 from collections.abc import Collection, Iterator
 from typing import BinaryIO
 
-from shardify.errors import SampleChecksumError, ShardFormatError
+from shardify.errors import ShardFormatError
 from shardify.reader.io.forward import read_forward
-from shardify.reader.io.items import READ_ERRORS, Item, damage
+from shardify.reader.io.items import READ_ERRORS, Item, changed_sample, damage
 from shardify.reader.io.shardfile import ShardFiles, read_at
 from shardify.reader.io.tableread import read_table
 from shardify.sampletable import SampleRanges
@@ -101,12 +101,7 @@ def _read_checked(
         for i in range(index, end):
             s, e = ends[i], ends[i + 1]
             if zlib.crc32(view[s - a : e - a]) != crcs[i]:
-                bad = SampleChecksumError(
-                    f"sample {i} (bytes {s}-{e - 1}) does not match the index's checksum (changed or corrupt "
-                    "since it was written; `shardify verify` checks every sample)",
-                    shard=url,
-                    key=layout.key(i - base),
-                )
+                bad = changed_sample(i, s, e, url=url, key=layout.key(i - base), remote=False)
                 yield from files.lost(shard, i, i + 1, bad)
             else:
                 yield _slice_sample(data, a, layout, i - base, s, e, url, fields)

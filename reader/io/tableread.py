@@ -4,7 +4,7 @@ When the split index holds a shard's per-sample table (:mod:`shardify.sampletabl
 sample's length and checksum), a shard read from a file (local, or a remote one fetched whole
 into the cache) is read by it: consecutive samples of a range, up to ``_GROUP_BYTES`` together
 (a larger sample alone), in one read; each sample's bytes checked against its checksum, then
-parsed in one pass (:func:`~shardify.reader.io.ranged.parse_sample`), no header scan needed.
+parsed in one pass (:func:`~shardify.reader.io.sampleparse.parse_sample`), no header scan needed.
 
 A sample whose bytes do not match is a :class:`~shardify.errors.SampleChecksumError` naming
 the shard and the key its bytes hold, for that position only: under ``skip_damaged`` it comes
@@ -18,26 +18,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 
-from shardify.errors import KeyRuleError, SampleChecksumError, ShardFormatError
-from shardify.keys import split_member_name
-from shardify.reader.io.items import READ_ERRORS, Item, damage
-from shardify.reader.io.ranged import parse_sample
+from shardify.errors import ShardFormatError
+from shardify.reader.io.items import READ_ERRORS, Item, changed_sample, damage, sample_key
+from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.shardfile import ShardFiles
 from shardify.sampletable import SampleRanges
 
-__all__ = ["read_table", "sample_key"]
+__all__ = ["read_table"]
 
 _GROUP_BYTES = 64 << 10
 """Consecutive samples read in one read, up to this many bytes (a larger sample is read alone)."""
-
-
-def sample_key(data: bytes) -> str | None:
-    """The sample key in the name field of the tar header that ``data`` starts with (None when
-    it cannot be read: the bytes that do not match may be any)."""
-    try:
-        return split_member_name(data[:100].split(b"\0", 1)[0].decode("utf-8"))[0]
-    except (UnicodeDecodeError, KeyRuleError):
-        return None
 
 
 def read_table(files: ShardFiles, shard: int, start: int, stop: int, ranges: SampleRanges) -> Iterator[Item]:
@@ -65,12 +55,7 @@ def read_table(files: ShardFiles, shard: int, start: int, stop: int, ranges: Sam
                 s, e = ranges.ends[i], ranges.ends[i + 1]
                 one = data if alone else data[s - a : e - a]
                 if zlib.crc32(one) != ranges.crcs[i]:
-                    bad = SampleChecksumError(
-                        f"sample {i} (bytes {s}-{e - 1}) does not match the index's checksum (changed or corrupt "
-                        "since it was written; `shardify verify` checks every sample)",
-                        shard=url,
-                        key=sample_key(one),
-                    )
+                    bad = changed_sample(i, s, e, url=url, key=sample_key(one), remote=False)
                     yield from files.lost(shard, i, i + 1, bad)
                 else:
                     yield parse_sample(one, url=url, offset=s, keep=files.keep, max_member=files.max_member)

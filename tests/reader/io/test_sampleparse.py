@@ -9,8 +9,7 @@ import tarfile
 import pytest
 
 from shardify.errors import ShardFormatError
-from shardify.reader.io.ranged import parse_sample
-from shardify.reader.io.sampleparse import plain_sample
+from shardify.reader.io.sampleparse import parse_sample, plain_sample
 from shardify.tario import iter_members, iter_samples
 
 MAX = 1 << 20
