@@ -18,6 +18,7 @@ __all__ = [
     "count",
     "FORMATTER",
     "split_source",
+    "engine_args",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
@@ -57,3 +58,21 @@ def split_source(dataset: str | os.PathLike[str], split: str | None) -> Any:
         if split is not None or "train" not in e.splits:
             raise
         return resolve_source(dataset, split="train")
+
+
+def engine_args(group: Any) -> None:
+    """The options every ``convert`` kind ends its "run" group with: where the work runs
+    (``--engine``, ``--ray-address``), ``--quiet`` and ``--no-fsync``."""
+    group.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')",
+    )
+    group.add_argument(
+        "--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)"
+    )
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    group.add_argument(
+        "--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)"
+    )

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from shardify.cli import convert_tokens
-from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, count, human
+from shardify.cli.common import EXIT_OK, EXIT_SKIPPED, FORMATTER, UsageError, count, engine_args, human
 from shardify.errors import InputError
 
 __all__ = ["add_parser", "run", "convert_options"]
@@ -159,17 +159,7 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True) -> None:
     )
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
-    g.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')",
-    )
-    g.add_argument("--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument(
-        "--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)"
-    )
+    engine_args(g)
 
 
 def _python_args(p: argparse.ArgumentParser) -> None:
@@ -208,17 +198,7 @@ def _python_args(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="stop and report an item on which a worker's memory grows past SIZE (512MiB, 2GB)",
     )
-    g.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')",
-    )
-    g.add_argument("--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument(
-        "--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)"
-    )
+    engine_args(g)
 
 
 def _convert_python(args: argparse.Namespace) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardify.cli.common import FORMATTER
+from shardify.cli.common import FORMATTER, engine_args
 
 __all__ = ["add_parser", "convert"]
 
@@ -65,17 +65,7 @@ def add_parser(kinds: Any) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     g.add_argument("--batch", type=int, default=256, help="texts per batch call of the tokenizer (default: 256)")
-    g.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help="local: a process pool (default); ray: Ray tasks (pip install 'shardify[ray]')",
-    )
-    g.add_argument("--ray-address", default=None, help="Ray cluster to join (default: start a local Ray for the run)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument(
-        "--no-fsync", action="store_true", help="do not fsync shards before renaming them (faster, less safe)"
-    )
+    engine_args(g)
 
 
 def convert(args: argparse.Namespace) -> Any:
