@@ -206,14 +206,19 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def _send_slowly(self, b: Behaviour, data: bytes) -> None:
-        """``data`` at ``trickle_bps`` bytes per second (at once without it); stops with the server."""
-        if not b.trickle_bps:
+        """``data`` at ``trickle_bps`` bytes per second (at once without it)."""
+        self._trickle(b, data, b.trickle_bps)
+
+    def _trickle(self, b: Behaviour, data: bytes, bps: int) -> None:
+        """``data`` at ``bps`` bytes per second, a tenth of a second's worth at a time (at once
+        when ``bps`` is 0); stops with the server."""
+        if not bps:
             self.wfile.write(data)
             self.wfile.flush()
             return
-        step = max(1, b.trickle_bps // 10)
+        step = max(1, bps // 10)
         for i in range(0, len(data), step):
-            if b.stopped.wait(step / b.trickle_bps):
+            if b.stopped.wait(step / bps):
                 raise ConnectionAbortedError("the server stopped")
             self.wfile.write(data[i : i + step])
             self.wfile.flush()
@@ -226,12 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         head = b"".join(self._headers_buffer) + b"\r\n"  # type: ignore[attr-defined]
         self._headers_buffer = []  # type: ignore[attr-defined]
-        step = max(1, b.header_bps // 10)
-        for i in range(0, len(head), step):
-            if b.stopped.wait(step / b.header_bps):
-                raise ConnectionAbortedError("the server stopped")
-            self.wfile.write(head[i : i + step])
-            self.wfile.flush()
+        self._trickle(b, head, b.header_bps)
 
 
 class _Server(ThreadingHTTPServer):
