@@ -20,10 +20,10 @@ import os
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardify.errors import SampleChecksumError, ShardFormatError
+from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.shardfile import Table
 from shardify.reader.io.shardopen import local_path
@@ -73,7 +73,7 @@ class SampleBytes:
         self._tables: Sequence[Table] | None = None
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
         self._fds: OrderedDict[int, int] = OrderedDict()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("source", "_threads", "_max", "_gap", "_remote_gap")
@@ -122,9 +122,10 @@ class SampleBytes:
         got: dict[tuple[int, int], Got] = {}
         if len(remote) > 1:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="shardify-mapview")
-            for part in self._pool.map(self._read_run, remote):
-                got.update(part)
+                self._pool = DaemonPool(self._threads, "shardify-mapview")  # never holds the process at exit
+            futures = [self._pool.submit(self._read_run, run) for run in remote]
+            for future in futures:
+                got.update(future.result())
         for run in runs:
             if len(remote) <= 1 or not is_remote(self.urls[run[0]]):
                 got.update(self._read_run(run))
@@ -195,5 +196,5 @@ class SampleBytes:
             for fd in self._fds.values():
                 os.close(fd)
             if self._pool is not None:
-                self._pool.shutdown(wait=False)
+                self._pool.shutdown()
         self._reset()
