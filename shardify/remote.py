@@ -42,21 +42,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
-from shardify.fetchcontrol import Body
+from shardify.fetchcontrol import Abort, Body, Complete, Deadline, Permanent, RangeIgnored, Transient
 from shardify.keepalive import TakenBody
-from shardify.transport import (
-    HTTP_SCHEMES,
-    Abort,
-    Complete,
-    Deadline,
-    Permanent,
-    RangeIgnored,
-    Transient,
-    classify,
-    fsspec_range,
-    http_range,
-    open_body,
-)
+from shardify.transport import HTTP_SCHEMES, classify, fsspec_range, http_range, open_body
 
 __all__ = [
     "Abort",

@@ -41,12 +41,6 @@ from shardify.keepalive import TakenBody, connection, taken
 
 __all__ = [
     "HTTP_SCHEMES",
-    "Transient",
-    "Permanent",
-    "Complete",
-    "RangeIgnored",
-    "Deadline",
-    "Abort",
     "HttpBody",
     "FsspecBody",
     "open_body",
