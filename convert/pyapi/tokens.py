@@ -20,6 +20,7 @@ tokenizer raise is reported in ``{split}.report.jsonl`` and counted as skipped.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, replace
@@ -195,10 +196,43 @@ class TokenRunner(ChunkRunner):
         for j, got in zip(at, self.tokenizer.encode([chunk.items[j] for j in at]) if at else [], strict=True):
             ids[j] = got
         parts: list[bytes] = []
+        if not self.check:
+            return self._trusted(chunk, ids, parts), parts
         outcomes = [
             self._outcome(index, item, ids[j], parts) for j, (index, item) in enumerate(zip(chunk.indexes, chunk.items))
         ]
         return outcomes, parts
+
+    def _trusted(self, chunk: ItemChunk, ids: list[Sequence[int] | str | None], parts: list[bytes]) -> list[Outcome]:
+        """:meth:`_outcome` for a chunk of ids that need no check (a ``tokenizers`` tokenizer's,
+        within its vocabulary): the chunk's documents are converted to ``dtype`` in one numpy
+        call and each sample's member is framed around its slice."""
+        docs = [got for got in ids if isinstance(got, list) and got]
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        eos = self.eos is not None
+        flat = np.empty(int(lengths.sum()) + eos * len(docs), dtype=self.dtype)
+        stops = np.cumsum(lengths + eos)
+        if eos:
+            flat[stops - 1] = self.eos
+            keep = np.ones(flat.size, dtype=bool)
+            keep[stops - 1] = False
+            flat[keep] = np.fromiter(itertools.chain.from_iterable(docs), dtype=self.dtype, count=int(lengths.sum()))
+        else:
+            flat[:] = np.fromiter(itertools.chain.from_iterable(docs), dtype=self.dtype, count=flat.size)
+        data = flat.tobytes()
+        itemsize, descr = flat.itemsize, self.descr
+        outcomes: list[Outcome] = []
+        d = start = 0
+        for index, item, got in zip(chunk.indexes, chunk.items, ids, strict=True):
+            if not (isinstance(got, list) and got):
+                outcomes.append(self._outcome(index, item, got, parts))
+                continue
+            stop = int(stops[d])
+            d += 1
+            body = npy_header(descr, (stop - start,)) + data[start * itemsize : stop * itemsize]
+            outcomes.append(self._member(index, body, stop - start, parts))
+            start = stop
+        return outcomes
 
     def one(self, index: int, item: Any, parts: list[bytes]) -> Outcome:
         outcomes, mine = self.run(ItemChunk(start=0, indexes=(index,), items=(item,)))
@@ -216,11 +250,15 @@ class TokenRunner(ChunkRunner):
             return Outcome(error=f"tokenizer returned {str(e)[:300]}")
         if len(ids) == 0:
             return Outcome(error="no tokens")
+        return self._member(index, npy_header(self.descr, array.shape) + array.tobytes(), int(array.size), parts)
+
+    @staticmethod
+    def _member(index: int, data: bytes, tokens: int, parts: list[bytes]) -> Outcome:
+        """Frame one document's ``.npy`` bytes as its sample's tar member."""
         key = f"{index:09d}"  # digits only: a valid key, so the member is encoded here without member_parts' checks
-        data = npy_header(self.descr, array.shape) + array.tobytes()
         pad = -len(data) % BLOCK
         parts += (ustar_header(f"{key}.{TOKENS_FIELD}", len(data)), data, bytes(pad))
-        return Outcome(key=key, fields=(TOKENS_FIELD,), size=BLOCK + len(data) + pad, tokens=int(array.size))
+        return Outcome(key=key, fields=(TOKENS_FIELD,), size=BLOCK + len(data) + pad, tokens=tokens)
 
     def _array(self, ids: Sequence[int]) -> np.ndarray:
         n = len(ids)

@@ -298,13 +298,12 @@ def test_verify_checks_each_document_against_its_recorded_length(
 ) -> None:
     from shardify.convert.pyapi.tokens import TokenRunner
 
-    real = TokenRunner._outcome
+    real = TokenRunner._member
 
-    def one_long(self, index, item, ids, parts):  # noqa: ANN001, ANN202 - a converter that records a wrong length
-        got = real(self, index, item, ids, parts)
-        return got._replace(tokens=got.tokens + 1) if index == 7 else got
+    def one_long(index, data, tokens, parts):  # noqa: ANN001, ANN202 - a converter that records a wrong length
+        return real(index, data, tokens + (index == 7), parts)
 
-    monkeypatch.setattr(TokenRunner, "_outcome", one_long)
+    monkeypatch.setattr(TokenRunner, "_member", staticmethod(one_long))
     convert_tokens(_texts(20), tmp_path / "out", tokenizer=tokenizer_json, workers=1, **FAST)
     assert main(["verify", str(tmp_path / "out")]) == EXIT_SKIPPED
     out = capsys.readouterr().out
@@ -332,3 +331,21 @@ def test_wids_opens_a_token_split_with_its_extra_index_fields(tmp_path: Path, to
     ds = wids.ShardListDataset(str(out / "train.json"), cache_dir=str(tmp_path / "cache"), transformations=[])
     assert len(ds) == 20
     assert np.load(ds[3][".tokens.npy"]).tolist() == _encode(tokenizer_json, texts)[3]  # wids gives a file object
+
+
+@pytest.mark.parametrize("eos", [None, 1])
+def test_trusted_ids_make_the_same_bytes_as_checked_ids(
+    tmp_path: Path, tokenizer_json: Path, tree_bytes, eos: int | None
+) -> None:
+    """A tokenizer's ids go through the chunk-wide conversion; ids given a vocabulary to check
+    against go through the per-document one: the same shards, bad rows in the same places."""
+    texts: list[object] = [*_texts(30), "", 5, "   ", *_texts(12)]
+    opts = dict(tokenizer=tokenizer_json, eos=eos, samples_per_shard=16, chunk_size=8, workers=1, **FAST)
+    trusted = convert_tokens(texts, tmp_path / "trusted", **opts)
+    checked = convert_tokens(texts, tmp_path / "checked", vocab_size=len(WORDS) + 2, **opts)
+    assert trusted.samples == checked.samples == 42 and len(trusted.skipped) == len(checked.skipped) == 3
+    # the names and manifests differ (vocab_size is in the options' digest), the shards' bytes not
+    shards = [
+        sorted(b for n, b in tree_bytes(tmp_path / run).items() if n.endswith(".tar")) for run in ("trusted", "checked")
+    ]
+    assert shards[0] == shards[1] and len(shards[0]) == 3
