@@ -260,3 +260,29 @@ def test_cli_python_reports_usage_and_import_errors(tmp_path: Path, monkeypatch,
     assert main(["convert", "python", "rowmod2:make", "broken.jsonl", "o3", "--quiet", "--workers", "1"]) == 1
     err = capsys.readouterr().err
     assert "should be MODULE:FUNCTION" in err and "has no 'nope'" in err and "broken.jsonl: line 2 is not JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "rows", "error"),
+    [
+        pytest.param(b'\xef\xbb\xbf{"a": 1}\n  [2] \n\n3\r\n', [{"a": 1}, [2], 3], None, id="bom-spaces-blank-crlf"),
+        pytest.param(b'{"a": 1}\n{"a": 1} x\n', None, "line 2 is not JSON: Extra data", id="extra-data"),
+        pytest.param(b'{"a": 1}{"b": 2}\n', None, "line 1 is not JSON: Extra data", id="two-values"),
+        pytest.param(b'1\n"\xff"\n', None, "line 2 is not JSON: 'utf-8' codec", id="not-utf8"),
+        pytest.param(b'{"a":\n1}\n', None, "line 1 is not JSON: Expecting value", id="split-object"),
+        pytest.param(b"1\n\xef\xbb\xbf2\n", None, "line 2 is not JSON", id="bom-not-first"),
+    ],
+)
+def test_jsonl_rows_parse_one_value_per_line(
+    tmp_path: Path, content: bytes, rows: list[object] | None, error: str | None
+) -> None:
+    from shardify.convert.pyapi.jsonlitems import JsonlItems
+    from shardify.errors import InputError
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    if error is None:
+        assert list(JsonlItems(path)) == rows
+    else:
+        with pytest.raises(InputError, match=error):
+            list(JsonlItems(path))
