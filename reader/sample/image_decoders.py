@@ -1,0 +1,152 @@
+"""The image decoders of ``DecodeOptions(decoder="nvimgcodec")``, one per kind, tried in order.
+
+Each is an :class:`ImageDecoder`: ``decode(encoded, regions, device)`` takes a batch's JPEGs
+(1-D uint8 CPU tensors) and, per image, the region to decode ((left, top, right, bottom) pixels,
+or None for the whole image), and returns per image a uint8 [3, h, w] RGB tensor of that region
+on ``device``, or None where it could not decode that image (the next kind gets it). Its
+``kind`` is what the epoch's counts call the images it decoded.
+
+- :class:`NvImageCodecDecoder` (``"hardware"``, ``"cuda"``): nvImageCodec
+  (``nvidia.nvimgcodec``, the ``gpu`` extra) with one backend: the GPU's hardware JPEG engines
+  (NVJPG; they refuse some images, e.g. grayscale and CMYK), or CUDA kernels. Regions are
+  decoded as such (``DecodeSource(..., region=Region(...))``); a decoder that returns nothing
+  for a batch with regions is asked again without them, and, if it then decodes, is not given
+  regions again (the images are cut on the device instead).
+- :class:`PillowDecoder` (``"cpu"``): Pillow, then the copy: the last resort, and the CPU
+  tests' stand-in for the others.
+
+:func:`nvimgcodec_decoders` is the default chain: hardware, CUDA, CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from shardify.errors import DeviceDecodeError
+from shardify.reader.sample.decode import decode_image, pil_to_tensor
+
+__all__ = ["Region", "ImageDecoder", "PillowDecoder", "NvImageCodecDecoder", "nvimgcodec_decoders", "KINDS"]
+
+log = logging.getLogger("shardify.reader")
+
+Region = tuple[int, int, int, int]
+"""(left, top, right, bottom) pixels of an image, right and bottom excluded."""
+
+KINDS = ("hardware", "cuda", "cpu")
+"""The kinds of :func:`nvimgcodec_decoders`, in the order they are tried."""
+
+
+class ImageDecoder(Protocol):
+    """Decodes a batch's JPEGs (or the given region of each) on a device; see the module docstring."""
+
+    kind: str
+
+    def decode(
+        self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None], device: torch.device
+    ) -> list[torch.Tensor | None]: ...
+
+
+def cut(image: torch.Tensor, region: Region | None) -> torch.Tensor:
+    """``region`` of a uint8 [3, H, W] image (a view), or the image itself."""
+    if region is None:
+        return image
+    left, top, right, bottom = region
+    return image[:, top:bottom, left:right]
+
+
+class PillowDecoder:
+    """Pillow on the CPU, each image whole then cut to its region and moved to the device."""
+
+    kind = "cpu"
+
+    def decode(
+        self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None], device: torch.device
+    ) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
+        for data, region in zip(encoded, regions):
+            try:
+                image = pil_to_tensor(decode_image(data.numpy().tobytes()))
+            except Exception:  # noqa: BLE001 - not an image Pillow reads: the caller's bad sample
+                out.append(None)
+                continue
+            out.append(cut(image, region).to(device))
+        return out
+
+    def __repr__(self) -> str:
+        return "PillowDecoder()"
+
+
+def _nvimgcodec() -> Any:
+    """The ``nvidia.nvimgcodec`` module, or DeviceDecodeError saying how to install it."""
+    try:
+        from nvidia import nvimgcodec  # deferred: an optional dependency (the gpu extra)
+    except ImportError as e:
+        raise DeviceDecodeError(
+            f'DecodeOptions(decoder="nvimgcodec") decodes with nvImageCodec, and nvidia.nvimgcodec cannot be '
+            f"imported ({e}); install it with `pip install shardify[gpu]` (nvidia-nvimgcodec-cu12[nvjpeg]; "
+            "nvidia-nvimgcodec-cu13[nvjpeg] for a torch built with CUDA 13), or leave decoder unset (torchvision)"
+        ) from e
+    return nvimgcodec
+
+
+class NvImageCodecDecoder:
+    """nvImageCodec with one backend (``kind``: ``"hardware"`` or ``"cuda"``) on ``device``;
+    DeviceDecodeError when nvImageCodec is missing. Decodes on the caller's current CUDA stream."""
+
+    def __init__(self, kind: str, device: torch.device) -> None:
+        nv = _nvimgcodec()
+        backends = {"hardware": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.GPU_ONLY}
+        if kind not in backends:
+            raise ValueError(f"NvImageCodecDecoder: {kind=} should be one of {sorted(backends)}")
+        self.kind, self.device = kind, device
+        self._nv = nv
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        # fancy_upsampling=1: chroma upsampled as libjpeg-turbo does by default (the CPU path's Pillow)
+        self._decoder = nv.Decoder(device_id=index, backend_kinds=[backends[kind]], options=":fancy_upsampling=1")
+        self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.RGB)
+        self.regions = True  # cleared when this backend decodes whole images but not regions
+
+    def _run(self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None]) -> list[Any]:
+        nv = self._nv
+        sources = []
+        for data, region in zip(encoded, regions):
+            if region is None or not self.regions:
+                sources.append(nv.DecodeSource(data.numpy()))
+            else:
+                left, top, right, bottom = region
+                sources.append(nv.DecodeSource(data.numpy(), region=nv.Region(top, left, bottom, right)))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        return list(self._decoder.decode(sources, params=self._params, cuda_stream=stream))
+
+    def decode(
+        self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None], device: torch.device
+    ) -> list[torch.Tensor | None]:
+        images = self._run(encoded, regions)
+        cropped = self.regions and any(r is not None for r in regions)
+        if cropped and encoded and all(im is None for im in images):
+            self.regions = False
+            images = self._run(encoded, regions)
+            if any(im is not None for im in images):
+                log.info("nvImageCodec's %s backend decodes whole images, not regions: cutting them after", self.kind)
+            else:
+                self.regions = True  # nothing decodes at all: not a question of regions
+        out: list[torch.Tensor | None] = []
+        for image, region in zip(images, regions):
+            if image is None:
+                out.append(None)
+                continue
+            chw = torch.as_tensor(image, device=device).permute(2, 0, 1)  # HWC interleaved -> CHW view
+            out.append(chw if self.regions else cut(chw, region))
+        return out
+
+    def __repr__(self) -> str:
+        return f"NvImageCodecDecoder({self.kind!r}, {str(self.device)!r})"
+
+
+def nvimgcodec_decoders(device: torch.device) -> tuple[ImageDecoder, ...]:
+    """The default chain on ``device``: nvImageCodec's hardware backend, its CUDA backend, Pillow."""
+    return NvImageCodecDecoder("hardware", device), NvImageCodecDecoder("cuda", device), PillowDecoder()
