@@ -54,6 +54,12 @@ class DecodeTally:
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "_counts": Counter()}  # a worker's copy (spawn) counts nothing
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def start(self, epoch: int) -> None:
         with self._lock:
             self.epoch, self._counts = epoch, Counter()

@@ -104,7 +104,8 @@ class NvImageCodecDecoder:
             raise ValueError(f"NvImageCodecDecoder: {kind=} should be one of {sorted(backends)}")
         self.kind, self.device = kind, device
         self._nv = nv
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        cuda = device.type == "cuda"
+        index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else -1)
         # fancy_upsampling=1: chroma upsampled as libjpeg-turbo does by default (the CPU path's Pillow)
         self._decoder = nv.Decoder(device_id=index, backend_kinds=[backends[kind]], options=":fancy_upsampling=1")
         self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.RGB)
@@ -119,7 +120,7 @@ class NvImageCodecDecoder:
             else:
                 left, top, right, bottom = region
                 sources.append(nv.DecodeSource(data.numpy(), region=nv.Region(top, left, bottom, right)))
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         return list(self._decoder.decode(sources, params=self._params, cuda_stream=stream))
 
     def decode(

@@ -108,7 +108,7 @@ class SharedSplit:
         that over any run of images the worker decodes ``share`` of them, to within one."""
         view = self._view if self._view is not None else self._open()
         self._credit += float(view[0, 0])
-        if self._credit >= 1.0:
+        if self._credit >= 1.0 - 1e-9:  # (float sums of 0.3 fall short of 1 by an ulp)
             self._credit -= 1.0
             return True
         return False
