@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,6 +104,7 @@ class CodecDecoder:
         self._stream = torch.cuda.Stream(device=self.device, priority=LOWEST_PRIORITY) if cuda else None
         self._dtype = torch.float16 if cuda else torch.float32
         self._failed: set[str] = set()  # kinds whose call raised (logged once)
+        self._alive: deque[tuple[Any, list[Any]]] = deque()  # (event, decoded images) until the event
         if report is not None:
             report.start_device(epoch)
 
@@ -138,12 +139,15 @@ class CodecDecoder:
             todo = rest
         return out
 
-    def _run(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor | None, list[Any]]:
+        """``(images, rows, decoded)``: ``decoded``, the decoders' own images, must outlive the work
+        queued on them (a decoder may free its memory outside torch's allocator)."""
         n = len(batch.keys)
         h, w = batch.size
         rows, encoded = encoded_images(batch)
         out = torch.empty((n, 3, h, w), dtype=torch.uint8, device=self.device)
         bad: dict[int, str] = {}
+        decoded: list[torch.Tensor | None] = []
         if rows:
             idx = torch.tensor(rows)
             boxes, bounds = batch.boxes[idx], batch.bounds[idx]
@@ -166,16 +170,19 @@ class CodecDecoder:
                     max_chunk_bytes=self._chunk,
                     dtype=self._dtype,
                 )
-        return assemble(out, batch, bad, skip=self._skip, count=self._count)
+        return (*assemble(out, batch, bad, skip=self._skip, count=self._count), decoded)
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(images, rows)`` as :class:`~shardify.reader.sample.device_decode.DeviceDecoder` gives them."""
         if self._stream is None:
-            return self._run(batch)
+            return self._run(batch)[:2]
         caller = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(caller)
         with torch.cuda.stream(self._stream):
-            out, order = self._run(batch)
+            out, order, decoded = self._run(batch)
+        self._alive.append((self._stream.record_event(), decoded))
+        while self._alive and self._alive[0][0].query():  # their kernels are done: let them go
+            self._alive.popleft()
         caller.wait_stream(self._stream)
         out.record_stream(caller)
         return out, order

@@ -143,7 +143,7 @@ class ShareController:
 
     def __init__(self, split: SharedSplit, *, every: int = 4, smoothing: float = 0.5) -> None:
         self.split, self.every, self.smoothing = split, every, smoothing
-        self._last = np.zeros(5)
+        self._last = split.totals()[0]  # what the workers timed before (an earlier epoch) is not this one's
         self._device = [0.0, 0]  # seconds, images since the last update
         self._batches = 0
         self._rates: dict[str, float] = {}  # the last known seconds per image of each kind
@@ -160,7 +160,8 @@ class ShareController:
     def _update(self) -> None:
         sums, workers = self.split.totals()
         delta, self._last = sums - self._last, sums
-        decode_s, decode_n, prep_s, prep_n, other_s = (float(x) for x in delta)
+        # (a worker started anew counts from 0 again: its row's other seconds may go back)
+        decode_s, decode_n, prep_s, prep_n, other_s = (max(0.0, float(x)) for x in delta)
         rates = self._rates
         if decode_n:
             rates["decode"] = decode_s / decode_n

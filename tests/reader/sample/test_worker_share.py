@@ -159,3 +159,20 @@ def test_the_controller_waits_until_both_sides_are_timed() -> None:
         split.record(1e-4, decoded=False)
     controller.observe(1e-2, 64)
     assert split.share == 0.0 and not controller.history
+
+
+def test_a_worker_started_anew_never_makes_the_controller_raise() -> None:
+    """A respawned worker's row counts its clock from 0 again: the sums may go back between two
+    updates; the controller then keeps its rates rather than raise in the decode thread."""
+    split = SharedSplit(0.5, timed=True)
+    controller = ShareController(split, every=1)
+    for _ in range(4 * FLUSH):
+        split.record(2e-3 if split.take() else 1e-4, decoded=split._pending[1] % 2 == 0)
+    split._view[split._row, 4] = 100.0  # type: ignore[index]  # other seconds, then a new process: 0
+    controller.observe(1e-2, 64)
+    split._view[split._row, 4] = 0.0  # type: ignore[index]
+    for _ in range(2 * FLUSH):
+        split.record(1e-4, decoded=False)
+    split._view[split._row, 4] = 0.0  # type: ignore[index]
+    controller.observe(1e-2, 64)
+    assert 0.0 <= split.share <= 1.0 and len(controller.history) == 2
