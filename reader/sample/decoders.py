@@ -166,6 +166,12 @@ class NvImageCodecDecoding(DeviceDecoding):
             decoders = jpeg_decoder
         else:
             decoders = (jpeg_decoder,)
+        for d in decoders:
+            if not (hasattr(d, "kind") and callable(getattr(d, "decode", None))):
+                raise TypeError(
+                    f'DecodeOptions(decoder="nvimgcodec") takes image decoders (a kind and decode(encoded, regions, '
+                    f"device), e.g. image_decoders.PillowDecoder()) as make_loader(jpeg_decoder=...), got {d!r}"
+                )
         stage = CodecDecoder(device, decoders=decoders, report=report, epoch=epoch, skip=skip, tally=self.tally)
         return self._split_stage(stage)
 
