@@ -219,6 +219,15 @@ def verdict(figure: Figure) -> tuple[str, str]:
             f"for one decode thread",
             "-",
         )
+    if "stage" in r:  # gpu_decoders.py --device-side
+        parts = [
+            f"{k[:-6]} {r[k]['best_ms']:.1f}/{r[k[:-6] + '_regions']['best_ms']:.1f}" for k in r if k.endswith("_whole")
+        ]
+        return (
+            f"per batch: decode whole/regions ms {', '.join(parts)}; whole stage {r['stage']['best_ms']:.1f} ms "
+            f"= {r['img_s_one_thread']:,.0f} img/s for one decode thread{by}",
+            "-",
+        )
     return "see the table below", "-"
 
 

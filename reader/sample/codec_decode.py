@@ -35,7 +35,7 @@ from shardify.reader.sample.device_decode import assemble, encoded_images
 from shardify.reader.sample.image_decoders import ImageDecoder, Region
 from shardify.reader.sample.prepared import EncodedBatch
 
-__all__ = ["CodecDecoder", "DecodeTally", "LOWEST_PRIORITY"]
+__all__ = ["CodecDecoder", "DecodeTally", "LOWEST_PRIORITY", "crop_regions"]
 
 log = logging.getLogger("shardify.reader")
 
@@ -73,6 +73,14 @@ class DecodeTally:
         """The counts so far (kinds with none left out)."""
         with self._lock:
             return dict(self._counts)
+
+
+def crop_regions(boxes: torch.Tensor, bounds: torch.Tensor, size: tuple[int, int]) -> list[Region]:
+    """Each image's region to decode for its crop (``boxes``, ``bounds``: float64 [B, 4]) resized
+    to ``size``; the bounds lie inside the image (the box itself, or the whole image), so their
+    extent stands for the image's size."""
+    extent = [(math.ceil(b), math.ceil(r)) for r, b in bounds[:, 2:].tolist()]
+    return read_regions(boxes, bounds, extent, size)
 
 
 class CodecDecoder:
@@ -151,9 +159,7 @@ class CodecDecoder:
         if rows:
             idx = torch.tensor(rows)
             boxes, bounds = batch.boxes[idx], batch.bounds[idx]
-            # bounds lie inside the image (the box itself, or the whole image): its extent stands for the size
-            extent = [(math.ceil(b), math.ceil(r)) for r, b in bounds[:, 2:].tolist()]
-            regions = read_regions(boxes, bounds, extent, (h, w))
+            regions = crop_regions(boxes, bounds, (h, w))
             decoded = self._decode_all(encoded, list(regions))
             good = [k for k, im in enumerate(decoded) if im is not None]
             kinds = ", ".join(d.kind for d in self.decoders)
