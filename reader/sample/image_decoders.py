@@ -11,7 +11,8 @@ on ``device``, or None where it could not decode that image (the next kind gets 
   (NVJPG; they refuse some images, e.g. grayscale and CMYK), or CUDA kernels. Regions are
   decoded as such (``DecodeSource(..., region=Region(...))``); a decoder that returns nothing
   for a batch with regions is asked again without them, and, if it then decodes, is not given
-  regions again (the images are cut on the device instead).
+  regions again (the images are cut on the device instead); one that decodes nothing of a few
+  batches in a row is not asked again (:data:`IDLE_LIMIT`).
 - :class:`PillowDecoder` (``"cpu"``): Pillow, then the copy: the last resort, and the CPU
   tests' stand-in for the others.
 
@@ -38,6 +39,10 @@ Region = tuple[int, int, int, int]
 
 KINDS = ("hardware", "cuda", "cpu")
 """The kinds of :func:`nvimgcodec_decoders`, in the order they are tried."""
+IDLE_BATCH, IDLE_LIMIT = 8, 3
+"""An nvImageCodec backend that decodes none of the images of ``IDLE_LIMIT`` batches in a row of at
+least ``IDLE_BATCH`` images each (the workers keep the images it may refuse, such as grayscale) is
+not asked again: a GPU without hardware JPEG engines would otherwise cost two calls a batch."""
 
 
 class ImageDecoder(Protocol):
@@ -110,6 +115,7 @@ class NvImageCodecDecoder:
         self._decoder = nv.Decoder(device_id=index, backend_kinds=[backends[kind]], options=":fancy_upsampling=1")
         self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.RGB)
         self.regions = True  # cleared when this backend decodes whole images but not regions
+        self.idle = 0  # batches of at least IDLE_BATCH images in a row of which it decoded none
 
     def _run(self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None]) -> list[Any]:
         nv = self._nv
@@ -126,6 +132,8 @@ class NvImageCodecDecoder:
     def decode(
         self, encoded: Sequence[torch.Tensor], regions: Sequence[Region | None], device: torch.device
     ) -> list[torch.Tensor | None]:
+        if self.idle >= IDLE_LIMIT:  # this GPU has no such backend, or it takes none of these images
+            return [None] * len(encoded)
         images = self._run(encoded, regions)
         cropped = self.regions and any(r is not None for r in regions)
         if cropped and encoded and all(im is None for im in images):
@@ -135,6 +143,12 @@ class NvImageCodecDecoder:
                 log.info("nvImageCodec's %s backend decodes whole images, not regions: cutting them after", self.kind)
             else:
                 self.regions = True  # nothing decodes at all: not a question of regions
+        if len(encoded) >= IDLE_BATCH:
+            self.idle = self.idle + 1 if all(im is None for im in images) else 0
+            if self.idle == IDLE_LIMIT:
+                log.warning(
+                    "nvImageCodec's %s backend decoded no image of %d batches: not asked again", self.kind, IDLE_LIMIT
+                )
         out: list[torch.Tensor | None] = []
         for image, region in zip(images, regions):
             if image is None:

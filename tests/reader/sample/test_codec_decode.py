@@ -314,6 +314,8 @@ class _FakeNv:
     ``regions`` False: a backend that returns nothing for a source with a region."""
 
     regions = True
+    refuse_all = False
+    calls = 0
     BackendKind = SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="gpu")
     ColorSpec = SimpleNamespace(RGB="rgb")
 
@@ -334,6 +336,9 @@ class _FakeNv:
             self.kinds = backend_kinds
 
         def decode(self, sources: list, *, params: object, cuda_stream: int) -> list:
+            _FakeNv.calls += 1
+            if _FakeNv.refuse_all:
+                return [None] * len(sources)
             out = []
             for s in sources:
                 if s.region is not None and not _FakeNv.regions:
@@ -359,3 +364,23 @@ def test_the_nvimgcodec_wrapper_asks_for_regions_and_copes_without(
     want, _ = DeviceDecoder("cpu", jpeg_decoder=pil_decoder)(images)
     assert torch.equal(got, want)
     assert hardware.regions is regions  # told apart once: then whole images, cut on the device
+
+
+def test_a_backend_that_decodes_nothing_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU without hardware JPEG engines: after a few full batches of which its hardware backend
+    decoded nothing, it is no longer called (each call with regions costs two)."""
+    monkeypatch.setattr(_FakeNv, "refuse_all", True)
+    monkeypatch.setattr(_FakeNv, "calls", 0)
+    monkeypatch.setattr(image_decoders, "_nvimgcodec", lambda: _FakeNv)
+    hardware = NvImageCodecDecoder("hardware", torch.device("cpu"))
+    encoded = [
+        torch.frombuffer(bytearray(jpeg_bytes(natural_image(40, 30, seed=i))), dtype=torch.uint8) for i in range(8)
+    ]
+    regions: list[Region | None] = [(0, 0, 20, 20)] * 8
+    for _ in range(6):
+        assert hardware.decode(encoded, regions, torch.device("cpu")) == [None] * 8
+    assert _FakeNv.calls == 2 * image_decoders.IDLE_LIMIT  # with regions, then without, then no more
+    small = NvImageCodecDecoder("hardware", torch.device("cpu"))
+    for _ in range(6):  # batches under IDLE_BATCH images prove nothing
+        small.decode(encoded[:2], regions[:2], torch.device("cpu"))
+    assert small.idle == 0
