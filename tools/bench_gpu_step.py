@@ -170,11 +170,11 @@ def feed_rate(
     }
 
 
-DECODES = {  # --decode: (device decoder, worker_share); None: the CPU path
+DECODES: dict[str, dict[str, Any] | None] = {  # --decode: DecodeOptions with device=; None: the CPU path
     "workers": None,
-    "device": ("torchvision", None),
-    "nvimgcodec": ("nvimgcodec", None),
-    "hybrid": ("nvimgcodec", "auto"),
+    "device": {},
+    "nvimgcodec": {"decoder": "nvimgcodec"},
+    "hybrid": {"decoder": "nvimgcodec", "worker_share": "auto"},  # --share
 }
 
 
@@ -191,11 +191,8 @@ def _dataset(
     """``kw``: ``share`` (hybrid's worker_share), ``samples`` (samples_per_epoch: an epoch of many
     batches per worker from a small corpus)."""
     chosen = DECODES[decode]
-    decoding = DecodeOptions(
-        device=dev if chosen else None,
-        decoder=chosen[0] if chosen else "torchvision",  # type: ignore[arg-type]
-        worker_share=(kw.get("share", "auto") if chosen[1] else None) if chosen else None,  # type: ignore[arg-type]
-    )
+    share = {"worker_share": kw.get("share", "auto")} if chosen and "worker_share" in chosen else {}
+    decoding = DecodeOptions() if chosen is None else DecodeOptions(device=dev, **{**chosen, **share})
     return ShardedDataset(
         dataset,
         batch_size=batch_size,
