@@ -163,5 +163,14 @@ class NvImageCodecDecoder:
 
 
 def nvimgcodec_decoders(device: torch.device) -> tuple[ImageDecoder, ...]:
-    """The default chain on ``device``: nvImageCodec's hardware backend, its CUDA backend, Pillow."""
-    return NvImageCodecDecoder("hardware", device), NvImageCodecDecoder("cuda", device), PillowDecoder()
+    """The default chain on ``device``: nvImageCodec's hardware backend, its CUDA backend, Pillow;
+    a backend nvImageCodec cannot make here (a GPU without hardware JPEG engines) is left out,
+    with a warning. DeviceDecodeError without nvImageCodec."""
+    _nvimgcodec()
+    chain: list[ImageDecoder] = []
+    for kind in ("hardware", "cuda"):
+        try:
+            chain.append(NvImageCodecDecoder(kind, device))
+        except Exception as e:  # noqa: BLE001 - not on this GPU: the next kind decodes its images
+            log.warning("nvImageCodec's %s backend cannot run on %s (%r): decoding without it", kind, device, e)
+    return (*chain, PillowDecoder())

@@ -315,6 +315,7 @@ class _FakeNv:
 
     regions = True
     refuse_all = False
+    no_hardware = False
     calls = 0
     BackendKind = SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="gpu")
     ColorSpec = SimpleNamespace(RGB="rgb")
@@ -333,6 +334,8 @@ class _FakeNv:
 
     class Decoder:
         def __init__(self, *, device_id: int, backend_kinds: list, options: str) -> None:
+            if backend_kinds == ["hw"] and _FakeNv.no_hardware:
+                raise RuntimeError("nvImageCodec: no decoder for the backend")
             self.kinds = backend_kinds
 
         def decode(self, sources: list, *, params: object, cuda_stream: int) -> list:
@@ -384,3 +387,17 @@ def test_a_backend_that_decodes_nothing_is_not_asked_again(monkeypatch: pytest.M
     for _ in range(6):  # batches under IDLE_BATCH images prove nothing
         small.decode(encoded[:2], regions[:2], torch.device("cpu"))
     assert small.idle == 0
+
+
+def test_a_gpu_without_hardware_engines_decodes_with_the_rest_of_the_chain(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_FakeNv, "no_hardware", True)
+    monkeypatch.setattr(image_decoders, "_nvimgcodec", lambda: _FakeNv)
+    chain = image_decoders.nvimgcodec_decoders(torch.device("cpu"))
+    assert [d.kind for d in chain] == ["cuda", "cpu"]
+    assert "hardware backend cannot run" in caplog.text
+    ds = _make(root, decoder="nvimgcodec")
+    with make_loader(ds, num_workers=0, device="cpu") as loader:  # the default chain, made by the strategy
+        assert sum(len(k) for _, _, k in loader) == 27
+    assert ds.decode_strategy.tally.read() == {"cuda": 24, "workers": 3}  # type: ignore[union-attr]
