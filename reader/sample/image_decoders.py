@@ -98,6 +98,19 @@ def _nvimgcodec() -> Any:
     return nvimgcodec
 
 
+def _region_of(hwc: torch.Tensor, region: Region | None) -> torch.Tensor | None:
+    """A decoded HWC image as the CHW pixels of ``region``: itself when it has the region's size,
+    cut when it is larger (the whole image, however the backend treated the region), else None."""
+    chw = hwc.permute(2, 0, 1)  # interleaved -> CHW, a view
+    if region is None:
+        return chw
+    left, top, right, bottom = region
+    h, w = chw.shape[-2:]
+    if (h, w) == (bottom - top, right - left):
+        return chw
+    return cut(chw, region) if h >= bottom and w >= right else None
+
+
 class NvImageCodecDecoder:
     """nvImageCodec with one backend (``kind``: ``"hardware"`` or ``"cuda"``) on ``device``;
     DeviceDecodeError when nvImageCodec is missing. Decodes on the caller's current CUDA stream."""
@@ -149,14 +162,9 @@ class NvImageCodecDecoder:
                 log.warning(
                     "nvImageCodec's %s backend decoded no image of %d batches: not asked again", self.kind, IDLE_LIMIT
                 )
-        out: list[torch.Tensor | None] = []
-        for image, region in zip(images, regions):
-            if image is None:
-                out.append(None)
-                continue
-            chw = torch.as_tensor(image, device=device).permute(2, 0, 1)  # HWC interleaved -> CHW view
-            out.append(chw if self.regions else cut(chw, region))
-        return out
+        return [
+            None if im is None else _region_of(torch.as_tensor(im, device=device), r) for im, r in zip(images, regions)
+        ]
 
     def __repr__(self) -> str:
         return f"NvImageCodecDecoder({self.kind!r}, {str(self.device)!r})"

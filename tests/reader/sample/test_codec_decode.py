@@ -316,6 +316,7 @@ class _FakeNv:
     regions = True
     refuse_all = False
     no_hardware = False
+    ignore_regions = False
     calls = 0
     BackendKind = SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="gpu")
     ColorSpec = SimpleNamespace(RGB="rgb")
@@ -348,18 +349,21 @@ class _FakeNv:
                     out.append(None)
                     continue
                 hwc = np.array(decode_image(s.data.tobytes()))
-                if s.region is not None:
+                if s.region is not None and not _FakeNv.ignore_regions:
                     y0, x0, y1, x1 = s.region.yx
                     hwc = hwc[y0:y1, x0:x1]
                 out.append(hwc)
             return out
 
 
-@pytest.mark.parametrize("regions", [True, False])
+@pytest.mark.parametrize(("regions", "ignored"), [(True, False), (False, False), (True, True)])
 def test_the_nvimgcodec_wrapper_asks_for_regions_and_copes_without(
-    root: Path, monkeypatch: pytest.MonkeyPatch, regions: bool
+    root: Path, monkeypatch: pytest.MonkeyPatch, regions: bool, ignored: bool
 ) -> None:
+    """A backend that takes regions, one that refuses them, one that decodes the whole image anyway:
+    the same pixels from each."""
     monkeypatch.setattr(_FakeNv, "regions", regions)
+    monkeypatch.setattr(_FakeNv, "ignore_regions", ignored)
     monkeypatch.setattr(image_decoders, "_nvimgcodec", lambda: _FakeNv)
     images = _first_batch(_make(root, decoder="nvimgcodec"))
     hardware = NvImageCodecDecoder("hardware", torch.device("cpu"))
