@@ -254,19 +254,24 @@ def test_the_hybrid_split_keeps_every_sample_once_with_the_cpu_paths_crops(
         make_loader(hyb, num_workers=2, device="cpu", normalize=False, jpeg_decoder=jpeg) as dev,
     ):
         got, want = _epoch(dev, hyb, 0), _epoch(cpu, cpu_ds, 0)
+        if share == "auto":  # a second epoch: each worker has timed more than FLUSH images
+            assert len(_epoch(dev, hyb, 1)) == len(hyb)
     exact = 0
     for (xd, yd, kd), (xc, yc, kc) in zip(got, want, strict=True):
         assert kd == kc and torch.equal(yd, yc)
         diff = ((xd - xc).abs() * 255).flatten(1).amax(1)
         assert float(diff.max()) <= 2.01
         exact += int((diff < 1e-4).sum())
-    shared = hyb.decode_strategy.tally.read().get("worker_share", 0)  # type: ignore[union-attr]
+    shared = hyb.decode_strategy.tally.read().get("worker_share", 0) if share != "auto" else 0  # type: ignore[union-attr]
     assert exact >= shared + 3  # the shared rows and the three the device cannot take
     if share == 1.0:
         assert shared == 24
     elif share == 0.5:
         assert abs(shared - 12) <= 2  # each worker to within one
     assert hyb.last_epoch_report.cpu_decoded == 3  # the share is not a fallback
+    if share == "auto":  # the workers timed both kinds of work where the controller reads them
+        sums, workers = hyb.decode_strategy.split.totals()  # type: ignore[union-attr]
+        assert workers == 2 and sums[1] > 0 and sums[3] > 0 and sums[0] > 0 and sums[2] > 0
 
 
 def test_spawned_workers_read_the_share_the_main_process_sets(root: Path) -> None:
