@@ -27,6 +27,7 @@ images to its own row every :data:`FLUSH` images (no lock: one writer per row).
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -77,6 +78,7 @@ class SharedSplit:
     def _local(self) -> None:
         """This process's own state: a view of the table, the credit of images owed, unflushed times."""
         self._view: np.ndarray | None = None
+        self._pid = os.getpid()  # a forked worker starts its own state (not its parent's row)
         self._credit = 0.0
         self._row = 0
         self._pending = np.zeros(4, dtype=np.float64)  # decode s, decode n, prep s, prep n
@@ -95,7 +97,11 @@ class SharedSplit:
     def set_share(self, share: float) -> None:
         self._table[0, 0] = min(1.0, max(0.0, share))
 
-    def _open(self) -> np.ndarray:
+    def _opened(self) -> np.ndarray:
+        """This process's view of the table, its row claimed on first use (again after a fork)."""
+        if self._view is not None and self._pid == os.getpid():
+            return self._view
+        self._local()
         view: np.ndarray = self._table.numpy()
         info = get_worker_info()
         self._row = 1 + min(info.id, SLOTS - 2) if info is not None else SLOTS
@@ -106,7 +112,7 @@ class SharedSplit:
     def take(self) -> bool:
         """Whether this worker decodes its next image itself: a running credit of the share, so
         that over any run of images the worker decodes ``share`` of them, to within one."""
-        view = self._view if self._view is not None else self._open()
+        view = self._opened()
         self._credit += float(view[0, 0])
         if self._credit >= 1.0 - 1e-9:  # (float sums of 0.3 fall short of 1 by an ulp)
             self._credit -= 1.0
@@ -120,8 +126,7 @@ class SharedSplit:
         p[k] += seconds
         p[k + 1] += 1
         if p[1] + p[3] >= FLUSH:
-            view = self._view if self._view is not None else self._open()
-            row = view[self._row]
+            row = self._opened()[self._row]
             row[_DECODE_S : _PREP_N + 1] += p
             row[_OTHER_S] = CLOCK.read + CLOCK.collate + CLOCK.transfer
             p[:] = 0.0

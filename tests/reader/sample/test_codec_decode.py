@@ -410,3 +410,16 @@ def test_a_gpu_without_hardware_engines_decodes_with_the_rest_of_the_chain(
     with make_loader(ds, num_workers=0, device="cpu") as loader:  # the default chain, made by the strategy
         assert sum(len(k) for _, _, k in loader) == 27
     assert ds.decode_strategy.tally.read() == {"cuda": 24, "workers": 3}  # type: ignore[union-attr]
+
+
+def test_forked_workers_claim_their_own_rows_after_the_main_process_read(root: Path) -> None:
+    """An epoch read in-process first (the split's state is the main process's), then fork workers:
+    each times its images in its own row, so the controller sees two workers."""
+    ds = _make(root, decoder="nvimgcodec", share="auto")
+    with make_loader(ds, num_workers=0, device="cpu", jpeg_decoder=StandIn("hardware")) as loader:
+        assert len(_epoch(loader, ds, 0)) == len(ds)
+    with make_loader(ds, num_workers=2, device="cpu", jpeg_decoder=StandIn("hardware")) as loader:
+        for epoch in (1, 2):
+            assert len(_epoch(loader, ds, epoch)) == len(ds)
+    _, workers = ds.decode_strategy.split.totals()  # type: ignore[union-attr]
+    assert workers == 2
