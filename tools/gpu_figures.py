@@ -1,6 +1,7 @@
 """Every GPU figure of docs/performance.md, in one command, with a report to paste.
 
-    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5-8 min
+    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~10-13 min
+    python tools/gpu_figures.py --out $OUT --groups decoders  # the four ways to decode side by side, ~5 min
     python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
     python tools/gpu_figures.py --device cpu --quick --out /tmp/figs   # a check of the tool, on a CPU
     python tools/gpu_figures.py --redraw figs/gpu_figures.jsonl --chart docs/img/gpu_figures.png  # the chart
