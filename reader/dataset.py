@@ -36,7 +36,9 @@ crop and flip (the same draws as on the CPU); ``make_loader`` decodes the batch 
 nvJPEG and crops, resizes, flips and normalises it in batched calls (images the workers cannot
 send as baseline JPEGs are decoded in the workers, counted in :attr:`last_epoch_report`). Needs
 a crop transform (optionally followed by ``RandomHorizontalFlip``) and ``shardify[gpu]``; ``map=``,
-a custom ``collate_fn=`` and ``bucket_length=`` are refused there. See
+a custom ``collate_fn=`` and ``bucket_length=`` are refused there. ``decoder="nvimgcodec"``
+decodes with nvImageCodec (hardware engines, then CUDA, then the CPU, only each crop's region);
+``worker_share=`` has the workers decode a share of each batch themselves. See
 :mod:`shardify.reader.sample.decoders`.
 
 How it runs: the main process owns a few shared-memory cells (epoch and resume point:

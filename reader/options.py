@@ -95,17 +95,23 @@ class DecodeOptions:
     """How members are checked and decoded, and what a bad one does: pickle fields only with
     ``allow_pickle``; a shard holding a member over ``max_member_bytes`` (default 2 GiB) is
     damaged. ``device``: where images are decoded; None (default) in the workers, ``"cuda"`` on
-    the GPU with nvJPEG, the workers only drawing each image's crop and flip (see
-    :mod:`shardify.reader.sample.decoders`). ``on_error``: ``"raise"`` (naming the shard and
-    key) or ``"skip"`` (bad samples and the rest of a damaged shard are counted and replaced by
-    good samples of the same batch). ``verify``: check each shard's SHA-256 before use (again
-    when its file changed since); True takes them from the split index, or give them:
-    ``{shard: sha256}`` or a ``sha256sum`` file. ``check_samples`` (default True): check each
-    sample's bytes against the CRC-32 the split index's per-sample table records, as it is
-    read; a sample that does not match is a ``SampleChecksumError`` naming the shard and key
-    (or, with ``on_error="skip"``, counted and skipped). Shards without a table (a list of tar
-    files, webdataset shards, gzip and chunked shards) are not checked sample by sample;
-    remote ranged reads are always checked. False reads only the fields asked for, unchecked."""
+    the GPU, the workers only drawing each image's crop and flip (see
+    :mod:`shardify.reader.sample.decoders`), with ``decoder``: ``"torchvision"`` (default,
+    nvJPEG through ``torchvision.io.decode_jpeg``) or ``"nvimgcodec"`` (nvImageCodec: the GPU's
+    hardware JPEG engines, then CUDA, then the CPU, image by image; only the crop's region).
+    ``worker_share`` (with ``device``): the fraction of each batch's images the workers decode
+    themselves, as without ``device``, while the device decodes the rest: a number in [0, 1], or
+    ``"auto"``, set from the measured rates so that neither side waits. ``on_error``:
+    ``"raise"`` (naming the shard and key) or ``"skip"`` (bad samples and the rest of a damaged
+    shard are counted and replaced by good samples of the same batch). ``verify``: check each
+    shard's SHA-256 before use (again when its file changed since); True takes them from the
+    split index, or give them: ``{shard: sha256}`` or a ``sha256sum`` file. ``check_samples``
+    (default True): check each sample's bytes against the CRC-32 the split index's per-sample
+    table records, as it is read; a sample that does not match is a ``SampleChecksumError``
+    naming the shard and key (or, with ``on_error="skip"``, counted and skipped). Shards without
+    a table (a list of tar files, webdataset shards, gzip and chunked shards) are not checked
+    sample by sample; remote ranged reads are always checked. False reads only the fields asked
+    for, unchecked."""
 
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER
@@ -113,10 +119,24 @@ class DecodeOptions:
     on_error: Literal["raise", "skip"] = "raise"
     verify: bool | ChecksumSpec = False
     check_samples: bool = True
+    decoder: Literal["torchvision", "nvimgcodec"] = "torchvision"
+    worker_share: float | Literal["auto"] | None = None
 
     def __post_init__(self) -> None:
         if self.max_member_bytes < 0:
             raise ValueError(f"DecodeOptions: max_member_bytes={self.max_member_bytes} should be >= 0")
+        if self.decoder not in ("torchvision", "nvimgcodec"):
+            raise ValueError(f"DecodeOptions: decoder={self.decoder!r} should be 'torchvision' or 'nvimgcodec'")
+        if self.decoder != "torchvision" and self.device is None:
+            raise ValueError(f"DecodeOptions: decoder={self.decoder!r} decodes on a device: it needs device=...")
+        share = self.worker_share
+        if share is not None and share != "auto" and (isinstance(share, (str, bool)) or not 0.0 <= share <= 1.0):
+            raise ValueError(f"DecodeOptions: worker_share={share!r} should be a number in [0, 1] or 'auto'")
+        if share is not None and self.device is None:
+            raise ValueError(
+                f"DecodeOptions: worker_share={share!r} splits each batch between the workers and the device: "
+                "it needs device=... (without it, the workers decode everything)"
+            )
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"DecodeOptions: on_error={self.on_error!r} should be 'raise' or 'skip'")
 

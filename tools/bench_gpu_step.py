@@ -11,16 +11,7 @@ on the CPU too (``--device cpu``: no streams, a smaller default model), where th
 mostly shows the cores shared between the model and the workers.
 Without ``--dataset``, a dataset of photo-like JPEGs is made under ``--out`` (``benchlib.corpus.step_dataset``).
 
-The GPU figures of docs/performance.md, one command each (on the GPU host; the JPEGs are made there):
-
-    python tools/bench_gpu_step.py --feed --workers 8          # img/s into the GPU, CPU path
-    python tools/bench_gpu_step.py --feed --workers 15
-    python tools/bench_gpu_step.py --feed --decode device --workers 2   # nvJPEG path (4, 8 too)
-    python tools/bench_gpu_step.py --workers 15                # tiny convnet: loader vs pre-staged
-    python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --workers 15
-    python tools/bench_gpu_step.py --model resnet50 --bf16 --channels-last --batch-size 256 --decode device --workers 8
-
-    python tools/bench_gpu_step.py --device-side --dataset DIR   # device decode's own cost per batch
+``tools/gpu_figures.py`` runs the GPU figures of docs/performance.md, each one command of this tool.
 
 ``--feed``: no model, the loop only takes batches (synchronising at the end): the loader's
 rate into the GPU. ``--device-side``: where the device side of device decode spends its time,
@@ -28,9 +19,10 @@ per batch (batches as the workers prepare them, iterated in this process, no wor
 the device, each synchronised, best and median of ``--reps``: (1) the batched JPEG decode alone
 (``torchvision.io.decode_jpeg(list, device=...)``, nvJPEG); (2) crop, resize and flip alone
 (``augment_batch`` on the decoded images); (3) the whole :class:`DeviceDecoder` call.
-``--decode device``: ``ShardedDataset(decoding=DecodeOptions(device="cuda"))`` (nvJPEG, needs
-torchvision). ``--model resnet50``: torchvision's ResNet-50 (bf16 autocast with
-``--bf16``).
+``--decode device``: ``DecodeOptions(device="cuda")`` (nvJPEG, needs torchvision); ``nvimgcodec``:
+``decoder="nvimgcodec"`` (needs nvImageCodec); ``hybrid``: that with ``worker_share=--share``
+(default auto). Their results add ``decoded_by`` (images by kind) and the share at the end.
+``--model resnet50``: torchvision's ResNet-50 (bf16 autocast with ``--bf16``).
 """
 
 from __future__ import annotations
@@ -46,12 +38,13 @@ import torch
 from benchlib import corpus, timing
 from torch import nn
 
-from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset, make_loader
+from shardify.reader import BatchOptions, DecodeOptions, SamplingOptions, ShardedDataset, make_loader
 from shardify.reader import transforms as T
 from shardify.reader.delivery.prefetch import DevicePrefetcher
 from shardify.reader.sample.device_augment import augment_batch
 from shardify.reader.sample.device_decode import DeviceDecoder, encoded_images, nvjpeg_decoder, pil_decoder
 from shardify.reader.sample.device_prep import EncodedBatch
+from shardify.reader.sample.image_decoders import PillowDecoder
 
 
 def small_convnet(width: int = 32, classes: int = 1000) -> nn.Module:
@@ -150,10 +143,11 @@ def feed_rate(
     steps: int = 50,
     warmup: int = 5,
     decode: str = "workers",
+    **kw: Any,
 ) -> dict[str, float]:
-    """``{"img_s"}``: images per second out of the loader into ``device``, no model."""
+    """``{"img_s"}``: images per second out of the loader into ``device``, no model (``kw``: :func:`_dataset`'s)."""
     dev = torch.device(device)
-    ds = _dataset(dataset, batch_size, image_size, decode, dev)
+    ds = _dataset(dataset, batch_size, image_size, decode, dev, **kw)
     with make_loader(ds, num_workers=workers, device=dev, **_decoder(decode, dev)) as loader:
         done, t0 = 0, 0.0
         for _images, _ in epochs(loader, ds):
@@ -172,25 +166,51 @@ def feed_rate(
         "workers": workers,
         "steps": steps,
         "decode": decode,
+        **_decoded_by(ds),
     }
 
 
+DECODES: dict[str, dict[str, Any] | None] = {  # --decode: DecodeOptions with device=; None: the CPU path
+    "workers": None,
+    "device": {},
+    "nvimgcodec": {"decoder": "nvimgcodec"},
+    "hybrid": {"decoder": "nvimgcodec", "worker_share": "auto"},  # --share
+}
+
+
 def _decoder(decode: str, dev: torch.device) -> dict[str, Any]:
-    """On the CPU, device decode runs with Pillow in place of nvJPEG (a check of the tool only)."""
-    if decode == "device" and dev.type == "cpu":
-        return {"jpeg_decoder": pil_decoder}
+    """On the CPU, device decode runs with Pillow in place of nvJPEG/nvImageCodec (a check of the tool only)."""
+    if dev.type == "cpu" and DECODES[decode] is not None:
+        return {"jpeg_decoder": PillowDecoder() if decode in ("nvimgcodec", "hybrid") else pil_decoder}
     return {}
 
 
-def _dataset(dataset: str | Path, batch_size: int, image_size: int, decode: str, dev: torch.device) -> ShardedDataset:
+def _dataset(
+    dataset: str | Path, batch_size: int, image_size: int, decode: str, dev: torch.device, **kw: Any
+) -> ShardedDataset:
+    """``kw``: ``share`` (hybrid's worker_share), ``samples`` (samples_per_epoch: an epoch of many
+    batches per worker from a small corpus)."""
+    chosen = DECODES[decode]
+    share = {"worker_share": kw.get("share", "auto")} if chosen and "worker_share" in chosen else {}
+    decoding = DecodeOptions() if chosen is None else DecodeOptions(device=dev, **{**chosen, **share})
     return ShardedDataset(
         dataset,
         batch_size=batch_size,
         shuffle=True,
         batching=BatchOptions(drop_last=True),
+        sampling=SamplingOptions(samples_per_epoch=kw.get("samples")),
         transform=T.imagenet_train(image_size),
-        decoding=DecodeOptions(device=dev if decode == "device" else None),
+        decoding=decoding,
     )
+
+
+def _decoded_by(ds: ShardedDataset) -> dict[str, Any]:
+    """How the last epoch's images were decoded, by kind, and the hybrid split's share at the end."""
+    strategy = ds.decode_strategy
+    out: dict[str, Any] = {"decoded_by": strategy.tally.read()} if hasattr(strategy, "tally") else {}
+    if getattr(strategy, "split", None) is not None:
+        out["worker_share"] = round(strategy.split.share, 3)  # type: ignore[union-attr]
+    return out
 
 
 def step_times(
@@ -207,10 +227,11 @@ def step_times(
     model_name: str = "convnet",
     bf16: bool = False,
     decode: str = "workers",
+    **kw: Any,
 ) -> dict[str, float]:
-    """``{"prestaged_ms", "loader_ms", "ratio"}``: see the module docstring."""
+    """``{"prestaged_ms", "loader_ms", "ratio"}``: see the module docstring (``kw``: :func:`_dataset`'s)."""
     dev = torch.device(device)
-    ds = _dataset(dataset, batch_size, image_size, "workers", dev)
+    ds = _dataset(dataset, batch_size, image_size, "workers", dev, **kw)
     model = _model(model_name, width).to(dev)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -218,7 +239,7 @@ def step_times(
     staged = list(DevicePrefetcher([b for _, b in zip(range(4), iter(ds))], device=dev, channels_last=channels_last))
     prestaged = _steps(model, opt, staged, steps, dev, warmup, bf16)
     del staged
-    ds = _dataset(dataset, batch_size, image_size, decode, dev)
+    ds = _dataset(dataset, batch_size, image_size, decode, dev, **kw)
     loader = make_loader(ds, num_workers=workers, device=dev, channels_last=channels_last, **_decoder(decode, dev))
     waited = _Waited(epochs(loader, ds), skip=warmup + 1)
     try:
@@ -238,6 +259,7 @@ def step_times(
         "steps": steps,
         "model": model_name,
         "decode": decode,
+        **_decoded_by(ds),
     }
 
 
@@ -305,16 +327,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--decode",
-        choices=["workers", "device"],
+        choices=list(DECODES),
         default="workers",
-        help="device: DecodeOptions(device=--device) (nvJPEG on CUDA, needs torchvision)",
+        help="device: DecodeOptions(device=--device) (nvJPEG, needs torchvision); nvimgcodec: decoder='nvimgcodec' "
+        "(needs nvImageCodec); hybrid: nvimgcodec with worker_share=--share",
     )
+    p.add_argument("--share", default="auto", help="--decode hybrid: worker_share, a number in [0, 1] or auto")
+    p.add_argument("--samples-per-epoch", type=int, default=None, help="an epoch of this many samples (oversampled)")
     p.add_argument("--model", choices=["convnet", "resnet50"], default="convnet")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the model")
     p.add_argument("--feed", action="store_true", help="no model: img/s of the loader into the device")
     p.add_argument("--device-side", action="store_true", help="device decode's own parts, per batch (JSON)")
     p.add_argument("--reps", type=int, default=10, help="--device-side: timed runs of each part")
     args = p.parse_args(argv)
+    kw = {"share": args.share if args.share == "auto" else float(args.share), "samples": args.samples_per_epoch}
     cuda = args.device.startswith("cuda")
     dataset = args.dataset or corpus.step_dataset(args.out, args.images, copies=args.copies)
     name = torch.cuda.get_device_name() if cuda else "CPU"
@@ -332,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             steps=args.steps,
             decode=args.decode,
+            **kw,
         )
         print(
             json.dumps(f)
@@ -352,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         model_name=args.model,
         bf16=args.bf16,
         decode=args.decode,
+        **kw,
     )
     print(
         json.dumps(r)

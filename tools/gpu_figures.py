@@ -1,6 +1,7 @@
 """Every GPU figure of docs/performance.md, in one command, with a report to paste.
 
-    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~5-8 min
+    python tools/gpu_figures.py --out $OUT                   # on the GPU host: all groups, ~10-13 min
+    python tools/gpu_figures.py --out $OUT --groups decoders  # the four ways to decode side by side, ~5 min
     python tools/gpu_figures.py --out $OUT --groups feed step  # some of them
     python tools/gpu_figures.py --device cpu --quick --out /tmp/figs   # a check of the tool, on a CPU
     python tools/gpu_figures.py --redraw figs/gpu_figures.jsonl --chart docs/img/gpu_figures.png  # the chart
@@ -16,7 +17,10 @@ its limit, not the whole run):
 - ``feed``: img/s into the device, CPU path with 8 and 15 workers, device decode with 2, 4, 8;
 - ``step``: step time with the loader against pre-staged batches, batch 256 x 224 px, the tiny
   convnet and torchvision's ResNet-50 (channels_last, bf16 autocast), each with the CPU path
-  (15 workers) and device decode (8 workers).
+  (15 workers) and device decode (8 workers);
+- ``decoders``: the CPU path, nvJPEG, nvImageCodec and the hybrid split side by side, img/s on
+  two corpora and ResNet-50 ms/step (``tools/gpu_decoders.py``; ~4-5 min; ``bash
+  tools/gpu_run.sh --groups decoders``; nvImageCodec's figures skipped where it is missing).
 
 The dataset (1,000 photo-like JPEGs of ImageNet's sizes, ~110 KB, each stored ``--copies``
 times, 12 by default, so that an epoch holds ~46 batches of 256 and every worker makes several:
@@ -41,9 +45,12 @@ from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
-GROUPS = ("tests", "profile", "device", "feed", "step")
+GROUPS = ("tests", "profile", "device", "feed", "step", "decoders")
 TARGET_IMG_S = 10_000
 TARGET_RATIO = {"convnet": 1.3, "resnet50": 1.05}
+_MISSING = {"No module named 'torchvision'": "torchvision", "nvidia.nvimgcodec cannot be imported": "nvImageCodec"}
+"""What a failed figure's output says when an optional package is missing: it is then skipped."""
+_LABEL = {"workers": "CPU", "device": "device"}
 
 
 @dataclass
@@ -54,10 +61,12 @@ class Figure:
     target: str = ""
     limit_s: int = 240
     result: dict[str, Any] = field(default_factory=dict)
+    needs_nvimgcodec: bool = False
 
 
-def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
-    """The figures to run, on ``dataset``: the full list, or a tiny version of it (``quick``)."""
+def figures(dataset: Path, *, device: str, quick: bool, corpora: dict[str, Path] | None = None) -> list[Figure]:
+    """The figures to run, on ``dataset``: the full list, or a tiny version of it (``quick``);
+    with ``corpora`` (name -> dataset, ``imagenet`` first) the ``decoders`` group's too."""
     py, step, profile = sys.executable, str(TOOLS / "bench_gpu_step.py"), str(TOOLS / "profile_loader.py")
     common = ["--dataset", str(dataset), "--device", device, "--json"]
     size = ["--batch-size", "8", "--size", "64", "--steps", "3"] if quick else ["--batch-size", "256", "--size", "224"]
@@ -132,6 +141,11 @@ def figures(dataset: Path, *, device: str, quick: bool) -> list[Figure]:
                     f"<= {TARGET_RATIO[model]}x pre-staged",
                 )
             )
+    if corpora:
+        from gpu_decoders import decoder_figures  # tools/ is on sys.path
+
+        for name, argv, target, needs in decoder_figures(corpora, device=device, quick=quick, bench=Path(step)):
+            out.append(Figure("decoders", name, argv, target, limit_s=150, needs_nvimgcodec=needs))
     return out
 
 
@@ -147,6 +161,11 @@ def _last_json(text: str) -> dict[str, Any] | None:
 
 def run(figure: Figure) -> Figure:
     """Run ``figure`` in a process of its own; its result (or what went wrong) in ``figure.result``."""
+    from gpu_decoders import nvimgcodec_missing  # tools/ is on sys.path
+
+    if figure.needs_nvimgcodec and nvimgcodec_missing():
+        figure.result = {"status": "skipped: nvImageCodec is not installed (nvidia-nvimgcodec-cu12[nvjpeg])"}
+        return figure
     t0 = time.perf_counter()
     try:
         done = subprocess.run(figure.argv, capture_output=True, text=True, timeout=figure.limit_s, cwd=ROOT)
@@ -157,9 +176,9 @@ def run(figure: Figure) -> Figure:
     parsed = _last_json(done.stdout)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-3000:]
-        missing = "No module named 'torchvision'" in tail
+        missing = next((name for text, name in _MISSING.items() if text in tail), None)
         figure.result = {
-            "status": "skipped: torchvision is not installed" if missing else f"failed (exit {done.returncode})",
+            "status": f"skipped: {missing} is not installed" if missing else f"failed (exit {done.returncode})",
             "tail": tail,
             "wall_s": wall,
         }
@@ -183,13 +202,15 @@ def verdict(figure: Figure) -> tuple[str, str]:
         return r.get("status", "not run"), "-"
     if figure.group == "tests":
         return r["summary"], "yes" if "failed" not in r["summary"] and "error" not in r["summary"] else "NO"
-    if figure.group == "feed":
-        return f"{r['img_s']:,.0f} img/s", "yes" if r["img_s"] >= TARGET_IMG_S else "NO"
-    if figure.group == "step":
+    by = f" ({', '.join(f'{k} {v:,}' for k, v in r['decoded_by'].items())})" if r.get("decoded_by") else ""
+    by += f", worker share {r['worker_share']}" if "worker_share" in r else ""
+    if figure.group == "feed" or "img_s" in r:
+        return f"{r['img_s']:,.0f} img/s{by}", "yes" if r["img_s"] >= TARGET_IMG_S else "NO"
+    if figure.group == "step" or "ratio" in r:
         ratio = r["ratio"]
         wait = f", waits {r['wait_ms']:.1f} ms/step for batches" if "wait_ms" in r else ""
         return (
-            f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}",
+            f"{r['loader_ms']:.1f} ms vs {r['prestaged_ms']:.1f} ms pre-staged = {ratio:.2f}x{wait}{by}",
             "yes" if ratio <= TARGET_RATIO[r.get("model", "convnet")] else "NO",
         )
     if figure.group == "device":
@@ -197,6 +218,15 @@ def verdict(figure: Figure) -> tuple[str, str]:
             f"decode {r['decode']['best_ms']:.1f} ms, crop/resize/flip {r['augment']['best_ms']:.1f} ms, "
             f"whole {r['whole']['best_ms']:.1f} ms per batch = {r['img_s_one_thread']:,.0f} img/s "
             f"for one decode thread",
+            "-",
+        )
+    if "stage" in r:  # gpu_decoders.py --device-side
+        parts = [
+            f"{k[:-6]} {r[k]['best_ms']:.1f}/{r[k[:-6] + '_regions']['best_ms']:.1f}" for k in r if k.endswith("_whole")
+        ]
+        return (
+            f"per batch: decode whole/regions ms {', '.join(parts)}; whole stage {r['stage']['best_ms']:.1f} ms "
+            f"= {r['img_s_one_thread']:,.0f} img/s for one decode thread{by}",
             "-",
         )
     return "see the table below", "-"
@@ -249,7 +279,7 @@ def chart(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path
     if not feed and not step:
         raise ValueError(f"no feed or step figure with a result among {len(records)} records")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = [f"{'device' if r['decode'] == 'device' else 'CPU'}\n{r['workers']} workers" for r in feed]
+    names = [f"{_LABEL.get(r['decode'], r['decode'])}\n{r['workers']} workers" for r in feed]
     left.bar(
         names, [r["img_s"] for r in feed], color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in feed]
     )
@@ -257,9 +287,7 @@ def chart(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path
     left.set_ylabel("images/s into the GPU")
     left.set_title("feed: RandomResizedCrop 224, batch 256")
     left.legend(loc="upper left")
-    names = [
-        f"{r.get('model', 'convnet')}\n{'device' if r['decode'] == 'device' else 'CPU'}, {r['workers']} w" for r in step
-    ]
+    names = [f"{r.get('model', 'convnet')}\n{_LABEL.get(r['decode'], r['decode'])}, {r['workers']} w" for r in step]
     right.bar(
         names, [r["ratio"] for r in step], color=["tab:orange" if r["decode"] == "device" else "tab:blue" for r in step]
     )
@@ -307,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where the JPEG dataset is made (default: OUT/data); outside $OUT it outlives a device call",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes: a check of the tool (with --device cpu)")
+    p.add_argument("--photos-dir", type=Path, default=None, help="decoders: also a folder of real photos (class dirs)")
     p.add_argument("--chart", type=Path, default=None, help="also draw the feed and step figures to this PNG")
     p.add_argument(
         "--redraw",
@@ -330,7 +359,15 @@ def main(argv: list[str] | None = None) -> int:
 
     data_root = args.data or args.out / "data"
     dataset = corpus.step_dataset(data_root, 48 if args.quick else args.images, copies=1 if args.quick else args.copies)
-    todo = [f for f in figures(dataset, device=args.device, quick=args.quick) if f.group in args.groups]
+    corpora = None
+    if "decoders" in args.groups:
+        from gpu_decoders import CAMERA_IMAGES
+
+        camera = corpus.camera_dataset(data_root, 24 if args.quick else CAMERA_IMAGES)
+        real = {"photos": corpus.folder_dataset(args.photos_dir, data_root / "photos-dir")} if args.photos_dir else {}
+        corpora = {"imagenet": dataset, "camera": camera, **real}
+    listed = figures(dataset, device=args.device, quick=args.quick, corpora=corpora)
+    todo = [f for f in listed if f.group in args.groups]
     header = machine()
     if args.quick:
         header.append("- **--quick**: tiny sizes, a check of the tool; the targets do not apply to these figures")

@@ -40,7 +40,6 @@ from shardify.reader.delivery.stats import LoaderMeter
 from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames
 from shardify.reader.plan.resume import Segment
 from shardify.reader.plan.world import detect_rank_world
-from shardify.reader.sample.device_decode import nvjpeg_decoder
 from shardify.suggest import suggest_keywords
 
 __all__ = ["Loader", "make_loader", "STATE_VERSION"]
@@ -331,8 +330,8 @@ def make_loader(
         if device is not None and torch.device(device).type != dataset.decode_device.type:
             raise ValueError(f"{device=} but the dataset decodes on device={str(dataset.decode_device)!r}")
         device = dataset.decode_device
-        if jpeg_decoder is None:
-            jpeg_decoder = nvjpeg_decoder()  # fails now, naming torchvision, if it is missing
+        if jpeg_decoder is None:  # the strategy's own (nvJPEG, nvImageCodec): fails now, naming what is missing
+            jpeg_decoder = dataset.decode_strategy.default_decoder()  # type: ignore[union-attr]
     target = torch.device(device) if device is not None else None
     if target is not None and target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{device=} but CUDA is not available here")

@@ -58,6 +58,25 @@ def _chunks(shapes: Sequence[tuple[int, int]], max_bytes: int) -> list[list[int]
     return groups
 
 
+def read_regions(
+    boxes: torch.Tensor, bounds: torch.Tensor, shapes: Sequence[tuple[int, int]], size: tuple[int, int]
+) -> list[tuple[int, int, int, int]]:
+    """Each image's pixels the resize can read, as integer (left, top, right, bottom): ``bounds``
+    cut to the box widened by the filter's support, inside the image (``shapes``: (H, W) each).
+    Decoding only this region gives :func:`augment_batch` the same output as the whole image."""
+    h, w = size
+    regions = []
+    for (H, W), (left, top, right, bottom), (bl, bt, br, bb) in zip(
+        shapes, boxes.to(torch.float64).tolist(), bounds.to(torch.float64).tolist()
+    ):
+        sx, sy = max((right - left) / w, 1.0) + 1, max((bottom - top) / h, 1.0) + 1
+        x0, y0 = max(int(bl), int(math.floor(left - sx)), 0), max(int(bt), int(math.floor(top - sy)), 0)
+        x1 = min(int(math.ceil(br)), int(math.ceil(right + sx)), W)
+        y1 = min(int(math.ceil(bb)), int(math.ceil(bottom + sy)), H)
+        regions.append((x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)))
+    return regions
+
+
 def augment_batch(
     images: Sequence[torch.Tensor],
     boxes: torch.Tensor,
@@ -66,24 +85,20 @@ def augment_batch(
     size: tuple[int, int],
     *,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """uint8 [B, 3, h, w] on the images' device: image b's ``boxes[b]`` resized to ``size``
     (h, w) reading only inside ``bounds[b]`` (both (left, top, right, bottom), float64 [B, 4],
-    any device), mirrored where ``flips[b]``. ``images``: uint8 [3, H_b, W_b] each."""
+    any device), mirrored where ``flips[b]``. ``images``: uint8 [3, H_b, W_b] each. ``dtype``:
+    of the products (the weights are made in float64 either way); float16 keeps every pixel
+    within 1 of float32 (8-bit values and 11-bit weights, float32 accumulation on a GPU)."""
     if not images:
         raise ValueError("augment_batch needs at least one image")
     device = images[0].device
     h, w = size
     boxes, bounds = boxes.to(torch.float64).cpu(), bounds.to(torch.float64).cpu()
     # Only the part of each image the filter can reach is copied: bounds, cut to box +- support.
-    regions = []
-    for img, (left, top, right, bottom), (bl, bt, br, bb) in zip(images, boxes.tolist(), bounds.tolist()):
-        H, W = img.shape[-2:]
-        sx, sy = max((right - left) / w, 1.0) + 1, max((bottom - top) / h, 1.0) + 1
-        x0, y0 = max(int(bl), int(math.floor(left - sx)), 0), max(int(bt), int(math.floor(top - sy)), 0)
-        x1 = min(int(math.ceil(br)), int(math.ceil(right + sx)), W)
-        y1 = min(int(math.ceil(bb)), int(math.ceil(bottom + sy)), H)
-        regions.append((x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)))
+    regions = read_regions(boxes, bounds, [(int(im.shape[-2]), int(im.shape[-1])) for im in images], size)
     out = torch.empty((len(images), 3, h, w), dtype=torch.uint8, device=device)
     shapes = [(r[3] - r[1], r[2] - r[0]) for r in regions]
     for group in _chunks(shapes, max_chunk_bytes):
@@ -102,11 +117,12 @@ def augment_batch(
             bx[:, 0] - off[:, 0], bx[:, 2] - off[:, 0], bd[:, 0] - off[:, 0], bd[:, 2] - off[:, 0], out=w, length=wm
         )
         flip = flips.to(device)[idx.to(device)]
-        wx = torch.where(flip[:, None, None], wx.flip(1), wx)
-        x = padded.to(torch.float32)
+        wx = torch.where(flip[:, None, None], wx.flip(1), wx).to(dtype)
+        wy = wy.to(dtype)
+        x = padded.to(dtype)
         if h * wm <= hm * w:  # the cheaper order of the two products
             y = torch.matmul(torch.matmul(wy[:, None], x), wx[:, None].transpose(-1, -2))
         else:
             y = torch.matmul(wy[:, None], torch.matmul(x, wx[:, None].transpose(-1, -2)))
-        out[idx.to(device)] = y.round_().clamp_(0, 255).to(torch.uint8)
+        out[idx.to(device)] = y.float().round_().clamp_(0, 255).to(torch.uint8)
     return out

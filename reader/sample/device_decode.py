@@ -29,7 +29,7 @@ from shardify.reader.sample.decode import decode_image, pil_to_tensor
 from shardify.reader.sample.device_augment import MAX_CHUNK_BYTES, augment_batch
 from shardify.reader.sample.prepared import EncodedBatch
 
-__all__ = ["JpegDecoder", "nvjpeg_decoder", "pil_decoder", "DeviceDecoder", "encoded_images", "fill_rows"]
+__all__ = ["JpegDecoder", "nvjpeg_decoder", "pil_decoder", "DeviceDecoder", "encoded_images", "fill_rows", "assemble"]
 
 JpegDecoder = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 """``decoder(encoded, device)``: 1-D uint8 CPU tensors to uint8 [3, H, W] RGB tensors on ``device``."""
@@ -151,26 +151,38 @@ class DeviceDecoder:
                 (h, w),
                 max_chunk_bytes=self._chunk,
             )
-        if len(batch.pixel_rows):
-            out[batch.pixel_rows.to(self.device)] = batch.pixels.to(self.device, non_blocking=True)
-            self._count(cpu=len(batch.pixel_rows))
-        if not bad:
-            return out, None
-        for row, reason in bad.items():
-            if not self._skip:
-                raise SampleError(
-                    f"cannot decode image on {self.device} or the CPU: {reason}",
-                    shard=batch.shards[row],
-                    key=batch.keys[row],
-                )
-            self._count(shard=batch.shards[row], key=batch.keys[row], reason=reason)
-        ok = [i for i in range(n) if i not in bad]
-        if not ok:
-            first = next(iter(bad))
+        return assemble(out, batch, bad, skip=self._skip, count=self._count)
+
+
+def assemble(
+    out: torch.Tensor, batch: EncodedBatch, bad: dict[int, str], *, skip: bool, count: Callable[..., None]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The device side's last step: ``out`` (the decoded rows filled) with the workers' pixels in
+    their rows (those the device could not take counted as ``count(cpu=n)``), and the ``bad`` rows
+    (row -> reason): a SampleError naming shard and key, or under ``skip`` each counted and the
+    row order that replaces them by a neighbour (None when nothing is bad)."""
+    n = len(batch.keys)
+    if len(batch.pixel_rows):
+        out[batch.pixel_rows.to(out.device)] = batch.pixels.to(out.device, non_blocking=True)
+        if len(batch.pixel_rows) > batch.shared:
+            count(cpu=len(batch.pixel_rows) - batch.shared)
+    if not bad:
+        return out, None
+    for row, reason in bad.items():
+        if not skip:
             raise SampleError(
-                f"every image of this batch failed to decode (first: {bad[first]})",
-                shard=batch.shards[first],
-                key=batch.keys[first],
+                f"cannot decode image on {out.device} or the CPU: {reason}",
+                shard=batch.shards[row],
+                key=batch.keys[row],
             )
-        order = torch.tensor([i if i not in bad else min(ok, key=lambda j: (abs(j - i), j)) for i in range(n)])
-        return out, order
+        count(shard=batch.shards[row], key=batch.keys[row], reason=reason)
+    ok = [i for i in range(n) if i not in bad]
+    if not ok:
+        first = next(iter(bad))
+        raise SampleError(
+            f"every image of this batch failed to decode (first: {bad[first]})",
+            shard=batch.shards[first],
+            key=batch.keys[first],
+        )
+    order = torch.tensor([i if i not in bad else min(ok, key=lambda j: (abs(j - i), j)) for i in range(n)])
+    return out, order

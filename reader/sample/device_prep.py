@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -37,6 +38,7 @@ from shardify.reader.sample.decode import IMAGE_EXTS, PickleRefusedError, decode
 from shardify.reader.sample.prepared import EncodedBatch, ImagePrep, PreparedSample
 from shardify.reader.sample.processor import field_spec, missing_field
 from shardify.reader.sample.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, _Geometric
+from shardify.reader.sample.worker_share import SharedSplit
 
 __all__ = [
     "JpegFrame",
@@ -136,20 +138,33 @@ def _split_transform(transform: Any) -> tuple[Any, tuple[float, ...]]:
 
 class DevicePrep:
     """Each image's :class:`ImagePrep` under ``transform``; see the module docstring.
-    DeviceDecodeOptionsError for a transform the device cannot run."""
+    DeviceDecodeOptionsError for a transform the device cannot run. ``split``: the hybrid split
+    (:mod:`~shardify.reader.sample.worker_share`), which has some device-decodable images
+    decoded here too (marked ``shared``)."""
 
-    def __init__(self, transform: Any) -> None:
+    def __init__(self, transform: Any, *, split: SharedSplit | None = None) -> None:
         self.transform = transform
         self._crop, self._flips = _split_transform(transform)
         self._crop_first = isinstance(self._crop, RandomResizedCrop)
+        self._split = split
 
     def prepare(self, data: bytes, rng: random.Random) -> ImagePrep:
+        split = self._split
+        if split is None or not split.timed:
+            return self._prepare(data, rng, split)
+        start = time.perf_counter()
+        prep = self._prepare(data, rng, split)
+        split.record(time.perf_counter() - start, decoded=prep.data is None)
+        return prep
+
+    def _prepare(self, data: bytes, rng: random.Random, split: SharedSplit | None) -> ImagePrep:
         frame = jpeg_frame(data)
-        if not device_decodable(data, frame):
+        decodable = device_decodable(data, frame)
+        if not decodable or (split is not None and split.take()):
             pixels = self.transform.apply_encoded(data, rng)  # the CPU path, with the same draws
             h, w = pixels.shape[-2:]
             zero = (0.0, 0.0, 0.0, 0.0)
-            return ImagePrep(None, zero, zero, (int(w), int(h)), False, pixels=pixels)
+            return ImagePrep(None, zero, zero, (int(w), int(h)), False, pixels=pixels, shared=decodable)
         width, height = frame.width, frame.height  # type: ignore[union-attr]
         box, size = self._crop.draw_crop(width, height, rng)
         flip = False
@@ -263,6 +278,7 @@ def pack_prepared(
         size=(h, w),
         shards=shards,
         keys=keys,
+        shared=sum(1 for im in images if im.shared),
     )
 
 

@@ -25,7 +25,8 @@ class ImagePrep:
     ``box`` and ``bounds`` are (left, top, right, bottom) in original pixels: the crop is
     resized to ``size`` (w, h) by a filter reading only inside ``bounds`` (the box itself for
     RandomResizedCrop, which crops first; the whole image otherwise, as Pillow's
-    ``resize(box=...)``). ``flip``: mirrored left-right after resizing.
+    ``resize(box=...)``). ``flip``: mirrored left-right after resizing. ``shared``: decoded in
+    the worker by the hybrid split, though the device could have taken it.
     """
 
     data: bytes | memoryview | None
@@ -34,6 +35,7 @@ class ImagePrep:
     size: tuple[int, int]
     flip: bool
     pixels: torch.Tensor | None = None
+    shared: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,7 +54,8 @@ class EncodedBatch(NamedTuple):
     ``data``: uint8 [total], the encoded bytes end to end; ``offsets``: int64 [B + 1] (a
     CPU-decoded image has no bytes); ``boxes``, ``bounds``: float64 [B, 4]; ``flips``: bool [B];
     ``pixels``: uint8 [F, 3, h, w] at rows ``pixel_rows`` (int64 [F]); ``size``: (h, w);
-    ``shards``, ``keys``: per row, for messages. Decoded, it becomes one uint8 ``[B, 3, h, w]``
+    ``shards``, ``keys``: per row, for messages; ``shared``: how many of the ``F`` the hybrid
+    split had the workers decode (the others, the device could not take). Decoded, it becomes one uint8 ``[B, 3, h, w]``
     tensor, as ``default_collate`` stacks the CPU path's images.
     """
 
@@ -66,6 +69,7 @@ class EncodedBatch(NamedTuple):
     size: tuple[int, int]
     shards: list[str]
     keys: list[str]
+    shared: int = 0
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

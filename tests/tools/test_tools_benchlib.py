@@ -98,3 +98,17 @@ def test_memory_counts_this_process(memory: ModuleType) -> None:
     other, _shm = memory.fd_counts()
     assert other >= 3  # stdin, stdout, stderr at least
     assert memory.peak_mib() >= memory.rss_mib() - 1
+
+
+def test_the_camera_corpus_mixes_the_encodings_a_device_decoder_meets(corpus: ModuleType, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from shardify.reader import ShardedDataset
+
+    dataset = corpus.camera_dataset(tmp_path, 52)
+    assert ShardedDataset(dataset, batch_size=4).num_samples == 52
+    files = sorted((tmp_path / "camera-52").rglob("*.JPEG"), key=lambda p: int(p.stem.split("_")[1]))
+    modes = [Image.open(p).mode for p in files]
+    assert modes.count("L") == 2 and modes.count("CMYK") == 1 and modes.count("RGB") == 49
+    assert sum(bool(Image.open(p).info.get("progressive")) for p in files) == 3
+    assert corpus.camera_dataset(tmp_path, 52) == dataset  # made once

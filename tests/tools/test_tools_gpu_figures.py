@@ -114,3 +114,58 @@ def test_the_chart_is_drawn_from_the_tools_own_results(tool, tmp_path: Path) -> 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     with pytest.raises(ValueError, match="no feed or step figure"):
         tool.chart(records[3:], tmp_path / "none.png")
+
+
+def test_the_decoders_group_sets_the_four_ways_side_by_side_on_each_corpus(tool, tmp_path: Path) -> None:
+    corpora = {"imagenet": tmp_path / "a", "camera": tmp_path / "b"}
+    figs = [
+        f for f in tool.figures(tmp_path / "a", device="cuda", quick=False, corpora=corpora) if f.group == "decoders"
+    ]
+    assert [f.name for f in figs] == [
+        *(f"feed {c}, {d}, {w} workers" for c in corpora for d, w in tool_ways()),
+        *(f"resnet50 step imagenet, {d}, {w} workers" for d, w in tool_ways()),
+        *(f"nvimgcodec device side {c}, per batch" for c in corpora),
+    ]
+    assert [f.needs_nvimgcodec for f in figs[:4]] == [False, False, True, True]
+    for f in figs[:12]:
+        assert f.argv[f.argv.index("--batch-size") + 1] == "256" and f.argv[f.argv.index("--steps") + 1] == "30"
+    assert all("--samples-per-epoch" in f.argv for f in figs[4:8]) and "--samples-per-epoch" not in figs[0].argv
+    assert all({"--bf16", "--channels-last", "resnet50"} <= set(f.argv) for f in figs[8:12])
+    assert all("--device-side" in f.argv and f.needs_nvimgcodec for f in figs[12:])
+
+
+def tool_ways() -> list[tuple[str, int]]:
+    sys.path.insert(0, str(TOOLS))
+    from gpu_decoders import WAYS  # type: ignore[import-not-found]
+
+    return list(WAYS)
+
+
+def test_nvimgcodec_figures_are_skipped_where_it_is_missing(
+    tool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpu_decoders  # type: ignore[import-not-found]
+
+    monkeypatch.setattr(gpu_decoders, "nvimgcodec_missing", lambda: True)
+    figs = tool.figures(tmp_path, device="cuda", quick=True, corpora={"imagenet": tmp_path})
+    hybrid = next(f for f in figs if f.group == "decoders" and f.needs_nvimgcodec)
+    tool.run(hybrid)
+    assert hybrid.result["status"].startswith("skipped: nvImageCodec is not installed")
+    assert tool.verdict(hybrid) == (hybrid.result["status"], "-")
+    failed = tool.Figure(
+        "decoders", "x", [sys.executable, "-c", "raise SystemExit('nvidia.nvimgcodec cannot be imported')"]
+    )
+    tool.run(failed)
+    assert failed.result["status"] == "skipped: nvImageCodec is not installed"
+
+
+def test_the_nvimgcodec_device_side_figure_runs_on_the_cpu(tool, tmp_path: Path) -> None:
+    from benchlib.corpus import step_dataset  # type: ignore[import-not-found]
+
+    figs = tool.figures(tmp_path, device="cpu", quick=True, corpora={"imagenet": step_dataset(tmp_path, 16)})
+    side = next(f for f in figs if f.name == "nvimgcodec device side imagenet, per batch")
+    tool.run(side)
+    assert side.result["status"] == "ok", side.result
+    assert side.result["decoded_by"]["cpu"] > 0 and side.result["stage"]["best_ms"] > 0
+    result, met = tool.verdict(side)
+    assert result.startswith("per batch: decode whole/regions ms cpu ") and "for one decode thread" in result

@@ -5,6 +5,9 @@
   ``make_imagefolder(seed=0)`` with as many classes and images per class.
 - :func:`photo_dataset`: those photos converted by shardify's image-folder converter;
   :func:`step_dataset`: the one the GPU tools read.
+- :func:`camera_dataset`: camera-sized photo-like JPEGs with a camera roll's mix of encodings
+  (4:2:0 and 4:4:4, some progressive, grayscale and CMYK), converted; :func:`folder_dataset`: a
+  folder of real photos (ImageNet layout) converted.
 - :func:`jpegs`: photo-like JPEGs of one size, in memory; :func:`noise_dataset`: small JPEGs
   of random pixels.
 - :func:`id_tensors`: ``<ID>.pt`` tensors with a partition and a labels file.
@@ -34,6 +37,8 @@ __all__ = [
     "photos",
     "photo_dataset",
     "step_dataset",
+    "camera_dataset",
+    "folder_dataset",
     "jpegs",
     "noise_dataset",
     "id_tensors",
@@ -118,6 +123,52 @@ def step_dataset(out: Path, images: int, *, copies: int = 1) -> Path:
     """The GPU tools' dataset: :func:`photo_dataset` of ``images`` photos in 10 classes, 100 a
     shard, each stored ``copies`` times (made once under ``out``)."""
     return photo_dataset(out, images, classes=10, copies=copies, samples_per_shard=100, shard_size=None)[1]
+
+
+CAMERA_SIZES = ((1600, 1200), (1200, 1600), (2048, 1536), (1024, 768), (1280, 960), (1920, 1080))
+"""(width, height) of :func:`camera_dataset`'s photos, in turn."""
+
+
+def _camera_photo(job: tuple[Path, int]) -> None:
+    """Photo ``i``: every 50th grayscale, every 100th (offset 25) CMYK, every 20th (offset 7)
+    progressive, every other one without chroma subsampling (4:4:4), quality 85 to 95."""
+    folder, i = job
+    path = folder / f"n{i % 10:08d}" / f"cam_{i}.JPEG"
+    if path.exists():
+        return
+    w, h = CAMERA_SIZES[i % len(CAMERA_SIZES)]
+    img = natural_image(w, h, seed=50_000 + i)
+    if i % 50 == 0:
+        img = img.convert("L")
+    elif i % 100 == 25:
+        img = img.convert("CMYK")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sub = 0 if i % 2 else 2
+    img.save(path, format="JPEG", quality=85 + i % 11, progressive=i % 20 == 7, subsampling=sub)
+
+
+def camera_dataset(data: Path, images: int) -> Path:
+    """``images`` camera photos (:func:`_camera_photo`) in 10 classes under ``data``, converted
+    with 100 samples a shard (made once): what a device decoder meets beside ImageNet's sizes."""
+    folder = data / f"camera-{images}"
+    done = folder.with_name(folder.name + ".done")
+    if not done.exists():
+        with get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            pool.map(_camera_photo, [(folder, i) for i in range(images)])
+        done.touch()
+    return folder_dataset(folder, data / f"camera-{images}-shards")
+
+
+def folder_dataset(folder: Path, dataset: Path) -> Path:
+    """The image folder ``folder`` (one sub-folder per class) converted to ``dataset``, 100 samples
+    a shard (made once)."""
+    from shardify.convert.options import ConvertOptions
+    from shardify.convert.write.run import convert_imagefolder
+
+    if not (dataset / "manifest.json").exists():
+        options = ConvertOptions(progress=False, fsync=False, samples_per_shard=100, shard_size=None)
+        convert_imagefolder(folder, dataset, options=options)
+    return dataset
 
 
 def jpegs(count: int, *, width: int, height: int, quality: int = 90) -> list[bytes]:

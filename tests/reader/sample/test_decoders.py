@@ -9,10 +9,12 @@ import torch
 
 from shardify.reader import BatchOptions, DecodeOptions, ShardedDataset
 from shardify.reader import transforms as T
+from shardify.reader.sample.codec_decode import CodecDecoder
 from shardify.reader.sample.collate import pad_collate
-from shardify.reader.sample.decoders import CpuDecoding, DeviceDecoding
+from shardify.reader.sample.decoders import CpuDecoding, DeviceDecoding, NvImageCodecDecoding
 from shardify.reader.sample.device_decode import DeviceDecoder, pil_decoder
 from shardify.reader.sample.device_prep import PrepProcessor
+from shardify.reader.sample.image_decoders import PillowDecoder
 from shardify.reader.sample.processor import SampleProcessor
 
 
@@ -31,17 +33,24 @@ def test_each_strategy_plugs_in_its_stages_and_draws_from_the_given_allocator(im
         made.append((tuple(shape), dtype))
         return torch.empty(tuple(shape), dtype=dtype)
 
-    for kw, strategy, processor, device_stage in (
-        ({}, CpuDecoding, SampleProcessor, type(None)),
-        ({"batching": BatchOptions(collate_fn=pad_collate)}, CpuDecoding, SampleProcessor, type(None)),
-        ({"decoding": DecodeOptions(device="cpu")}, DeviceDecoding, PrepProcessor, DeviceDecoder),
+    for kw, strategy, processor, device_stage, jpeg in (
+        ({}, CpuDecoding, SampleProcessor, type(None), pil_decoder),
+        ({"batching": BatchOptions(collate_fn=pad_collate)}, CpuDecoding, SampleProcessor, type(None), pil_decoder),
+        ({"decoding": DecodeOptions(device="cpu")}, DeviceDecoding, PrepProcessor, DeviceDecoder, pil_decoder),
+        (
+            {"decoding": DecodeOptions(device="cpu", decoder="nvimgcodec")},
+            NvImageCodecDecoding,
+            PrepProcessor,
+            CodecDecoder,
+            PillowDecoder(),
+        ),
     ):
         ds = ShardedDataset(image_dataset, batch_size=2, transform=T.imagenet_train(16), **kw)
         s = ds.decode_strategy
         assert type(s) is strategy
         (process,) = s.processors(ds.streams, ds._setup.stream_fields, ds.options, epoch=0)
         assert type(process) is processor
-        assert type(s.device_stage(torch.device("cpu"), jpeg_decoder=pil_decoder)) is device_stage
+        assert type(s.device_stage(torch.device("cpu"), jpeg_decoder=jpeg)) is device_stage
         made.clear()
         s.collate(ds.options, empty=empty)([process(item) for item in _first_items(ds, 2)])
         assert made and made[0][1] == torch.uint8  # the image column (or its bytes) from the allocator
@@ -77,3 +86,16 @@ def test_the_device_strategys_errors_name_shard_and_key() -> None:
     with pytest.raises(SampleError, match=r"field 'jpg': DecodeError") as info:
         process({"__shard__": "s2.tar", "__key__": "k2", "jpg": b"\xff\xd8"})
     assert "s2.tar" in str(info.value) and "k2" in str(info.value)
+
+
+def test_the_nvimgcodec_strategy_says_what_decoders_it_takes(image_dataset: Path) -> None:
+    import pytest
+
+    ds = ShardedDataset(
+        image_dataset,
+        batch_size=2,
+        transform=T.imagenet_train(16),
+        decoding=DecodeOptions(device="cpu", decoder="nvimgcodec"),
+    )
+    with pytest.raises(TypeError, match=r"takes image decoders .*PillowDecoder"):
+        ds.decode_strategy.device_stage(torch.device("cpu"), jpeg_decoder=pil_decoder)
