@@ -145,7 +145,11 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
 
     # -- iterating -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        w = self.world()
+        return self.read_as(self.world())
+
+    def read_as(self, w: World) -> Iterator[Batch]:
+        """The batches of this epoch that rank ``w.rank`` of ``w.world``, worker ``w.worker`` of
+        ``w.workers``, makes (what iterating does in that process; for tests and simulations)."""
         history, skip = self._part(w.world)
         self._history, self._read_world, self.taken = history, w.world, skip
         plan = self.plan()
