@@ -25,6 +25,7 @@ from shardify.reader.plan.world import World, detect_world
 from shardify.reader.streams import Stream
 from shardify.reader.tokens.pack import PackOptions, RowBuffers
 from shardify.reader.tokens.plan import (
+    Runs,
     Segment,
     TokenPlan,
     batch_positions,
@@ -153,8 +154,8 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         history, skip = self._part(w.world)
         self._history, self._read_world, self.taken = history, w.world, skip
         plan = self.plan()
-        runs = remaining_runs(plan.units, history, batch_size=self.batch_size)
-        num = rank_batches(sum(b - a for a, b in runs), world=w.world, batch_size=self.batch_size)
+        runs = Runs(remaining_runs(plan.units, history, batch_size=self.batch_size))
+        num = rank_batches(runs.total, world=w.world, batch_size=self.batch_size)
         for b in worker_share(num, worker=w.worker, workers=w.workers, skip=skip):
             positions = batch_positions(runs, rank=w.rank, world=w.world, batch=b, batch_size=self.batch_size)
             batch = self._batch(plan, positions)

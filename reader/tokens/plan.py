@@ -38,7 +38,16 @@ import numpy as np
 from shardify.permute import KeyedPermutation
 from shardify.reader.plan.mix import stream_counts
 
-__all__ = ["Segment", "TokenPlan", "stream_tokens", "rank_batches", "remaining_runs", "batch_positions", "worker_share"]
+__all__ = [
+    "Segment",
+    "TokenPlan",
+    "Runs",
+    "stream_tokens",
+    "rank_batches",
+    "remaining_runs",
+    "batch_positions",
+    "worker_share",
+]
 
 Segment = tuple[int, int]
 """``(world, batches)``: a part of an epoch read by ``world`` ranks, ``batches`` batches each."""
@@ -150,21 +159,32 @@ def remaining_runs(units: int, history: Sequence[Segment], *, batch_size: int) -
     return runs
 
 
-def batch_positions(runs: list[tuple[int, int]], *, rank: int, world: int, batch: int, batch_size: int) -> np.ndarray:
+class Runs:
+    """Runs ``[a, b)`` of epoch positions laid end to end: the sequence of positions a part reads."""
+
+    def __init__(self, runs: Sequence[tuple[int, int]]) -> None:
+        self.starts = np.asarray([a for a, _ in runs], dtype=np.int64)
+        self.cum = np.zeros(len(runs) + 1, dtype=np.int64)
+        np.cumsum([b - a for a, b in runs], out=self.cum[1:])
+        self.total = int(self.cum[-1])
+
+    def at(self, q: np.ndarray) -> np.ndarray:
+        """The epoch positions at places ``q`` (ints in ``[0, total)``) of the runs."""
+        k = np.searchsorted(self.cum, q, side="right") - 1
+        out: np.ndarray = self.starts[k] + q - self.cum[k]
+        return out
+
+
+def batch_positions(runs: Runs, *, rank: int, world: int, batch: int, batch_size: int) -> np.ndarray:
     """The epoch positions of the rows of batch ``batch`` of rank ``rank`` over ``runs``; -1 for
     a padding row."""
-    total = sum(b - a for a, b in runs)
-    per = -(-total // world)
+    per = -(-runs.total // world)
     lo = rank * per + batch * batch_size
     rows = np.arange(lo, lo + batch_size, dtype=np.int64)
-    real = (rows < (rank + 1) * per) & (rows < total) & (rows >= rank * per)
+    real = (rows < (rank + 1) * per) & (rows < runs.total) & (rows >= rank * per)
     out = np.full(batch_size, -1, dtype=np.int64)
     if real.any():
-        cum = np.concatenate(([0], np.cumsum([b - a for a, b in runs]))).astype(np.int64)
-        starts = np.asarray([a for a, _ in runs], dtype=np.int64)
-        q = rows[real]
-        k = np.searchsorted(cum, q, side="right") - 1
-        out[real] = starts[k] + q - cum[k]
+        out[real] = runs.at(rows[real])
     return out
 
 

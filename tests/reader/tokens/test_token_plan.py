@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from shardify.reader.tokens.plan import (
+    Runs,
     TokenPlan,
     batch_positions,
     rank_batches,
@@ -25,7 +26,7 @@ def _rank_positions(runs: list[tuple[int, int]], world: int, batch_size: int, fi
     for r in range(world):
         got = []
         for b in range(first, num):
-            p = batch_positions(runs, rank=r, world=world, batch=b, batch_size=batch_size)
+            p = batch_positions(Runs(runs), rank=r, world=world, batch=b, batch_size=batch_size)
             got += p[p >= 0].tolist()
         out.append(got)
     return out
@@ -61,7 +62,7 @@ def test_resumed_parts_and_what_they_left_hold_every_position_once(
         num = rank_batches(total, world=w, batch_size=batch_size)
         for r in range(w):
             for b in range(min(k, num)):
-                p = batch_positions(runs, rank=r, world=w, batch=b, batch_size=batch_size)
+                p = batch_positions(Runs(runs), rank=r, world=w, batch=b, batch_size=batch_size)
                 consumed += p[p >= 0].tolist()
     rest = remaining_runs(units, parts, batch_size=batch_size)
     after = [p for rank in _rank_positions(rest, world, batch_size) for p in rank]
@@ -72,7 +73,7 @@ def test_every_rank_yields_the_same_number_of_batches_of_full_shape() -> None:
     runs = remaining_runs(10, (), batch_size=4)
     num = rank_batches(10, world=3, batch_size=4)  # 4 positions a rank: one batch each
     assert num == 1
-    rows = [batch_positions(runs, rank=r, world=3, batch=0, batch_size=4) for r in range(3)]
+    rows = [batch_positions(Runs(runs), rank=r, world=3, batch=0, batch_size=4) for r in range(3)]
     assert [len(x) for x in rows] == [4, 4, 4]
     assert [int((x < 0).sum()) for x in rows] == [0, 0, 2]  # padding rows, counted as -1
 
