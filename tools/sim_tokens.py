@@ -38,8 +38,8 @@ def _child(args: argparse.Namespace, conn: Connection) -> None:
     base = memory.memory_kib("self")["VmRSS"] * 1024
     rank, world, B = args.world // 2, args.world, args.batch_size
     t0 = time.perf_counter()
-    sizes = tuple(totals.tolist())
-    plan = TokenPlan(totals=sizes, counts=sizes, seq_len=args.seq_len, seed=0, epoch=3)
+    n = int(totals.sum())  # one stream: its shards end to end
+    plan = TokenPlan(totals=(n,), counts=(n,), seq_len=args.seq_len, seed=0, epoch=3)
     starts = np.concatenate(([0], np.cumsum(totals)))  # a stream's shard starts, as the reader keeps them
     history = ((max(1, world // 2), 1000), (world * 2, 10))
     runs = Runs(remaining_runs(plan.units, history, batch_size=B))

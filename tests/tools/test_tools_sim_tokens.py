@@ -16,6 +16,6 @@ def test_plans_a_worker_from_shard_totals_and_maps_its_share() -> None:
         [sys.executable, str(TOOL), *args, "--map", "1e4"], capture_output=True, text=True, check=True, timeout=300
     ).stdout
     got = json.loads(out)
-    assert got["shards"] == 100 and got["sequences"] == -(-10**9 // 2048)
+    assert got["shards"] == 100 and got["sequences"] == -(-(10**9) // 2048)
     assert got["plan_memory_bytes"] == 101 * 8 + 100 * 8  # totals and starts: nothing per document
     assert got["mapped_positions"] == 10**4 and got["plan_s"] > 0
