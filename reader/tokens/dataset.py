@@ -41,6 +41,9 @@ __all__ = ["TokenDataset", "TokenLoader"]
 
 Batch = dict[str, torch.Tensor]
 
+_MAPPED = 64
+"""Batches whose sequences a worker maps through the keyed order at once."""
+
 
 class TokenDataset(torch.utils.data.IterableDataset[Batch]):
     """Batches of ``batch_size`` packed sequences of ``seq_len`` tokens from one token split or
@@ -156,19 +159,30 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         plan = self.plan()
         runs = Runs(remaining_runs(plan.units, history, batch_size=self.batch_size))
         num = rank_batches(runs.total, world=w.world, batch_size=self.batch_size)
-        for b in worker_share(num, worker=w.worker, workers=w.workers, skip=skip):
-            positions = batch_positions(runs, rank=w.rank, world=w.world, batch=b, batch_size=self.batch_size)
-            batch = self._batch(plan, positions)
-            self.taken = b + 1
-            yield batch
+        share = worker_share(num, worker=w.worker, workers=w.workers, skip=skip)
+        for at in range(0, len(share), _MAPPED):  # the keyed order for many batches at a time
+            group = share[at : at + _MAPPED]
+            positions = np.stack(
+                [batch_positions(runs, rank=w.rank, world=w.world, batch=b, batch_size=self.batch_size) for b in group]
+            )
+            real = positions >= 0
+            streams = np.full(positions.shape, -1, dtype=np.int64)
+            seqs = np.zeros(positions.shape, dtype=np.int64)
+            streams[real], seqs[real] = plan.units_at(positions[real])
+            for b, st, sq in zip(group, streams, seqs):
+                batch = self._batch(plan, st, sq)
+                self.taken = b + 1
+                yield batch
         self._resume = None
 
-    def _batch(self, plan: TokenPlan, positions: np.ndarray) -> Batch:
+    def _batch(self, plan: TokenPlan, streams: np.ndarray, seqs: np.ndarray) -> Batch:
+        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row)."""
         L = self.seq_len
-        rows = RowBuffers(len(positions), L, self.packing)
-        real = np.flatnonzero(positions >= 0)
-        streams, seqs = plan.units_at(positions[real])
-        for row, i, s in zip(real.tolist(), streams.tolist(), seqs.tolist()):
+        rows = RowBuffers(len(streams), L, self.packing)
+        for row, (i, s) in enumerate(zip(streams.tolist(), seqs.tolist())):
+            if i < 0:
+                rows.pad(row)
+                continue
             shards, count = self.shards[i], plan.counts[i]
             o = s * L
             n = min(L + 1, count - o)

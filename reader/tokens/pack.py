@@ -46,8 +46,8 @@ class RowBuffers:
 
     def __init__(self, rows: int, seq_len: int, options: PackOptions) -> None:
         self.seq_len, self.options = seq_len, options
-        self.input_ids = np.full((rows, seq_len), options.pad_id, dtype=np.int64)
-        self.labels = np.full((rows, seq_len), options.ignore_index, dtype=np.int64)
+        self.input_ids = np.empty((rows, seq_len), dtype=np.int64)  # every row filled or padded
+        self.labels = np.empty((rows, seq_len), dtype=np.int64)
         self.num_tokens = np.zeros(rows, dtype=np.int64)
         self.tokens = np.empty(seq_len + 1, dtype=np.int64)
         self.position_ids = np.tile(np.arange(seq_len, dtype=np.int64), (rows, 1)) if options.position_ids else None
@@ -64,7 +64,9 @@ class RowBuffers:
         L = self.seq_len
         real = min(read, L)
         self.input_ids[row, :real] = self.tokens[:real]
+        self.input_ids[row, real:] = self.options.pad_id
         self.labels[row, : read - 1] = self.tokens[1:read]
+        self.labels[row, read - 1 :] = self.options.ignore_index
         self.num_tokens[row] = real
         if self.position_ids is None and self.segment_ids is None:
             return
@@ -76,6 +78,11 @@ class RowBuffers:
         if self.segment_ids is not None and self.cu_seqlens is not None:
             self.segment_ids[row] = np.repeat(np.arange(len(cuts), dtype=np.int32), np.diff(np.append(starts, L)))
             self.cu_seqlens[row, : len(cuts)] = starts
+
+    def pad(self, row: int) -> None:
+        """Row ``row`` as a padding row: no real token, every label ignored."""
+        self.input_ids[row] = self.options.pad_id
+        self.labels[row] = self.options.ignore_index
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {"input_ids": self.input_ids, "labels": self.labels, "num_tokens": self.num_tokens}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -103,10 +104,18 @@ class TokenPlan:
         """``(stream, sequence)`` of the units at ``positions`` of the epoch's order."""
         pos = np.asarray(positions, dtype=np.int64)
         if self.shuffle and pos.size:
-            pos = KeyedPermutation(self.units, label=f"reader-tokens:{self.seed}:{self.epoch}").at(pos)
-        firsts = np.concatenate(([0], np.cumsum(self.sequences)))
-        stream = np.searchsorted(firsts, pos, side="right") - 1
-        return stream, pos - firsts[stream]
+            pos = self._order.at(pos)
+        stream = np.searchsorted(self._firsts, pos, side="right") - 1
+        return stream, pos - self._firsts[stream]
+
+    @cached_property
+    def _order(self) -> KeyedPermutation:
+        return KeyedPermutation(self.units, label=f"reader-tokens:{self.seed}:{self.epoch}")
+
+    @cached_property
+    def _firsts(self) -> np.ndarray:
+        """The first unit of each stream, and the total."""
+        return np.concatenate(([0], np.cumsum(self.sequences))).astype(np.int64)
 
 
 def rank_batches(positions: int, *, world: int, batch_size: int) -> int:
