@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from shardify.convert import convert_tokens
+from shardify.errors import ResumeError
 from shardify.reader import PackOptions, Stream, TokenDataset, TokenLoader, varlen_args
 from shardify.reader.plan.world import World
 
@@ -199,3 +200,30 @@ def test_dataloader_with_0_and_2_workers_and_a_loader_state(split: tuple[Path, l
     again = TokenLoader(TokenDataset(root, seq_len=32, batch_size=4, seed=9), num_workers=0)
     again.load_state_dict(state)
     assert Counter(_real(first) + _real(again)) == Counter(stream)
+
+
+def test_a_mixed_epoch_resumed_on_another_world_holds_its_takes_once(tmp_path: Path) -> None:
+    web, web_tokens = _convert(tmp_path, "web", _docs(60, 1, 2, 500), 4)
+    books, books_tokens = _convert(tmp_path, "books", _docs(30, 2, 500, 1000), None)
+    args = {
+        "source": [Stream(web, weight=3), Stream(books, weight=1)],
+        "seq_len": 10,
+        "batch_size": 4,
+        "epoch_tokens": 800,
+        "seed": 4,
+    }
+    got: list[int] = []
+    for r in range(2):
+        ds = TokenDataset(**args)
+        ds.set_epoch(1)
+        got += _real(b for _, b in zip(range(3), ds.read_as(World(rank=r, world=2))))
+        state = ds.state_dict()
+    assert state["epoch"] == 1 and state["world"] == 2 and state["batches"] == 3
+    got += [t for r in range(3) for t in _rank(args, 3, r, 2, state)]
+    web_take = [web_tokens[p % len(web_tokens)] for p in range(600, 1200)]  # epoch 1's windows
+    books_take = [books_tokens[p % len(books_tokens)] for p in range(200, 400)]
+    assert Counter(got) == Counter(web_take) + Counter(books_take)
+    with pytest.raises(ResumeError, match="seq_len"):
+        TokenDataset(**{**args, "seq_len": 11}).load_state_dict(state)
+    with pytest.raises(ResumeError, match="check"):
+        TokenDataset(**args).load_state_dict({**state, "batches": 2})
