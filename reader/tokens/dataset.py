@@ -13,12 +13,15 @@ it in :class:`TokenLoader`, which counts the batches the loop takes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import torch
 
+from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.options import CacheOptions
 from shardify.reader.plan.world import World, detect_world
@@ -40,6 +43,8 @@ from shardify.reader.tokens.state import Resume, check_state, make_state, plan_f
 __all__ = ["TokenDataset", "TokenLoader"]
 
 Batch = dict[str, torch.Tensor]
+Row = tuple[np.ndarray, list[int]]
+"""A sequence's tokens (its inputs and the next token, when there is one) and where documents begin."""
 
 _MAPPED = 64
 """Batches whose sequences a worker maps through the keyed order at once."""
@@ -105,6 +110,9 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         self.taken = 0
         """Batches of the current epoch yielded so far (by this process, or counted by :class:`TokenLoader`)."""
         self._read_world = 1
+        self._requests = c.requests
+        self._pool: tuple[int, DaemonPool] | None = None
+        self._tokens: np.ndarray | None = None
         self._history: tuple[Segment, ...] = ()
 
     # -- the plan ------------------------------------------------------------------------------
@@ -176,20 +184,47 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         self._resume = None
 
     def _batch(self, plan: TokenPlan, streams: np.ndarray, seqs: np.ndarray) -> Batch:
-        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row)."""
-        L = self.seq_len
-        rows = RowBuffers(len(streams), L, self.packing)
-        for row, (i, s) in enumerate(zip(streams.tolist(), seqs.tolist())):
+        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row); rows of remote
+        streams are read at once by this process's threads (each costs a request's latency)."""
+        rows = RowBuffers(len(streams), self.seq_len, self.packing)
+        if self._tokens is None or self._tokens.shape[0] < len(streams):
+            self._tokens = np.empty((len(streams), self.seq_len + 1), dtype=np.int64)  # reused: rows copy out
+        pairs = list(zip(streams.tolist(), seqs.tolist()))
+        remote = sum(i >= 0 and self.shards[i].remote for i, _ in pairs) > 1
+        pool = self._fetch_pool() if remote else None
+        read: list[Future[Row] | Row | None] = []
+        for row, (i, s) in enumerate(pairs):
             if i < 0:
+                read.append(None)
+            elif pool is not None:
+                read.append(pool.submit(self._read_row, plan, i, s, self._tokens[row]))
+            else:
+                read.append(self._read_row(plan, i, s, self._tokens[row]))
+        for row, got in enumerate(read):
+            if got is None:
                 rows.pad(row)
                 continue
-            shards, count = self.shards[i], plan.counts[i]
-            o = s * L
-            n = min(L + 1, count - o)
-            docs: list[int] = []
-            _read_take(shards, plan.take_start(i), o, n, rows.tokens, docs)
-            rows.fill(row, n, docs)
+            tokens, docs = got.result() if isinstance(got, Future) else got
+            rows.fill(row, tokens, docs)
         return {k: torch.from_numpy(v) for k, v in rows.arrays().items()}
+
+    def _read_row(self, plan: TokenPlan, i: int, s: int, out: np.ndarray) -> Row:
+        """Sequence ``s`` of stream ``i`` read into ``out``: its tokens and the next one (when
+        there is one), and where documents begin in them."""
+        o = s * self.seq_len
+        n = min(self.seq_len + 1, plan.counts[i] - o)
+        docs: list[int] = []
+        _read_take(self.shards[i], plan.take_start(i), o, n, out, docs)
+        return out[:n], docs
+
+    def _fetch_pool(self) -> DaemonPool:
+        """This process's threads for a batch's remote rows (made again after a fork)."""
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), DaemonPool(self._requests, "shardify-tokens"))
+        return self._pool[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None, "_tokens": None}
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -49,7 +49,6 @@ class RowBuffers:
         self.input_ids = np.empty((rows, seq_len), dtype=np.int64)  # every row filled or padded
         self.labels = np.empty((rows, seq_len), dtype=np.int64)
         self.num_tokens = np.zeros(rows, dtype=np.int64)
-        self.tokens = np.empty(seq_len + 1, dtype=np.int64)
         self.position_ids = np.tile(np.arange(seq_len, dtype=np.int64), (rows, 1)) if options.position_ids else None
         if options.documents:
             self.segment_ids: np.ndarray | None = np.zeros((rows, seq_len), dtype=np.int32)
@@ -58,14 +57,15 @@ class RowBuffers:
         else:
             self.segment_ids = self.cu_seqlens = None
 
-    def fill(self, row: int, read: int, doc_starts: list[int]) -> None:
-        """Row ``row`` from ``self.tokens[:read]`` (its inputs and the next token, when there is
-        one) and where documents begin in it."""
+    def fill(self, row: int, tokens: np.ndarray, doc_starts: list[int]) -> None:
+        """Row ``row`` from ``tokens`` (its inputs and the next token, when there is one) and
+        where documents begin in them."""
         L = self.seq_len
+        read = len(tokens)
         real = min(read, L)
-        self.input_ids[row, :real] = self.tokens[:real]
+        self.input_ids[row, :real] = tokens[:real]
         self.input_ids[row, real:] = self.options.pad_id
-        self.labels[row, : read - 1] = self.tokens[1:read]
+        self.labels[row, : read - 1] = tokens[1:read]
         self.labels[row, read - 1 :] = self.options.ignore_index
         self.num_tokens[row] = real
         if self.position_ids is None and self.segment_ids is None:

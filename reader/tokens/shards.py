@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -52,9 +53,10 @@ _MAX_CHUNKS = 1 << 14
 """Chunk locations kept per process."""
 _MAX_OPEN = 128
 
-_Chunk = tuple[int, str, np.ndarray, bool]
+_Chunk = tuple[int, str, list[int], list[int], bool]
 """A chunk's token member: where its data begins, the chunk's key, where each document's first
-token lies from there (int64), and whether documents have their own header (a variable member)."""
+token lies from there, each document's length, and whether documents have their own header (a
+variable member)."""
 
 
 class TokenShards:
@@ -81,6 +83,8 @@ class TokenShards:
         self.totals = np.array([_lengths(s.tokens).sum(dtype=np.int64) for s in source.shards], dtype=np.int64)
         self.starts = np.concatenate(([0], np.cumsum(self.totals))).astype(np.int64)
         self.total = int(self.starts[-1])
+        self.remote = any(is_remote(u) for u in source.urls)
+        """Whether a shard is read from a server (rows are then worth reading concurrently)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -92,9 +96,10 @@ class TokenShards:
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._headers: dict[int, bytes] = {}
         self._samples = SampleBytes(self.source) if self.chunk is None else None
+        self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("source", "field", "dtype", "descr", "chunk", "totals", "starts", "total")
+        keep = ("source", "field", "dtype", "descr", "chunk", "totals", "starts", "total", "remote")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -131,6 +136,10 @@ class TokenShards:
 
     def doc_offsets(self, shard: int) -> np.ndarray:
         """Where each document of ``shard`` begins in its tokens (int64, one more: the total)."""
+        with self._lock:
+            return self._doc_offsets(shard)
+
+    def _doc_offsets(self, shard: int) -> np.ndarray:
         got = self._docs.get(shard)
         if got is not None:
             self._docs.move_to_end(shard)
@@ -144,8 +153,8 @@ class TokenShards:
 
     def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int], base: int) -> None:
         cum = self.doc_offsets(shard)
-        d0 = int(np.searchsorted(cum, a, side="right")) - 1
-        d1 = int(np.searchsorted(cum, b - 1, side="right")) - 1
+        d0 = int(cum.searchsorted(a, side="right")) - 1
+        d1 = int(cum.searchsorted(b - 1, side="right")) - 1
         firsts = cum[d0 : d1 + 1]
         doc_starts.extend((base + firsts[firsts >= a] - a).tolist())
         if self.chunk is None:
@@ -161,7 +170,8 @@ class TokenShards:
     # -- per-sample layout ---------------------------------------------------------------------
     def _read_samples(self, shard: int, d0: int, d1: int, a: int, b: int, cum: np.ndarray, out: np.ndarray) -> None:
         assert self._samples is not None  # noqa: S101 - set for the per-sample layout
-        got = self._samples.read([(shard, d) for d in range(d0, d1 + 1)])
+        with self._lock:  # (SampleBytes keeps its tables and files for one thread)
+            got = self._samples.read([(shard, d) for d in range(d0, d1 + 1)])
         it = self.dtype.itemsize
         for d, data in zip(range(d0, d1 + 1), got):
             if isinstance(data, Exception):
@@ -186,18 +196,17 @@ class TokenShards:
         self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, cum: np.ndarray, out: np.ndarray
     ) -> None:
         """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into ``out``."""
-        data_at, key, firsts, headers = self._chunk(shard, c, cum)
+        data_at, key, firsts, lengths, headers = self._chunk(shard, c, cum)
         it = self.dtype.itemsize
-        lo = int(firsts[j0]) + t0 * it - (NPY_HEADER if headers and t0 == 0 else 0)
-        hi = int(firsts[j1]) + t1 * it
+        lo = firsts[j0] + t0 * it - (NPY_HEADER if headers and t0 == 0 else 0)
+        hi = firsts[j1] + t1 * it
         raw = self._pread(shard, data_at + lo, data_at + hi, key)
-        first_doc = c * (self.chunk or 1)
         at = 0
         for j in range(j0, j1 + 1):
             start = t0 if j == j0 else 0
-            n = int(cum[first_doc + j + 1] - cum[first_doc + j])
+            n = lengths[j]
             stop = t1 if j == j1 else n
-            pos = int(firsts[j]) + start * it - lo
+            pos = firsts[j] + start * it - lo
             if headers and start == 0:
                 self._check_header(raw[pos - NPY_HEADER : pos], n, shard, key)
             out[at : at + stop - start] = np.frombuffer(raw, dtype=self.dtype, count=stop - start, offset=pos)
@@ -206,6 +215,10 @@ class TokenShards:
     def _chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
         """Chunk ``c`` of ``shard``'s token member, found by walking the tar headers from the
         nearest chunk whose offset is known, and checked against the index's lengths."""
+        with self._lock:
+            return self._find_chunk(shard, c, cum)
+
+    def _find_chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
         got = self._chunks.get((shard, c))
         if got is not None:
             self._chunks.move_to_end((shard, c))
@@ -220,8 +233,7 @@ class TokenShards:
                 known = found[0] + padded_size(self._member_size(self._lengths_of(shard, k, cum)))
                 self._walk[(shard, k + 1)] = known
             k, start = k + 1, known
-        data_at, key, firsts, headers = self._locate(shard, c, start, cum)
-        got = (data_at, key, firsts, headers)
+        got = self._locate(shard, c, start, cum)
         self._chunks[(shard, c)] = got
         if len(self._chunks) > _MAX_CHUNKS:
             self._chunks.popitem(last=False)
@@ -278,7 +290,7 @@ class TokenShards:
             firsts = len(expected) + tokens_before * it
         else:
             firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
-        return member + BLOCK, key or "", firsts, not stacked
+        return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
 
     def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
         want = self._headers.get(n)
@@ -302,7 +314,7 @@ class TokenShards:
                 raise ShardFormatError(f"cannot fetch bytes {a}-{b - 1}: {e.reason}", shard=url, key=key) from e
         else:
             try:
-                fd = self._fds.get(shard)
+                fd = self._fds.get(shard)  # (local rows are read by one thread)
                 if fd is None:
                     fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     if len(self._fds) > _MAX_OPEN:
