@@ -109,7 +109,8 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         self._resume: Resume | None = None
         self.taken = 0
         """Batches of the current epoch yielded so far (by this process, or counted by :class:`TokenLoader`)."""
-        self._read_world = 1
+        self._read_world: int | None = None
+        """The world the current epoch's part is read under (None: not read yet, the detected one)."""
         self._requests = c.requests
         self._pool: tuple[int, DaemonPool] | None = None
         self._tokens: np.ndarray | None = None
@@ -229,14 +230,14 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: a small JSON-able dict (see :mod:`~shardify.reader.tokens.state`)."""
-        return make_state(self.resume_fields, Resume(self.epoch, self._history, self._read_world, self.taken))
+        world = self._read_world if self._read_world is not None else self.world().world
+        return make_state(self.resume_fields, Resume(self.epoch, self._history, world, self.taken))
 
     def load_state_dict(self, state: Any) -> None:
         """Resume at ``state`` (from :meth:`state_dict`, any topology): the next iteration of its
         epoch yields what it had left, every token once over all ranks; call before iterating."""
-        self._resume = check_state(self.resume_fields, state)
-        self.epoch = self._resume.epoch
-        self.taken = self._resume.batches
+        r = self._resume = check_state(self.resume_fields, state)
+        self.epoch, self._history, self._read_world, self.taken = r.epoch, r.history, r.world, r.batches
 
     def close(self) -> None:
         for s in self.shards:

@@ -227,3 +227,18 @@ def test_a_mixed_epoch_resumed_on_another_world_holds_its_takes_once(tmp_path: P
         TokenDataset(**{**args, "seq_len": 11}).load_state_dict(state)
     with pytest.raises(ResumeError, match="check"):
         TokenDataset(**args).load_state_dict({**state, "batches": 2})
+
+
+def test_a_loaded_state_is_given_back_as_it_was_until_the_epoch_is_read(split: tuple[Path, list[int]]) -> None:
+    root, _ = split
+    ds = TokenDataset(root, seq_len=16, batch_size=2, rank_world=(1, 4))
+    assert ds.state_dict()["world"] == 4 and ds.state_dict()["batches"] == 0  # not read yet: this world
+    ds = TokenDataset(root, seq_len=16, batch_size=2, rank_world=(0, 2))
+    ds.set_epoch(3)
+    for _, _b in zip(range(2), ds):
+        pass
+    state = ds.state_dict()
+    assert (state["epoch"], state["world"], state["batches"]) == (3, 2, 2)
+    ds2 = TokenDataset(root, seq_len=16, batch_size=2, rank_world=(0, 3))
+    ds2.load_state_dict(state)
+    assert ds2.state_dict() == state  # saved again before reading: the same place, not this world's
