@@ -193,13 +193,19 @@ def test_dataloader_with_0_and_2_workers_and_a_loader_state(split: tuple[Path, l
     first = []
     for i, b in enumerate(loader):
         first.append(b)
-        if i == 3:
+        if i == 2:
             break
     state = loader.state_dict()
-    assert state["batches"] == 4
+    assert state["batches"] == 3
     again = TokenLoader(TokenDataset(root, seq_len=32, batch_size=4, seed=9), num_workers=0)
     again.load_state_dict(state)
     assert Counter(_real(first) + _real(again)) == Counter(stream)
+    whole = list(TokenDataset(root, seq_len=32, batch_size=4, seed=9))
+    two = TokenLoader(TokenDataset(root, seq_len=32, batch_size=4, seed=9), num_workers=2)
+    two.load_state_dict(state)
+    rest = list(two)  # the same world: exactly the batches left, in order, dealt from worker 0
+    assert len(rest) == len(whole) - 3 and all(torch.equal(a["labels"], b["labels"]) for a, b in zip(rest, whole[3:]))
+    assert two.state_dict()["batches"] == len(whole)
 
 
 def test_a_mixed_epoch_resumed_on_another_world_holds_its_takes_once(tmp_path: Path) -> None:
