@@ -59,6 +59,8 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
     ``packing``: pad and ignore ids, ``position_ids``, document masks (:class:`PackOptions`).
     ``cache``: how remote shards are read (:class:`~shardify.reader.CacheOptions`).
     ``rank_world``: ``(rank, world)``, else detected (torch.distributed, ``RANK``/``WORLD_SIZE``).
+    ``verify``: check each shard's SHA-256 against the index before its first read in a process
+    (the chunked layout keeps no checksum per document; see :mod:`~shardify.reader.tokens.shards`).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         packing: PackOptions | None = None,
         cache: CacheOptions | None = None,
         rank_world: tuple[int, int] | None = None,
+        verify: bool = False,
     ) -> None:
         if seq_len < 1 or batch_size < 1:
             raise ValueError(f"{seq_len=} and {batch_size=} should be >= 1")
@@ -81,7 +84,7 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
             raise ValueError(f"{epoch_tokens=} should be >= 0")
         streams = _streams(source, split)
         c = cache or CacheOptions()
-        self.shards = [TokenShards(_resolve(s, c)) for s in streams]
+        self.shards = [TokenShards(_resolve(s, c), verify=verify) for s in streams]
         weights = [s.weight for s in streams]
         if any(w is not None for w in weights) and any(w is None for w in weights):
             raise ValueError("give every Stream a weight, or none")

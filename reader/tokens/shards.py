@@ -18,7 +18,11 @@ when the shard is first read (the most recently used kept), so a plan needs only
   Then a range costs one read per chunk it touches, of just its tokens and the 128-byte
   headers between its documents, each of which must be that document's header by the index
   (a document whose start is read has its header checked). The format keeps no per-document
-  checksum in a chunked split: bytes changed in place inside a document's tokens go unseen.
+  checksum in a chunked split: bytes changed in place inside a document's tokens go unseen,
+  unless ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming
+  reader, each shard's SHA-256 is checked against the index before its first read in a process
+  (a local file hashed whole; a remote one fetched whole, checked on arrival, then read by
+  ranges as usual).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import numpy as np
 
 from shardify.chunk import VAR_MAGIC
 from shardify.errors import ShardFormatError
+from shardify.jsonfiles import file_sha256
 from shardify.npy import npy_header
 from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.samplebytes import SampleBytes
-from shardify.reader.io.shardopen import is_gzip, local_path
+from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
 from shardify.reader.io.source import Source
 from shardify.remote import ShardFetchError, fetch_range, is_remote
 from shardify.tarfmt import BLOCK, OFFSET_STRIDE, padded_size
@@ -63,7 +68,7 @@ class TokenShards:
     """The token stream of ``source``, a token split (see the module). Picklable: what a process
     opens (descriptors, offsets) is left behind and made again where it is next used."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, *, verify: bool = False) -> None:
         info = source.tokens
         where = f"{source.name} split {source.split!r}"
         if info is None:
@@ -76,6 +81,7 @@ class TokenShards:
         if gz:
             raise ValueError(f"{where}: gzip shards cannot be read by ranges ({gz[0]})")
         self.source = source
+        self.verify = verify
         self.field = info.field
         self.dtype = np.dtype(info.dtype).newbyteorder("<")
         self.descr = repr(self.dtype.str)
@@ -95,11 +101,12 @@ class TokenShards:
         self._walk: dict[tuple[int, int], int] = {}
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._headers: dict[int, bytes] = {}
+        self._verified: set[int] = set()
         self._samples = SampleBytes(self.source) if self.chunk is None else None
         self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("source", "field", "dtype", "descr", "chunk", "totals", "starts", "total", "remote")
+        keep = ("source", "verify", "field", "dtype", "descr", "chunk", "totals", "starts", "total", "remote")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -152,6 +159,9 @@ class TokenShards:
         return got
 
     def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int], base: int) -> None:
+        if self.verify and shard not in self._verified:
+            with self._lock:
+                self._check_shard(shard)
         cum = self.doc_offsets(shard)
         d0 = int(cum.searchsorted(a, side="right")) - 1
         d1 = int(cum.searchsorted(b - 1, side="right")) - 1
@@ -291,6 +301,30 @@ class TokenShards:
         else:
             firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
         return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
+
+    def _check_shard(self, shard: int) -> None:
+        """``shard``'s SHA-256 against the index's (once per process); ShardFormatError naming it."""
+        if shard in self._verified:
+            return
+        info, url = self.source.shards[shard], self.urls[shard]
+        if not info.sha256:
+            raise ShardFormatError("verify=True needs the shard's sha256 from the split index: none", shard=url)
+        try:
+            if is_remote(url):  # fetched whole into the cache, checked against the sha256 on arrival
+                open_shard(url, fetch=self.source.fetch, filesize=info.filesize, sha256=info.sha256).close()
+                found = info.sha256
+            else:
+                with open(local_path(url), "rb") as f:
+                    found = file_sha256(f)
+        except (OSError, ShardFetchError) as e:
+            raise ShardFormatError(f"cannot check the shard's sha256: {e}", shard=url) from e
+        if found != info.sha256:
+            raise ShardFormatError(
+                f"sha256 {found} does not match the index's {info.sha256} (corrupt or replaced; "
+                "`shardify verify` checks every shard)",
+                shard=url,
+            )
+        self._verified.add(shard)
 
     def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
         want = self._headers.get(n)
