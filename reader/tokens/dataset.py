@@ -146,10 +146,22 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
 
     def __len__(self) -> int:
         """Batches each rank yields in the current epoch (all of it, or what a loaded state left)."""
+        return self.epoch_sizes()["batches"]
+
+    def epoch_sizes(self) -> dict[str, int]:
+        """The current epoch under the detected world: its ``tokens`` (all streams' takes), its
+        ``sequences``, the ``batches`` each rank yields and the ``padding_rows`` (all ranks
+        together) that fill the last batches; after a loaded state, of what it left."""
         w = self.world()
         history, skip = self._part(w.world)
-        runs = remaining_runs(self.plan().units, history, batch_size=self.batch_size)
-        return rank_batches(sum(b - a for a, b in runs), world=w.world, batch_size=self.batch_size) - skip
+        left = Runs(remaining_runs(self.plan().units, history, batch_size=self.batch_size)).total
+        batches = rank_batches(left, world=w.world, batch_size=self.batch_size)
+        return {
+            "tokens": sum(self.counts),
+            "sequences": self.plan().units,
+            "batches": batches - skip,
+            "padding_rows": batches * self.batch_size * w.world - left,
+        }
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads (its order and, with weights, its takes)."""

@@ -130,6 +130,8 @@ def test_padding_the_last_sequence_and_the_last_batch(tmp_path: Path) -> None:
     assert b["num_tokens"].tolist() == [1, 0]
     ranks = [list(TokenDataset(root, seq_len=3, batch_size=2).read_as(World(rank=r, world=4))) for r in range(4)]
     assert [len(x) for x in ranks] == [1, 1, 1, 1]  # 3 sequences over 4 ranks: the same batches everywhere
+    sizes = TokenDataset(root, seq_len=3, batch_size=2, rank_world=(0, 4)).epoch_sizes()
+    assert sizes == {"tokens": 7, "sequences": 3, "batches": 1, "padding_rows": 5}  # 8 rows, 3 real
     assert sorted(_real(b for x in ranks for b in x)) == sorted(stream)
 
 
