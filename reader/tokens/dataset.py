@@ -208,6 +208,8 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         pairs = list(zip(streams.tolist(), seqs.tolist()))
         remote = sum(i >= 0 and self.shards[i].remote for i, _ in pairs) > 1
         pool = self._fetch_pool() if remote else None
+        for shards in self.shards:
+            shards.ready()  # in this thread, before any pool thread reads
         read: list[Future[Row] | Row | None] = []
         for row, (i, s) in enumerate(pairs):
             if i < 0:

@@ -122,12 +122,17 @@ class TokenShards:
                 self._samples.close()
         self._reset()
 
+    def ready(self) -> None:
+        """Make this process's own caches after a fork (the parent's files and threads are not
+        ours); call it before reading from several threads."""
+        if os.getpid() != self._pid:
+            self._reset()
+
     # -- the stream ----------------------------------------------------------------------------
     def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int], base: int = 0) -> None:
         """Tokens of stream positions ``[p, q)`` into ``out[:q - p]``; appends to ``doc_starts``
         ``base + i`` for each ``i`` where a document begins."""
-        if os.getpid() != self._pid:
-            self._reset()
+        self.ready()
         if not 0 <= p <= q <= self.total:
             raise ValueError(f"positions {p}..{q} should lie in the stream's 0..{self.total}")
         shard = int(np.searchsorted(self.starts, p, side="right")) - 1
