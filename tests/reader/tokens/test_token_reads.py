@@ -15,7 +15,7 @@ import torch
 
 from shardify.convert import convert_tokens
 from shardify.errors import SampleChecksumError, ShardFormatError
-from shardify.reader import CacheOptions, TokenDataset
+from shardify.reader import CacheOptions, TokenDataset, TokenLoader
 from shardify.remote import RetryPolicy
 
 
@@ -100,8 +100,10 @@ def test_over_http_every_token_once_by_ranges(tmp_path: Path, chunk: int | None)
         behaviour.reset()
         batches = list(ds)
         sent = {Path(p).name: n for p, n in behaviour.sent_by_path.items() if p.endswith(".tar")}
+        in_workers = list(TokenLoader(TokenDataset(f"{base}/ds", seq_len=64, batch_size=4, cache=fast), num_workers=2))
     got = [t for b in batches for row, n in zip(b["input_ids"], b["num_tokens"]) for t in row[: int(n)].tolist()]
     assert Counter(got) == Counter(stream)
+    assert [b["input_ids"].tolist() for b in in_workers] == [b["input_ids"].tolist() for b in batches]
     assert all(b["input_ids"].dtype == torch.int64 for b in batches)
     if chunk is not None:  # tokens and the headers between them; never a whole shard
         assert sum(sent.values()) < shards
