@@ -170,17 +170,18 @@ class TokenShards:
         cum = self.doc_offsets(shard)
         d0 = int(cum.searchsorted(a, side="right")) - 1
         d1 = int(cum.searchsorted(b - 1, side="right")) - 1
-        firsts = cum[d0 : d1 + 1]
-        doc_starts.extend((base + firsts[firsts >= a] - a).tolist())
+        ends = cum[d0 : d1 + 2].tolist()  # the documents' first tokens, and the last one's end (as ints)
+        doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
         if self.chunk is None:
             self._read_samples(shard, d0, d1, a, b, cum, out)
             return
         n = self.chunk
         for c in range(d0 // n, d1 // n + 1):
             j0, j1 = max(d0, c * n), min(d1, c * n + n - 1)
-            t0 = max(a, int(cum[j0])) - int(cum[j0])
-            t1 = min(b, int(cum[j1 + 1])) - int(cum[j1])
-            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, cum, out[max(0, int(cum[j0]) - a) :])
+            first = ends[j0 - d0]
+            t0 = max(a, first) - first
+            t1 = min(b, ends[j1 - d0 + 1]) - ends[j1 - d0]
+            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, cum, out[max(0, first - a) :])
 
     # -- per-sample layout ---------------------------------------------------------------------
     def _read_samples(self, shard: int, d0: int, d1: int, a: int, b: int, cum: np.ndarray, out: np.ndarray) -> None:
