@@ -16,12 +16,14 @@ units start at ``first_i``) are put in the keyed order of
 ``reader-tokens:{seed}:{epoch}`` (identity without shuffle): position ``p`` holds unit
 ``perm(p)``. No process lists the whole order; each maps only the positions of its own batches.
 
-Ranks and workers as :mod:`shardify.reader.plan.assign` deals samples, with sequences as its
-samples and nothing dropped: rank ``r`` of ``world`` takes positions ``[r * P, (r + 1) * P)``
-with ``P = ceil(R / world)`` (``R`` positions to read); positions ``>= R`` and the rows that
-fill the last batch are *padding sequences* (every label ignored), so every rank yields
-``ceil(P / batch_size)`` batches; batch ``b`` of a rank goes to worker ``b % workers`` (after a
-resume, the batches left are dealt so from worker 0).
+Ranks and workers as :mod:`shardify.reader.plan.assign` deals samples (its counts without
+``drop_last``), with sequences as its samples and nothing dropped or repeated (``assign``
+wraps a rank's slice round to the start, as DistributedSampler does; here it is padded): rank
+``r`` of ``world`` takes positions ``[r * P, (r + 1) * P)`` with ``P = ceil(R / world)`` (``R``
+positions to read); positions ``>= R`` and the rows that fill the last batch are *padding
+sequences* (every label ignored), so every rank yields ``ceil(P / batch_size)`` batches; batch
+``b`` of a rank goes to worker ``b % workers`` (after a resume, the batches left are dealt so
+from worker 0).
 
 Resume (as :mod:`shardify.reader.plan.resume`): a part of the epoch read under ``world``
 ranks for ``batches`` batches is a :data:`Segment`; what it left, rank by rank in order, is
@@ -37,6 +39,7 @@ from functools import cached_property
 import numpy as np
 
 from shardify.permute import KeyedPermutation
+from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
 from shardify.reader.plan.mix import stream_counts
 
 __all__ = [
@@ -119,16 +122,14 @@ class TokenPlan:
 
 
 def rank_batches(positions: int, *, world: int, batch_size: int) -> int:
-    """Batches every rank yields over ``positions`` positions: ``ceil(ceil(R / world) / batch_size)``."""
-    if world < 1 or batch_size < 1:
-        raise ValueError(f"{world=} and {batch_size=} should be >= 1")
-    per = -(-positions // world)
-    return -(-per // batch_size)
+    """Batches every rank yields over ``positions`` positions: ``ceil(ceil(R / world) / batch_size)``
+    (the sample plan's count without ``drop_last``)."""
+    return batches_per_rank(positions, world=world, batch_size=batch_size, drop_last=False)
 
 
 def _rank_rest(total: int, world: int, batches: int, batch_size: int) -> list[tuple[int, int]]:
     """The positions a part left after ``batches`` batches of every rank, as ``[a, b)`` runs in order."""
-    per = -(-total // world)
+    per = samples_per_rank(total, world=world, drop_last=False)
     done = min(batches * batch_size, per)
     runs = []
     for r in range(world):
@@ -187,7 +188,7 @@ class Runs:
 def batch_positions(runs: Runs, *, rank: int, world: int, batch: int, batch_size: int) -> np.ndarray:
     """The epoch positions of the rows of batch ``batch`` of rank ``rank`` over ``runs``; -1 for
     a padding row."""
-    per = -(-runs.total // world)
+    per = samples_per_rank(runs.total, world=world, drop_last=False)
     lo = rank * per + batch * batch_size
     rows = np.arange(lo, lo + batch_size, dtype=np.int64)
     real = (rows < (rank + 1) * per) & (rows < runs.total) & (rows >= rank * per)
