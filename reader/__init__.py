@@ -6,7 +6,8 @@ epoch, from one source or weighted ``Stream``s, its rarer options in four small 
 DataLoader with device prefetch and an exact ``state_dict``. ``transforms`` holds the built-in
 augmentations (uint8 CHW output); ``split_keys`` lists a split's sample keys in stored order.
 ``MapDataset`` is the map-style view of a split: ``ds[i]``, ``ds.get(key)`` and batched
-fetches, for any sampler.
+fetches, for any sampler. ``TokenDataset`` packs a token split's documents into fixed-length
+sequences for language-model training.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shardify.reader.sample import transforms
 from shardify.reader.sample.collate import bucket_batches, default_collate, pad_collate
 from shardify.reader.splitkeys import split_keys
 from shardify.reader.streams import Stream
+from shardify.reader.tokens import PackOptions, TokenDataset, TokenLoader, varlen_args
 
 __all__ = [
     "ShardedDataset",
@@ -53,4 +55,8 @@ __all__ = [
     "pad_collate",
     "bucket_batches",
     "split_keys",
+    "TokenDataset",
+    "TokenLoader",
+    "PackOptions",
+    "varlen_args",
 ]

@@ -424,3 +424,24 @@ def test_a_tampered_index_or_an_escaping_one_on_s3_is_refused_before_a_sample_is
     with pytest.raises(LocationError, match="refuses to read"):
         ShardedDataset(url, batch_size=3)
     assert any("refuses to read" in p.message for p in verify_dataset(url).problems)
+
+
+def _ids(text: str) -> list[int]:
+    return [int(w) for w in text.split()]
+
+
+@pytest.mark.parametrize("chunk", [4, None], ids=["chunked", "per-sample"])
+def test_packed_tokens_from_s3_equal_local_by_ranges(bucket: str, tmp_path: Path, chunk: int | None) -> None:
+    from shardify.convert import convert_tokens
+    from shardify.reader import TokenDataset
+
+    texts = [" ".join(str(2 + (i * 7 + j) % 900) for j in range(i % 17 + 1)) for i in range(60)]
+    kw = {"tokenizer": _ids, "vocab_size": 1000, "eos": 1, "chunk": chunk, "samples_per_shard": 20}
+    kw |= {"workers": 1, "progress": False, "fsync": False}
+    convert_tokens(texts, tmp_path / "local", **kw)
+    convert_tokens(texts, f"s3://{bucket}/tok", **kw)
+
+    def epoch(spec: str) -> list[list[list[int]]]:
+        return [b["input_ids"].tolist() for b in TokenDataset(spec, seq_len=16, batch_size=4, seed=3)]
+
+    assert epoch(f"s3://{bucket}/tok") == epoch(str(tmp_path / "local"))

@@ -163,6 +163,7 @@ def from_index(
             chunk=index.chunk,
             samples=e.samples,
             sidecar=e.sidecar,
+            tokens=e.tokens,
         )
         for e in index.shards
     )
@@ -177,4 +178,5 @@ def from_index(
         version=index.version,
         dataset=dataset,
         sidecar_root=index.sidecar_root,
+        tokens=index.tokens,
     )

@@ -50,6 +50,9 @@ class ShardInfo:
     sidecar: SidecarRef | SidecarProof | None = None
     """How the shard's table sidecar ``<url>.idx`` (:mod:`shardify.sidecar`) is checked: the size
     and SHA-256 a JSON index records, or its place in a compact index's hash tree; None: no sidecar."""
+    tokens: bytes = b""
+    """A token split's document lengths in tokens (the index's ``tokens``, little-endian uint32
+    in sample order); empty: not a token split."""
 
 
 class LazySequence(Sequence[T]):

@@ -31,6 +31,7 @@ from shardify.reader.io.shardlist import (
 )
 from shardify.reader.io.shardopen import is_gzip, open_tar
 from shardify.remote import ShardFetchError, fetch_bytes, is_remote
+from shardify.splitindex import TokenInfo
 
 __all__ = ["Source", "ShardColumns", "shard_columns", "fetch_file", "fetch_json"]
 
@@ -73,6 +74,9 @@ class Source:
     sidecar_root: str | None = None
     """The split's sidecar tree root (hex), which stands for every shard's size and SHA-256 in
     the data identity of a resume state; None: a split without version-2 sidecars."""
+    tokens: TokenInfo | None = None
+    """A token split's record (``shardify convert tokens``); its shards carry their documents'
+    lengths (:attr:`ShardInfo.tokens`). None: not a token split."""
 
     @property
     def num_samples(self) -> int:

@@ -1,0 +1,371 @@
+"""Tokens out of a token split's shards: any range of its stream, read by byte ranges and checked.
+
+A token split (``shardify convert tokens``) stores document ``d`` as sample ``d`` with one field,
+a 1-D ``.npy`` whose header is always 128 bytes. The stream is its documents end to end;
+:meth:`TokenShards.read` gives the tokens of positions ``[p, q)`` and where documents begin
+in them. Each shard's document lengths (the index's ``tokens``) are turned into offsets only
+when the shard is first read (the most recently used kept), so a plan needs only the totals.
+
+- **Per-sample layout** (``chunk=None``): the documents' tar bytes come through
+  :class:`~shardify.reader.io.samplebytes.SampleBytes` (``os.pread`` locally, ranged requests
+  remotely, neighbours coalesced), each whole document checked against the index's CRC-32 (a
+  file) or SHA-256 prefix (a server): a document that does not match raises
+  :class:`~shardify.errors.SampleChecksumError` naming the shard and key.
+- **Chunked layout** (the default): where each chunk's token member lies is found once, from
+  the index's offset of every 32nd chunk, by reading the tar headers from there; the bytes of
+  a member's table (or a stacked array's header) must be exactly what the index's lengths
+  make, else :class:`~shardify.errors.ShardFormatError` names the shard and the chunk's key.
+  Then a range costs one read per chunk it touches, of just its tokens and the 128-byte
+  headers between its documents, each of which must be that document's header by the index
+  (a document whose start is read has its header checked). The format keeps no per-document
+  checksum in a chunked split: bytes changed in place inside a document's tokens go unseen,
+  unless ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming
+  reader, each shard's SHA-256 is checked against the index before its first read in a process
+  (a local file hashed whole; a remote one fetched whole, checked on arrival, then read by
+  ranges as usual).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from shardify.chunk import VAR_MAGIC
+from shardify.errors import ShardFormatError
+from shardify.jsonfiles import file_sha256
+from shardify.npy import npy_header
+from shardify.reader.io.compact import CompactShards
+from shardify.reader.io.samplebytes import SampleBytes
+from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
+from shardify.reader.io.source import Source
+from shardify.remote import ShardFetchError, fetch_range, is_remote
+from shardify.tarfmt import BLOCK, OFFSET_STRIDE, padded_size
+from shardify.tarheader import header_fields
+
+__all__ = ["TokenShards", "NPY_HEADER"]
+
+NPY_HEADER = 128
+"""Bytes of a token document's ``.npy`` header (a 1-D array's is always 128)."""
+_VAR_HEAD = struct.Struct("<8sQQ")
+_MAX_SHARDS = 256
+"""Shards whose document offsets are kept per process (the most recently used)."""
+_MAX_CHUNKS = 1 << 14
+"""Chunk locations kept per process."""
+_MAX_OPEN = 128
+
+_Chunk = tuple[int, str, list[int], list[int], bool]
+"""A chunk's token member: where its data begins, the chunk's key, where each document's first
+token lies from there, each document's length, and whether documents have their own header (a
+variable member)."""
+
+
+class TokenShards:
+    """The token stream of ``source``, a token split (see the module). Picklable: what a process
+    opens (descriptors, offsets) is left behind and made again where it is next used."""
+
+    def __init__(self, source: Source, *, verify: bool = False) -> None:
+        info = source.tokens
+        where = f"{source.name} split {source.split!r}"
+        if info is None:
+            raise ValueError(
+                f"{where} is not a token split (its index has no 'tokens'): convert it with convert_tokens"
+            )
+        if isinstance(source.shards, CompactShards):
+            raise ValueError(f"{where}: a compact index keeps no document lengths; read its JSON index")
+        gz = [s.url for s in source.shards if is_gzip(s.url)]
+        if gz:
+            raise ValueError(f"{where}: gzip shards cannot be read by ranges ({gz[0]})")
+        self.source = source
+        self.verify = verify
+        self.field = info.field
+        self.dtype = np.dtype(info.dtype).newbyteorder("<")
+        self.descr = repr(self.dtype.str)
+        self.chunk = source.shards[0].chunk if len(source.shards) else None
+        self.totals = np.array([_lengths(s.tokens).sum(dtype=np.int64) for s in source.shards], dtype=np.int64)
+        self.starts = np.concatenate(([0], np.cumsum(self.totals))).astype(np.int64)
+        self.total = int(self.starts[-1])
+        self.remote = any(is_remote(u) for u in source.urls)
+        """Whether a shard is read from a server (rows are then worth reading concurrently)."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self.urls = self.source.urls
+        self._pid = os.getpid()
+        self._docs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        self._walk: dict[tuple[int, int], int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._headers: dict[int, bytes] = {}
+        self._verified: set[int] = set()
+        self._samples = SampleBytes(self.source) if self.chunk is None else None
+        self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("source", "verify", "field", "dtype", "descr", "chunk", "totals", "starts", "total", "remote")
+        return {name: self.__dict__[name] for name in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def close(self) -> None:
+        """Close this process's files (opened again when next used)."""
+        if os.getpid() == self._pid:
+            for fd in self._fds.values():
+                os.close(fd)
+            if self._samples is not None:
+                self._samples.close()
+        self._reset()
+
+    def ready(self) -> None:
+        """Make this process's own caches after a fork (the parent's files and threads are not
+        ours); call it before reading from several threads."""
+        if os.getpid() != self._pid:
+            self._reset()
+
+    # -- the stream ----------------------------------------------------------------------------
+    def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int], base: int = 0) -> None:
+        """Tokens of stream positions ``[p, q)`` into ``out[:q - p]``; appends to ``doc_starts``
+        ``base + i`` for each ``i`` where a document begins."""
+        self.ready()
+        if not 0 <= p <= q <= self.total:
+            raise ValueError(f"positions {p}..{q} should lie in the stream's 0..{self.total}")
+        shard = int(np.searchsorted(self.starts, p, side="right")) - 1
+        at = 0
+        while p < q:
+            lo, hi = int(self.starts[shard]), int(self.starts[shard + 1])
+            a, b = p - lo, min(q, hi) - lo
+            if b > a:
+                self._read_shard(shard, a, b, out[at : at + b - a], doc_starts, base + at)
+                at += b - a
+            p = lo + b
+            shard += 1
+
+    def doc_offsets(self, shard: int) -> np.ndarray:
+        """Where each document of ``shard`` begins in its tokens (int64, one more: the total)."""
+        with self._lock:
+            return self._doc_offsets(shard)
+
+    def _doc_offsets(self, shard: int) -> np.ndarray:
+        got = self._docs.get(shard)
+        if got is not None:
+            self._docs.move_to_end(shard)
+            return got
+        got = np.zeros(self.source.shards[shard].nsamples + 1, dtype=np.int64)
+        np.cumsum(_lengths(self.source.shards[shard].tokens), out=got[1:])
+        self._docs[shard] = got
+        if len(self._docs) > _MAX_SHARDS:
+            self._docs.popitem(last=False)
+        return got
+
+    def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int], base: int) -> None:
+        if self.verify and shard not in self._verified:
+            with self._lock:
+                self._check_shard(shard)
+        cum = self.doc_offsets(shard)
+        d0 = int(cum.searchsorted(a, side="right")) - 1
+        d1 = int(cum.searchsorted(b - 1, side="right")) - 1
+        ends = cum[d0 : d1 + 2].tolist()  # the documents' first tokens, and the last one's end (as ints)
+        doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
+        if self.chunk is None:
+            self._read_samples(shard, d0, d1, a, b, cum, out)
+            return
+        n = self.chunk
+        for c in range(d0 // n, d1 // n + 1):
+            j0, j1 = max(d0, c * n), min(d1, c * n + n - 1)
+            first = ends[j0 - d0]
+            t0 = max(a, first) - first
+            t1 = min(b, ends[j1 - d0 + 1]) - ends[j1 - d0]
+            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, cum, out[max(0, first - a) :])
+
+    # -- per-sample layout ---------------------------------------------------------------------
+    def _read_samples(self, shard: int, d0: int, d1: int, a: int, b: int, cum: np.ndarray, out: np.ndarray) -> None:
+        assert self._samples is not None  # noqa: S101 - set for the per-sample layout
+        with self._lock:  # (SampleBytes keeps its tables and files for one thread)
+            got = self._samples.read([(shard, d) for d in range(d0, d1 + 1)])
+        it = self.dtype.itemsize
+        for d, data in zip(range(d0, d1 + 1), got):
+            if isinstance(data, Exception):
+                raise data
+            n = int(cum[d + 1] - cum[d])
+            name, size, _, _ = header_fields(data[:BLOCK])
+            key = name.decode("utf-8", "replace").partition(".")[0]
+            if not name.endswith(f".{self.field}".encode()) or size != NPY_HEADER + n * it:
+                raise ShardFormatError(
+                    f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
+                    shard=self.urls[shard],
+                    key=key,
+                )
+            self._check_header(data[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
+            t0, t1 = max(a, int(cum[d])) - int(cum[d]), min(b, int(cum[d + 1])) - int(cum[d])
+            tokens = np.frombuffer(data, dtype=self.dtype, count=t1 - t0, offset=BLOCK + NPY_HEADER + t0 * it)
+            at = int(cum[d]) + t0 - a
+            out[at : at + t1 - t0] = tokens
+
+    # -- chunked layout ------------------------------------------------------------------------
+    def _read_chunk(
+        self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, cum: np.ndarray, out: np.ndarray
+    ) -> None:
+        """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into ``out``."""
+        data_at, key, firsts, lengths, headers = self._chunk(shard, c, cum)
+        it = self.dtype.itemsize
+        lo = firsts[j0] + t0 * it - (NPY_HEADER if headers and t0 == 0 else 0)
+        hi = firsts[j1] + t1 * it
+        raw = self._pread(shard, data_at + lo, data_at + hi, key)
+        at = 0
+        for j in range(j0, j1 + 1):
+            start = t0 if j == j0 else 0
+            n = lengths[j]
+            stop = t1 if j == j1 else n
+            pos = firsts[j] + start * it - lo
+            if headers and start == 0:
+                self._check_header(raw[pos - NPY_HEADER : pos], n, shard, key)
+            out[at : at + stop - start] = np.frombuffer(raw, dtype=self.dtype, count=stop - start, offset=pos)
+            at += stop - start
+
+    def _chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
+        """Chunk ``c`` of ``shard``'s token member, found by walking the tar headers from the
+        nearest chunk whose offset is known, and checked against the index's lengths."""
+        with self._lock:
+            return self._find_chunk(shard, c, cum)
+
+    def _find_chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
+        got = self._chunks.get((shard, c))
+        if got is not None:
+            self._chunks.move_to_end((shard, c))
+            return got
+        offsets = self.source.shards[shard].offsets
+        k = c - c % OFFSET_STRIDE if offsets else 0
+        start = offsets[k // OFFSET_STRIDE] if offsets else 0
+        while k < c:  # chunks whose start the index does not give: walk from the nearest one
+            known = self._walk.get((shard, k + 1))
+            if known is None:
+                found = self._chunks[(shard, k)] = self._locate(shard, k, start, cum)
+                known = found[0] + padded_size(self._member_size(self._lengths_of(shard, k, cum)))
+                self._walk[(shard, k + 1)] = known
+            k, start = k + 1, known
+        got = self._locate(shard, c, start, cum)
+        self._chunks[(shard, c)] = got
+        if len(self._chunks) > _MAX_CHUNKS:
+            self._chunks.popitem(last=False)
+            self._walk.clear()
+        return got
+
+    def _lengths_of(self, shard: int, c: int, cum: np.ndarray) -> np.ndarray:
+        n = self.chunk or 1
+        return np.diff(cum[c * n : min(c * n + n, len(cum) - 1) + 1])
+
+    def _member_size(self, lengths: np.ndarray) -> int:
+        """Bytes of a chunk's token member for documents of ``lengths``."""
+        headers = 0 if self._stacked(lengths) else NPY_HEADER * len(lengths)
+        return len(self._expected_head(lengths)) + headers + int(lengths.sum()) * int(self.dtype.itemsize)
+
+    @staticmethod
+    def _stacked(lengths: np.ndarray) -> bool:
+        return bool((lengths == lengths[0]).all())
+
+    def _expected_head(self, lengths: np.ndarray) -> bytes:
+        """The bytes before the first document's data that the writer makes for ``lengths``:
+        a stacked array's header, or a variable member's table (each document's header follows
+        in the data, counted there)."""
+        if self._stacked(lengths):
+            return npy_header(self.descr, (len(lengths), int(lengths[0])))
+        ends = np.zeros(len(lengths) + 1, dtype="<u8")
+        np.cumsum(lengths * self.dtype.itemsize + NPY_HEADER, out=ends[1:])
+        return _VAR_HEAD.pack(VAR_MAGIC, len(lengths), 0) + ends.tobytes()
+
+    def _locate(self, shard: int, c: int, start: int, cum: np.ndarray) -> _Chunk:
+        url = self.urls[shard]
+        head = self._pread(shard, start, start + BLOCK, None)
+        name, size, _, _ = header_fields(head)
+        key = name.decode("utf-8", "replace").rpartition(".chunk-keys")[0] or None
+        if not name.endswith(b".chunk-keys"):
+            raise ShardFormatError(f"chunk {c}: found member {name!r} at byte {start}, not a chunk's keys", shard=url)
+        lengths = self._lengths_of(shard, c, cum)
+        expected = self._expected_head(lengths)
+        stacked = self._stacked(lengths)
+        member = start + BLOCK + padded_size(size)
+        got = self._pread(shard, member, member + BLOCK + len(expected), key)
+        tname, tsize, _, _ = header_fields(got[:BLOCK])
+        want = self._member_size(lengths)
+        if tname != f"{key}.{self.field}".encode() or tsize != want or got[BLOCK:] != expected:
+            raise ShardFormatError(
+                f"damaged chunk: member {tname!r} of {tsize} bytes does not hold the {len(lengths)} documents of "
+                f"{int(lengths.sum())} tokens the index records ({self.field!r} of {want} bytes)",
+                shard=url,
+                key=key,
+            )
+        it = self.dtype.itemsize
+        tokens_before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        if stacked:
+            firsts = len(expected) + tokens_before * it
+        else:
+            firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
+        return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
+
+    def _check_shard(self, shard: int) -> None:
+        """``shard``'s SHA-256 against the index's (once per process); ShardFormatError naming it."""
+        if shard in self._verified:
+            return
+        info, url = self.source.shards[shard], self.urls[shard]
+        if not info.sha256:
+            raise ShardFormatError("verify=True needs the shard's sha256 from the split index: none", shard=url)
+        try:
+            if is_remote(url):  # fetched whole into the cache, checked against the sha256 on arrival
+                open_shard(url, fetch=self.source.fetch, filesize=info.filesize, sha256=info.sha256).close()
+                found = info.sha256
+            else:
+                with open(local_path(url), "rb") as f:
+                    found = file_sha256(f)
+        except (OSError, ShardFetchError) as e:
+            raise ShardFormatError(f"cannot check the shard's sha256: {e}", shard=url) from e
+        if found != info.sha256:
+            raise ShardFormatError(
+                f"sha256 {found} does not match the index's {info.sha256} (corrupt or replaced; "
+                "`shardify verify` checks every shard)",
+                shard=url,
+            )
+        self._verified.add(shard)
+
+    def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
+        want = self._headers.get(n)
+        if want is None:
+            want = self._headers[n] = npy_header(self.descr, (n,))
+        if bytes(head) != want:
+            raise ShardFormatError(
+                f"a document's .npy header is not that of {n} tokens of {self.dtype} (as the index records)",
+                shard=self.urls[shard],
+                key=key,
+            )
+
+    # -- bytes ---------------------------------------------------------------------------------
+    def _pread(self, shard: int, a: int, b: int, key: str | None) -> bytes:
+        url = self.urls[shard]
+        if is_remote(url):
+            fetch = self.source.fetch
+            try:
+                data = fetch_range(url, a, b, retry=fetch.retry, storage_options=fetch.storage_options)
+            except ShardFetchError as e:
+                raise ShardFormatError(f"cannot fetch bytes {a}-{b - 1}: {e.reason}", shard=url, key=key) from e
+        else:
+            try:
+                fd = self._fds.get(shard)  # (local rows are read by one thread)
+                if fd is None:
+                    fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    if len(self._fds) > _MAX_OPEN:
+                        os.close(self._fds.popitem(last=False)[1])
+                data = os.pread(fd, b - a, a)
+            except OSError as e:
+                raise ShardFormatError(f"cannot read bytes {a}-{b - 1}: {e}", shard=url, key=key) from e
+        if len(data) != b - a:
+            raise ShardFormatError(f"truncated: bytes {a}-{b - 1} hold only {len(data)}", shard=url, key=key)
+        return data
+
+
+def _lengths(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<u4").astype(np.int64)
