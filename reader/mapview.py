@@ -30,6 +30,8 @@ from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_inde
 from shardify.reader.io.samplebytes import Got, SampleBytes
 from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
+from shardify.reader.io.tarbatch import parse_batch
+from shardify.reader.mapbatch import BatchList, FieldBatch, collate, fast_outputs, sample_dict
 from shardify.reader.options import CacheOptions, DecodeOptions
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.fields import output_fields
@@ -83,7 +85,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             self.fields = tuple(columns)
         self.seed, self.epoch = seed, 0
         self._transform, self._map = transform, map
-        self._bytes = SampleBytes(src, threads=c.requests)  # a batch's requests at once, up to `requests`
+        self._bytes = SampleBytes(src, threads=c.requests, whole=not c.ranged)  # a batch's requests at once
         self._starts = np.zeros(len(src.sizes) + 1, dtype=np.int64)
         np.cumsum(src.sizes, out=self._starts[1:])
         self._key_path = os.fspath(key_index) if key_index is not None else None
@@ -130,32 +132,66 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
         return shard, i - int(self._starts[shard])
 
-    def _locate_many(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        """:meth:`locate` of each of ``indices``, at one NumPy search for them all."""
-        i = np.asarray(indices, dtype=np.int64)
+    def _locate_many(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(shards, positions)`` of each of ``indices`` (:meth:`locate`'s, at one NumPy search)."""
+        i = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         i = np.where(i < 0, i + n, i)
         bad = (i < 0) | (i >= n)
         if bad.any():
-            self.locate(int(np.asarray(indices)[bad][0]))  # raises, naming it
+            self.locate(int(np.asarray(indices).reshape(-1)[bad][0]))  # raises, naming it
         shards = np.searchsorted(self._starts, i, side="right") - 1
-        return list(zip(shards.tolist(), (i - self._starts[shards]).tolist()))
+        return shards, i - self._starts[shards]
 
     def __getitem__(self, index: int) -> Any:
-        return self._one(self.locate(int(index)))
+        shard, pos = self.locate(int(index))
+        return self._batch(np.array([shard]), np.array([pos]), strict=True)[0]
+
+    collate = staticmethod(collate)
+    """``DataLoader(ds, collate_fn=ds.collate)``: ``default_collate``'s batch, made in one step
+    for a batch of fields decoded together (:mod:`~shardify.reader.mapbatch`)."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples at ``indices``, read together (grouped by shard, neighbours coalesced,
-        remote ranges fetched concurrently); damaged ones left out under ``on_error="skip"``."""
-        where = self._locate_many(indices)
-        out = []
-        for w, got in zip(where, self._bytes.read(where)):
-            item = self._decode(w, got)
-            if isinstance(item, Bad):
-                self.skipped += 1
-                continue
-            out.append(item)
-        return out
+        """The samples at ``indices``, read together (grouped by shard, remote neighbours
+        coalesced and fetched concurrently) and decoded as a batch where the fields allow
+        (:mod:`~shardify.reader.mapbatch`); damaged ones left out under ``on_error="skip"``."""
+        out = self._batch(*self._locate_many(indices), strict=False)
+        if isinstance(out, BatchList):
+            return out
+        kept = [item for item in out if not isinstance(item, Bad)]
+        self.skipped += len(out) - len(kept)
+        return kept
+
+    def _batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        """The outputs (or :class:`Bad`) of the samples ``(shards[j], positions[j])``."""
+        got = self._bytes.gather(shards, positions)
+        n = len(shards)
+        urls = self._bytes.urls
+        parsed = None
+        if not got.bad:
+            parsed = parse_batch(got.data, got.at[:-1], got.at[1:], max_member=self.decoding.max_member_bytes)
+        if parsed is None:  # one by one, with each sample's own errors
+            view = got.data.data
+            return [
+                self._decode(
+                    (int(s), int(p)),
+                    got.bad.get(j) or bytes(view[got.at[j] : got.at[j + 1]]),
+                    strict=strict,
+                )
+                for j, (s, p) in enumerate(zip(shards.tolist(), positions.tolist()))
+            ]
+        data = got.data
+        batch = FieldBatch(
+            lambda: parsed.keys(data), [urls[s] for s in shards.tolist()], got.offsets.tolist(), dict(parsed.fields)
+        )
+        return self._outputs(batch, n, strict=strict)
+
+    def _outputs(self, batch: FieldBatch, n: int, *, strict: bool) -> list[Any]:
+        if self._map is None and self._transform is None:
+            fast = fast_outputs(batch, self.fields, n)
+            if fast is not None:
+                return fast
+        return [self._processed(sample_dict(batch, j), strict=strict) for j in range(n)]
 
     def get(self, key: str) -> Any:
         """The sample whose key is ``key``; KeyError naming the split when there is none."""
@@ -165,7 +201,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             where = self.locate(i)
             data = self._read(where)
             if sample_key(data) == key:  # (the first header's name: a hash may be shared)
-                return self._one(where, data)
+                return self._decode(where, data, strict=True)
         raise KeyError(f"no sample with key {key!r} in {self.source.name} split {self.source.split!r}")
 
     def _load_keys(self) -> KeyIndex:
@@ -183,9 +219,6 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         if isinstance(got, Exception):
             raise got
         return got
-
-    def _one(self, where: tuple[int, int], data: bytes | None = None) -> Any:
-        return self._decode(where, data if data is not None else self._read(where), strict=True)
 
     def _decode(self, where: tuple[int, int], got: Got, *, strict: bool = False) -> Any:
         shard, pos = where
@@ -207,7 +240,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             if skip:
                 return Bad(url, e.key, str(e), lost=True)
             raise
+        return self._processed(sample, strict=strict)
+
+    def _processed(self, sample: dict[str, object], *, strict: bool) -> Any:
         out = self._processor(sample)
         if isinstance(out, Bad) and strict:
-            raise SampleError(out.reason, shard=url, key=out.key)
+            raise SampleError(out.reason, shard=out.shard, key=out.key)
         return out

@@ -77,8 +77,9 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
     root = corpus.arrays_dataset(work / f"map-{samples}", samples, classes=10)
     corpus.warm(root)
     kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    mapped = MapDataset(root, fields=("npy", "cls"))
     sets: dict[str, tuple[Any, Callable[..., Any] | None]] = {
-        "shardify MapDataset": (MapDataset(root, fields=("npy", "cls")), None),
+        "shardify MapDataset": (mapped, mapped.collate),
         "wids ShardListDataset": (wids.ShardListDataset(str(root / "train.json"), transformations=[]), _wids_collate),
     }
     try:

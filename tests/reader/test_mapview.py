@@ -209,9 +209,9 @@ def test_over_http_a_damaged_sample_names_shard_and_key_and_failed_requests_are_
 
 
 def test_local_files_kept_open_are_bounded(root: Path, stored: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardify.reader.io import samplebytes
+    from shardify.reader.io import mapfiles
 
-    monkeypatch.setattr(samplebytes, "MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(mapfiles, "MAX_OPEN_FILES", 2)
     ds = MapDataset(root, fields=FIELDS)
     assert [tuple(ds[i]) for i in range(N)] == stored and [tuple(ds[i]) for i in range(N)] == stored
-    assert len(ds._bytes._fds) == 2
+    assert len(ds._bytes._files.files) == 2
