@@ -1,8 +1,8 @@
 """A batch of :class:`~shardify.reader.mapview.MapDataset` samples decoded field by field.
 
-Both layouts give a batch as columns (:class:`FieldBatch`): a per-sample shard's fields as
-:class:`~shardify.reader.io.tarbatch.Spans` of the batch buffer, a chunked shard's stacked
-fields as rows already gathered (:class:`Rows`). Without ``transform=`` and ``map=``, and when
+Both layouts give a batch as columns (:class:`FieldBatch`, :mod:`~shardify.reader.io.columns`):
+a per-sample shard's fields as ``Spans`` of the batch buffer, a chunked shard's stacked fields
+as ``Rows`` already gathered. Without ``transform=`` and ``map=``, and when
 every output field is ``__key__``, a ``.npy`` field whose samples share one header (dtype and
 shape: the whole batch is one array, no per-sample header parsing) or a ``cls`` label,
 :func:`fast_outputs` makes the batch's outputs at a few array operations per field: the same
@@ -28,23 +28,12 @@ from torch.utils.data import default_collate
 
 from shardify.errors import ArrayFormatError
 from shardify.npy import npy_layout
-from shardify.reader.io.tarbatch import Spans
+from shardify.reader.io.columns import Column, Rows, Spans
 
-__all__ = ["Rows", "FieldBatch", "BatchList", "fast_outputs", "sample_dict", "collate"]
+__all__ = ["FieldBatch", "BatchList", "fast_outputs", "sample_dict", "collate"]
 
 _HEAD_MAX = 4096
 """Bytes of a ``.npy`` member read for its header (a longer header: the per-sample path)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rows:
-    """A field every sample of the batch has, as one array: sample ``j`` is ``array[j]``."""
-
-    array: np.ndarray
-
-    def value(self, j: int) -> np.ndarray:
-        row: np.ndarray = self.array[j]
-        return row
 
 
 @dataclass
@@ -55,7 +44,7 @@ class FieldBatch:
     make_keys: Callable[[], list[str]]
     urls: list[str]
     offsets: list[int]
-    fields: dict[str, Spans | Rows]
+    fields: dict[str, Column]
     _keys: list[str] | None = field(default=None, repr=False)
 
     def keys(self) -> list[str]:
@@ -133,11 +122,11 @@ def _native(array: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(array)
 
 
-def _npy_batch(column: Spans | Rows, n: int) -> np.ndarray | None:
+def _npy_batch(column: Column, n: int) -> np.ndarray | None:
     """The ``.npy`` field of every sample as one new ``[n, *shape]`` array, when they share one header."""
     if isinstance(column, Rows):
         return _native(column.array)
-    if column.present is not None or not n:
+    if not isinstance(column, Spans) or column.present is not None or not n:
         return None
     data, at, size = column.data, column.at, column.size
     first = int(at[0])

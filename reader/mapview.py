@@ -25,17 +25,19 @@ import numpy as np
 import torch
 
 from shardify.errors import SampleError, ShardFormatError
+from shardify.reader.io.chunkbytes import ChunkBytes
 from shardify.reader.io.items import sample_key
 from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_index
 from shardify.reader.io.samplebytes import Got, SampleBytes
 from shardify.reader.io.sampleparse import parse_sample
+from shardify.reader.io.source import shard_columns
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.tarbatch import parse_batch
 from shardify.reader.mapbatch import BatchList, FieldBatch, collate, fast_outputs, sample_dict
 from shardify.reader.options import CacheOptions, DecodeOptions
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.fields import output_fields
-from shardify.reader.sample.processor import SampleProcessor
+from shardify.reader.sample.processor import SampleProcessor, selected_fields
 
 __all__ = ["MapDataset"]
 
@@ -86,6 +88,15 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.seed, self.epoch = seed, 0
         self._transform, self._map = transform, map
         self._bytes = SampleBytes(src, threads=c.requests, whole=not c.ranged)  # a batch's requests at once
+        chunks = shard_columns(src).chunks or ()
+        per = np.fromiter((n or 0 for n in chunks), np.int64, len(chunks)) if chunks else np.zeros(0, np.int64)
+        self._chunked = per if per.any() else None  # samples per chunk of each shard (0: per-sample layout)
+        self._chunk_bytes: ChunkBytes | None = None
+        if self._chunked is not None:
+            read = None if map is not None else selected_fields(tuple(f for f in self.fields if f != "__key__"))
+            self._chunk_bytes = ChunkBytes(
+                src, chunks=per.tolist(), fields=read, max_member=self.decoding.max_member_bytes
+            )
         self._starts = np.zeros(len(src.sizes) + 1, dtype=np.int64)
         np.cumsum(src.sizes, out=self._starts[1:])
         self._key_path = os.fspath(key_index) if key_index is not None else None
@@ -164,6 +175,40 @@ class MapDataset(torch.utils.data.Dataset[Any]):
 
     def _batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
         """The outputs (or :class:`Bad`) of the samples ``(shards[j], positions[j])``."""
+        if self._chunked is None:
+            return self._tar_batch(shards, positions, strict=strict)
+        chunked = self._chunked[shards] > 0
+        if chunked.all():
+            return self._chunk_batch(shards, positions, strict=strict)
+        if not chunked.any():
+            return self._tar_batch(shards, positions, strict=strict)
+        out: list[Any] = [None] * len(shards)  # a source mixing both layouts: each part as its own batch
+        for part, read in ((chunked, self._chunk_batch), (~chunked, self._tar_batch)):
+            for j, item in zip(np.flatnonzero(part).tolist(), read(shards[part], positions[part], strict=strict)):
+                out[j] = item
+        return out
+
+    def _chunk_batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        assert self._chunk_bytes is not None  # (made whenever a shard is chunked)
+        got = self._chunk_bytes.gather(shards, positions, self._bytes.submit)
+        urls = self._bytes.urls
+        batch = FieldBatch(lambda: got.keys, [urls[s] for s in shards.tolist()], got.offsets, got.fields)
+        if not got.bad:
+            return self._outputs(batch, len(shards), strict=strict)
+        skip = self.decoding.on_error == "skip" and not strict
+        out = []
+        for j in range(len(shards)):
+            e = got.bad.get(j)
+            if e is not None and not skip:
+                raise e
+            out.append(
+                Bad(batch.urls[j], None, str(e), lost=True)
+                if e
+                else self._processed(sample_dict(batch, j), strict=strict)
+            )
+        return out
+
+    def _tar_batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
         got = self._bytes.gather(shards, positions)
         n = len(shards)
         urls = self._bytes.urls
@@ -198,17 +243,21 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         if self._keys is None:
             self._keys = self._load_keys()
         for i in self._keys.candidates(key):
-            where = self.locate(i)
-            data = self._read(where)
+            shard, pos = self.locate(i)
+            if self._chunk_bytes is not None and self._chunked is not None and self._chunked[shard]:
+                if self._chunk_bytes.key(shard, pos) == key:
+                    return self._batch(np.array([shard]), np.array([pos]), strict=True)[0]
+                continue
+            data = self._read((shard, pos))
             if sample_key(data) == key:  # (the first header's name: a hash may be shared)
-                return self._decode(where, data, strict=True)
+                return self._decode((shard, pos), data, strict=True)
         raise KeyError(f"no sample with key {key!r} in {self.source.name} split {self.source.split!r}")
 
     def _load_keys(self) -> KeyIndex:
         path = self._key_path
         if path is not None and os.path.exists(path):
             return load_key_index(path, nsamples=len(self))
-        index = build_key_index(split_key_list(self._bytes))
+        index = build_key_index(split_key_list(self._bytes, self._chunk_bytes))
         if path is not None:
             write_key_index(index, path)
             return load_key_index(path, nsamples=len(self))

@@ -19,14 +19,24 @@ from typing import BinaryIO
 
 from shardify.errors import ShardFormatError
 from shardify.reader.io.cache import open_remote
-from shardify.reader.io.shardopen import local_path
+from shardify.reader.io.shardopen import is_gzip, local_path
 from shardify.reader.io.source import Source
 from shardify.remote import ShardFetchError, is_remote
 
-__all__ = ["MAX_OPEN_FILES", "OpenShards"]
+__all__ = ["MAX_OPEN_FILES", "OpenShards", "gzip_refused"]
 
 MAX_OPEN_FILES = 128
 """Shard files kept open per process (the most recently used; others closed)."""
+
+
+def gzip_refused(url: str) -> ShardFormatError:
+    """The error for random access to a gzip shard (it cannot seek: no sample's bytes can be
+    read without inflating everything before them)."""
+    return ShardFormatError(
+        "is gzip-compressed: random access needs an uncompressed tar (convert without compression), "
+        "or read it with ShardedDataset",
+        shard=url,
+    )
 
 
 class OpenShards:
@@ -61,6 +71,8 @@ class OpenShards:
 
     def _open(self, shard: int) -> BinaryIO:
         url = self.urls[shard]
+        if is_gzip(url):
+            raise gzip_refused(url)
         try:
             if is_remote(url):
                 info = self.source.full(shard)

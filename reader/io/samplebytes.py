@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,9 @@ import numpy as np
 from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import changed_sample, sample_key
-from shardify.reader.io.mapfiles import OpenShards
+from shardify.reader.io.mapfiles import OpenShards, gzip_refused
 from shardify.reader.io.shardfile import Table
+from shardify.reader.io.shardopen import is_gzip
 from shardify.reader.io.source import Source
 from shardify.reader.io.tablesetup import sample_tables
 from shardify.remote import ShardFetchError, fetch_range, is_remote
@@ -117,9 +119,11 @@ class SampleBytes:
             self._tables = sample_tables([self.source]) or ()
         table = self._tables[shard] if shard < len(self._tables) else b""
         raw = table() if callable(table) else table
+        if is_gzip(self.urls[shard]):
+            raise gzip_refused(self.urls[shard])
         if not raw:
             raise ShardFormatError(
-                "has no per-sample table (a chunked or gzip shard, or shards listed without a split index): "
+                "has no per-sample table (shards listed without a split index, or written by an older shardify): "
                 "random access needs one; convert with this shardify, or read it with ShardedDataset",
                 shard=self.urls[shard],
             )
@@ -200,6 +204,10 @@ class SampleBytes:
     def _ranged(self, shard: int) -> bool:
         """Whether shard ``shard`` is read by ranged requests (remote, not fetched whole)."""
         return not self._whole and is_remote(self.urls[shard])
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on this process's fetch threads."""
+        return self._pooled().submit(fn, *args)
 
     def _pooled(self) -> DaemonPool:
         if self._pool is None:

@@ -7,7 +7,7 @@ each member's data padded to the block, the last one ending the sample. When eve
 the batch is that case with the same fields in the same order (as every sample of a split
 converted with one field set is), :func:`parse_batch` finds each member's data offset and size
 for the whole batch with a few array operations per member (no per-sample header parsing) and
-gives one :class:`Spans` column per field. Anything else gives None: the caller parses those
+gives one :class:`~shardify.reader.io.columns.Spans` column per field. Anything else gives None: the caller parses those
 samples one by one (:func:`~shardify.reader.io.sampleparse.parse_sample`), with its errors.
 """
 
@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardify.reader.io.columns import Spans
 from shardify.tarfmt import BLOCK
 
-__all__ = ["Spans", "TarBatch", "parse_batch"]
+__all__ = ["TarBatch", "parse_batch"]
 
 _NAME = np.arange(100)
 _SIZE = np.arange(124, 135)
@@ -27,23 +28,6 @@ _POW8 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 _REGULAR = (ord("0"), 0)
 _MAX_MEMBERS = 64
 """More members than this per sample: parsed one by one."""
-
-
-@dataclass(frozen=True, slots=True)
-class Spans:
-    """A field's bytes in a batch: sample ``j``'s are ``data[at[j]:at[j] + size[j]]``;
-    ``present[j]`` False: sample ``j`` lacks the field (None: every sample has it)."""
-
-    data: np.ndarray
-    at: np.ndarray
-    size: np.ndarray
-    present: np.ndarray | None = None
-
-    def value(self, j: int) -> bytes | None:
-        if self.present is not None and not self.present[j]:
-            return None
-        a = int(self.at[j])
-        return self.data[a : a + int(self.size[j])].tobytes()
 
 
 @dataclass(frozen=True, slots=True)
