@@ -30,7 +30,7 @@ import numpy as np
 from shardify.chunk import KEYS_EXT, MemberLayout, chunk_keys, chunk_samples, head_bytes, member_layout
 from shardify.errors import ShardFormatError
 from shardify.reader.io.columns import Column, Rows, Spans, Values
-from shardify.reader.io.mapfiles import OpenShards
+from shardify.reader.io.mapfiles import MAX_OPEN_FILES, OpenShards
 from shardify.reader.io.source import Source
 from shardify.tario import ShardLayout, scan_layout
 
@@ -39,8 +39,13 @@ __all__ = ["MAX_CHUNK_SAMPLES", "ChunkBatch", "ChunkBytes"]
 MAX_CHUNK_SAMPLES = 1 << 18
 """Chunk layouts kept per process, counted in their samples (keys and offsets: ~100 B each)."""
 
-_Chunk = tuple[list[str], int, dict[str, tuple[int, MemberLayout]]]
-"""A chunk's keys, its byte offset, and per field its member's data offset and layout."""
+_Chunk = tuple[list[str], int, dict[str, tuple[int, MemberLayout]], dict[str, bytes]]
+"""A chunk's keys, its byte offset, per field its member's data offset and layout, and the
+samples' data of its small variable members (labels, short texts), read with the layout."""
+
+SMALL_MEMBER = 64 << 10
+"""A variable member up to this size is read whole with its chunk's layout (one read for all
+its samples' values instead of one each)."""
 
 
 class ChunkBatch:
@@ -67,6 +72,7 @@ class ChunkBytes:
         self._files = OpenShards(self.source, whole_sha256=True)
         self._layouts: OrderedDict[int, ShardLayout] = OrderedDict()
         self._index: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        self._fds: dict[int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: self.__dict__[k] for k in ("source", "chunked", "_wanted", "_max_member")}
@@ -98,17 +104,27 @@ class ChunkBytes:
         found: list[tuple[int, int, _Chunk] | None] = [None] * n
         bad: dict[int, Exception] = {}
         self._files.open_many(shards.tolist(), submit)
-        for j, (s, p) in enumerate(zip(shards.tolist(), positions.tolist())):
-            c, i = divmod(p, self.chunked[s])
-            try:
-                chunk = self._chunk(s, c)
-            except ShardFormatError as e:
-                bad[j] = e
-                continue
-            found[j] = (s, i, chunk)
-            keys[j], offsets[j] = chunk[0][i], chunk[1]
-        names = dict.fromkeys(ext for f in found if f is not None for ext in f[2][2])
-        fields = {ext: self._column(ext, found) for ext in names}
+        # this batch's descriptors, kept for it when it touches few enough shards that none is closed meanwhile
+        self._fds = {} if len(set(shards.tolist())) <= MAX_OPEN_FILES // 2 else None
+        failed: dict[int, ShardFormatError] = {}  # a shard that cannot be opened is tried once a batch
+        try:
+            for j, (s, p) in enumerate(zip(shards.tolist(), positions.tolist())):
+                c, i = divmod(p, self.chunked[s])
+                try:
+                    if s in failed:
+                        raise failed[s]
+                    chunk = self._chunk(s, c)
+                except ShardFormatError as e:
+                    if s not in self._files.files:
+                        failed[s] = e
+                    bad[j] = e
+                    continue
+                found[j] = (s, i, chunk)
+                keys[j], offsets[j] = chunk[0][i], chunk[1]
+            names = dict.fromkeys(ext for f in found if f is not None for ext in f[2][2])
+            fields = {ext: self._column(ext, found) for ext in names}
+        finally:
+            self._fds = None
         return ChunkBatch(keys, offsets, fields, bad)
 
     def _column(self, ext: str, found: list[tuple[int, int, _Chunk] | None]) -> Column:
@@ -124,7 +140,7 @@ class ChunkBytes:
         ):
             return self._rows(found, members, first)
         if all(m is None or m.ends is not None for m in layouts):
-            return self._spans(found, members)
+            return self._spans(ext, found, members)
         return Values([self._value(f, m) if f is not None and m is not None else None for f, m in zip(found, members)])
 
     def _rows(self, found: list[Any], members: list[Any], layout: MemberLayout) -> Rows:
@@ -136,7 +152,7 @@ class ChunkBytes:
         dtype: np.dtype[Any] = layout.dtype  # type: ignore[assignment]  # set for stacked members
         return Rows(out.view(dtype).reshape(len(found), *layout.shape))
 
-    def _spans(self, found: list[Any], members: list[Any]) -> Spans:
+    def _spans(self, ext: str, found: list[Any], members: list[Any]) -> Spans:
         n = len(found)
         size, present = np.zeros(n, np.int64), np.ones(n, bool)
         for j, (f, m) in enumerate(zip(found, members)):
@@ -150,8 +166,12 @@ class ChunkBytes:
         data = np.empty(int(size.sum()), np.uint8)
         view = data.data
         for j in np.flatnonzero(present).tolist():
-            (s, i, _), (start, m) = found[j], members[j]
-            self._pread(s, view[at[j] : at[j] + size[j]], start + m.start + m.ends[i])
+            (s, i, chunk), (start, m) = found[j], members[j]
+            small = chunk[3].get(ext)
+            if small is not None:
+                view[at[j] : at[j] + size[j]] = small[m.ends[i] : m.ends[i + 1]]
+            else:
+                self._pread(s, view[at[j] : at[j] + size[j]], start + m.start + m.ends[i])
         return Spans(data, at, size, None if present.all() else present)
 
     def _value(self, f: tuple[int, int, _Chunk], member: tuple[int, MemberLayout]) -> bytes | np.ndarray | None:
@@ -166,8 +186,13 @@ class ChunkBytes:
         return column.value(i)
 
     def _pread(self, shard: int, into: memoryview, at: int) -> None:
+        fd = self._fds.get(shard) if self._fds is not None else None
+        if fd is None:
+            fd = self._files.fd(shard)
+            if self._fds is not None:
+                self._fds[shard] = fd
         try:
-            got = os.preadv(self._files.fd(shard), [into], at)
+            got = os.preadv(fd, [into], at)
         except OSError as e:
             raise ShardFormatError(f"cannot read bytes {at}-{at + len(into) - 1}: {e}", shard=self.urls[shard]) from e
         if got != len(into):
@@ -203,6 +228,7 @@ class ChunkBytes:
         if KEYS_EXT not in where:
             raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=url, key=key)
         members: dict[str, tuple[int, MemberLayout]] = {}
+        small: dict[str, bytes] = {}
         try:
             keys = chunk_keys(self._read(shard, *where[KEYS_EXT]), n)
             for ext, (at, size) in where.items():
@@ -213,14 +239,17 @@ class ChunkBytes:
                 if more:
                     head = self._read(shard, at, min(size, more))
                 members[ext] = (at, member_layout(head, size, n, f"field {ext!r}"))
+                start = members[ext][1].start
+                if members[ext][1].ends is not None and size <= SMALL_MEMBER:
+                    small[ext] = head[start:] if len(head) == size else self._read(shard, at + start, size - start)
         except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
             raise ShardFormatError(f"damaged chunk: {e}", shard=url, key=key) from e
         if keys[0] != key:
             raise ShardFormatError(f"damaged chunk: its first key is {keys[0]!r}", shard=url, key=key)
-        self._index[(shard, c)] = (keys, offset, members)
+        self._index[(shard, c)] = (keys, offset, members, small)
         while len(self._index) > max(1, MAX_CHUNK_SAMPLES // per):
             self._index.popitem(last=False)
-        return keys, offset, members
+        return keys, offset, members, small
 
     def _read(self, shard: int, at: int, size: int) -> bytes:
         data = bytearray(size)
