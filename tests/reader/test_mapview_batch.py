@@ -1,0 +1,84 @@
+"""MapDataset's batch path: a batch's tar headers parsed at once only when every sample is the
+plain case alike (else None: parsed one by one), and fields decoded per batch exactly as the
+per-sample decoders decode them."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardify.convert import ShardWriter
+from shardify.npy import encode_array
+from shardify.reader import MapDataset
+from shardify.reader.io.tarbatch import parse_batch
+from shardify.reader.mapbatch import BatchList
+
+
+def _tar(samples: list[list[tuple[str, bytes]]], fmt: int = tarfile.USTAR_FORMAT) -> tuple[np.ndarray, np.ndarray]:
+    """The samples' members as one tar's bytes (no end blocks) and each sample's start (and the end)."""
+    out, starts = io.BytesIO(), [0]
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for members in samples:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            starts.append(out.tell())
+    data = np.frombuffer(out.getvalue(), np.uint8)[: starts[-1]]
+    return data, np.array(starts, np.int64)
+
+
+def _parse(samples: list[list[tuple[str, bytes]]], fmt: int = tarfile.USTAR_FORMAT) -> object:
+    data, at = _tar(samples, fmt)
+    return parse_batch(data, at[:-1], at[1:], max_member=1 << 20)
+
+
+def test_plain_samples_alike_are_parsed_at_once() -> None:
+    samples = [[(f"k{i}.cls", str(i).encode()), (f"k{i}.tokens.npy", b"x" * (600 + i))] for i in range(5)]
+    data, at = _tar(samples)
+    parsed = parse_batch(data, at[:-1], at[1:], max_member=1 << 20)
+    assert parsed is not None and parsed.keys(data) == [f"k{i}" for i in range(5)]
+    assert list(parsed.fields) == ["cls", "tokens.npy"]
+    assert [parsed.fields["cls"].value(j) for j in range(5)] == [str(i).encode() for i in range(5)]
+    assert parsed.fields["tokens.npy"].value(4) == b"x" * 604
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        pytest.param(
+            [[("a.cls", b"1"), ("a.txt", b"t")], [("b.cls", b"1"), ("c.txt", b"t")]], id="a member of another key"
+        ),
+        pytest.param([[("a.cls", b"1"), ("a.txt", b"t")], [("b.cls", b"1"), ("b.json", b"{}")]], id="another field"),
+        pytest.param([[("a.cls", b"1"), ("a.txt", b"t")], [("b.cls", b"1")]], id="fewer members"),
+        pytest.param([[("a.cls", b"1")], [("b.cls", b"1"), ("b.txt", b"t")]], id="more members"),
+        pytest.param([[("a.cls", b"1"), ("a.cls", b"2")]], id="a field twice"),
+        pytest.param([[("a", b"1")]], id="no field"),
+    ],
+)
+def test_anything_but_plain_samples_alike_is_left_to_the_one_by_one_parse(samples: list) -> None:
+    assert _parse(samples) is None
+
+
+def test_extension_headers_and_long_names_are_left_to_the_one_by_one_parse() -> None:
+    assert _parse([[("a.cls", b"1")], [("b" * 120 + ".cls", b"1")]], tarfile.PAX_FORMAT) is None
+    assert _parse([[("a.cls", b"1")], [("d/" * 60 + "b.cls", b"1")]]) is None  # the ustar prefix field
+
+
+def test_npy_fields_are_one_batch_only_when_their_headers_agree(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path / "ds", fsync=False) as w:
+        for i in range(6):
+            w.write({"npy": np.full(3 if i != 4 else 4, i, ">i4"), "cls": i})  # sample 4: another shape
+    ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
+    alike = ds.__getitems__([5, 0, 3])
+    assert isinstance(alike, BatchList)
+    assert all(x.dtype == np.dtype("=i4") and x.flags.writeable for x, _ in alike)
+    assert [(x.tolist(), y) for x, y in alike] == [([5] * 3, 5), ([0] * 3, 0), ([3] * 3, 3)]
+    mixed = ds.__getitems__([3, 4])
+    assert not isinstance(mixed, BatchList) and [x.tolist() for x, _ in mixed] == [[3] * 3, [4] * 4]
+    assert np.array_equal(ds.collate(alike)[0].numpy(), np.stack([x for x, _ in alike]))
+    assert encode_array(alike[0][0]) == encode_array(ds[5][0])
