@@ -72,7 +72,9 @@ def test_extension_headers_and_long_names_are_left_to_the_one_by_one_parse() -> 
 def test_npy_fields_are_one_batch_only_when_their_headers_agree(tmp_path: Path) -> None:
     with ShardWriter(tmp_path / "ds", fsync=False) as w:
         for i in range(6):
-            w.write({"npy": np.full(3 if i != 4 else 4, i, ">i4"), "cls": i})  # sample 4: another shape
+            raw = io.BytesIO()
+            np.save(raw, np.full(3 if i != 4 else 4, i, ">i4"))  # big-endian, stored as given; sample 4: another shape
+            w.write({"npy": raw.getvalue(), "cls": i})
     ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
     alike = ds.__getitems__([5, 0, 3])
     assert isinstance(alike, BatchList)
