@@ -4,7 +4,8 @@
 :data:`MAX_OPEN_FILES` most recently used open (per process: opened again after a fork). A
 remote shard is fetched whole through the node's cache (:func:`~shardify.reader.io.cache.open_remote`:
 one download per node, checked against the index's size and SHA-256, then read like a local
-file); :meth:`OpenShards.open_many` fetches a batch's new shards concurrently. ``whole_sha256``:
+file); :meth:`OpenShards.open_many` fetches a batch's new shards concurrently, and
+:meth:`OpenShards.mapped` memory-maps a file (a sample's bytes copied out with no system call). ``whole_sha256``:
 a local shard is also checked against the index's SHA-256 when first opened (reading it
 whole once per process), for layouts whose index has no per-sample checksums.
 """
@@ -12,10 +13,14 @@ whole once per process), for layouts whose index has no per-sample checksums.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import BinaryIO
+
+import numpy as np
 
 from shardify.errors import ShardFormatError
 from shardify.reader.io.cache import open_remote
@@ -46,6 +51,7 @@ class OpenShards:
         self.source, self.whole_sha256 = source, whole_sha256
         self.urls = source.urls
         self.files: OrderedDict[int, BinaryIO] = OrderedDict()
+        self._maps: dict[int, np.ndarray] = {}
 
     def fd(self, shard: int) -> int:
         """The descriptor of shard ``shard``'s file (opened first if it is not)."""
@@ -55,6 +61,20 @@ class OpenShards:
             return self.files[shard].fileno()
         self.files.move_to_end(shard)
         return f.fileno()
+
+    def mapped(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s file memory-mapped, as ``uint8`` (read-only). Its size is checked at
+        each call (one ``fstat``): a file truncated since it was mapped is mapped again at its new
+        size, so that a read past its end is an error naming it, never a fault, unless it is cut
+        during that very read."""
+        fd = self.fd(shard)
+        size = os.fstat(fd).st_size
+        found = self._maps.get(shard)
+        if found is None or len(found) != size:
+            whole = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+            found = np.frombuffer(whole, np.uint8)
+            self._maps[shard] = found
+        return found
 
     def open_many(self, shards: Sequence[int], submit: Callable[..., Future[BinaryIO]]) -> None:
         """Open the shards of ``shards`` not open yet, the remote ones concurrently (``submit``)."""
@@ -67,7 +87,9 @@ class OpenShards:
     def _keep(self, shard: int, f: BinaryIO) -> None:
         self.files[shard] = f
         if len(self.files) > max(1, MAX_OPEN_FILES):
-            self.files.popitem(last=False)[1].close()
+            gone, f = self.files.popitem(last=False)
+            self._maps.pop(gone, None)  # (unmapped once no batch holds a view of it)
+            f.close()
 
     def _open(self, shard: int) -> BinaryIO:
         url = self.urls[shard]
@@ -113,3 +135,4 @@ class OpenShards:
         for f in self.files.values():
             f.close()
         self.files.clear()
+        self._maps.clear()

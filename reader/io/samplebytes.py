@@ -3,7 +3,8 @@
 :class:`SampleBytes` gives the checked tar bytes of any samples of a source's shards: their
 byte ranges come from each shard's table (:mod:`shardify.sampletable`; inline, a sidecar or a
 compact index's sidecar, loaded when a shard is first touched). A local shard is read with
-``os.pread`` (files kept open by :class:`~shardify.reader.io.mapfiles.OpenShards`), each sample
+``os.pread``, or for a batch memory-mapped (files kept open and mapped by
+:class:`~shardify.reader.io.mapfiles.OpenShards`), each sample
 checked against its CRC-32; a remote one by ranged requests (:func:`~shardify.remote.fetch_range`,
 with the source's retries), each sample checked against its SHA-256 prefix, or with ``whole``
 fetched whole into the node's cache on first touch (checked by its SHA-256), then read and
@@ -11,7 +12,7 @@ checked as a local file. The samples of one call are grouped by shard, neighbour
 ``gap_bytes`` coalesced into one read (``remote_gap_bytes`` for a ranged shard: a request's
 latency costs more than the bytes between; up to ``max_request_bytes``), and remote requests run
 concurrently (``threads``). :meth:`SampleBytes.gather` puts a batch's samples one after another
-in one buffer (each read straight into its place, CRC-32s compared as one array). A sample that
+in one buffer (each copied straight into its place, CRC-32s compared as one array). A sample that
 does not match comes back as a :class:`~shardify.errors.SampleChecksumError` naming the shard
 and key, for its position only; a file shorter than its table is a :class:`ShardFormatError`
 naming it.
@@ -254,16 +255,17 @@ class SampleBytes:
         bad: dict[int, SampleChecksumError],
         positions: np.ndarray,
     ) -> None:
-        """Read samples ``js`` of ``shard`` into their places in ``data``, then check their CRC-32s."""
-        url, fd, view = self.urls[shard], self._files.fd(shard), data.data
+        """Copy samples ``js`` of ``shard`` into their places in ``data``, then check their CRC-32s."""
+        url, view = self.urls[shard], data.data
+        try:
+            mapped = self._files.mapped(shard)
+        except (OSError, ValueError) as e:
+            raise ShardFormatError(f"cannot map it: {e}", shard=url) from e
         for j in js:
             size = at[j + 1] - at[j]
-            try:
-                got = os.preadv(fd, [view[at[j] : at[j + 1]]], a[j])
-            except OSError as e:
-                raise ShardFormatError(f"cannot read bytes {a[j]}-{a[j] + size - 1}: {e}", shard=url) from e
-            if got != size:
-                raise _truncated(url, a[j], a[j] + size, got)
+            if a[j] + size > len(mapped):
+                raise _truncated(url, a[j], a[j] + size, max(0, len(mapped) - a[j]))
+            data[at[j] : at[j + 1]] = mapped[a[j] : a[j] + size]
         sums = np.fromiter((zlib.crc32(view[at[j] : at[j + 1]]) for j in js), np.uint32, len(js))
         for w in np.flatnonzero(sums != crc).tolist():
             j = js[w]

@@ -84,3 +84,20 @@ def test_npy_fields_are_one_batch_only_when_their_headers_agree(tmp_path: Path) 
     assert not isinstance(mixed, BatchList) and [x.tolist() for x, _ in mixed] == [[3] * 3, [4] * 4]
     assert np.array_equal(ds.collate(alike)[0].numpy(), np.stack([x for x, _ in alike]))
     assert encode_array(alike[0][0]) == encode_array(ds[5][0])
+
+
+def test_a_shard_truncated_after_it_was_mapped_is_an_error_naming_it_not_a_fault(tmp_path: Path) -> None:
+    from shardify.errors import ShardFormatError
+
+    with ShardWriter(tmp_path / "ds", fsync=False) as w:
+        for i in range(40):
+            w.write({"npy": np.full(300, i, np.int64), "cls": i})
+    ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
+    assert [y for _, y in ds.__getitems__([0, 39])] == [0, 39], "mapped now"
+    shard = Path(ds.source.urls[0])
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    with pytest.raises(ShardFormatError, match="truncated") as e:
+        ds.__getitems__([1, 39])
+    assert e.value.shard == str(shard)
+    assert ds[1][1] == 1, "what is still there reads on"
