@@ -137,11 +137,21 @@ def _npy_batch(column: Column, n: int) -> np.ndarray | None:
         return None
     if fortran or dtype.hasobject or dtype.names is not None or np.any(size != offset + nbytes):
         return None
-    if np.any(data[at[:, None] + np.arange(offset)] != np.frombuffer(head[:offset], np.uint8)):
-        return None
-    out = np.empty((n, nbytes), np.uint8)
-    for j, a in enumerate((at + offset).tolist()):
-        out[j] = data[a : a + nbytes]
+    template = np.frombuffer(head[:offset], np.uint8)
+    stride = int(at[1] - at[0]) if n > 1 else offset + nbytes
+    if stride >= offset + nbytes and np.all(np.diff(at) == stride):  # samples alike, one after another
+        block = np.lib.stride_tricks.as_strided(
+            data[first:], shape=(n, offset + nbytes), strides=(stride, 1), writeable=False
+        )
+        if np.any(block[:, :offset] != template):
+            return None
+        out = np.array(block[:, offset:])
+    else:
+        if np.any(data[at[:, None] + np.arange(offset)] != template):
+            return None
+        out = np.empty((n, nbytes), np.uint8)
+        for j, a in enumerate((at + offset).tolist()):
+            out[j] = data[a : a + nbytes]
     return _native(out.view(dtype).reshape(n, *shape))
 
 

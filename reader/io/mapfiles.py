@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import BinaryIO
 
-import numpy as np
-
 from shardify.errors import ShardFormatError
 from shardify.reader.io.cache import open_remote
 from shardify.reader.io.shardopen import is_gzip, local_path
@@ -51,7 +49,7 @@ class OpenShards:
         self.source, self.whole_sha256 = source, whole_sha256
         self.urls = source.urls
         self.files: OrderedDict[int, BinaryIO] = OrderedDict()
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, mmap.mmap | bytes] = {}
 
     def fd(self, shard: int) -> int:
         """The descriptor of shard ``shard``'s file (opened first if it is not)."""
@@ -62,8 +60,8 @@ class OpenShards:
         self.files.move_to_end(shard)
         return f.fileno()
 
-    def mapped(self, shard: int) -> np.ndarray:
-        """Shard ``shard``'s file memory-mapped, as ``uint8`` (read-only). Its size is checked at
+    def mapped(self, shard: int) -> mmap.mmap | bytes:
+        """Shard ``shard``'s file memory-mapped (read-only; ``b""`` when empty). Its size is checked at
         each call (one ``fstat``): a file truncated since it was mapped is mapped again at its new
         size, so that a read past its end is an error naming it, never a fault, unless it is cut
         during that very read."""
@@ -71,8 +69,7 @@ class OpenShards:
         size = os.fstat(fd).st_size
         found = self._maps.get(shard)
         if found is None or len(found) != size:
-            whole = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
-            found = np.frombuffer(whole, np.uint8)
+            found = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
             self._maps[shard] = found
         return found
 
@@ -88,7 +85,7 @@ class OpenShards:
         self.files[shard] = f
         if len(self.files) > max(1, MAX_OPEN_FILES):
             gone, f = self.files.popitem(last=False)
-            self._maps.pop(gone, None)  # (unmapped once no batch holds a view of it)
+            self._maps.pop(gone, None)  # (unmapped when collected: samples are copied out of it)
             f.close()
 
     def _open(self, shard: int) -> BinaryIO:

@@ -228,50 +228,51 @@ class SampleBytes:
             a[g], b[g], crc[g] = ends[p], ends[p + 1], np.frombuffer(ranges.crcs, np.uint32)[p]
         at = np.zeros(n + 1, np.int64)
         np.cumsum(b - a, out=at[1:])
-        data = np.empty(int(at[-1]), np.uint8)
+        parts: list[bytes] = [b""] * n
         bad: dict[int, SampleChecksumError] = {}
         ranged = [g for g in groups if self._ranged(int(shards[g[0]]))]
         if ranged:
             js = np.concatenate(ranged).tolist()
             for j, got in zip(js, self.read(list(zip(shards[js].tolist(), positions[js].tolist())))):
                 if isinstance(got, SampleChecksumError):
-                    bad[j] = got
+                    bad[j], parts[j] = got, bytes(int(at[j + 1] - at[j]))
                 else:
-                    data[at[j] : at[j + 1]] = np.frombuffer(got, np.uint8)
+                    parts[j] = got
         local = [g for g in groups if not self._ranged(int(shards[g[0]]))]
         self._files.open_many([int(shards[g[0]]) for g in local], self._pooled().submit)
+        starts, stops = a.tolist(), b.tolist()
         for g in local:
-            self._pread_checked(int(shards[g[0]]), g.tolist(), data, at.tolist(), a.tolist(), crc[g], bad, positions)
-        return Gathered(data, at, a, bad)
+            self._copy_checked(int(shards[g[0]]), g.tolist(), parts, starts, stops, crc[g], bad, positions)
+        return Gathered(np.frombuffer(b"".join(parts), np.uint8), at, a, bad)
 
-    def _pread_checked(
+    def _copy_checked(
         self,
         shard: int,
         js: list[int],
-        data: np.ndarray,
-        at: list[int],
-        a: list[int],
+        parts: list[bytes],
+        starts: list[int],
+        stops: list[int],
         crc: np.ndarray,
         bad: dict[int, SampleChecksumError],
         positions: np.ndarray,
     ) -> None:
-        """Copy samples ``js`` of ``shard`` into their places in ``data``, then check their CRC-32s."""
-        url, view = self.urls[shard], data.data
+        """Copy samples ``js`` of ``shard`` out of its memory map into ``parts``, then check their CRC-32s."""
+        url = self.urls[shard]
         try:
             mapped = self._files.mapped(shard)
         except (OSError, ValueError) as e:
             raise ShardFormatError(f"cannot map it: {e}", shard=url) from e
+        end = max(stops[j] for j in js)
+        if end > len(mapped):
+            j = next(j for j in js if stops[j] > len(mapped))
+            raise _truncated(url, starts[j], stops[j], max(0, len(mapped) - starts[j]))
         for j in js:
-            size = at[j + 1] - at[j]
-            if a[j] + size > len(mapped):
-                raise _truncated(url, a[j], a[j] + size, max(0, len(mapped) - a[j]))
-            data[at[j] : at[j + 1]] = mapped[a[j] : a[j] + size]
-        sums = np.fromiter((zlib.crc32(view[at[j] : at[j + 1]]) for j in js), np.uint32, len(js))
+            parts[j] = mapped[starts[j] : stops[j]]
+        sums = np.fromiter((zlib.crc32(parts[j]) for j in js), np.uint32, len(js))
         for w in np.flatnonzero(sums != crc).tolist():
             j = js[w]
-            one = bytes(view[at[j] : at[j + 1]])
-            end = a[j] + len(one)
-            bad[j] = changed_sample(int(positions[j]), a[j], end, url=url, key=sample_key(one), remote=False)
+            key = sample_key(parts[j])
+            bad[j] = changed_sample(int(positions[j]), starts[j], stops[j], url=url, key=key, remote=False)
 
     def close(self) -> None:
         """Close this process's descriptors and threads (made again when next used)."""

@@ -23,7 +23,10 @@ from shardify.tarfmt import BLOCK
 __all__ = ["TarBatch", "parse_batch"]
 
 _NAME = np.arange(100)
-_SIZE = np.arange(124, 135)
+_HEAD = 346
+"""Header bytes parsed: the name (0..99), the size (124..135), the type flag (156) and the
+first byte of the ustar prefix (345)."""
+_COLS = np.arange(_HEAD)
 _POW8 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 _REGULAR = (ord("0"), 0)
 _MAX_MEMBERS = 64
@@ -43,6 +46,20 @@ class TarBatch:
         return [data[a : a + n].tobytes().decode("ascii") for a, n in zip(self.key_at.tolist(), self.key_len.tolist())]
 
 
+def _headers(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The first :data:`_HEAD` bytes of the headers at ``at`` (each at least a block before
+    the end of ``data``), one row each: a strided view when they lie at one stride (samples
+    alike), else gathered."""
+    stride = int(at[1] - at[0]) if len(at) > 1 else _HEAD
+    if stride >= _HEAD and np.all(np.diff(at) == stride):
+        view: np.ndarray = np.lib.stride_tricks.as_strided(
+            data[int(at[0]) :], shape=(len(at), _HEAD), strides=(stride, 1), writeable=False
+        )
+        return view
+    gathered: np.ndarray = data[at[:, None] + _COLS]
+    return gathered
+
+
 def parse_batch(data: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, max_member: int) -> TarBatch | None:
     """The members of the samples ``data[starts[j]:stops[j]]`` (see the module); None unless
     every one is the plain case with the first sample's fields, in its order."""
@@ -55,16 +72,17 @@ def parse_batch(data: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, max_
     for _ in range(_MAX_MEMBERS):
         if np.any(at + BLOCK > stops):
             return None
+        head = _headers(data, at)
         # a regular file, its whole name in the name field (no ustar prefix, no extension header)
-        if not np.all((data[at + 156] == _REGULAR[0]) | (data[at + 156] == _REGULAR[1])) or np.any(data[at + 345]):
+        if not np.all((head[:, 156] == _REGULAR[0]) | (head[:, 156] == _REGULAR[1])) or np.any(head[:, 345]):
             return None
-        digits = data[at[:, None] + _SIZE].astype(np.int64) - ord("0")
+        digits = head[:, 124:135].astype(np.int64) - ord("0")
         if np.any((digits < 0) | (digits > 7)):  # the writer's 11 octal digits (else: one by one)
             return None
         size = digits @ _POW8
         if np.any(size > max_member):
             return None
-        name = data[at[:, None] + _NAME]
+        name = head[:, :100]
         dot = np.argmax(name == ord("."), axis=1)
         end = np.argmax(name == 0, axis=1)
         rows = np.arange(len(at))

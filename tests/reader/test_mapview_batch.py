@@ -101,3 +101,14 @@ def test_a_shard_truncated_after_it_was_mapped_is_an_error_naming_it_not_a_fault
         ds.__getitems__([1, 39])
     assert e.value.shard == str(shard)
     assert ds[1][1] == 1, "what is still there reads on"
+
+
+def test_npy_fields_of_samples_of_other_lengths_are_one_batch_too(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path / "ds", fsync=False) as w:
+        for i in range(6):
+            w.write({"npy": np.full((2, 2), i, np.uint8), "cls": i, "txt": "x" * (100 + 700 * i)})
+    ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
+    got = ds.__getitems__([4, 0, 5, 1])
+    assert isinstance(got, BatchList), "members at other places in each sample"
+    assert [(x.tolist(), y) for x, y in got] == [([[i, i], [i, i]], i) for i in (4, 0, 5, 1)]
+    assert all(x.flags.writeable and x.flags.c_contiguous for x, _ in got)
