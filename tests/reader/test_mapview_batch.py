@@ -112,3 +112,12 @@ def test_npy_fields_of_samples_of_other_lengths_are_one_batch_too(tmp_path: Path
     assert isinstance(got, BatchList), "members at other places in each sample"
     assert [(x.tolist(), y) for x, y in got] == [([[i, i], [i, i]], i) for i in (4, 0, 5, 1)]
     assert all(x.flags.writeable and x.flags.c_contiguous for x, _ in got)
+
+
+def test_npy_headers_of_one_length_that_differ_keep_each_samples_dtype(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path / "ds", fsync=False) as w:
+        for i in range(4):
+            w.write({"npy": np.full(4, i, np.int16 if i % 2 else np.uint16), "cls": i})
+    ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
+    got = ds.__getitems__([0, 1, 2, 3])
+    assert [x.dtype for x, _ in got] == [np.dtype(np.uint16), np.dtype(np.int16)] * 2
