@@ -156,10 +156,20 @@ def _npy_batch(column: Column, n: int) -> np.ndarray | None:
 
 
 def _labels(column: Spans, n: int) -> list[int] | None:
-    """Each sample's ``cls`` as an int (ASCII decimal, surrounding blanks allowed)."""
+    """Each sample's ``cls`` as an int (ASCII decimal, surrounding blanks allowed; up to 18
+    plain digits at once for the batch)."""
     if column.present is not None:
         return None
-    view = column.data.data
+    size, data = column.size, column.data
+    if n and 1 <= int(size.min()) and int(size.max()) <= 18 and len(data):  # plain digits: one array operation
+        width = np.arange(int(size.max()))
+        digits = data[np.minimum(column.at[:, None] + width, len(data) - 1)].astype(np.int64) - ord("0")
+        used = width < size[:, None]
+        if np.all(((digits >= 0) & (digits <= 9)) | ~used):
+            scale = np.where(used, 10 ** np.maximum(size[:, None] - 1 - width, 0), 0)
+            labels: list[int] = (digits * scale).sum(axis=1).tolist()
+            return labels
+    view = data.data
     try:
         return [int(bytes(view[a : a + s])) for a, s in zip(column.at.tolist(), column.size.tolist())]
     except ValueError:

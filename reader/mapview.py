@@ -2,10 +2,14 @@
 
 ``len(ds)``, ``ds[i]`` (global index in stored order: shard order, then tar order),
 ``ds.get(key)`` and ``ds.__getitems__(indices)`` (torch's batched fetch: a ``DataLoader`` gets
-a batch in one call). Each sample's bytes are read by the split index's per-sample table
-(:mod:`~shardify.reader.io.samplebytes`: ``os.pread`` locally, ranged requests remotely,
-coalesced and concurrent within a batch, every sample checked), parsed in one pass, then
-decoded and transformed by the streaming reader's
+a batch in one call). A batch's samples are read together: a per-sample shard's by the split
+index's per-sample table (:mod:`~shardify.reader.io.samplebytes`: copied out of a memory map
+locally, ranged requests remotely, coalesced and concurrent, or the shard fetched whole with
+``CacheOptions(ranged=False)``; every sample checked), their headers parsed at once
+(:mod:`~shardify.reader.io.tarbatch`); a chunked shard's as rows of their chunks
+(:mod:`~shardify.reader.io.chunkbytes`). Without ``transform=`` and ``map=``, fixed ``.npy``
+fields and labels are decoded for the whole batch (:mod:`~shardify.reader.mapbatch`); anything
+else is decoded and transformed by the streaming reader's
 :class:`~shardify.reader.sample.processor.SampleProcessor`: the same output fields, and the same
 augmentation for the same (seed, epoch, key) (:meth:`MapDataset.set_epoch`). Any sampler works
 (``shuffle=True``, ``RandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``,
@@ -175,22 +179,27 @@ class MapDataset(torch.utils.data.Dataset[Any]):
 
     def _batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
         """The outputs (or :class:`Bad`) of the samples ``(shards[j], positions[j])``."""
-        if self._chunked is None:
+        cb = self._chunk_bytes
+        if self._chunked is None or cb is None:
             return self._tar_batch(shards, positions, strict=strict)
         chunked = self._chunked[shards] > 0
         if chunked.all():
-            return self._chunk_batch(shards, positions, strict=strict)
+            return self._chunk_batch(cb, shards, positions, strict=strict)
         if not chunked.any():
             return self._tar_batch(shards, positions, strict=strict)
         out: list[Any] = [None] * len(shards)  # a source mixing both layouts: each part as its own batch
-        for part, read in ((chunked, self._chunk_batch), (~chunked, self._tar_batch)):
-            for j, item in zip(np.flatnonzero(part).tolist(), read(shards[part], positions[part], strict=strict)):
-                out[j] = item
+        for j, item in zip(
+            np.flatnonzero(chunked).tolist(), self._chunk_batch(cb, shards[chunked], positions[chunked], strict=strict)
+        ):
+            out[j] = item
+        for j, item in zip(
+            np.flatnonzero(~chunked).tolist(), self._tar_batch(shards[~chunked], positions[~chunked], strict=strict)
+        ):
+            out[j] = item
         return out
 
-    def _chunk_batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
-        assert self._chunk_bytes is not None  # (made whenever a shard is chunked)
-        got = self._chunk_bytes.gather(shards, positions, self._bytes.submit)
+    def _chunk_batch(self, cb: ChunkBytes, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        got = cb.gather(shards, positions, self._bytes.submit)
         urls = self._bytes.urls
         batch = FieldBatch(lambda: got.keys, [urls[s] for s in shards.tolist()], got.offsets, got.fields)
         if not got.bad:

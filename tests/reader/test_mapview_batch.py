@@ -121,3 +121,21 @@ def test_npy_headers_of_one_length_that_differ_keep_each_samples_dtype(tmp_path:
     ds = MapDataset(tmp_path / "ds", fields=("npy", "cls"))
     got = ds.__getitems__([0, 1, 2, 3])
     assert [x.dtype for x, _ in got] == [np.dtype(np.uint16), np.dtype(np.int16)] * 2
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([b"0", b"7", b"12", b"007", b"123456789012345678", b"5"], id="plain digits"),
+        pytest.param([b" 3", b"-2", b"4\n"], id="blanks and signs"),
+    ],
+)
+def test_labels_of_a_batch_are_the_per_sample_decoders(values: list[bytes]) -> None:
+    from shardify.reader.io.columns import Spans
+    from shardify.reader.mapbatch import _labels
+    from shardify.reader.sample.decode import decode_field
+
+    data = np.frombuffer(b"".join(values), np.uint8)
+    size = np.array([len(v) for v in values])
+    at = np.concatenate([[0], np.cumsum(size)[:-1]])
+    assert _labels(Spans(data, at, size), len(values)) == [decode_field("cls", v) for v in values]
