@@ -40,18 +40,23 @@ from benchlib import corpus
 from torch.utils.data import DataLoader
 
 
-def _epochs(loaders: dict[str, Iterable[Any]], epochs: int, samples: int) -> dict[str, float]:
-    return {name: max(rates) for name, rates in _each_epoch(loaders, epochs, samples).items()}
+def _epochs(
+    loaders: dict[str, Iterable[Any]], epochs: int, samples: int, shape: tuple[int, ...] = (3, 32, 32)
+) -> dict[str, float]:
+    return {name: max(rates) for name, rates in _each_epoch(loaders, epochs, samples, shape).items()}
 
 
-def _each_epoch(loaders: dict[str, Iterable[Any]], epochs: int, samples: int) -> dict[str, list[float]]:
-    """Each loader's samples/s in each epoch (the loaders take turns), each batch checked."""
+def _each_epoch(
+    loaders: dict[str, Iterable[Any]], epochs: int, samples: int, shape: tuple[int, ...] = (3, 32, 32)
+) -> dict[str, list[float]]:
+    """Each loader's samples/s in each epoch (the loaders take turns), each batch checked:
+    uint8 ``[B, *shape]`` and int64 labels."""
     rates: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(epochs):
         for name, loader in loaders.items():
             t, n = time.perf_counter(), 0
             for x, y in loader:
-                if x.dtype != torch.uint8 or x.shape[1:] != (3, 32, 32) or y.dtype != torch.int64:
+                if x.dtype != torch.uint8 or x.shape[1:] != shape or y.dtype != torch.int64:
                     raise SystemExit(f"{name}: a batch of {x.dtype} {tuple(x.shape)}, labels {y.dtype}")
                 n += int(y.shape[0])
             took = time.perf_counter() - t
@@ -185,7 +190,10 @@ def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 6
     kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
     with make_loader(stream, num_workers=workers) as streaming:
         rates = _epochs(
-            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n
+            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)},
+            epochs,
+            n,
+            (3, 224, 224),
         )
     return {k: round(v) for k, v in rates.items()}
 
