@@ -262,13 +262,14 @@ class SampleBytes:
             mapped = self._files.mapped(shard)
         except (OSError, ValueError) as e:
             raise ShardFormatError(f"cannot map it: {e}", shard=url) from e
-        end = max(stops[j] for j in js)
-        if end > len(mapped):
-            j = next(j for j in js if stops[j] > len(mapped))
-            raise _truncated(url, starts[j], stops[j], max(0, len(mapped) - starts[j]))
-        for j in js:
-            parts[j] = mapped[starts[j] : stops[j]]
-        sums = np.fromiter((zlib.crc32(parts[j]) for j in js), np.uint32, len(js))
+        a, b = [starts[j] for j in js], [stops[j] for j in js]
+        if max(b) > len(mapped):
+            w = next(w for w, stop in enumerate(b) if stop > len(mapped))
+            raise _truncated(url, a[w], b[w], max(0, len(mapped) - a[w]))
+        pieces = list(map(mapped.__getitem__, map(slice, a, b)))
+        for j, piece in zip(js, pieces):
+            parts[j] = piece
+        sums = np.array(list(map(zlib.crc32, pieces)), np.uint32)
         for w in np.flatnonzero(sums != crc).tolist():
             j = js[w]
             key = sample_key(parts[j])
