@@ -1,7 +1,7 @@
 """Random access, map-style: MapDataset against wids, HF datasets (Arrow) and Lance, and key lookups.
 
     python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
-                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--dir DIR]
+                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--cpu] [--dir DIR]
 
 Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
 (``benchlib.corpus.arrays``) as a shardify split (per-sample, and chunked by 256), as an Arrow
@@ -16,7 +16,9 @@ epoch), and fetching each shard whole into a fresh cache folder on first touch
 (``CacheOptions(ranged=False, dir=...)``: its first epoch, then the best later one).
 ``--keys``: a key index of that many random keys written
 to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
-resident memory before and after (Linux). ``--photos``: that many 500x375 JPEGs read with
+resident memory before and after (Linux). ``--cpu``: each reader's batches in this process
+(no workers), in samples per CPU second of the process: the cost per sample, steadier than
+wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
 ``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
 ``ShardedDataset`` through ``make_loader``.
 """
@@ -129,18 +131,18 @@ def _arrow(root: Path, samples: int) -> Any:
     return datasets.load_from_disk(str(root))
 
 
-def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+def _readers(work: Path, samples: int) -> tuple[Path, dict[str, tuple[Any, Callable[..., Any]]]]:
+    """The shardify split's folder, and each reader's map-style dataset and collate."""
     import wids
 
-    from shardify.reader import CacheOptions, MapDataset
+    from shardify.reader import MapDataset
 
     root = corpus.arrays_dataset(work / f"map-{samples}", samples, classes=10)
     chunked = corpus.arrays_dataset(work / f"map-chunk256-{samples}", samples, classes=10, chunk=256)
     corpus.warm(root)
     corpus.warm(chunked)
-    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     fields = ("npy", "cls")
-    sets: dict[str, tuple[Any, Callable[..., Any] | None]] = {
+    sets: dict[str, tuple[Any, Callable[..., Any]]] = {
         "shardify MapDataset": (MapDataset(root, fields=fields), MapDataset.collate),
         "shardify MapDataset (chunked 256)": (MapDataset(chunked, fields=fields), MapDataset.collate),
         "wids ShardListDataset": (wids.ShardListDataset(str(root / "train.json"), transformations=[]), _wids_collate),
@@ -153,6 +155,33 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
         sets["Lance"] = (_Lance(work / f"lance-{samples}", samples), _lance_collate)
     except ImportError:
         pass
+    return root, sets
+
+
+def cpu(work: Path, *, samples: int, batch_size: int, epochs: int) -> dict[str, Any]:
+    """Each reader's batches (its batched fetch, else one item at a time, then its collate) in
+    this process, in samples per CPU second of this process (best epoch): the cost per sample,
+    whatever else the machine runs."""
+    _, sets = _readers(work, samples)
+    order = np.random.default_rng(0).permutation(samples)
+    batches = [order[i : i + batch_size].tolist() for i in range(0, samples, batch_size)]
+    best: dict[str, float] = {}
+    for _ in range(epochs):
+        for name, (ds, collate) in sets.items():
+            fetch = ds.__getitems__ if hasattr(ds, "__getitems__") else lambda b, ds=ds: [ds[i] for i in b]
+            t = time.process_time()
+            for b in batches:
+                collate(fetch(b))
+            best[name] = max(best.get(name, 0.0), samples / (time.process_time() - t))
+    return {k: round(v) for k, v in best.items()}
+
+
+def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+    from shardify.reader import CacheOptions, MapDataset
+
+    root, sets = _readers(work, samples)
+    fields = ("npy", "cls")
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     loaders = {
         name: DataLoader(ds, collate_fn=c, **kw, **({"multiprocessing_context": "spawn"} if name == "Lance" else {}))
         for name, (ds, c) in sets.items()
@@ -246,6 +275,7 @@ def main() -> None:
     p.add_argument("--http-delay-ms", type=float, default=20.0)
     p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
     p.add_argument("--photos", type=int, default=0, help="only the JPEG figure, with this many photos")
+    p.add_argument("--cpu", action="store_true", help="only each reader's samples per CPU second, in one process")
     p.add_argument("--dir", type=Path, default=None)
     a = p.parse_args()
     work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
@@ -255,6 +285,10 @@ def main() -> None:
         return
     if a.keys:
         print(json.dumps(keys(work, a.keys), indent=1))
+        return
+    if a.cpu:
+        out = cpu(work, samples=a.samples, batch_size=a.batch_size, epochs=a.epochs)
+        print(json.dumps({"samples per CPU second, one process": out}, indent=1))
         return
     out = read(
         work,
