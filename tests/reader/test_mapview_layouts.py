@@ -81,6 +81,8 @@ def test_fixed_fields_are_decoded_as_one_batch_equal_to_default_collate(root: Pa
     x, y = ds.collate(got)
     dx, dy = default_collate([want[i] for i in order])
     assert torch.equal(x, dx) and x.dtype == torch.int16 and torch.equal(y, dy) and y.dtype == dy.dtype
+    ex, ey = default_collate(got)  # a DataLoader without collate_fn=ds.collate
+    assert torch.equal(ex, dx) and torch.equal(ey, dy)
     keys = _streamed(root, "__key__")
     keyed = MapDataset(root, fields=("__key__", "npy")).__getitems__(order[:5])
     assert isinstance(keyed, BatchList) and [k for k, _ in keyed] == [keys[i] for i in order[:5]]
