@@ -2,10 +2,14 @@
 
 ``len(ds)``, ``ds[i]`` (global index in stored order: shard order, then tar order),
 ``ds.get(key)`` and ``ds.__getitems__(indices)`` (torch's batched fetch: a ``DataLoader`` gets
-a batch in one call). Each sample's bytes are read by the split index's per-sample table
-(:mod:`~shardify.reader.io.samplebytes`: ``os.pread`` locally, ranged requests remotely,
-coalesced and concurrent within a batch, every sample checked), parsed in one pass, then
-decoded and transformed by the streaming reader's
+a batch in one call). A batch's samples are read together: a per-sample shard's by the split
+index's per-sample table (:mod:`~shardify.reader.io.samplebytes`: copied out of a memory map
+locally, ranged requests remotely, coalesced and concurrent, or the shard fetched whole with
+``CacheOptions(ranged=False)``; every sample checked), their headers parsed at once
+(:mod:`~shardify.reader.io.tarbatch`); a chunked shard's as rows of their chunks
+(:mod:`~shardify.reader.io.chunkbytes`). Without ``transform=`` and ``map=``, fixed ``.npy``
+fields and labels are decoded for the whole batch (:mod:`~shardify.reader.mapbatch`); anything
+else is decoded and transformed by the streaming reader's
 :class:`~shardify.reader.sample.processor.SampleProcessor`: the same output fields, and the same
 augmentation for the same (seed, epoch, key) (:meth:`MapDataset.set_epoch`). Any sampler works
 (``shuffle=True``, ``RandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``,
@@ -25,15 +29,19 @@ import numpy as np
 import torch
 
 from shardify.errors import SampleError, ShardFormatError
+from shardify.reader.io.chunkbytes import ChunkBytes
 from shardify.reader.io.items import sample_key
 from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_index
 from shardify.reader.io.samplebytes import Got, SampleBytes
 from shardify.reader.io.sampleparse import parse_sample
+from shardify.reader.io.source import shard_columns
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
+from shardify.reader.io.tarbatch import parse_batch
+from shardify.reader.mapbatch import BatchList, FieldBatch, collate, fast_outputs, sample_dict
 from shardify.reader.options import CacheOptions, DecodeOptions
 from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.fields import output_fields
-from shardify.reader.sample.processor import SampleProcessor
+from shardify.reader.sample.processor import SampleProcessor, selected_fields
 
 __all__ = ["MapDataset"]
 
@@ -83,7 +91,16 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             self.fields = tuple(columns)
         self.seed, self.epoch = seed, 0
         self._transform, self._map = transform, map
-        self._bytes = SampleBytes(src, threads=c.requests)  # a batch's requests at once, up to `requests`
+        self._bytes = SampleBytes(src, threads=c.requests, whole=not c.ranged)  # a batch's requests at once
+        chunks = shard_columns(src).chunks or ()
+        per = np.fromiter((n or 0 for n in chunks), np.int64, len(chunks)) if chunks else np.zeros(0, np.int64)
+        self._chunked = per if per.any() else None  # samples per chunk of each shard (0: per-sample layout)
+        self._chunk_bytes: ChunkBytes | None = None
+        if self._chunked is not None:
+            read = None if map is not None else selected_fields(tuple(f for f in self.fields if f != "__key__"))
+            self._chunk_bytes = ChunkBytes(
+                src, chunks=per.tolist(), fields=read, max_member=self.decoding.max_member_bytes
+            )
         self._starts = np.zeros(len(src.sizes) + 1, dtype=np.int64)
         np.cumsum(src.sizes, out=self._starts[1:])
         self._key_path = os.fspath(key_index) if key_index is not None else None
@@ -130,49 +147,126 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
         return shard, i - int(self._starts[shard])
 
-    def _locate_many(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        """:meth:`locate` of each of ``indices``, at one NumPy search for them all."""
-        i = np.asarray(indices, dtype=np.int64)
+    def _locate_many(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(shards, positions)`` of each of ``indices`` (:meth:`locate`'s, at one NumPy search)."""
+        i = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         i = np.where(i < 0, i + n, i)
         bad = (i < 0) | (i >= n)
         if bad.any():
-            self.locate(int(np.asarray(indices)[bad][0]))  # raises, naming it
+            self.locate(int(np.asarray(indices).reshape(-1)[bad][0]))  # raises, naming it
         shards = np.searchsorted(self._starts, i, side="right") - 1
-        return list(zip(shards.tolist(), (i - self._starts[shards]).tolist()))
+        return shards, i - self._starts[shards]
 
     def __getitem__(self, index: int) -> Any:
-        return self._one(self.locate(int(index)))
+        shard, pos = self.locate(int(index))
+        return self._batch(np.array([shard]), np.array([pos]), strict=True)[0]
+
+    collate = staticmethod(collate)
+    """``DataLoader(ds, collate_fn=ds.collate)``: ``default_collate``'s batch, made in one step
+    for a batch of fields decoded together (:mod:`~shardify.reader.mapbatch`)."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples at ``indices``, read together (grouped by shard, neighbours coalesced,
-        remote ranges fetched concurrently); damaged ones left out under ``on_error="skip"``."""
-        where = self._locate_many(indices)
-        out = []
-        for w, got in zip(where, self._bytes.read(where)):
-            item = self._decode(w, got)
-            if isinstance(item, Bad):
-                self.skipped += 1
-                continue
-            out.append(item)
+        """The samples at ``indices``, read together (grouped by shard, remote neighbours
+        coalesced and fetched concurrently) and decoded as a batch where the fields allow
+        (:mod:`~shardify.reader.mapbatch`); damaged ones left out under ``on_error="skip"``."""
+        out = self._batch(*self._locate_many(indices), strict=False)
+        if isinstance(out, BatchList):
+            return out
+        kept = [item for item in out if not isinstance(item, Bad)]
+        self.skipped += len(out) - len(kept)
+        return kept
+
+    def _batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        """The outputs (or :class:`Bad`) of the samples ``(shards[j], positions[j])``."""
+        cb = self._chunk_bytes
+        if self._chunked is None or cb is None:
+            return self._tar_batch(shards, positions, strict=strict)
+        chunked = self._chunked[shards] > 0
+        if chunked.all():
+            return self._chunk_batch(cb, shards, positions, strict=strict)
+        if not chunked.any():
+            return self._tar_batch(shards, positions, strict=strict)
+        out: list[Any] = [None] * len(shards)  # a source mixing both layouts: each part as its own batch
+        for j, item in zip(
+            np.flatnonzero(chunked).tolist(), self._chunk_batch(cb, shards[chunked], positions[chunked], strict=strict)
+        ):
+            out[j] = item
+        for j, item in zip(
+            np.flatnonzero(~chunked).tolist(), self._tar_batch(shards[~chunked], positions[~chunked], strict=strict)
+        ):
+            out[j] = item
         return out
+
+    def _chunk_batch(self, cb: ChunkBytes, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        got = cb.gather(shards, positions, self._bytes.submit)
+        urls = self._bytes.urls
+        batch = FieldBatch(lambda: got.keys, [urls[s] for s in shards.tolist()], got.offsets, got.fields)
+        if not got.bad:
+            return self._outputs(batch, len(shards), strict=strict)
+        skip = self.decoding.on_error == "skip" and not strict
+        out = []
+        for j in range(len(shards)):
+            e = got.bad.get(j)
+            if e is not None and not skip:
+                raise e
+            out.append(
+                Bad(batch.urls[j], None, str(e), lost=True)
+                if e
+                else self._processed(sample_dict(batch, j), strict=strict)
+            )
+        return out
+
+    def _tar_batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
+        got = self._bytes.gather(shards, positions)
+        n = len(shards)
+        urls = self._bytes.urls
+        parsed = None
+        if not got.bad:
+            parsed = parse_batch(got.data, got.at[:-1], got.at[1:], max_member=self.decoding.max_member_bytes)
+        if parsed is None:  # one by one, with each sample's own errors
+            view = got.data.data
+            return [
+                self._decode(
+                    (int(s), int(p)),
+                    got.bad.get(j) or bytes(view[got.at[j] : got.at[j + 1]]),
+                    strict=strict,
+                )
+                for j, (s, p) in enumerate(zip(shards.tolist(), positions.tolist()))
+            ]
+        data = got.data
+        batch = FieldBatch(
+            lambda: parsed.keys(data), [urls[s] for s in shards.tolist()], got.offsets.tolist(), dict(parsed.fields)
+        )
+        return self._outputs(batch, n, strict=strict)
+
+    def _outputs(self, batch: FieldBatch, n: int, *, strict: bool) -> list[Any]:
+        if self._map is None and self._transform is None:
+            fast = fast_outputs(batch, self.fields, n)
+            if fast is not None:
+                return fast
+        return [self._processed(sample_dict(batch, j), strict=strict) for j in range(n)]
 
     def get(self, key: str) -> Any:
         """The sample whose key is ``key``; KeyError naming the split when there is none."""
         if self._keys is None:
             self._keys = self._load_keys()
         for i in self._keys.candidates(key):
-            where = self.locate(i)
-            data = self._read(where)
+            shard, pos = self.locate(i)
+            if self._chunk_bytes is not None and self._chunked is not None and self._chunked[shard]:
+                if self._chunk_bytes.key(shard, pos) == key:
+                    return self._batch(np.array([shard]), np.array([pos]), strict=True)[0]
+                continue
+            data = self._read((shard, pos))
             if sample_key(data) == key:  # (the first header's name: a hash may be shared)
-                return self._one(where, data)
+                return self._decode((shard, pos), data, strict=True)
         raise KeyError(f"no sample with key {key!r} in {self.source.name} split {self.source.split!r}")
 
     def _load_keys(self) -> KeyIndex:
         path = self._key_path
         if path is not None and os.path.exists(path):
             return load_key_index(path, nsamples=len(self))
-        index = build_key_index(split_key_list(self._bytes))
+        index = build_key_index(split_key_list(self._bytes, self._chunk_bytes))
         if path is not None:
             write_key_index(index, path)
             return load_key_index(path, nsamples=len(self))
@@ -183,9 +277,6 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         if isinstance(got, Exception):
             raise got
         return got
-
-    def _one(self, where: tuple[int, int], data: bytes | None = None) -> Any:
-        return self._decode(where, data if data is not None else self._read(where), strict=True)
 
     def _decode(self, where: tuple[int, int], got: Got, *, strict: bool = False) -> Any:
         shard, pos = where
@@ -207,7 +298,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             if skip:
                 return Bad(url, e.key, str(e), lost=True)
             raise
+        return self._processed(sample, strict=strict)
+
+    def _processed(self, sample: dict[str, object], *, strict: bool) -> Any:
         out = self._processor(sample)
         if isinstance(out, Bad) and strict:
-            raise SampleError(out.reason, shard=url, key=out.key)
+            raise SampleError(out.reason, shard=out.shard, key=out.key)
         return out

@@ -1,17 +1,24 @@
-"""Random access, map-style: MapDataset against wids and HF datasets (Arrow), and key lookups.
+"""Random access, map-style: MapDataset against wids, HF datasets (Arrow) and Lance, and key lookups.
 
     python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
-                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--dir DIR]
+                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--cpu] [--dir DIR]
 
 Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
-(``benchlib.corpus.arrays``) as a shardify split, and the same arrays as an Arrow dataset
-(``datasets.Dataset.save_to_disk``, one ``bytes`` column). Each reader is a map-style dataset
-in a ``DataLoader(batch_size, shuffle=True, num_workers, persistent_workers=True)``, its samples
-turned into uint8 ``[B, 3, 32, 32]`` and int64 labels; epochs run in turn, and each side's best
-epoch is printed in samples/s. ``MapDataset`` is also read over HTTP (tools/rangeserver.py, each
-answer delayed ``--http-delay-ms``). ``--keys``: a key index of that many random keys written
+(``benchlib.corpus.arrays``) as a shardify split (per-sample, and chunked by 256), as an Arrow
+dataset (``datasets.Dataset.save_to_disk``, one ``bytes`` column) and, when ``pylance`` is
+installed, as a Lance dataset (a ``fixed_size_binary(3072)`` column). Each reader is a map-style
+dataset in a ``DataLoader(batch_size, shuffle=True, num_workers, persistent_workers=True)``,
+its samples turned into uint8 ``[B, 3, 32, 32]`` and int64 labels (``MapDataset.collate``;
+the others' bytes joined and viewed as one array, the lightest collate each allows); epochs
+run in turn, and each side's best epoch is printed in samples/s. ``MapDataset`` is also read over
+HTTP (tools/rangeserver.py, each answer delayed ``--http-delay-ms``): by ranged requests (one
+epoch), and fetching each shard whole into a fresh cache folder on first touch
+(``CacheOptions(ranged=False, dir=...)``: its first epoch, then the best later one).
+``--keys``: a key index of that many random keys written
 to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
-resident memory before and after (Linux). ``--photos``: that many 500x375 JPEGs read with
+resident memory before and after (Linux). ``--cpu``: each reader's batches in this process
+(no workers), in samples per CPU second of the process: the cost per sample, steadier than
+wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
 ``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
 ``ShardedDataset`` through ``make_loader``.
 """
@@ -24,6 +31,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +42,30 @@ from benchlib import corpus
 from torch.utils.data import DataLoader
 
 
-def _epochs(loaders: dict[str, Iterable[Any]], epochs: int, samples: int) -> dict[str, float]:
-    best: dict[str, float] = {}
+def _epochs(
+    loaders: dict[str, Iterable[Any]], epochs: int, samples: int, shape: tuple[int, ...] = (3, 32, 32)
+) -> dict[str, float]:
+    return {name: max(rates) for name, rates in _each_epoch(loaders, epochs, samples, shape).items()}
+
+
+def _each_epoch(
+    loaders: dict[str, Iterable[Any]], epochs: int, samples: int, shape: tuple[int, ...] = (3, 32, 32)
+) -> dict[str, list[float]]:
+    """Each loader's samples/s in each epoch (the loaders take turns), each batch checked:
+    uint8 ``[B, *shape]`` and int64 labels."""
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(epochs):
         for name, loader in loaders.items():
             t, n = time.perf_counter(), 0
-            for _x, y in loader:
+            for x, y in loader:
+                if x.dtype != torch.uint8 or x.shape[1:] != shape or y.dtype != torch.int64:
+                    raise SystemExit(f"{name}: a batch of {x.dtype} {tuple(x.shape)}, labels {y.dtype}")
                 n += int(y.shape[0])
             took = time.perf_counter() - t
             if n != samples:
                 raise SystemExit(f"{name}: an epoch gave {n} samples, expected {samples}")
-            best[name] = max(best.get(name, 0.0), n / took)
-    return best
+            rates[name].append(n / took)
+    return rates
 
 
 def _wids_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +79,48 @@ def _arrow_collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Ten
     return torch.from_numpy(x.copy()), torch.tensor([s["y"] for s in batch])
 
 
+class _Lance(torch.utils.data.Dataset[Any]):
+    """A Lance dataset, map-style: a batch is one ``take`` of its rows (opened once per worker;
+    Lance is not fork-safe, so it is written in a child process and read by spawned workers)."""
+
+    def __init__(self, root: Path, samples: int) -> None:
+        import lance  # noqa: F401  (ImportError: not installed)
+
+        if not root.exists():
+            with get_context("spawn").Pool(1) as pool:
+                pool.apply(_write_lance, (root, samples))
+        self.root, self._data, self._n = str(root), None, samples
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        if self._data is None:
+            import lance
+
+            self._data = lance.dataset(self.root)
+        return self._data.take(indices, columns=["x", "y"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_data": None}
+
+
+def _write_lance(root: Path, samples: int) -> None:
+    import lance
+    import pyarrow as pa
+
+    images, labels = corpus.arrays(samples, classes=10)
+    x = pa.array([a.tobytes() for a in images], type=pa.binary(3 * 32 * 32))
+    lance.write_dataset(pa.table({"x": x, "y": pa.array(labels, type=pa.int64())}), str(root))
+
+
+def _lance_collate(table: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    x = table.column("x").combine_chunks()
+    data = np.frombuffer(x.buffers()[1], dtype=np.uint8)[x.offset * 3072 : (x.offset + len(x)) * 3072]
+    y = table.column("y").to_numpy()
+    return torch.from_numpy(data.reshape(len(x), 3, 32, 32).copy()), torch.from_numpy(y.astype(np.int64))
+
+
 def _arrow(root: Path, samples: int) -> Any:
     import datasets
 
@@ -69,28 +131,72 @@ def _arrow(root: Path, samples: int) -> Any:
     return datasets.load_from_disk(str(root))
 
 
-def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+def _readers(work: Path, samples: int) -> tuple[Path, dict[str, tuple[Any, Callable[..., Any]]]]:
+    """The shardify split's folder, and each reader's map-style dataset and collate."""
     import wids
 
-    from shardify.reader import CacheOptions, MapDataset
+    from shardify.reader import MapDataset
 
     root = corpus.arrays_dataset(work / f"map-{samples}", samples, classes=10)
+    chunked = corpus.arrays_dataset(work / f"map-chunk256-{samples}", samples, classes=10, chunk=256)
     corpus.warm(root)
-    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
-    sets: dict[str, tuple[Any, Callable[..., Any] | None]] = {
-        "shardify MapDataset": (MapDataset(root, fields=("npy", "cls")), None),
+    corpus.warm(chunked)
+    fields = ("npy", "cls")
+    sets: dict[str, tuple[Any, Callable[..., Any]]] = {
+        "shardify MapDataset": (MapDataset(root, fields=fields), MapDataset.collate),
+        "shardify MapDataset (chunked 256)": (MapDataset(chunked, fields=fields), MapDataset.collate),
         "wids ShardListDataset": (wids.ShardListDataset(str(root / "train.json"), transformations=[]), _wids_collate),
     }
     try:
         sets["HF datasets (Arrow)"] = (_arrow(work / f"arrow-{samples}", samples), _arrow_collate)
     except ImportError:
         pass
-    loaders = {name: DataLoader(ds, collate_fn=c, **kw) for name, (ds, c) in sets.items()}
+    try:
+        sets["Lance"] = (_Lance(work / f"lance-{samples}", samples), _lance_collate)
+    except ImportError:
+        pass
+    return root, sets
+
+
+def cpu(work: Path, *, samples: int, batch_size: int, epochs: int) -> dict[str, Any]:
+    """Each reader's batches (its batched fetch, else one item at a time, then its collate) in
+    this process, in samples per CPU second of this process (best epoch): the cost per sample,
+    whatever else the machine runs."""
+    _, sets = _readers(work, samples)
+    order = np.random.default_rng(0).permutation(samples)
+    batches = [order[i : i + batch_size].tolist() for i in range(0, samples, batch_size)]
+    best: dict[str, float] = {}
+    for _ in range(epochs):
+        for name, (ds, collate) in sets.items():
+            fetch = ds.__getitems__ if hasattr(ds, "__getitems__") else lambda b, ds=ds: [ds[i] for i in b]
+            t = time.process_time()
+            for b in batches:
+                collate(fetch(b))
+            best[name] = max(best.get(name, 0.0), samples / (time.process_time() - t))
+    return {k: round(v) for k, v in best.items()}
+
+
+def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int, delay_ms: float) -> dict[str, Any]:
+    from shardify.reader import CacheOptions, MapDataset
+
+    root, sets = _readers(work, samples)
+    fields = ("npy", "cls")
+    kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    loaders = {
+        name: DataLoader(ds, collate_fn=c, **kw, **({"multiprocessing_context": "spawn"} if name == "Lance" else {}))
+        for name, (ds, c) in sets.items()
+    }
     rates = _epochs(loaders, epochs, samples)
     with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
-        remote = MapDataset(f"{base}/{root.name}", fields=("npy", "cls"), cache=CacheOptions(requests=batch_size))
+        url, coll = f"{base}/{root.name}", MapDataset.collate
+        remote = MapDataset(url, fields=fields, cache=CacheOptions(requests=batch_size))
         name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
-        rates.update(_epochs({name: DataLoader(remote, **kw)}, 1, samples))
+        rates[f"{name}, ranged"] = _epochs({name: DataLoader(remote, collate_fn=coll, **kw)}, 1, samples)[name]
+        with tempfile.TemporaryDirectory(dir=work) as cache:
+            whole = MapDataset(url, fields=fields, cache=CacheOptions(ranged=False, dir=cache))
+            each = _each_epoch({name: DataLoader(whole, collate_fn=coll, **kw)}, max(2, epochs), samples)[name]
+        rates[f"{name}, shards fetched whole: first epoch"] = each[0]
+        rates[f"{name}, shards fetched whole: later epochs"] = max(each[1:])
     return {k: round(v) for k, v in rates.items()}
 
 
@@ -113,7 +219,10 @@ def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 6
     kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
     with make_loader(stream, num_workers=workers) as streaming:
         rates = _epochs(
-            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n
+            {"ShardedDataset + make_loader": streaming, "MapDataset + DataLoader": DataLoader(mapped, **kw)},
+            epochs,
+            n,
+            (3, 224, 224),
         )
     return {k: round(v) for k, v in rates.items()}
 
@@ -166,6 +275,7 @@ def main() -> None:
     p.add_argument("--http-delay-ms", type=float, default=20.0)
     p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
     p.add_argument("--photos", type=int, default=0, help="only the JPEG figure, with this many photos")
+    p.add_argument("--cpu", action="store_true", help="only each reader's samples per CPU second, in one process")
     p.add_argument("--dir", type=Path, default=None)
     a = p.parse_args()
     work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
@@ -175,6 +285,10 @@ def main() -> None:
         return
     if a.keys:
         print(json.dumps(keys(work, a.keys), indent=1))
+        return
+    if a.cpu:
+        out = cpu(work, samples=a.samples, batch_size=a.batch_size, epochs=a.epochs)
+        print(json.dumps({"samples per CPU second, one process": out}, indent=1))
         return
     out = read(
         work,

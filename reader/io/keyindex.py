@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from shardify.errors import ManifestError
+from shardify.reader.io.chunkbytes import ChunkBytes
 from shardify.reader.io.items import sample_key
 from shardify.reader.io.samplebytes import SampleBytes
 
@@ -61,11 +62,16 @@ class KeyIndex:
         return out
 
 
-def split_key_list(data: SampleBytes) -> Iterator[str]:
+def split_key_list(data: SampleBytes, chunks: ChunkBytes | None = None) -> Iterator[str]:
     """Every sample key of ``data``'s source, in stored order: the name of each sample's first
-    header (512 bytes read where its table says it starts; a remote shard's are fetched)."""
+    header (512 bytes read where its table says it starts; a remote shard's are fetched), or
+    for a chunked shard (``chunks`` reads them) its chunks' keys members."""
     src = data.source
+    chunked = chunks.chunked if chunks is not None else ()
     for shard, n in enumerate(src.sizes):
+        if chunks is not None and shard < len(chunked) and chunked[shard]:
+            yield from chunks.keys(shard)
+            continue
         ends = data.ranges(shard).ends
         f, _ = src.open_tar(src.urls[shard])
         try:

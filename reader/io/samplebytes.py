@@ -3,15 +3,19 @@
 :class:`SampleBytes` gives the checked tar bytes of any samples of a source's shards: their
 byte ranges come from each shard's table (:mod:`shardify.sampletable`; inline, a sidecar or a
 compact index's sidecar, loaded when a shard is first touched). A local shard is read with
-``os.pread`` (a descriptor per shard and process, the :data:`MAX_OPEN_FILES` most recently
-used kept open, opened again after a fork), each sample
+``os.pread``, or for a batch memory-mapped (files kept open and mapped by
+:class:`~shardify.reader.io.mapfiles.OpenShards`), each sample
 checked against its CRC-32; a remote one by ranged requests (:func:`~shardify.remote.fetch_range`,
-with the source's retries), each sample checked against its SHA-256 prefix. The samples of one
-call are grouped by shard, neighbours within ``gap_bytes`` coalesced into one read
-(``remote_gap_bytes`` for a remote shard: a request's latency costs more than the bytes between;
-up to ``max_request_bytes``), and remote requests run concurrently (``threads``). A sample that does
-not match comes back as a :class:`~shardify.errors.SampleChecksumError` naming the shard and key,
-for its position only; a file shorter than its table is a :class:`ShardFormatError` naming it.
+with the source's retries), each sample checked against its SHA-256 prefix, or with ``whole``
+fetched whole into the node's cache on first touch (checked by its SHA-256), then read and
+checked as a local file. The samples of one call are grouped by shard, neighbours within
+``gap_bytes`` coalesced into one read (``remote_gap_bytes`` for a ranged shard: a request's
+latency costs more than the bytes between; up to ``max_request_bytes``), and remote requests run
+concurrently (``threads``). :meth:`SampleBytes.gather` puts a batch's samples one after another
+in one buffer (each copied straight into its place, CRC-32s compared as one array). A sample that
+does not match comes back as a :class:`~shardify.errors.SampleChecksumError` naming the shard
+and key, for its position only; a file shorter than its table is a :class:`ShardFormatError`
+naming it.
 """
 
 from __future__ import annotations
@@ -19,28 +23,44 @@ from __future__ import annotations
 import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import changed_sample, sample_key
+from shardify.reader.io.mapfiles import OpenShards, gzip_refused
 from shardify.reader.io.shardfile import Table
-from shardify.reader.io.shardopen import local_path
+from shardify.reader.io.shardopen import is_gzip
 from shardify.reader.io.source import Source
 from shardify.reader.io.tablesetup import sample_tables
 from shardify.remote import ShardFetchError, fetch_range, is_remote
 from shardify.sampletable import SampleRanges, sample_digest
 
-__all__ = ["SampleBytes", "Got"]
+__all__ = ["SampleBytes", "Got", "Gathered"]
 
 Got = bytes | SampleChecksumError
 """A sample's checked tar bytes, or why they do not match the index."""
 
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """A batch's checked tar bytes, one sample after another in ``data`` (``uint8``): sample
+    ``j`` is ``data[at[j]:at[j + 1]]``, found at byte ``offsets[j]`` of its shard; ``bad[j]``:
+    why sample ``j`` does not match (its bytes left out)."""
+
+    data: np.ndarray
+    at: np.ndarray
+    offsets: np.ndarray
+    bad: dict[int, SampleChecksumError]
+
+
 _MAX_TABLES = 4096
 """Shard tables kept per process (the most recently used)."""
-MAX_OPEN_FILES = 128
-"""Local shard files kept open per process (the most recently used; others closed)."""
 
 
 class SampleBytes:
@@ -57,6 +77,7 @@ class SampleBytes:
         gap_bytes: int = 64 << 10,
         remote_gap_bytes: int = 256 << 10,
         max_request_bytes: int = 8 << 20,
+        whole: bool = False,
     ) -> None:
         if threads < 1 or min(gap_bytes, remote_gap_bytes) < 0 or max_request_bytes < 1:
             raise ValueError(
@@ -65,6 +86,7 @@ class SampleBytes:
         self.source = source
         self._threads, self._max = threads, max_request_bytes
         self._gap, self._remote_gap = gap_bytes, remote_gap_bytes
+        self._whole = whole
         self._reset()
 
     def _reset(self) -> None:
@@ -72,11 +94,11 @@ class SampleBytes:
         self._pid = os.getpid()
         self._tables: Sequence[Table] | None = None
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._files = OpenShards(self.source)
         self._pool: DaemonPool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("source", "_threads", "_max", "_gap", "_remote_gap")
+        keep = ("source", "_threads", "_max", "_gap", "_remote_gap", "_whole")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -98,9 +120,11 @@ class SampleBytes:
             self._tables = sample_tables([self.source]) or ()
         table = self._tables[shard] if shard < len(self._tables) else b""
         raw = table() if callable(table) else table
+        if is_gzip(self.urls[shard]):
+            raise gzip_refused(self.urls[shard])
         if not raw:
             raise ShardFormatError(
-                "has no per-sample table (a chunked or gzip shard, or shards listed without a split index): "
+                "has no per-sample table (shards listed without a split index, or written by an older shardify): "
                 "random access needs one; convert with this shardify, or read it with ShardedDataset",
                 shard=self.urls[shard],
             )
@@ -118,16 +142,13 @@ class SampleBytes:
         """The bytes of each ``(shard, position)`` of ``wanted``, in that order."""
         self._check_pid()
         runs = self._runs(wanted)
-        remote = [r for r in runs if is_remote(self.urls[r[0]])]
+        remote = [r for r in runs if self._ranged(r[0])]
         got: dict[tuple[int, int], Got] = {}
         if len(remote) > 1:
-            if self._pool is None:
-                self._pool = DaemonPool(self._threads, "shardify-mapview")  # never holds the process at exit
-            futures = [self._pool.submit(self._read_run, run) for run in remote]
-            for future in futures:
+            for future in [self._pooled().submit(self._read_run, run) for run in remote]:
                 got.update(future.result())
         for run in runs:
-            if len(remote) <= 1 or not is_remote(self.urls[run[0]]):
+            if len(remote) <= 1 or not self._ranged(run[0]):
                 got.update(self._read_run(run))
         return [got[w] for w in wanted]
 
@@ -138,7 +159,7 @@ class SampleBytes:
             ends = self.ranges(shard).ends
             if runs and runs[-1][0] == shard:
                 first, last = runs[-1][1][0], runs[-1][1][-1]
-                gap = self._remote_gap if is_remote(self.urls[shard]) else self._gap
+                gap = self._remote_gap if self._ranged(shard) else self._gap
                 if ends[pos] - ends[last + 1] <= gap and ends[pos + 1] - ends[first] <= self._max:
                     runs[-1][1].append(pos)
                     continue
@@ -150,7 +171,7 @@ class SampleBytes:
         ranges = self._ranges.get(shard) or self.ranges(shard)  # (a pool thread: loaded by _runs)
         url = self.urls[shard]
         a, b = ranges.ends[positions[0]], ranges.ends[positions[-1] + 1]
-        remote = is_remote(url)
+        remote = self._ranged(shard)
         data = self._fetch(url, a, b) if remote else self._pread(shard, url, a, b)
         out: dict[tuple[int, int], Got] = {}
         view = memoryview(data)
@@ -172,29 +193,98 @@ class SampleBytes:
             raise ShardFormatError(f"cannot fetch bytes {a}-{b - 1}: {e.reason}", shard=url) from e
 
     def _pread(self, shard: int, url: str, a: int, b: int) -> bytes:
-        fd = self._fds.get(shard)
+        fd = self._files.fd(shard)
         try:
-            if fd is None:
-                fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                if len(self._fds) > MAX_OPEN_FILES:
-                    os.close(self._fds.popitem(last=False)[1])
-            else:
-                self._fds.move_to_end(shard)
             data = os.pread(fd, b - a, a)
         except OSError as e:
             raise ShardFormatError(f"cannot read bytes {a}-{b - 1}: {e}", shard=url) from e
         if len(data) != b - a:
-            raise ShardFormatError(
-                f"truncated: bytes {a}-{b - 1} hold only {len(data)} (the file is shorter than its index says)",
-                shard=url,
-            )
+            raise _truncated(url, a, b, len(data))
         return data
+
+    def _ranged(self, shard: int) -> bool:
+        """Whether shard ``shard`` is read by ranged requests (remote, not fetched whole)."""
+        return not self._whole and is_remote(self.urls[shard])
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on this process's fetch threads."""
+        return self._pooled().submit(fn, *args)
+
+    def _pooled(self) -> DaemonPool:
+        if self._pool is None:
+            self._pool = DaemonPool(self._threads, "shardify-mapview")  # never holds the process at exit
+        return self._pool
+
+    def gather(self, shards: np.ndarray, positions: np.ndarray) -> Gathered:
+        """The checked bytes of samples ``(shards[j], positions[j])``, in that order, in one buffer."""
+        self._check_pid()
+        n = len(shards)
+        order = np.argsort(shards, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1) if n else []
+        a, b, crc = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint32)
+        for g in groups:
+            ranges = self.ranges(int(shards[g[0]]))
+            ends, p = np.frombuffer(ranges.ends, np.int64), positions[g]
+            a[g], b[g], crc[g] = ends[p], ends[p + 1], np.frombuffer(ranges.crcs, np.uint32)[p]
+        at = np.zeros(n + 1, np.int64)
+        np.cumsum(b - a, out=at[1:])
+        parts: list[bytes] = [b""] * n
+        bad: dict[int, SampleChecksumError] = {}
+        ranged = [g for g in groups if self._ranged(int(shards[g[0]]))]
+        if ranged:
+            js = np.concatenate(ranged).tolist()
+            for j, got in zip(js, self.read(list(zip(shards[js].tolist(), positions[js].tolist())))):
+                if isinstance(got, SampleChecksumError):
+                    bad[j], parts[j] = got, bytes(int(at[j + 1] - at[j]))
+                else:
+                    parts[j] = got
+        local = [g for g in groups if not self._ranged(int(shards[g[0]]))]
+        self._files.open_many([int(shards[g[0]]) for g in local], self._pooled().submit)
+        starts, stops = a.tolist(), b.tolist()
+        for g in local:
+            self._copy_checked(int(shards[g[0]]), g.tolist(), parts, starts, stops, crc[g], bad, positions)
+        return Gathered(np.frombuffer(b"".join(parts), np.uint8), at, a, bad)
+
+    def _copy_checked(
+        self,
+        shard: int,
+        js: list[int],
+        parts: list[bytes],
+        starts: list[int],
+        stops: list[int],
+        crc: np.ndarray,
+        bad: dict[int, SampleChecksumError],
+        positions: np.ndarray,
+    ) -> None:
+        """Copy samples ``js`` of ``shard`` out of its memory map into ``parts``, then check their CRC-32s."""
+        url = self.urls[shard]
+        try:
+            mapped = self._files.mapped(shard)
+        except (OSError, ValueError) as e:
+            raise ShardFormatError(f"cannot map it: {e}", shard=url) from e
+        a, b = [starts[j] for j in js], [stops[j] for j in js]
+        if max(b) > len(mapped):
+            w = next(w for w, stop in enumerate(b) if stop > len(mapped))
+            raise _truncated(url, a[w], b[w], max(0, len(mapped) - a[w]))
+        pieces = list(map(mapped.__getitem__, map(slice, a, b)))
+        for j, piece in zip(js, pieces):
+            parts[j] = piece
+        sums = np.array(list(map(zlib.crc32, pieces)), np.uint32)
+        for w in np.flatnonzero(sums != crc).tolist():
+            j = js[w]
+            key = sample_key(parts[j])
+            bad[j] = changed_sample(int(positions[j]), starts[j], stops[j], url=url, key=key, remote=False)
 
     def close(self) -> None:
         """Close this process's descriptors and threads (made again when next used)."""
         if os.getpid() == self._pid:
-            for fd in self._fds.values():
-                os.close(fd)
+            self._files.close()
             if self._pool is not None:
                 self._pool.shutdown()
         self._reset()
+
+
+def _truncated(url: str, a: int, b: int, got: int) -> ShardFormatError:
+    return ShardFormatError(
+        f"truncated: bytes {a}-{b - 1} hold only {got} (the file is shorter than its index says)", shard=url
+    )

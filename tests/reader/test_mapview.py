@@ -181,19 +181,6 @@ def test_get_compares_the_key_read_when_every_key_shares_one_hash(
         ds.get("nope")
 
 
-def test_a_chunked_split_is_refused_naming_the_shard(tmp_path: Path) -> None:
-    from shardify.convert import ShardWriter
-    from shardify.errors import ShardFormatError
-
-    with ShardWriter(tmp_path / "ds", chunk=4, fsync=False) as w:
-        for i in range(10):
-            w.write({"txt": f"t{i}", "cls": i % 2})
-    ds = MapDataset(tmp_path / "ds", fields=("txt", "cls"))
-    with pytest.raises(ShardFormatError, match="no per-sample table .* read it with ShardedDataset") as e:
-        ds[3]
-    assert e.value.shard == ds.source.urls[0]
-
-
 def test_over_http_a_damaged_sample_names_shard_and_key_and_failed_requests_are_retried(
     tmp_path: Path, stored: list
 ) -> None:
@@ -209,9 +196,9 @@ def test_over_http_a_damaged_sample_names_shard_and_key_and_failed_requests_are_
 
 
 def test_local_files_kept_open_are_bounded(root: Path, stored: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardify.reader.io import samplebytes
+    from shardify.reader.io import mapfiles
 
-    monkeypatch.setattr(samplebytes, "MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(mapfiles, "MAX_OPEN_FILES", 2)
     ds = MapDataset(root, fields=FIELDS)
     assert [tuple(ds[i]) for i in range(N)] == stored and [tuple(ds[i]) for i in range(N)] == stored
-    assert len(ds._bytes._fds) == 2
+    assert len(ds._bytes._files.files) == 2
