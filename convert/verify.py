@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
@@ -30,6 +29,7 @@ from shardify.convert.fieldsizes import field_bytes
 from shardify.convert.inputs.sniff import IMAGE_FIELDS, ImageCheckError, check_image, describe_error
 from shardify.convert.write.finish import compact_fields
 from shardify.convert.write.versions import stray_files
+from shardify.crc import crc32
 from shardify.errors import ArrayFormatError, KeyRuleError, ManifestError, ShardFormatError, ShardifyError
 from shardify.keys import check_key
 from shardify.npy import npy_layout
@@ -98,7 +98,7 @@ class _HashingReader:
             take = max(0, start - pos)  # bytes before this sample (none: samples are contiguous)
             data, pos = data[take:], pos + take
             part = data[: stop - pos]
-            self._sample = zlib.crc32(part, self._sample)
+            self._sample = crc32(part, self._sample)
             self._sha.update(part)
             data, pos = data[len(part) :], pos + len(part)
             if pos == stop:

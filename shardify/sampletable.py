@@ -23,7 +23,6 @@ import base64
 import binascii
 import hashlib
 import struct
-import zlib
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from shardify.crc import crc32
 from shardify.errors import ManifestError
 
 __all__ = [
@@ -122,7 +122,7 @@ class TableBuilder:
         n = len(view)
         if not self._marks or self._marks[0] >= self._pos + n:  # within one sample: most writes
             if self._crc is not None and n:
-                self._crc = zlib.crc32(view, self._crc)
+                self._crc = crc32(view, self._crc)
                 self._sha.update(view)
             self._pos += n
             return
@@ -136,7 +136,7 @@ class TableBuilder:
 
     def _update(self, view: memoryview) -> None:
         if self._crc is not None and len(view):
-            self._crc = zlib.crc32(view, self._crc)
+            self._crc = crc32(view, self._crc)
             self._sha.update(view)
         self._pos += len(view)
 

@@ -21,7 +21,6 @@ naming it.
 from __future__ import annotations
 
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shardify.crc import crc32
 from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import changed_sample, sample_key
@@ -178,7 +178,7 @@ class SampleBytes:
         for p in positions:
             s, e = ranges.ends[p], ranges.ends[p + 1]
             one = view[s - a : e - a]
-            ok = sample_digest(one) == ranges[p][2] if remote else zlib.crc32(one) == ranges.crcs[p]
+            ok = sample_digest(one) == ranges[p][2] if remote else crc32(one) == ranges.crcs[p]
             if ok:
                 out[(shard, p)] = bytes(one)
             else:
@@ -269,7 +269,7 @@ class SampleBytes:
         pieces = list(map(mapped.__getitem__, map(slice, a, b)))
         for j, piece in zip(js, pieces):
             parts[j] = piece
-        sums = np.array(list(map(zlib.crc32, pieces)), np.uint32)
+        sums = np.array(list(map(crc32, pieces)), np.uint32)
         for w in np.flatnonzero(sums != crc).tolist():
             j = js[w]
             key = sample_key(parts[j])

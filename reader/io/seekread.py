@@ -17,10 +17,10 @@ shard. Without a table, only the ``fields`` asked for are read, one read each.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Collection, Iterator
 from typing import BinaryIO
 
+from shardify.crc import crc32
 from shardify.errors import ShardFormatError
 from shardify.reader.io.forward import read_forward
 from shardify.reader.io.items import READ_ERRORS, Item, changed_sample, damage
@@ -100,7 +100,7 @@ def _read_checked(
         view = memoryview(data)
         for i in range(index, end):
             s, e = ends[i], ends[i + 1]
-            if zlib.crc32(view[s - a : e - a]) != crcs[i]:
+            if crc32(view[s - a : e - a]) != crcs[i]:
                 bad = changed_sample(i, s, e, url=url, key=layout.key(i - base), remote=False)
                 yield from files.lost(shard, i, i + 1, bad)
             else:

@@ -15,9 +15,9 @@ of the shard for the rest of the range (see :meth:`~shardify.reader.io.shardfile
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 
+from shardify.crc import crc32
 from shardify.errors import ShardFormatError
 from shardify.reader.io.items import READ_ERRORS, Item, changed_sample, damage, sample_key
 from shardify.reader.io.sampleparse import parse_sample
@@ -54,7 +54,7 @@ def read_table(files: ShardFiles, shard: int, start: int, stop: int, ranges: Sam
             for i in range(index, end):
                 s, e = ranges.ends[i], ranges.ends[i + 1]
                 one = data if alone else data[s - a : e - a]
-                if zlib.crc32(one) != ranges.crcs[i]:
+                if crc32(one) != ranges.crcs[i]:
                     bad = changed_sample(i, s, e, url=url, key=sample_key(one), remote=False)
                     yield from files.lost(shard, i, i + 1, bad)
                 else:
