@@ -67,8 +67,10 @@ class Loader:
         prefetch: dict[str, Any] | None,
         recycle_batches: bool = True,
         progress: bool = False,
+        epoch_ahead: bool = True,
     ) -> None:
         self.dataset = dataset
+        self._ahead = epoch_ahead
         self.dataloader = dataloader
         self._prefetch = prefetch
         self._recycle = recycle_batches and dataloader.num_workers > 0
@@ -140,6 +142,14 @@ class Loader:
         if running is not None and how_died(running) is not None:
             log.warning("DataLoader %s; starting new workers", how_died(running))
             self._shut_down(running)
+        # New persistent workers make each next epoch's first batch ahead (delivery/ahead.py)
+        self.dataset.epoch_ahead.enabled = self._ahead and self.dataloader.persistent_workers
+        try:
+            return self._fork()
+        finally:
+            self.dataset.epoch_ahead.enabled = False  # the workers took their copy
+
+    def _fork(self) -> Any:
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
             return fork_frozen(self.dataloader)  # persistent workers already running keep theirs
         # Enough slots for the batches prefetched, the one in use, one kept and the one being made;
@@ -297,6 +307,7 @@ def make_loader(
     jpeg_decoder: Any = None,
     timeout: float = 0,
     progress: bool = False,
+    epoch_ahead: bool = True,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -313,6 +324,11 @@ def make_loader(
     DataLoader); past it the loader stops them and raises :class:`WorkerError`, and
     ``load_state_dict(state_dict())`` then a new iteration resumes exactly. Set it above the
     slowest batch (the first one of an epoch included).
+
+    ``epoch_ahead``: persistent workers that have made their last batch of an epoch make their first
+    batch of the next one (``epoch + 1`` from its start) while the epoch ends, so the next epoch's
+    first batches are waiting for it; ``set_epoch`` to another epoch, or a resume, drops that work
+    (:mod:`shardify.reader.delivery.ahead`).
 
     ``progress``: one bar per epoch on stderr (when it is a terminal) with samples/s and the share
     of time the loop waits for data; ``loader.stats()`` gives the figures (docs/bottleneck.md).
@@ -359,4 +375,11 @@ def make_loader(
             "channels_last": channels_last,
             "jpeg_decoder": jpeg_decoder,
         }
-    return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches, progress=progress)
+    return Loader(
+        dataset,
+        dataloader,
+        prefetch=prefetch,
+        recycle_batches=recycle_batches,
+        progress=progress,
+        epoch_ahead=epoch_ahead,
+    )

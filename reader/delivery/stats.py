@@ -63,11 +63,15 @@ class StageTable:
         self._table[slot] = 0
         self._table[slot, _STAMP] = epoch + 1
 
-    def timed(self, slot: int, batches: Iterator[Any]) -> Iterator[Any]:
-        """``batches``, each one's making timed and the clock's stages written to ``slot`` before it is yielded."""
+    def timed(
+        self, slot: int, batches: Iterator[Any], *, base: tuple[float, ...] = (), busy: float = 0.0
+    ) -> Iterator[Any]:
+        """``batches``, each one's making timed and the clock's stages written to ``slot`` before it is
+        yielded; ``base`` and ``busy``: the clock's values and the seconds already spent, when the
+        first batches were made before (ahead, in another thread of this process)."""
         row = self._table.numpy()[slot]
-        base = CLOCK.values()
-        busy, n = 0.0, 0
+        base = base or CLOCK.values()
+        n = 0
         while True:
             t = time.perf_counter()
             try:
