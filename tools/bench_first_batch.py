@@ -22,7 +22,8 @@ process, the systems alternating, ``--repeat`` times; it prints min and median o
 
 and the imports, separately. ``--next-epoch`` times, instead, shardify's first batch of epoch 1
 with persistent workers, after a loop whose steps take ``--step-ms`` read epoch 0 (from
-``iter(loader)`` after ``set_epoch(1)`` to the first batch): the epoch boundary. ``--scale`` also times shardify at ``--scale-rows`` small
+``iter(loader)`` after ``set_epoch(1)`` to the first batch): the epoch boundary. ``--scale`` also
+times shardify at ``--scale-rows`` small
 samples (the corpus's listing of IDs, labels and captions, converted) as rank ``--rank`` of
 ``--world`` (batch 256). ``--breakdown`` says where that first batch goes, in one fresh
 process: resolving the source (manifest and index), the epoch's sequence (once per process),
