@@ -37,7 +37,7 @@ from shardify.reader.delivery.place import require_state
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.delivery.stats import LoaderMeter
-from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames
+from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames, stop_workers
 from shardify.reader.plan.resume import Segment
 from shardify.reader.plan.world import detect_rank_world
 from shardify.reader.sample.device_decode import nvjpeg_decoder
@@ -232,9 +232,7 @@ class Loader:
 
     def _shut_down(self, workers: Any) -> None:
         """After an error, stop the workers now (not at garbage collection) and start afresh next time."""
-        shutdown = getattr(workers, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(workers)
         channel = self._channels.pop(workers, None)
         if channel is not None:
             channel.close()
