@@ -212,9 +212,13 @@ class DevicePrefetcher(Stage[Any]):
         if stream is None:
             out, event = self._prepared(batch), None
         else:
+            timed = self._clock is not None and self._decode is not None  # device decode: its device time too
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                begun = stream.record_event(torch.cuda.Event(enable_timing=True)) if timed else None
                 out = self._prepared(batch)
-                event = stream.record_event()
+                event = stream.record_event(torch.cuda.Event(enable_timing=timed))
+            if timed and self._clock is not None:
+                self._clock.add_events(begun, event)  # read once done on the device, never waited for
         if self._clock is not None:
             self._clock.add("copy" if self._decode is None else "device_decode", time.perf_counter() - start)
         return out, event
