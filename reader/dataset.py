@@ -250,7 +250,7 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
     def _make_ahead(self, world: World, pool: SlotPool | None, plan: EpochPlan) -> None:
         """Once this worker's share of ``plan``'s epoch is done: make the next epoch's first batch
         (:mod:`shardify.reader.delivery.ahead`), for the place the next iteration is likely to have."""
-        epoch = plan.epoch + 1
+        epoch = self.epoch_ahead.next_epoch(plan.epoch)
         role, skip = resumed_role(world.worker, workers=world.workers, consumed=0)
         place = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world, batches=skip)
         ranks = dict(rank=world.rank, world=world.world, workers=world.workers)

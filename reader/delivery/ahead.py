@@ -4,7 +4,8 @@ A persistent DataLoader worker that has yielded the last batch of its share wait
 the next ``iter(loader)``; then every worker builds its first batch from nothing, and the
 training loop waits a whole batch build at each epoch's start. Instead, when its share ends,
 the worker starts a thread (``shardify-ahead``) that builds the chain of the epoch that follows
-(``epoch + 1``, from its start, same role and topology) and makes its first batch.
+(``epoch + 1``, from its start, same role and topology; the same epoch again for a loop seen
+iterating without ``set_epoch``) and makes its first batch.
 
 When the next iteration starts (:meth:`EpochAhead.take`), the worker's place in it
 (:class:`~shardify.reader.delivery.state.IterPosition`: epoch, role, batches consumed, history,
@@ -110,11 +111,18 @@ class EpochAhead:
     def __init__(self) -> None:
         self.enabled = False
         self._job: _Job | None = None
-        self.taken = 0  # iterations that went on with a batch made ahead (tests read it)
+        self.taken = 0  # iterations that went on with a batch made ahead
         self.dropped = 0  # batches made ahead and given back
+        self._last: int | None = None  # the epoch of this process's last iteration
+        self._step = 1  # from one iteration's epoch to the next's, as last seen
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "_job": None, "taken": 0, "dropped": 0}
+        return {"enabled": self.enabled, "_job": None, "taken": 0, "dropped": 0, "_last": None, "_step": 1}
+
+    def next_epoch(self, epoch: int) -> int:
+        """The epoch the iteration after one of ``epoch`` is likely to read: ``epoch + 1``, or
+        ``epoch`` again for a loop seen reading one epoch over and over (it never calls set_epoch)."""
+        return epoch + self._step
 
     def start(
         self, place: IterPosition, plan: Callable[[], EpochPlan], make: MakeChain, release: Callable[[Any], None]
@@ -127,6 +135,9 @@ class EpochAhead:
     def take(self, place: IterPosition, release: Callable[[Any], None]) -> Made | None:
         """The batch made ahead for ``place``, its thread done; None, and the work dropped (its
         batches given to ``release``), when there is none for this place."""
+        if self._last is not None:
+            self._step = 0 if place.epoch == self._last else 1
+        self._last = place.epoch
         job, self._job = self._job, None
         if job is None:
             return None

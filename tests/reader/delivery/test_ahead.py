@@ -88,6 +88,19 @@ def test_the_first_batches_of_the_next_epoch_are_made_before_it_starts(setup):
         assert _ids(first + list(it)) == expected[1]
 
 
+def test_a_loop_that_never_sets_the_epoch_gets_the_same_epoch_made_ahead(setup):
+    ds, log, gate, expected = setup
+    with make_loader(ds, num_workers=2, timeout=BOUND_S) as loader:
+        assert _ids(list(loader)) == expected[0]
+        assert _ids(list(loader)) == expected[0]  # epoch 0 again: epoch 1's batches made ahead are dropped
+        _wait_made(log, 2 * (24 + 2 * 3))  # then epoch 0's first batches, as the loop does
+        gate.touch()
+        it = iter(loader)
+        first = [next(it), next(it)]
+        gate.unlink()
+        assert _ids(first + list(it)) == expected[0]
+
+
 def test_another_epoch_drops_the_work_made_ahead(setup):
     ds, log, gate, expected = setup
     with make_loader(ds, num_workers=2) as loader:
