@@ -4,6 +4,7 @@ stopping them in bounded time, and letting go of what a kept error would hold.""
 from __future__ import annotations
 
 import gc
+import logging
 import signal
 import time
 import traceback
@@ -13,6 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 __all__ = ["STOP_GRACE_S", "how_died", "fork_frozen", "release_frames", "stop_workers"]
+
+log = logging.getLogger("shardify.reader")
 
 STOP_GRACE_S = 3.0
 """How long all the worker processes of a loader together get to exit when told to, before they are
@@ -96,6 +99,12 @@ def stop_workers(workers: Any, *, grace_s: float = STOP_GRACE_S) -> None:
             alive = [p for p in processes if p.is_alive()]
             if not alive:
                 break
+            log.warning(
+                "DataLoader workers (pids %s) did not stop within %g s of being told to; %s them",
+                ", ".join(str(p.pid) for p in alive),
+                grace_s,
+                "terminating" if end == "terminate" else "killing",
+            )
             for p in alive:
                 getattr(p, end)()
             _join_all(alive, grace_s)

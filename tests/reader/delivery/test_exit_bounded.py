@@ -73,7 +73,7 @@ def _run(tmp_path: Path, code: str, data: Path) -> dict:
     wall = time.monotonic() - start
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["wall_s"] = wall
+    out["wall_s"], out["stderr"] = wall, done.stderr
     return out
 
 
@@ -85,5 +85,6 @@ def test_a_device_decode_loader_exits_though_its_decoder_hangs(image_dataset, tm
 
 def test_closing_stops_every_worker_against_one_deadline(counting_dataset, tmp_path):
     out = _run(tmp_path, WORKERS_CHILD, counting_dataset([40]))
+    assert "did not stop within 3 s of being told to; terminating them" in out["stderr"]
     assert out["held"] == [], out
     assert out["close_s"] < BOUND_S, out  # torch's own shutdown: 5 s per stuck worker, 40 s for these 8
