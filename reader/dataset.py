@@ -44,7 +44,9 @@ How it runs: the main process owns a few shared-memory cells (epoch and resume p
 created with the dataset, so ``set_epoch`` and resuming reach persistent DataLoader workers,
 which hold a copy of the dataset. Each worker reads the cells when its iteration starts, plans
 its share (:class:`~shardify.reader.plan.epoch.EpochPlan`, a pure value) and runs its stages
-(:mod:`shardify.reader.worker`, :mod:`shardify.reader.stages`). The epoch's sequence mixes blocks
+(:mod:`shardify.reader.worker`, :mod:`shardify.reader.stages`); under make_loader, a persistent
+worker makes the next epoch's first batch as its share of an epoch ends
+(:mod:`shardify.reader.delivery.ahead`). The epoch's sequence mixes blocks
 of every stream and shard (:mod:`shardify.reader.plan.mix`); a worker gets whole batches of its
 rank's slice of it (batch ``b`` to worker ``b % workers``) and shuffles the samples of all its
 batches together, before batching, with a buffer of encoded samples. So a batch holds samples
