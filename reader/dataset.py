@@ -46,7 +46,9 @@ How it runs: the main process owns a few shared-memory cells (epoch and resume p
 created with the dataset, so ``set_epoch`` and resuming reach persistent DataLoader workers,
 which hold a copy of the dataset. Each worker reads the cells when its iteration starts, plans
 its share (:class:`~shardify.reader.plan.epoch.EpochPlan`, a pure value) and runs its stages
-(:mod:`shardify.reader.worker`, :mod:`shardify.reader.stages`). The epoch's sequence mixes blocks
+(:mod:`shardify.reader.worker`, :mod:`shardify.reader.stages`); under make_loader, a persistent
+worker makes the next epoch's first batch as its share of an epoch ends
+(:mod:`shardify.reader.delivery.ahead`). The epoch's sequence mixes blocks
 of every stream and shard (:mod:`shardify.reader.plan.mix`); a worker gets whole batches of its
 rank's slice of it (batch ``b`` to worker ``b % workers``) and shuffles the samples of all its
 batches together, before batching, with a buffer of encoded samples. So a batch holds samples
@@ -59,16 +61,19 @@ save and restore one process's place in its share: the protocol of torchdata's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardify.reader.delivery.batchpool import WorkerSlots
+from shardify.reader.delivery.ahead import EpochAhead
+from shardify.reader.delivery.batchpool import SlotPool, WorkerSlots, unsend
 from shardify.reader.delivery.place import ProcessPlace, require_state
 from shardify.reader.delivery.report import EpochReport, SharedReport
 from shardify.reader.delivery.shared_epoch import MAX_SEGMENTS, EpochControl, SharedEpoch
+from shardify.reader.delivery.state import IterPosition
 from shardify.reader.io.sources import Source, SourceLike
 from shardify.reader.options import (
     BatchOptions,
@@ -78,14 +83,15 @@ from shardify.reader.options import (
     SamplingOptions,
     with_defaults,
 )
-from shardify.reader.plan.assign import batches_per_rank, samples_per_rank
+from shardify.reader.plan.assign import batches_per_rank, resumed_role, samples_per_rank
 from shardify.reader.plan.blocks import BlockSequence
+from shardify.reader.plan.epoch import EpochPlan
 from shardify.reader.plan.resume import PLAN_VERSION, PlanOptions, Segment
 from shardify.reader.plan.world import World, detect_rank_world, detect_world
 from shardify.reader.sample.decoders import Decoding, choose_decoding
 from shardify.reader.setup import ReadSetup, opened_streams
 from shardify.reader.streams import Stream
-from shardify.reader.worker import ProcessReader, share_batches
+from shardify.reader.worker import ProcessReader, share_batches, share_chain
 from shardify.suggest import suggest_keywords
 
 __all__ = ["ReadOptions", "ShardedDataset", "Stream", "PLAN_VERSION", "MAX_SEGMENTS"]
@@ -130,6 +136,7 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
         self._readers = ProcessReader()
         self.batch_slots = WorkerSlots()  # make_loader's Loader attaches its channel while workers start
         self._place = ProcessPlace()  # this process's iteration, or a place loaded for its next
+        self.epoch_ahead = EpochAhead()  # make_loader enables it for persistent workers
 
     # -- sizes and the plan --------------------------------------------------------------------
 
@@ -223,7 +230,14 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
             self.epoch_inputs, world=world, epoch=epoch, consumed=consumed, history=history
         )
         pool = self.batch_slots.pool(world.worker) if in_worker else None  # under make_loader: shared memory
-        end = None if in_worker else (lambda: self._report.warn(self.epoch))
+        release = functools.partial(unsend, pool)
+        end: Callable[[EpochPlan], None] | None = None
+        made = None
+        if not in_worker:
+            end = lambda _: self._report.warn(self.epoch)  # noqa: E731
+        elif self.epoch_ahead.enabled:  # a persistent worker: the next epoch's first batch, made ahead
+            made = self.epoch_ahead.take(position, release)
+            end = functools.partial(self._make_ahead, world, pool)
         return share_batches(
             plan,
             position,
@@ -234,4 +248,19 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
             report=self._report,
             slot=slot,
             on_end=end,
+            made=made,
         )
+
+    def _make_ahead(self, world: World, pool: SlotPool | None, plan: EpochPlan) -> None:
+        """Once this worker's share of ``plan``'s epoch is done: make the next epoch's first batch
+        (:mod:`shardify.reader.delivery.ahead`), for the place the next iteration is likely to have."""
+        epoch = self.epoch_ahead.next_epoch(plan.epoch)
+        role, skip = resumed_role(world.worker, workers=world.workers, consumed=0)
+        place = IterPosition(epoch=epoch, role=role, workers=world.workers, world=world.world, batches=skip)
+        ranks = dict(rank=world.rank, world=world.world, workers=world.workers)
+        make_plan = functools.partial(self.epoch_inputs.worker, epoch, worker=role, history=(), **ranks)
+        release = functools.partial(unsend, pool)
+        chain = functools.partial(
+            share_chain, skip=skip, setup=self._setup, readers=self._readers, decoding=self.decode_strategy, slots=pool
+        )
+        self.epoch_ahead.start(place, make_plan, lambda p, on_bad: chain(p, on_bad=on_bad), release)

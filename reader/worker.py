@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shardify.reader.delivery.ahead import Made
 from shardify.reader.delivery.batchpool import SlotPool
 from shardify.reader.delivery.report import SharedReport
 from shardify.reader.delivery.state import IterPosition
@@ -23,6 +24,7 @@ from shardify.reader.io.stream import ShardReader
 from shardify.reader.io.tablesetup import sample_tables
 from shardify.reader.options import ReadOptions
 from shardify.reader.plan.epoch import EpochPlan
+from shardify.reader.sample.bad import Bad
 from shardify.reader.sample.collate import private_empty
 from shardify.reader.sample.decoders import Decoding
 from shardify.reader.sample.fields import loaded_fields
@@ -32,7 +34,7 @@ from shardify.reader.stages.process import by_stream
 from shardify.reader.stages.sharedmem import ToSharedMemory
 from shardify.reader.streams import sample_tagger
 
-__all__ = ["ProcessReader", "share_batches"]
+__all__ = ["ProcessReader", "share_chain", "share_batches"]
 
 
 class ProcessReader:
@@ -69,28 +71,19 @@ class ProcessReader:
         return self._reader[1]
 
 
-def share_batches(
-    plan: EpochPlan | Callable[[], EpochPlan],
-    position: IterPosition,
+def share_chain(
+    plan: EpochPlan,
+    skip: int,
     *,
     setup: ReadSetup,
     readers: ProcessReader,
     decoding: Decoding,
     slots: SlotPool | None,
-    report: SharedReport,
-    slot: int,
-    on_end: Callable[[], None] | None = None,
-) -> Iterator[Any]:
-    """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
-    for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
-    is called once all were. ``decoding`` makes each sample's output and collates the batches,
-    in the worker's shared-memory ``slots`` when it has them (then the ToSharedMemory stage sends them
-    through the slots). The reader is closed when the share ends or the iteration stops."""
-    if not isinstance(plan, EpochPlan):
-        plan = plan()
-    o, skip = setup.options, position.batches
-    if skip >= plan.num_batches:
-        return
+    on_bad: Callable[[Bad], None],
+) -> tuple[Iterator[Any], ShardReader]:
+    """``plan``'s batches after its first ``skip`` (packed in ``slots``, if given), and the reader
+    they are read with (the caller closes it): the chain of stages of one share."""
+    o = setup.options
     tag = None
     if setup.tag_stream or o.sampling.mark_repeats:
         tag = sample_tagger(
@@ -104,7 +97,7 @@ def share_batches(
         reader=reader,
         process=by_stream(processors),
         collate=decoding.collate(o, empty=slots.empty if slots is not None else private_empty),
-        on_bad=functools.partial(report.record_bad, slot),
+        on_bad=on_bad,
         tag=tag,
         bucket_length=o.batching.bucket_length,
         bucket_buffer=o.batching.bucket_buffer,
@@ -113,13 +106,55 @@ def share_batches(
     try:
         chain = build_chain(plan, context)
         chain.skip(skip)
-        batches: Iterator[Any] = chain
-        if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
-            batches = ToSharedMemory(batches, slots)
-        for batch in report.stages.timed(slot, batches):
+    except BaseException:
+        reader.close()
+        raise
+    if slots is not None:  # in a worker under make_loader: batches travel in recycled shared memory
+        return ToSharedMemory(chain, slots), reader
+    return chain, reader
+
+
+def share_batches(
+    plan: EpochPlan | Callable[[], EpochPlan],
+    position: IterPosition,
+    *,
+    setup: ReadSetup,
+    readers: ProcessReader,
+    decoding: Decoding,
+    slots: SlotPool | None,
+    report: SharedReport,
+    slot: int,
+    on_end: Callable[[EpochPlan], None] | None = None,
+    made: Made | None = None,
+) -> Iterator[Any]:
+    """The batches of ``plan``'s share (or of the plan it makes, when the first batch is asked
+    for) after ``position.batches``, each counted in ``position`` before it is yielded; ``on_end``
+    is called with the plan once all were. ``decoding`` makes each sample's output and collates the
+    batches, in the worker's shared-memory ``slots`` when it has them (then the ToSharedMemory stage
+    sends them through the slots). ``made``: the chain of this very place with its first batch made
+    ahead (:mod:`shardify.reader.delivery.ahead`), gone on with. The reader is closed when the share
+    ends or the iteration stops."""
+    on_bad = functools.partial(report.record_bad, slot)
+    if made is not None and made.plan is not None:
+        share = made.plan
+        made.report_to(on_bad)  # skipped while made ahead: this epoch's report
+    else:
+        share = plan if isinstance(plan, EpochPlan) else plan()
+    if position.batches >= share.num_batches:
+        return
+    if made is not None:
+        batches, reader = made.chained(), made.reader
+        timed = report.stages.timed(slot, batches, base=made.base, busy=made.busy)
+    else:
+        batches, reader = share_chain(
+            share, position.batches, setup=setup, readers=readers, decoding=decoding, slots=slots, on_bad=on_bad
+        )
+        timed = report.stages.timed(slot, batches)
+    try:
+        for batch in timed:
             position.batches += 1  # before the yield: a state taken after next() counts this batch
             yield batch
     finally:
         reader.close()
     if on_end is not None:
-        on_end()
+        on_end(share)

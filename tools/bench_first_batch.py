@@ -4,6 +4,7 @@ Run by hand (not a test):
     python tools/bench_first_batch.py [--data DIR] [--repeat 7] [--corpus photos,arrays] [--scale]
                                       [--old-code DIR]
     python tools/bench_first_batch.py --breakdown [--scale-rows 1300000] [--rank 3] [--world 64]
+    python tools/bench_first_batch.py --next-epoch [--step-ms 50] [--corpus photos] [--old-code DIR]
 
 Makes (once, cached in ``--data``) two corpora (``tools/benchlib/corpus.py``): ``--photos``
 photo-like JPEGs of ImageNet sizes (20 classes, converted with shardify's image-folder
@@ -19,7 +20,10 @@ process, the systems alternating, ``--repeat`` times; it prints min and median o
 - ``iter->first``: from ``iter(loader)`` to the first batch (dataset and loader built before);
 - ``setup+first``: from constructing the dataset (imports done) to the first batch;
 
-and the imports, separately. ``--scale`` also times shardify at ``--scale-rows`` small
+and the imports, separately. ``--next-epoch`` times, instead, shardify's first batch of epoch 1
+with persistent workers, after a loop whose steps take ``--step-ms`` read epoch 0 (from
+``iter(loader)`` after ``set_epoch(1)`` to the first batch): the epoch boundary. ``--scale`` also
+times shardify at ``--scale-rows`` small
 samples (the corpus's listing of IDs, labels and captions, converted) as rank ``--rank`` of
 ``--world`` (batch 256). ``--breakdown`` says where that first batch goes, in one fresh
 process: resolving the source (manifest and index), the epoch's sequence (once per process),
@@ -123,6 +127,10 @@ def child(spec: dict) -> dict:
                 batching=BatchOptions(collate_fn=list),
             )
         loader = make_loader(ds, num_workers=workers)
+        if spec.get("next_epoch"):  # epoch 0 through a loop of step_s steps; then time epoch 1's first batch
+            for _ in loader:
+                time.sleep(spec["step_s"])
+            ds.set_epoch(1)
     elif system == "webdataset":
         import webdataset as wds
         from torch.utils.data import DataLoader, default_collate
@@ -277,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a checkout of shardify to time beside this one (repeatable)",
     )
+    ap.add_argument(
+        "--next-epoch",
+        action="store_true",
+        help="shardify only: time the first batch of epoch 1 (persistent workers), after epoch 0 was read "
+        "by a loop whose steps take --step-ms",
+    )
+    ap.add_argument("--step-ms", type=float, default=50.0, help="the training step of --next-epoch's loop")
     ap.add_argument("--breakdown", action="store_true", help="only where the --scale first batch goes, by stage")
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -292,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.data.mkdir(parents=True, exist_ok=True)
     base = {"workers": args.workers, "batch_size": args.batch_size}
+    if args.next_epoch:
+        base.update(next_epoch=True, step_s=args.step_ms / 1000)
+        args.systems = "shardify"
     codes = [("", "shardify")] + [(str(c.resolve()), f"shardify@{c.name}") for c in args.old_code]
     runs: list[tuple[str, dict]] = []  # (label, spec)
     corpora = [] if args.scale_only else [c for c in args.corpus.split(",") if c]

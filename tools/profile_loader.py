@@ -12,8 +12,11 @@ one on one core in this process (best of ``--repeat``):
   flip), collate (a batch of 256 into one tensor);
 - device-decode path, worker side: shard read, header parse + box and flip draw
   (``DevicePrep``), pack (a batch's bytes into one tensor);
-- loader runs with each ``--workers``: img/s out of ``make_loader`` (no device), and the
-  main process's CPU time per batch (receiving the batch from a worker, unpacking it);
+- loader runs with each ``--workers``: img/s out of ``make_loader`` (no device) over ``--batches``
+  batches that cross epochs (``set_epoch`` at each), with the next epoch's first batches made
+  ahead by the persistent workers and, in brackets, without (``epoch_ahead=False``); the main
+  process's CPU time per batch (receiving the batch from a worker, unpacking it: the loader's
+  own ``transfer`` stage in brackets);
   the same for the device-decode path's worker side (its batches are not decoded);
 - with ``--device cuda``: pinning a batch, the host-to-device copy and normalisation, and
   img/s into the GPU for both paths (``tools/bench_gpu_step.py --feed``'s measurement; device
@@ -138,9 +141,13 @@ def loader_rates(
         batching=BatchOptions(drop_last=True),
         transform=T.imagenet_train(size),
     )
-    with make_loader(ds, num_workers=workers) as loader:
-        wall, cpu, n = _drain(epochs(loader, ds), batches, sync)
-    out |= {"cpu_path_img_s": n / wall, "main_ms_per_batch": 1e3 * cpu / batches}
+    for ahead in (False, True):  # the next epoch's first batches made ahead, or not (alternating runs)
+        with make_loader(ds, num_workers=workers, epoch_ahead=ahead) as loader:
+            wall, cpu, n = _drain(epochs(loader, ds), batches, sync)
+            main = loader._meter.main.values()  # the main process's stages: receive + unpack ("transfer")
+        key = "" if ahead else "_no_ahead"
+        out |= {f"cpu_path{key}_img_s": n / wall, f"main_ms_per_batch{key}": 1e3 * cpu / batches}
+        out[f"main_unpack_ms_per_batch{key}"] = 1e3 * main["transfer"] / (batches + 1)
     dev = ShardedDataset(
         dataset,
         batch_size=batch_size,
@@ -247,13 +254,15 @@ def format_profile(r: dict[str, Any]) -> str:
         ]
     lines += [
         "",
-        "| workers | CPU path img/s | main-process ms / batch | device decode, worker side img/s |"
+        "| workers | CPU path img/s (next epoch's first batch not made ahead) | main-process CPU ms / batch "
+        "(of which unpack) | device decode, worker side img/s |"
         + (" CPU path into GPU img/s | device decode into GPU img/s |" if r["device"] == "cuda" else ""),
         "|---:|---:|---:|---:|" + ("---:|---:|" if r["device"] == "cuda" else ""),
     ]
     for x in r["loaders"]:
         row = (
-            f"| {x['workers']} | {x['cpu_path_img_s']:.0f} | {x['main_ms_per_batch']:.1f} | "
+            f"| {x['workers']} | {x['cpu_path_img_s']:.0f} ({x['cpu_path_no_ahead_img_s']:.0f}) | "
+            f"{x['main_ms_per_batch']:.1f} ({x['main_unpack_ms_per_batch']:.2f}) | "
             f"{x['device_worker_side_img_s']:.0f} |"
         )
         if r["device"] == "cuda":

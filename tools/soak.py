@@ -25,8 +25,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from benchlib import corpus, memory
 
@@ -74,6 +76,19 @@ def _batch_len(batch: object) -> int:
     return len(batch[0] if isinstance(batch, (tuple, list)) else batch)  # type: ignore[arg-type]
 
 
+def _settled(read: Callable[[], list[tuple[int, int]]], *, quiet_s: float = 0.3, limit_s: float = 10.0) -> Any:
+    """``read()`` once it has given the same answer for ``quiet_s``: the workers make the next
+    epoch's first batch as an epoch ends (opening its shards), so their files are counted once
+    that is done, not at whatever point of it the epoch's end falls."""
+    last, since, deadline = read(), time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int | None) -> list[EpochStats]:
     """Read ``data`` for ``epochs`` epochs with persistent workers; figures after each epoch.
     ``size``: the crop of the images (None: the dataset's default fields, no transform)."""
@@ -94,7 +109,7 @@ def soak(data: Path, *, epochs: int, workers: int, batch_size: int, size: int | 
             seconds = time.perf_counter() - start
             kids = memory.child_pids()
             main_fds, main_shm = memory.fd_counts("self")
-            workers_fds = [memory.fd_counts(p) for p in kids]
+            workers_fds = _settled(lambda pids=kids: [memory.fd_counts(p) for p in pids])
             stats.append(
                 EpochStats(
                     epoch=epoch,

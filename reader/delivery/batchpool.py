@@ -50,7 +50,7 @@ from shardify.reader.delivery.slotwire import _inlinable, _Inline, _map_leaves, 
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.clock import CLOCK
 
-__all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "unpack", "MAX_SLOTS", "INLINE_BYTES"]
+__all__ = ["BatchChannel", "SlotPool", "WorkerSlots", "Received", "unpack", "MAX_SLOTS", "INLINE_BYTES", "unsend"]
 
 MAX_SLOTS = 16
 """The most slots per worker (``make_loader`` uses ``prefetch_factor + 3``, within this)."""
@@ -244,6 +244,18 @@ class SlotPool:
         self._taken = {}
         CLOCK.transfer += time.perf_counter() - start
         return Packed(self._channel, self._id, self._worker, tuple(refs), payload)
+
+
+def unsend(pool: SlotPool | None, batch: Any) -> None:
+    """Give back the slots of ``batch``, packed by ``pool`` but never sent (made ahead, then dropped)."""
+    if pool is None or not isinstance(batch, Packed):
+        return
+    for i, _, token, storage in batch.refs:
+        if pool._tokens[i] == token:
+            pool._tokens[i] = 0
+        s = pool._slots[i]
+        if storage is not None and s is not None:
+            s.sent = False  # the main process never mapped it: send its storage next time
 
 
 class WorkerSlots:

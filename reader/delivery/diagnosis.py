@@ -21,6 +21,7 @@ from shardify.remote import is_remote
 
 __all__ = [
     "INPUT_BOUND",
+    "DEVICE_SHARE",
     "WORKER_STAGES",
     "STAGES",
     "LoaderStats",
@@ -55,6 +56,11 @@ class LoaderContext:
     chunked: bool
 
 
+DEVICE_SHARE = 0.1
+"""The share of the epoch the device path (the copy to the device, device decode) may take in the
+main process before the verdict names it, even when the loop does not wait: that work runs on
+the device and in the training process, beside the training step, and slows it."""
+
 IDLE_WORKERS = 0.5
 """Worker utilisation under which an input-bound epoch is not blamed on the workers' CPU."""
 
@@ -81,6 +87,8 @@ class LoaderStats:
     cores: int
     worker_busy_s: float
     worker_utilisation: float
+    device_s: float
+    device_fraction: float
     bottleneck: str
     dominant: str
     advice: str
@@ -102,6 +110,8 @@ class LoaderStats:
                 f"  {self.workers} workers on {self.cores} cores, busy {self.worker_utilisation:.0%} of the time "
                 f"({self.worker_busy_s:.2f} s); stage seconds, summed over the workers:",
                 f"    {stages}",
+                f"  the device path (copy, device decode) took {self.device_s:.2f} s, "
+                f"{self.device_fraction:.0%} of the epoch, in this process and on the device",
                 f"  bottleneck: {self.bottleneck} ({self.dominant})",
                 f"  {self.advice}",
             ]
@@ -160,9 +170,14 @@ def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_
     wait_device = max(0.0, clock.wait - wait_workers)
     utilisation = times.busy / (max(1, context.workers) * wall) if wall > 0 else 0.0
     bottleneck = "input" if wait_fraction >= INPUT_BOUND else "compute"
-    on_device = bottleneck == "input" and wait_device > wait_workers
+    main = meter.main_stages(clock)
+    device = max(stages["copy"] + stages["device_decode"], main.get("device_gpu", 0.0))
+    device_fraction = min(1.0, device / wall) if wall > 0 else 0.0
+    on_device = (bottleneck == "input" and wait_device > wait_workers) or (
+        bottleneck == "compute" and device_fraction >= DEVICE_SHARE
+    )
     side = ("copy", "device_decode") if on_device else WORKER_STAGES
-    dominant = max(side, key=lambda k: stages[k]) if bottleneck == "input" else "the training step"
+    dominant = max(side, key=lambda k: stages[k]) if bottleneck == "input" or on_device else "the training step"
     return LoaderStats(
         epoch=clock.epoch,
         finished=clock.ended is not None,
@@ -181,14 +196,30 @@ def diagnose(meter: LoaderMeter, dataset: Any, context: LoaderContext, *, split_
         cores=context.cores,
         worker_busy_s=times.busy,
         worker_utilisation=utilisation,
+        device_s=device,
+        device_fraction=device_fraction,
         bottleneck=bottleneck,
         dominant=dominant,
-        advice=_advice(bottleneck, dominant, utilisation, wait_fraction, context),
+        advice=_advice(bottleneck, dominant, utilisation, wait_fraction, context, device_fraction),
     )
 
 
-def _advice(bottleneck: str, dominant: str, utilisation: float, waiting: float, c: LoaderContext) -> str:
+def _advice(
+    bottleneck: str, dominant: str, utilisation: float, waiting: float, c: LoaderContext, on_device: float = 0.0
+) -> str:
     """What to try, in plain words."""
+    if bottleneck == "compute" and dominant in ("copy", "device_decode"):
+        what = "decoding and augmenting on the device" if dominant == "device_decode" else "the copy to the device"
+        tip = (
+            "decoding on the CPU workers instead (no DecodeOptions(device=...)), with workers to spare, "
+            "or --raw-pixels S"
+            if dominant == "device_decode"
+            else "uint8 batches (normalised on the device) through make_loader(device='cuda')"
+        )
+        return (
+            f"try: {tip} (the loop does not wait for data, but {what} takes {on_device:.0%} of the epoch "
+            f"in this process and on the device, beside the training step, which it slows)"
+        )
     if bottleneck == "compute":
         tip = "data loading keeps up: the loop's own work (the training step) sets the pace"
         if c.workers > 1 and utilisation < 0.5:

@@ -37,7 +37,7 @@ from shardify.reader.delivery.place import require_state
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, resolve_device
 from shardify.reader.delivery.state import STATE_VERSION, epoch_batches, load_state, make_state
 from shardify.reader.delivery.stats import LoaderMeter
-from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames
+from shardify.reader.delivery.workers import fork_frozen, how_died, release_frames, stop_workers
 from shardify.reader.plan.resume import Segment
 from shardify.reader.plan.world import detect_rank_world
 from shardify.suggest import suggest_keywords
@@ -66,8 +66,10 @@ class Loader:
         prefetch: dict[str, Any] | None,
         recycle_batches: bool = True,
         progress: bool = False,
+        epoch_ahead: bool = True,
     ) -> None:
         self.dataset = dataset
+        self._ahead = epoch_ahead
         self.dataloader = dataloader
         self._prefetch = prefetch
         self._recycle = recycle_batches and dataloader.num_workers > 0
@@ -139,6 +141,14 @@ class Loader:
         if running is not None and how_died(running) is not None:
             log.warning("DataLoader %s; starting new workers", how_died(running))
             self._shut_down(running)
+        # New persistent workers make each next epoch's first batch ahead (delivery/ahead.py)
+        self.dataset.epoch_ahead.enabled = self._ahead and self.dataloader.persistent_workers
+        try:
+            return self._fork()
+        finally:
+            self.dataset.epoch_ahead.enabled = False  # the workers took their copy
+
+    def _fork(self) -> Any:
         if not self._recycle or getattr(self.dataloader, "_iterator", None) is not None:
             return fork_frozen(self.dataloader)  # persistent workers already running keep theirs
         # Enough slots for the batches prefetched, the one in use, one kept and the one being made;
@@ -221,9 +231,7 @@ class Loader:
 
     def _shut_down(self, workers: Any) -> None:
         """After an error, stop the workers now (not at garbage collection) and start afresh next time."""
-        shutdown = getattr(workers, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(workers)
         channel = self._channels.pop(workers, None)
         if channel is not None:
             channel.close()
@@ -296,6 +304,7 @@ def make_loader(
     jpeg_decoder: Any = None,
     timeout: float = 0,
     progress: bool = False,
+    epoch_ahead: bool = True,
 ) -> Loader:
     """A :class:`Loader` of ``dataset``: batches made in ``num_workers`` worker processes.
 
@@ -312,6 +321,11 @@ def make_loader(
     DataLoader); past it the loader stops them and raises :class:`WorkerError`, and
     ``load_state_dict(state_dict())`` then a new iteration resumes exactly. Set it above the
     slowest batch (the first one of an epoch included).
+
+    ``epoch_ahead``: persistent workers that have made their last batch of an epoch make their first
+    batch of the next one (``epoch + 1`` from its start) while the epoch ends, so the next epoch's
+    first batches are waiting for it; ``set_epoch`` to another epoch, or a resume, drops that work
+    (:mod:`shardify.reader.delivery.ahead`).
 
     ``progress``: one bar per epoch on stderr (when it is a terminal) with samples/s and the share
     of time the loop waits for data; ``loader.stats()`` gives the figures (docs/bottleneck.md).
@@ -358,4 +372,11 @@ def make_loader(
             "channels_last": channels_last,
             "jpeg_decoder": jpeg_decoder,
         }
-    return Loader(dataset, dataloader, prefetch=prefetch, recycle_batches=recycle_batches, progress=progress)
+    return Loader(
+        dataset,
+        dataloader,
+        prefetch=prefetch,
+        recycle_batches=recycle_batches,
+        progress=progress,
+        epoch_ahead=epoch_ahead,
+    )

@@ -19,8 +19,9 @@ thread that would stall the launch of the next step for the whole decode; in its
 main thread alone takes batches from the DataLoader (its iterator is not thread-safe) and
 hands them to the decode thread in order; each decoded batch comes back with a CUDA event
 that the consumer's stream waits on. An error in the decode thread is raised in the training
-loop at the batch it belongs to; leaving the loop early stops the thread (the batch it is
-decoding finishes first).
+loop at the batch it belongs to; leaving the loop early stops the thread: the batches not begun
+are dropped and the one it is decoding is waited for at most :data:`STOP_WAIT_S` (the thread is a
+daemon, never joined at interpreter exit: a decode that hangs cannot hold the process).
 
 A :class:`~shardify.reader.stages.base.Stage`: its state is ``{"yielded": n, "source": ...}``,
 the batches handed out and its source's state as it was when the last of them was taken from it
@@ -31,10 +32,12 @@ then passed over, unprepared.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -44,12 +47,24 @@ from shardify.reader.sample.device_decode import fill_rows
 from shardify.reader.sample.prepared import EncodedBatch
 from shardify.reader.stages.base import Stage, load_source_state, source_state
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DECODE_AHEAD", "DevicePrefetcher", "resolve_device"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DECODE_AHEAD",
+    "STOP_WAIT_S",
+    "DecodeThread",
+    "DevicePrefetcher",
+    "resolve_device",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DECODE_AHEAD = 2
 """Batches the decode thread may have decoded, or be decoding, beyond the one in use."""
+STOP_WAIT_S = 2.0
+"""How long stopping waits for the batch the decode thread is decoding; past it, the thread (a
+daemon) is left to finish alone, so that a decode that hangs (a device that does not answer) never
+holds the loop's exit or the process's."""
 _END = object()
 
 Decode = Callable[[EncodedBatch], tuple[torch.Tensor, torch.Tensor | None]]
@@ -62,6 +77,45 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+class DecodeThread:
+    """The ``shardify-decode`` thread: runs the calls submitted to it, in order, each as a Future.
+
+    A daemon thread of its own, not a ThreadPoolExecutor's: the executor's threads are joined at
+    interpreter exit and by ``shutdown(wait=True)``, so a decode that never returns would hold the
+    process. :meth:`stop` cancels what has not started and waits at most :data:`STOP_WAIT_S`.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="shardify-decode", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - raised in the loop, at its batch
+                future.set_exception(e)
+            del future, fn, args, job  # the batch is the loop's now: hold no reference to it
+
+    def stop(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """End the thread after the call under way (those not started are cancelled by their owner);
+        wait for it at most ``wait_s``. True when it ended."""
+        self._jobs.put(None)
+        self._thread.join(timeout=wait_s)
+        return not self._thread.is_alive()
 
 
 class DevicePrefetcher(Stage[Any]):
@@ -158,9 +212,13 @@ class DevicePrefetcher(Stage[Any]):
         if stream is None:
             out, event = self._prepared(batch), None
         else:
+            timed = self._clock is not None and self._decode is not None  # device decode: its device time too
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                begun = stream.record_event(torch.cuda.Event(enable_timing=True)) if timed else None
                 out = self._prepared(batch)
-                event = stream.record_event()
+                event = stream.record_event(torch.cuda.Event(enable_timing=timed))
+            if timed and self._clock is not None:
+                self._clock.add_events(begun, event)  # read once done on the device, never waited for
         if self._clock is not None:
             self._clock.add("copy" if self._decode is None else "device_decode", time.perf_counter() - start)
         return out, event
@@ -237,7 +295,7 @@ class DevicePrefetcher(Stage[Any]):
         """Batches to decode: decoded in the ``shardify-decode`` thread, :data:`DECODE_AHEAD` ahead."""
         it = self._source()
         stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardify-decode")
+        pool = DecodeThread()
         pending: deque[tuple[Future[tuple[Any, Any]], Any]] = deque()
 
         def submit() -> None:
@@ -258,4 +316,4 @@ class DevicePrefetcher(Stage[Any]):
             for future, _ in pending:
                 future.cancel()
             pending.clear()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.stop()

@@ -21,6 +21,7 @@ Two sides meet here:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,11 +64,15 @@ class StageTable:
         self._table[slot] = 0
         self._table[slot, _STAMP] = epoch + 1
 
-    def timed(self, slot: int, batches: Iterator[Any]) -> Iterator[Any]:
-        """``batches``, each one's making timed and the clock's stages written to ``slot`` before it is yielded."""
+    def timed(
+        self, slot: int, batches: Iterator[Any], *, base: tuple[float, ...] = (), busy: float = 0.0
+    ) -> Iterator[Any]:
+        """``batches``, each one's making timed and the clock's stages written to ``slot`` before it is
+        yielded; ``base`` and ``busy``: the clock's values and the seconds already spent, when the
+        first batches were made before (ahead, in another thread of this process)."""
         row = self._table.numpy()[slot]
-        base = CLOCK.values()
-        busy, n = 0.0, 0
+        base = base or CLOCK.values()
+        n = 0
         while True:
             t = time.perf_counter()
             try:
@@ -98,13 +103,39 @@ class MainClock:
     transfer: float = 0.0  # a batch's tensors made over its shared-memory slots
     pin: float = 0.0  # copied to pinned memory (DataLoader's pin thread)
     copy: float = 0.0  # host time of the copy to the device and the normalisation
-    device_decode: float = 0.0  # decoding and augmenting on the device (its own thread)
+    device_decode: float = 0.0  # decoding and augmenting on the device: its thread's wall time
+    device_gpu: float = 0.0  # the device's own time for the copy or decode (CUDA events on the side stream)
+    _events: list[tuple[Any, Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, stage: str, seconds: float) -> None:
         setattr(self, stage, getattr(self, stage) + seconds)
 
+    def add_events(self, start: Any, end: Any) -> None:
+        """A span of device work between two recorded CUDA events (``enable_timing=True``): added to
+        ``device_gpu`` once it is done on the device (read without waiting for it)."""
+        with self._lock:
+            self._events.append((start, end))
+
+    def _collect(self) -> None:
+        done: list[tuple[Any, Any]] = []
+        pending: list[tuple[Any, Any]] = []
+        with self._lock:
+            for pair in self._events:
+                (done if pair[1].query() else pending).append(pair)
+            self._events = pending
+        self.device_gpu += sum(a.elapsed_time(b) for a, b in done) / 1000.0
+
     def values(self) -> dict[str, float]:
-        return {"transfer": self.transfer, "pin": self.pin, "copy": self.copy, "device_decode": self.device_decode}
+        if self._events:
+            self._collect()
+        return {
+            "transfer": self.transfer,
+            "pin": self.pin,
+            "copy": self.copy,
+            "device_decode": self.device_decode,
+            "device_gpu": self.device_gpu,
+        }
 
 
 def batch_samples(batch: Any) -> int | None:

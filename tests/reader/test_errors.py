@@ -142,7 +142,8 @@ def _a_directory(shard) -> None:
 def test_a_shard_gone_between_epochs_follows_the_error_policy(tmp_path, shards, workers, policy, damage):
     root = shards.write_dataset(tmp_path / "d", shards.counting([8, 12, 8]))
     ds = ShardedDataset(root, batch_size=4, fields=("cls",), shuffle=True, decoding=DecodeOptions(on_error=policy))
-    with make_loader(ds, num_workers=workers) as loader:
+    # (epoch_ahead=False: made ahead, epoch 1's first batches would be read before the damage)
+    with make_loader(ds, num_workers=workers, epoch_ahead=False) as loader:
         assert sorted(int(x) for b in loader for x in b) == list(range(28))  # every shard scanned and open
         damage(root / "train-000001.tar")
         ds.set_epoch(1)

@@ -68,7 +68,7 @@ def test_resume_equals_the_uninterrupted_run(image_dataset, tmp_path, workers, s
 
     log = tmp_path / "resumed.log"  # (the interrupted run's workers may still be prefetching)
     ds = dataset(image_dataset, log)  # a new process restoring the checkpoint
-    loader = make_loader(ds, num_workers=workers)
+    loader = make_loader(ds, num_workers=workers, epoch_ahead=False)  # (calls of this epoch only)
     loader.load_state_dict(state)
     ds.set_epoch(1)
     rest = list(loader)

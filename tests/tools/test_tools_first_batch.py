@@ -52,3 +52,19 @@ def test_every_system_gives_a_first_batch_of_the_same_shards(tmp_path: Path) -> 
     )
     assert (tmp_path / "photos-40-c20-shards" / "train.json").exists()
     assert (tmp_path / "arrays-200" / "train.json").exists()
+
+
+def test_next_epoch_times_shardifys_first_batch_of_epoch_1(tmp_path: Path) -> None:
+    args = ["--data", str(tmp_path), "--photos", "40", "--corpus", "photos", "--repeat", "1", "--workers", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_first_batch.py"), *args, "--batch-size", "4", "--next-epoch"]
+        + ["--step-ms", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith("photos")] == [
+        ["photos", "shardify"]
+    ]

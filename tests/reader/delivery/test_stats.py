@@ -191,3 +191,52 @@ def test_the_advice_blames_the_workers_cpu_only_when_they_were_busy() -> None:
     idle = _advice("input", "decode", 0.40, 1.0, ctx)
     assert "every core is busy" in busy and "longer epochs" not in busy
     assert "every core is busy" not in idle and "busy 40% of the time" in idle
+
+
+def test_device_decode_that_slows_the_loop_is_named_though_the_loop_does_not_wait(jpeg_dataset):
+    """A stand-in for nvJPEG that costs this process 30 ms a batch, beside a 100 ms step: the loop
+    does not wait (the decode runs ahead, in its own thread), but the verdict must name that cost."""
+    from shardify.reader import DecodeOptions
+    from shardify.reader.delivery.diagnosis import DEVICE_SHARE
+    from shardify.reader.sample.device_decode import pil_decoder
+
+    def slow_decoder(encoded, device):
+        time.sleep(0.03)
+        return pil_decoder(encoded, device)
+
+    ds = ShardedDataset(
+        jpeg_dataset, batch_size=BATCH, transform=T.imagenet_train(64), decoding=DecodeOptions(device="cpu")
+    )
+    with make_loader(ds, num_workers=1, jpeg_decoder=slow_decoder) as loader:
+        run(loader)
+        ds.set_epoch(1)
+        run(loader, sleep=0.1)
+        s = loader.stats()
+    assert s.stages["device_decode"] >= 0.03 * (IMAGES // BATCH)
+    assert s.device_s >= s.stages["device_decode"] and s.device_fraction >= DEVICE_SHARE
+    assert s.dominant == "device_decode", str(s)  # (whether the loop waited or not)
+    assert "nothing on the loader side" not in s.advice and "DecodeOptions" in s.advice, s.advice
+    assert "device path" in str(s)
+
+
+def test_device_time_is_read_from_events_once_done_on_the_device_and_never_waited_for():
+    from shardify.reader.delivery.stats import MainClock
+
+    class Event:  # what torch.cuda.Event answers: query() without waiting, elapsed_time in ms
+        def __init__(self, ms: float, done: bool = True) -> None:
+            self.ms, self.done = ms, done
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            assert end.done, "read before it was done: that would wait for the device"
+            return end.ms - self.ms
+
+    clock = MainClock()
+    end = Event(250.0, done=False)
+    clock.add_events(Event(0.0), end)
+    assert clock.values()["device_gpu"] == 0.0
+    end.done = True
+    assert clock.values()["device_gpu"] == pytest.approx(0.25)
+    assert clock.values()["device_gpu"] == pytest.approx(0.25)  # counted once
