@@ -61,6 +61,7 @@ save and restore one process's place in its share: the protocol of torchdata's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -189,8 +190,13 @@ class ShardedDataset(EpochControl, IterableDataset[Any]):
 
     @property
     def last_epoch_report(self) -> EpochReport:
-        """Samples skipped in the current epoch's last reading on this rank (``on_error="skip"``)."""
-        return self._report.read(self.epoch)
+        """Samples skipped in the current epoch's last reading on this rank (``on_error="skip"``),
+        and with ``device``, how its images were decoded (``decoded_by``)."""
+        report = self._report.read(self.epoch)
+        tally = getattr(self.decode_strategy, "tally", None)
+        if tally is not None and tally.epoch == self.epoch:
+            report = dataclasses.replace(report, decoded_by=tuple(sorted(tally.read().items())))
+        return report
 
     @property
     def shared_report(self) -> SharedReport:

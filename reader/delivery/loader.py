@@ -331,8 +331,9 @@ def make_loader(
     of time the loop waits for data; ``loader.stats()`` gives the figures (docs/bottleneck.md).
 
     A dataset made with ``DecodeOptions(device=...)`` is decoded there (``device`` defaults to it and must
-    be it): ``jpeg_decoder`` (default: nvJPEG through torchvision, see
-    :mod:`shardify.reader.sample.device_decode`) decodes each batch's JPEGs.
+    be it): ``jpeg_decoder`` (default: the strategy's, nvJPEG through torchvision or, with
+    ``decoder="nvimgcodec"``, nvImageCodec's chain; see :mod:`shardify.reader.sample.decoders`)
+    decodes each batch's JPEGs.
     """
     if not isinstance(dataset, ShardedDataset):
         raise TypeError(f"make_loader wants a ShardedDataset, got {type(dataset).__name__}")

@@ -44,7 +44,10 @@ class EpochReport:
     ``padded == bad + lost`` and batch counts stay equal across ranks. ``entries`` holds the
     first few ``(shard, key, reason)`` of each worker (key None for a lost sample).
     ``cpu_decoded``: with ``DecodeOptions(device=...)``, images decoded on the CPU instead (not JPEGs
-    nvJPEG takes, or refused by it); they are in the batches as usual.
+    nvJPEG takes, or refused by it); they are in the batches as usual. ``decoded_by``: with
+    ``device``, the epoch's images by what decoded them, ``(kind, count)`` sorted by kind:
+    ``hardware``, ``cuda``, ``cpu`` (the device stage's decoders), ``workers`` (images the device
+    does not take), ``worker_share`` (the hybrid split's), ``bad``.
     """
 
     epoch: int
@@ -52,6 +55,7 @@ class EpochReport:
     lost: int = 0
     entries: tuple[tuple[str, str | None, str], ...] = ()
     cpu_decoded: int = 0
+    decoded_by: tuple[tuple[str, int], ...] = ()
 
     @property
     def padded(self) -> int:
@@ -67,6 +71,8 @@ class EpochReport:
         )
         if self.cpu_decoded:
             head += f"; {self.cpu_decoded} images decoded on the CPU instead of the device"
+        if self.decoded_by:
+            head += "; decoded by " + ", ".join(f"{kind} {n}" for kind, n in self.decoded_by)
         counts = Counter(self.entries)
         lines = [head]
         for (shard, key, reason), n in counts.items():

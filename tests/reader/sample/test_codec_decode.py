@@ -188,6 +188,8 @@ def test_each_image_falls_back_alone_and_is_counted_by_kind(root: Path) -> None:
     assert counts["workers"] == 3  # the PNG, the CMYK and the gray JPEG
     assert ds.last_epoch_report.cpu_decoded == counts["cpu"] + 3
     assert twin.decode_strategy.tally.read() == {"cpu": 24, "workers": 3}  # type: ignore[union-attr]
+    assert twin.last_epoch_report.decoded_by == (("cpu", 24), ("workers", 3))
+    assert "decoded by cpu 24, workers 3" in str(twin.last_epoch_report)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
