@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ import numpy as np
 from shardify.convert.synth import IMAGENET_SIZES, jpeg_bytes, natural_image
 
 __all__ = [
+    "made",
     "photos",
     "photo_dataset",
     "step_dataset",
@@ -50,6 +52,24 @@ __all__ = [
     "listing_dataset",
     "warm",
 ]
+
+
+def made(dataset: Path) -> bool:
+    """Whether ``dataset`` was made before and this code reads it: a dataset a tool made with
+    an older format (its manifest refused) is removed, to be made again."""
+    from shardify.errors import ManifestError
+    from shardify.manifest import Manifest
+
+    if not (dataset / "manifest.json").exists():
+        return False
+    try:
+        manifest = Manifest.load(dataset)
+        for split in manifest.splits:
+            manifest.load_split(dataset, split)
+    except ManifestError:
+        shutil.rmtree(dataset)
+        return False
+    return True
 
 
 def _photo_class(job: tuple[Path, int, int, int, tuple[tuple[int, int], ...]]) -> None:
@@ -114,7 +134,7 @@ def photo_dataset(
         folder, base = linked, f"{base}x{copies}"
     tag = "-".join(f"{k}{v}" for k, v in sorted(options.items()))
     dataset = data / f"{base}{'-' + tag if tag else ''}-shards"
-    if not (dataset / "manifest.json").exists():
+    if not made(dataset):
         convert_imagefolder(folder, dataset, options=ConvertOptions(progress=False, fsync=False, **options))
     return folder, dataset
 
@@ -165,7 +185,7 @@ def folder_dataset(folder: Path, dataset: Path) -> Path:
     from shardify.convert.options import ConvertOptions
     from shardify.convert.write.run import convert_imagefolder
 
-    if not (dataset / "manifest.json").exists():
+    if not made(dataset):
         options = ConvertOptions(progress=False, fsync=False, samples_per_shard=100, shard_size=None)
         convert_imagefolder(folder, dataset, options=options)
     return dataset
@@ -181,7 +201,7 @@ def noise_dataset(root: Path, samples: int, *, shards: int) -> Path:
     small, hard to compress images, for figures where the decode should cost little."""
     from shardify.convert import ShardWriter
 
-    if not (root / "manifest.json").exists():
+    if not made(root):
         rng = np.random.default_rng(0)
         with ShardWriter(root, split="train", samples_per_shard=-(-samples // shards), fsync=False) as w:
             for i in range(samples):
@@ -216,7 +236,7 @@ def arrays_dataset(root: Path, n: int, *, classes: int = 1000, **writer: Any) ->
     """:func:`arrays` written as ``{"npy", "cls"}`` samples by ``ShardWriter(root, **writer)`` (once)."""
     from shardify.convert import ShardWriter
 
-    if not (root / "manifest.json").exists():
+    if not made(root):
         images, labels = arrays(n, classes=classes)
         with ShardWriter(root, fsync=False, **writer) as w:
             for a, y in zip(images, labels):
@@ -228,7 +248,7 @@ def tiny_dataset(root: Path, n: int) -> Path:
     """``n`` samples ``{"cls": i % 10, "txt": 20 bytes}`` in shards of 2,000 (written once)."""
     from shardify.convert import ShardWriter
 
-    if not (root / "manifest.json").exists():
+    if not made(root):
         with ShardWriter(root, samples_per_shard=2000, fsync=False) as w:
             for i in range(n):
                 w.write({"cls": i % 10, "txt": "x" * 20})
