@@ -33,13 +33,13 @@ def test_the_tutorial_trains_stops_and_resumes_exactly(
             exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own examples
     out = capsys.readouterr().out
     tokens = namespace["ds"].epoch_sizes()["tokens"]
-    assert f"tokens: {tokens:,} in 1200 documents" in out  # shardify info counts what the reader reads
+    assert f"tokens: {tokens:,} in 800 documents" in out  # shardify info counts what the reader reads
     steps = 2 * len(namespace["TokenLoader"](namespace["TokenDataset"]("out/stories", seq_len=64, batch_size=16)))
     done = re.findall(r"^done: (\d+) steps, ([\d,]+) tokens$", out, re.M)
     assert done == [(str(steps), f"{2 * tokens:,}")] * 2  # the resumed run and the uninterrupted one
     resumed = re.search(r"^resumed at step (\d+): epoch (\d) after its batch (\d+)$", out, re.M)
-    assert resumed is not None and resumed[1] == "80" and resumed[2] == "1"
-    assert int(resumed[3]) == 80 - steps // 2  # the checkpoint fell in epoch 1, its batches counted
+    assert resumed is not None and resumed[1] == "60" and resumed[2] == "1"
+    assert int(resumed[3]) == 60 - steps // 2  # the checkpoint fell in epoch 1, its batches counted
     assert "resumed weights equal the uninterrupted run's: True" in out
     # the page shows the output of its own runs
     text = PAGE.read_text()
