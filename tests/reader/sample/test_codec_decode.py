@@ -278,10 +278,16 @@ def test_the_hybrid_split_keeps_every_sample_once_with_the_cpu_paths_crops(
 
 def test_spawned_workers_read_the_share_the_main_process_sets(root: Path) -> None:
     """The split is made with the dataset, before the workers: spawned persistent workers see a share
-    set later in the main process (as the controller sets it) from their next image on."""
+    set later in the main process (as the controller sets it) from their next image on. (Without
+    the next epoch's first batches made ahead, which the workers make before the share changes.)"""
     ds = _make(root, decoder="nvimgcodec", share=0.0)
     with make_loader(
-        ds, num_workers=2, device="cpu", multiprocessing_context="spawn", jpeg_decoder=StandIn("hardware")
+        ds,
+        num_workers=2,
+        device="cpu",
+        multiprocessing_context="spawn",
+        jpeg_decoder=StandIn("hardware"),
+        epoch_ahead=False,
     ) as loader:
         assert len(_epoch(loader, ds, 0)) == len(ds)
         assert ds.decode_strategy.tally.read().get("worker_share", 0) == 0  # type: ignore[union-attr]
