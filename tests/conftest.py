@@ -27,6 +27,18 @@ from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 
 
 @pytest.fixture(autouse=True)
+def _signal_handlers_kept() -> Iterator[None]:
+    """A test leaves SIGTERM and SIGINT as it found them: ``ray.init`` installs a SIGTERM handler
+    that calls ``sys.exit`` and ``ray.shutdown`` leaves it, and a later fork pool's workers,
+    inheriting it, could hang ``Pool.terminate`` (a whole suite run once did)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        if signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
+
+
+@pytest.fixture(autouse=True)
 def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
     """In a module that sets ``TIME_LIMIT_S``, a test past that many seconds fails instead of hanging."""
     seconds = getattr(request.module, "TIME_LIMIT_S", None)

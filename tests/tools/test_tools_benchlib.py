@@ -125,3 +125,26 @@ def test_a_dataset_made_by_an_older_format_is_made_again(corpus: ModuleType, tmp
     (root / "manifest.json").write_text(json.dumps(manifest))
     assert not corpus.made(root) and not root.exists()
     assert corpus.made(corpus.arrays_dataset(tmp_path / "arrays", 20, samples_per_shard=10))
+
+
+def _sigterm_is_default(_: int) -> bool:
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_photo_pool_workers_end_on_sigterm_whatever_the_parent_handles(corpus: ModuleType) -> None:
+    """Pool.terminate's SIGTERM must end a worker: one that inherited a handler calling sys.exit
+    (ray.init leaves one) could wait on the pool's queue lock and hang terminate for ever."""
+    import signal
+    import sys
+    from multiprocessing import get_context
+
+    old = signal.signal(signal.SIGTERM, lambda s, f: sys.exit(s))
+    try:
+        with get_context("fork").Pool(2, initializer=corpus._default_sigterm) as pool:
+            assert pool.map(_sigterm_is_default, range(4)) == [True] * 4
+        with get_context("fork").Pool(2) as pool:  # what the initializer undoes
+            assert pool.map(_sigterm_is_default, range(4)) == [False] * 4
+    finally:
+        signal.signal(signal.SIGTERM, old)

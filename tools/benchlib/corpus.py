@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +53,13 @@ __all__ = [
     "listing_dataset",
     "warm",
 ]
+
+
+def _default_sigterm() -> None:
+    """A pool worker ends on the SIGTERM of ``Pool.terminate``: a handler inherited from the
+    parent (``ray.init`` leaves one that calls ``sys.exit``) could keep it waiting on the pool's
+    queue lock, and ``terminate`` would wait for it for ever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def made(dataset: Path) -> bool:
@@ -97,7 +105,7 @@ def photos(
     if not done.exists():
         per_class = -(-images // classes)
         t0 = time.perf_counter()
-        with get_context("fork").Pool(os.cpu_count() or 1) as pool:
+        with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
             pool.map(_photo_class, [(folder, c, per_class, quality, sizes) for c in range(classes)])
         done.touch()
         print(f"made {per_class * classes} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -173,7 +181,7 @@ def camera_dataset(data: Path, images: int) -> Path:
     folder = data / f"camera-{images}"
     done = folder.with_name(folder.name + ".done")
     if not done.exists():
-        with get_context("fork").Pool(os.cpu_count() or 1) as pool:
+        with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
             pool.map(_camera_photo, [(folder, i) for i in range(images)])
         done.touch()
     return folder_dataset(folder, data / f"camera-{images}-shards")
