@@ -30,6 +30,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from array import array
+from bisect import bisect_right
 from collections import OrderedDict
 from typing import Any
 
@@ -96,12 +98,14 @@ class TokenShards:
     def _reset(self) -> None:
         self.urls = self.source.urls
         self._pid = os.getpid()
-        self._docs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._docs: OrderedDict[int, array[int]] = OrderedDict()
         self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
         self._walk: dict[tuple[int, int], int] = {}
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._headers: dict[int, bytes] = {}
         self._verified: set[int] = set()
+        self._checked: OrderedDict[int, bytearray] = OrderedDict()
+        self._starts = self.starts.tolist()
         self._samples = SampleBytes(self.source) if self.chunk is None else None
         self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
 
@@ -129,16 +133,20 @@ class TokenShards:
             self._reset()
 
     # -- the stream ----------------------------------------------------------------------------
-    def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int], base: int = 0) -> None:
+    def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int] | None, base: int = 0) -> None:
         """Tokens of stream positions ``[p, q)`` into ``out[:q - p]``; appends to ``doc_starts``
-        ``base + i`` for each ``i`` where a document begins."""
+        (unless None) ``base + i`` for each ``i`` where a document begins."""
         self.ready()
+        self.read_ready(p, q, out, doc_starts, base)
+
+    def read_ready(self, p: int, q: int, out: np.ndarray, doc_starts: list[int] | None, base: int = 0) -> None:
+        """:meth:`read` once :meth:`ready` was called in this process (a batch's rows)."""
         if not 0 <= p <= q <= self.total:
             raise ValueError(f"positions {p}..{q} should lie in the stream's 0..{self.total}")
-        shard = int(np.searchsorted(self.starts, p, side="right")) - 1
+        shard = bisect_right(self._starts, p) - 1
         at = 0
         while p < q:
-            lo, hi = int(self.starts[shard]), int(self.starts[shard + 1])
+            lo, hi = self._starts[shard], self._starts[shard + 1]
             a, b = p - lo, min(q, hi) - lo
             if b > a:
                 self._read_shard(shard, a, b, out[at : at + b - a], doc_starts, base + at)
@@ -148,91 +156,135 @@ class TokenShards:
 
     def doc_offsets(self, shard: int) -> np.ndarray:
         """Where each document of ``shard`` begins in its tokens (int64, one more: the total)."""
-        with self._lock:
-            return self._doc_offsets(shard)
+        return np.frombuffer(self._offsets(shard), dtype=np.int64)
 
-    def _doc_offsets(self, shard: int) -> np.ndarray:
+    def _offsets(self, shard: int) -> array[int]:
+        """:meth:`doc_offsets` as an array (bisected and sliced into ints at no numpy call's cost)."""
         got = self._docs.get(shard)
-        if got is not None:
-            self._docs.move_to_end(shard)
+        with self._lock:
+            if got is not None:
+                self._docs.move_to_end(shard)
+                return got
+            cum = np.zeros(self.source.shards[shard].nsamples + 1, dtype=np.int64)
+            np.cumsum(_lengths(self.source.shards[shard].tokens), out=cum[1:])
+            got = self._docs[shard] = array("q", cum.tobytes())
+            if len(self._docs) > _MAX_SHARDS:
+                self._docs.popitem(last=False)
             return got
-        got = np.zeros(self.source.shards[shard].nsamples + 1, dtype=np.int64)
-        np.cumsum(_lengths(self.source.shards[shard].tokens), out=got[1:])
-        self._docs[shard] = got
-        if len(self._docs) > _MAX_SHARDS:
-            self._docs.popitem(last=False)
-        return got
 
-    def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int], base: int) -> None:
+    def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int] | None, base: int) -> None:
         if self.verify and shard not in self._verified:
             with self._lock:
                 self._check_shard(shard)
-        cum = self.doc_offsets(shard)
-        d0 = int(cum.searchsorted(a, side="right")) - 1
-        d1 = int(cum.searchsorted(b - 1, side="right")) - 1
-        ends = cum[d0 : d1 + 2].tolist()  # the documents' first tokens, and the last one's end (as ints)
-        doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
+        cum = self._offsets(shard)
+        d0 = bisect_right(cum, a) - 1
+        ends = cum[d0 : bisect_right(cum, b - 1, d0) + 1].tolist()  # the documents' first tokens, the last one's end
+        if doc_starts is not None:
+            doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
         if self.chunk is None:
-            self._read_samples(shard, d0, d1, a, b, cum, out)
+            self._read_samples(shard, d0, a, b, ends, out)
             return
         n = self.chunk
+        d1 = d0 + len(ends) - 2
         for c in range(d0 // n, d1 // n + 1):
             j0, j1 = max(d0, c * n), min(d1, c * n + n - 1)
             first = ends[j0 - d0]
             t0 = max(a, first) - first
             t1 = min(b, ends[j1 - d0 + 1]) - ends[j1 - d0]
-            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, cum, out[max(0, first - a) :])
+            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, out[max(0, first - a) :])
 
     # -- per-sample layout ---------------------------------------------------------------------
-    def _read_samples(self, shard: int, d0: int, d1: int, a: int, b: int, cum: np.ndarray, out: np.ndarray) -> None:
+    def _read_samples(self, shard: int, d0: int, a: int, b: int, ends: list[int], out: np.ndarray) -> None:
+        """Documents ``d0..`` (first tokens ``ends``) cut to ``[a, b)``: each read whole and checked
+        the first time in this process (then marked), later only the tokens needed, one read."""
         assert self._samples is not None  # noqa: S101 - set for the per-sample layout
+        docs = range(d0, d0 + len(ends) - 1)
         with self._lock:  # (SampleBytes keeps its tables and files for one thread)
-            got = self._samples.read([(shard, d) for d in range(d0, d1 + 1)])
-        it = self.dtype.itemsize
-        for d, data in zip(range(d0, d1 + 1), got):
+            marks = self._checked_marks(shard)
+            fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
+            got = self._samples.read([(shard, d) for d in fresh]) if fresh else []
+            starts = self._samples.ranges(shard).ends
+        whole: dict[int, bytes] = {}
+        for d, data in zip(fresh, got):
             if isinstance(data, Exception):
                 raise data
-            n = int(cum[d + 1] - cum[d])
-            name, size, _, _ = header_fields(data[:BLOCK])
-            key = name.decode("utf-8", "replace").partition(".")[0]
-            if not name.endswith(f".{self.field}".encode()) or size != NPY_HEADER + n * it:
-                raise ShardFormatError(
-                    f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
-                    shard=self.urls[shard],
-                    key=key,
-                )
-            self._check_header(data[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
-            t0, t1 = max(a, int(cum[d])) - int(cum[d]), min(b, int(cum[d + 1])) - int(cum[d])
-            tokens = np.frombuffer(data, dtype=self.dtype, count=t1 - t0, offset=BLOCK + NPY_HEADER + t0 * it)
-            at = int(cum[d]) + t0 - a
-            out[at : at + t1 - t0] = tokens
+            self._check_sample(shard, d, data, ends[d - d0 + 1] - ends[d - d0])
+            whole[d] = data
+        it, skip = self.dtype.itemsize, BLOCK + NPY_HEADER
+        cut = [(max(a, ends[k]) - ends[k], min(b, ends[k + 1]) - ends[k]) for k in range(len(docs))]
+        marked = [k for k, d in enumerate(docs) if d not in whole]
+        raw, lo = b"", 0
+        if marked:  # the marked documents' tokens (and what lies between them), one read
+            m0, m1 = marked[0], marked[-1]
+            lo = starts[d0 + m0] + skip + cut[m0][0] * it
+            raw = self._pread(shard, lo, starts[d0 + m1] + skip + cut[m1][1] * it, None)
+        at = 0
+        for k, d in enumerate(docs):
+            s0, s1 = cut[k]
+            one = whole.get(d)
+            if one is not None:
+                tokens = np.frombuffer(one, dtype=self.dtype, count=s1 - s0, offset=skip + s0 * it)
+            else:
+                tokens = np.frombuffer(raw, dtype=self.dtype, count=s1 - s0, offset=starts[d] + skip + s0 * it - lo)
+            out[at : at + s1 - s0] = tokens
+            at += s1 - s0
+        with self._lock:
+            for d in fresh:
+                marks[d >> 3] |= 1 << (d & 7)
+
+    def _checked_marks(self, shard: int) -> bytearray:
+        """One bit per document of ``shard``: checked whole in this process (the shards most
+        recently read are kept)."""
+        got = self._checked.get(shard)
+        if got is not None:
+            self._checked.move_to_end(shard)
+            return got
+        got = self._checked[shard] = bytearray((self.source.shards[shard].nsamples + 7) // 8)
+        if len(self._checked) > _MAX_SHARDS:
+            self._checked.popitem(last=False)
+        return got
+
+    def _check_sample(self, shard: int, d: int, data: bytes, n: int) -> None:
+        """A document's checked tar bytes hold ``n`` tokens of the field, by the index."""
+        name, size, _, _ = header_fields(data[:BLOCK])
+        key = name.decode("utf-8", "replace").partition(".")[0]
+        if not name.endswith(f".{self.field}".encode()) or size != NPY_HEADER + n * self.dtype.itemsize:
+            raise ShardFormatError(
+                f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
+                shard=self.urls[shard],
+                key=key,
+            )
+        self._check_header(data[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
 
     # -- chunked layout ------------------------------------------------------------------------
-    def _read_chunk(
-        self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, cum: np.ndarray, out: np.ndarray
-    ) -> None:
-        """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into ``out``."""
-        data_at, key, firsts, lengths, headers = self._chunk(shard, c, cum)
+    def _read_chunk(self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, out: np.ndarray) -> None:
+        """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into
+        ``out``: one read, then one copy (or one a document, past the headers between them)."""
+        data_at, key, firsts, lengths, headers = self._chunks.get((shard, c)) or self._chunk(shard, c)
         it = self.dtype.itemsize
-        lo = firsts[j0] + t0 * it - (NPY_HEADER if headers and t0 == 0 else 0)
-        hi = firsts[j1] + t1 * it
-        raw = self._pread(shard, data_at + lo, data_at + hi, key)
-        at = 0
-        for j in range(j0, j1 + 1):
-            start = t0 if j == j0 else 0
-            n = lengths[j]
-            stop = t1 if j == j1 else n
-            pos = firsts[j] + start * it - lo
-            if headers and start == 0:
-                self._check_header(raw[pos - NPY_HEADER : pos], n, shard, key)
-            out[at : at + stop - start] = np.frombuffer(raw, dtype=self.dtype, count=stop - start, offset=pos)
-            at += stop - start
+        head = NPY_HEADER if headers and t0 == 0 else 0
+        lo = firsts[j0] + t0 * it - head
+        raw = self._pread(shard, data_at + lo, data_at + firsts[j1] + t1 * it, key)
+        if head:
+            self._check_header(raw[:NPY_HEADER], lengths[j0], shard, key)
+        if not headers or j0 == j1:  # the tokens are contiguous
+            out[: (len(raw) - head) // it] = np.frombuffer(raw, dtype=self.dtype, offset=head)
+            return
+        tokens = np.frombuffer(raw, dtype=self.dtype)
+        at, pos = lengths[j0] - t0, head // it
+        out[:at] = tokens[pos : pos + at]
+        for j in range(j0 + 1, j1 + 1):
+            pos = (firsts[j] - lo) // it
+            self._check_header(raw[pos * it - NPY_HEADER : pos * it], lengths[j], shard, key)
+            k = t1 if j == j1 else lengths[j]
+            out[at : at + k] = tokens[pos : pos + k]
+            at += k
 
-    def _chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
+    def _chunk(self, shard: int, c: int) -> _Chunk:
         """Chunk ``c`` of ``shard``'s token member, found by walking the tar headers from the
         nearest chunk whose offset is known, and checked against the index's lengths."""
         with self._lock:
-            return self._find_chunk(shard, c, cum)
+            return self._find_chunk(shard, c, self.doc_offsets(shard))
 
     def _find_chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
         got = self._chunks.get((shard, c))
