@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 from typing import Any, cast
 
 import numpy as np
@@ -118,6 +117,7 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         self._dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int64)
         """The rows' token dtype before the cast: the streams' own, int64 when they differ."""
         self._with_docs = self.packing.position_ids or self.packing.documents
+        self._remote = any(s.remote for s in self.shards)
         self._history: tuple[Segment, ...] = ()
 
     # -- the plan ------------------------------------------------------------------------------
@@ -185,6 +185,7 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         runs = Runs(remaining_runs(plan.units, history, batch_size=self.batch_size))
         num = rank_batches(runs.total, world=w.world, batch_size=self.batch_size)
         share = worker_share(num, worker=w.worker, workers=w.workers, skip=skip)
+        takes = [(plan.take_start(i), c) for i, c in enumerate(plan.counts)]
         for at in range(0, len(share), _MAPPED):  # the keyed order for many batches at a time
             group = share[at : at + _MAPPED]
             positions = group_positions(runs, rank=w.rank, world=w.world, batches=group, batch_size=self.batch_size)
@@ -194,40 +195,45 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
             streams[real], seqs[real] = plan.units_at(positions[real])
             rows = cast(list[list[int]], streams.tolist()), cast(list[list[int]], seqs.tolist())
             for b, st, sq in zip(group, *rows):
-                batch = self._batch(plan, st, sq)
+                batch = self._batch(takes, st, sq)
                 self.taken = b + 1
                 yield batch
         self._resume = None
 
-    def _batch(self, plan: TokenPlan, streams: list[int], seqs: list[int]) -> Batch:
-        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row), read into one
-        ``[B, L + 1]`` array of the streams' token dtype; rows of remote streams are read at once
-        by this process's threads (each costs a request's latency)."""
+    def _batch(self, takes: list[tuple[int, int]], streams: list[int], seqs: list[int]) -> Batch:
+        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row; ``takes``: each
+        stream's take start and count), read into one ``[B, L + 1]`` array of the streams' token
+        dtype; rows of remote streams are read at once by this process's threads (each costs a
+        request's latency)."""
         tokens = np.empty((len(streams), self.seq_len + 1), dtype=self._dtype)
-        pairs = list(zip(streams, seqs))
-        docs: list[list[int]] | None = [[] for _ in pairs] if self._with_docs else None
-        remote = sum(i >= 0 and self.shards[i].remote for i, _ in pairs) > 1
-        pool = self._fetch_pool() if remote else None
+        docs: list[list[int]] | None = [[] for _ in streams] if self._with_docs else None
         for shards in self.shards:
             shards.ready()  # in this thread, before any pool thread reads
-        read: list[Future[int] | int] = []
-        for row, (i, s) in enumerate(pairs):
-            where = None if docs is None else docs[row]
-            if i < 0:
-                read.append(0)
-            elif pool is not None:
-                read.append(pool.submit(self._read_row, plan, i, s, tokens[row], where))
-            else:
-                read.append(self._read_row(plan, i, s, tokens[row], where))
-        counts = [n.result() if isinstance(n, Future) else n for n in read]
-        return {k: torch.from_numpy(v) for k, v in pack_batch(tokens, counts, docs, self.packing).items()}
+        rows = [(row, i, s, None if docs is None else docs[row]) for row, (i, s) in enumerate(zip(streams, seqs))]
+        if self._remote and sum(i >= 0 and self.shards[i].remote for i in streams) > 1:
+            pool = self._fetch_pool()
+            futures = [
+                pool.submit(self._read_row, takes, i, s, tokens[row], d) if i >= 0 else None for row, i, s, d in rows
+            ]
+            read = [0 if f is None else f.result() for f in futures]
+        else:
+            read = [self._read_row(takes, i, s, tokens[row], d) if i >= 0 else 0 for row, i, s, d in rows]
+        return {k: torch.from_numpy(v) for k, v in pack_batch(tokens, read, docs, self.packing).items()}
 
-    def _read_row(self, plan: TokenPlan, i: int, s: int, out: np.ndarray, docs: list[int] | None) -> int:
+    def _read_row(self, takes: list[tuple[int, int]], i: int, s: int, out: np.ndarray, docs: list[int] | None) -> int:
         """Sequence ``s`` of stream ``i`` read into ``out``: its tokens and the next one (when
-        there is one), their number returned; where documents begin appended to ``docs``."""
+        there is one), their number returned; where documents begin appended to ``docs``. The
+        take is read round and round from its start."""
+        start, count = takes[i]
+        shards = self.shards[i]
+        total = shards.total
         o = s * self.seq_len
-        n = min(self.seq_len + 1, plan.counts[i] - o)
-        _read_take(self.shards[i], plan.take_start(i), o, n, out, docs)
+        n = min(self.seq_len + 1, count - o)
+        p, at = (start + o) % total, 0
+        while at < n:
+            k = min(n - at, total - p)
+            shards.read_ready(p, p + k, out[at : at + k], docs, at)
+            at, p = at + k, 0
         return n
 
     def _fetch_pool(self) -> DaemonPool:
@@ -254,17 +260,6 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
     def close(self) -> None:
         for s in self.shards:
             s.close()
-
-
-def _read_take(shards: TokenShards, take_start: int, o: int, n: int, out: np.ndarray, docs: list[int] | None) -> None:
-    """Take positions ``[o, o + n)`` of a stream (read round and round from ``take_start``) into ``out``."""
-    total = shards.total
-    p = (take_start + o) % total
-    at = 0
-    while at < n:
-        k = min(n - at, total - p)
-        shards.read_ready(p, p + k, out[at : at + k], docs, at)
-        at, p = at + k, 0
 
 
 def _streams(source: Any, split: str | None) -> list[Stream]:

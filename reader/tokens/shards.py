@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import zlib
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
@@ -42,10 +43,12 @@ from shardify.errors import ShardFormatError
 from shardify.jsonfiles import file_sha256
 from shardify.npy import npy_header
 from shardify.reader.io.compact import CompactShards
+from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.samplebytes import SampleBytes
 from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
 from shardify.reader.io.source import Source
 from shardify.remote import ShardFetchError, fetch_range, is_remote
+from shardify.sampletable import SampleRanges, sample_digest
 from shardify.tarfmt import BLOCK, OFFSET_STRIDE, padded_size
 from shardify.tarheader import header_fields
 
@@ -106,6 +109,8 @@ class TokenShards:
         self._verified: set[int] = set()
         self._checked: OrderedDict[int, bytearray] = OrderedDict()
         self._starts = self.starts.tolist()
+        self._remote = [is_remote(u) for u in self.urls]
+        self._suffix = f".{self.field}".encode()
         self._samples = SampleBytes(self.source) if self.chunk is None else None
         self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
 
@@ -195,42 +200,34 @@ class TokenShards:
 
     # -- per-sample layout ---------------------------------------------------------------------
     def _read_samples(self, shard: int, d0: int, a: int, b: int, ends: list[int], out: np.ndarray) -> None:
-        """Documents ``d0..`` (first tokens ``ends``) cut to ``[a, b)``: each read whole and checked
-        the first time in this process (then marked), later only the tokens needed, one read."""
+        """Documents ``d0..`` (first tokens ``ends``) cut to ``[a, b)``, one read: a document is read
+        whole and checked the first time in this process (then marked), later only its tokens needed."""
         assert self._samples is not None  # noqa: S101 - set for the per-sample layout
         docs = range(d0, d0 + len(ends) - 1)
-        with self._lock:  # (SampleBytes keeps its tables and files for one thread)
+        with self._lock:  # (SampleBytes keeps its tables for one thread)
             marks = self._checked_marks(shard)
-            fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
-            got = self._samples.read([(shard, d) for d in fresh]) if fresh else []
-            starts = self._samples.ranges(shard).ends
-        whole: dict[int, bytes] = {}
-        for d, data in zip(fresh, got):
-            if isinstance(data, Exception):
-                raise data
-            self._check_sample(shard, d, data, ends[d - d0 + 1] - ends[d - d0])
-            whole[d] = data
-        it, skip = self.dtype.itemsize, BLOCK + NPY_HEADER
-        cut = [(max(a, ends[k]) - ends[k], min(b, ends[k + 1]) - ends[k]) for k in range(len(docs))]
-        marked = [k for k, d in enumerate(docs) if d not in whole]
-        raw, lo = b"", 0
-        if marked:  # the marked documents' tokens (and what lies between them), one read
-            m0, m1 = marked[0], marked[-1]
-            lo = starts[d0 + m0] + skip + cut[m0][0] * it
-            raw = self._pread(shard, lo, starts[d0 + m1] + skip + cut[m1][1] * it, None)
+            table = self._samples.ranges(shard)
+        starts, it, skip = table.ends, self.dtype.itemsize, BLOCK + NPY_HEADER
+        fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
+        d1, s0, s1 = docs[-1], a - ends[0], b - ends[-2]
+        lo = starts[d0] if fresh and fresh[0] == d0 else starts[d0] + skip + s0 * it
+        hi = starts[d1 + 1] if fresh and fresh[-1] == d1 else starts[d1] + skip + s1 * it
+        raw = self._pread(shard, lo, hi, None)
+        for d in fresh:
+            n = ends[d - d0 + 1] - ends[d - d0]
+            self._check_sample(shard, d, memoryview(raw)[starts[d] - lo : starts[d + 1] - lo], n, table)
         at = 0
         for k, d in enumerate(docs):
-            s0, s1 = cut[k]
-            one = whole.get(d)
-            if one is not None:
-                tokens = np.frombuffer(one, dtype=self.dtype, count=s1 - s0, offset=skip + s0 * it)
-            else:
-                tokens = np.frombuffer(raw, dtype=self.dtype, count=s1 - s0, offset=starts[d] + skip + s0 * it - lo)
-            out[at : at + s1 - s0] = tokens
-            at += s1 - s0
-        with self._lock:
-            for d in fresh:
-                marks[d >> 3] |= 1 << (d & 7)
+            t0 = s0 if k == 0 else 0
+            t1 = s1 if d == d1 else ends[k + 1] - ends[k]
+            out[at : at + t1 - t0] = np.frombuffer(
+                raw, dtype=self.dtype, count=t1 - t0, offset=starts[d] + skip + t0 * it - lo
+            )
+            at += t1 - t0
+        if fresh:
+            with self._lock:
+                for d in fresh:
+                    marks[d >> 3] |= 1 << (d & 7)
 
     def _checked_marks(self, shard: int) -> bytearray:
         """One bit per document of ``shard``: checked whole in this process (the shards most
@@ -244,17 +241,29 @@ class TokenShards:
             self._checked.popitem(last=False)
         return got
 
-    def _check_sample(self, shard: int, d: int, data: bytes, n: int) -> None:
-        """A document's checked tar bytes hold ``n`` tokens of the field, by the index."""
-        name, size, _, _ = header_fields(data[:BLOCK])
+    def _check_sample(self, shard: int, d: int, one: memoryview, n: int, table: SampleRanges) -> None:
+        """Document ``d``'s tar bytes ``one`` against the index: its CRC-32 (a file) or SHA-256
+        prefix (a server), then its member's name, size (``n`` tokens) and ``.npy`` header."""
+        url, remote = self.urls[shard], self._remote[shard]
+        if sample_digest(one) != table[d][2] if remote else zlib.crc32(one) != table.crcs[d]:
+            raise changed_sample(d, table.ends[d], table.ends[d + 1], url=url, key=sample_key(one), remote=remote)
+        head = bytes(one[: BLOCK + NPY_HEADER])
+        want = NPY_HEADER + n * self.dtype.itemsize
+        try:  # the name and size fields as header_fields reads them, without its call (the common case)
+            ok = int(head[124:136].split(b"\x00", 1)[0].strip(b" ") or b"0", 8) == want
+        except ValueError:  # (base-256: read below)
+            ok = False
+        if ok and head[:100].split(b"\x00", 1)[0].endswith(self._suffix) and head[BLOCK:] == self._headers.get(n):
+            return  # (a header not cached yet, or any mismatch: checked below, naming the key)
+        name, size, _, _ = header_fields(head[:BLOCK])
         key = name.decode("utf-8", "replace").partition(".")[0]
-        if not name.endswith(f".{self.field}".encode()) or size != NPY_HEADER + n * self.dtype.itemsize:
+        if not name.endswith(self._suffix) or size != want:
             raise ShardFormatError(
                 f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
-                shard=self.urls[shard],
+                shard=url,
                 key=key,
             )
-        self._check_header(data[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
+        self._check_header(one[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
 
     # -- chunked layout ------------------------------------------------------------------------
     def _read_chunk(self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, out: np.ndarray) -> None:
@@ -398,7 +407,7 @@ class TokenShards:
     # -- bytes ---------------------------------------------------------------------------------
     def _pread(self, shard: int, a: int, b: int, key: str | None) -> bytes:
         url = self.urls[shard]
-        if is_remote(url):
+        if self._remote[shard]:
             fetch = self.source.fetch
             try:
                 data = fetch_range(url, a, b, retry=fetch.retry, storage_options=fetch.storage_options)
