@@ -27,6 +27,7 @@ when the shard is first read (the most recently used kept), so a plan needs only
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -108,6 +109,7 @@ class TokenShards:
         self._headers: dict[int, bytes] = {}
         self._verified: set[int] = set()
         self._checked: OrderedDict[int, bytearray] = OrderedDict()
+        self._maps: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._starts = self.starts.tolist()
         self._remote = [is_remote(u) for u in self.urls]
         self._suffix = f".{self.field}".encode()
@@ -271,6 +273,14 @@ class TokenShards:
         ``out``: one read, then one copy (or one a document, past the headers between them)."""
         data_at, key, firsts, lengths, headers = self._chunks.get((shard, c)) or self._chunk(shard, c)
         it = self.dtype.itemsize
+        if not self._remote[shard]:  # slices of the mapped file (its headers were checked with the chunk)
+            tokens, at = self._mapped(shard)[1], 0
+            for j in range(j0, j1 + 1):
+                s0, s1 = t0 if j == j0 else 0, t1 if j == j1 else lengths[j]
+                pos = (data_at + firsts[j]) // it + s0
+                out[at : at + s1 - s0] = tokens[pos : pos + s1 - s0]
+                at += s1 - s0
+            return
         head = NPY_HEADER if headers and t0 == 0 else 0
         lo = firsts[j0] + t0 * it - head
         raw = self._pread(shard, data_at + lo, data_at + firsts[j1] + t1 * it, key)
@@ -367,7 +377,50 @@ class TokenShards:
             firsts = len(expected) + tokens_before * it
         else:
             firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
+        if not self._remote[shard]:
+            self._check_mapped(shard, key, member + BLOCK + want, None if stacked else member + BLOCK + firsts, lengths)
         return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
+
+    def _check_mapped(
+        self, shard: int, key: str | None, end: int, firsts: np.ndarray | None, lengths: np.ndarray
+    ) -> None:
+        """A local chunk, once: its member lies within the file, and every document's ``.npy``
+        header (before ``firsts``, when the documents have their own) is the index's."""
+        raw = self._mapped(shard)[0]
+        if len(raw) < end:
+            raise ShardFormatError(
+                f"truncated: the chunk ends at byte {end}, the file at {len(raw)}", shard=self.urls[shard], key=key
+            )
+        if firsts is None:
+            return
+        heads = raw[(firsts - NPY_HEADER)[:, None] + np.arange(NPY_HEADER)]
+        want = np.frombuffer(b"".join(self._header(n) for n in lengths.tolist()), dtype=np.uint8)
+        bad = np.flatnonzero((heads != want.reshape(heads.shape)).any(axis=1))
+        if len(bad):
+            self._check_header(heads[bad[0]].tobytes(), int(lengths[bad[0]]), shard, key)  # raises, naming it
+
+    def _mapped(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Local ``shard`` mapped into memory, as bytes and as tokens (the most recently used kept;
+        one dropped is unmapped once no array holds it)."""
+        got = self._maps.get(shard)
+        if got is not None:
+            return got
+        url = self.urls[shard]
+        try:
+            with open(local_path(url), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except (OSError, ValueError) as e:
+            raise ShardFormatError(f"cannot map the file: {e}", shard=url) from e
+        got = (
+            np.frombuffer(mapped, dtype=np.uint8),
+            np.frombuffer(mapped, dtype=self.dtype, count=size // self.dtype.itemsize),
+        )
+        with self._lock:
+            self._maps[shard] = got
+            if len(self._maps) > _MAX_OPEN:
+                self._maps.popitem(last=False)
+        return got
 
     def _check_shard(self, shard: int) -> None:
         """``shard``'s SHA-256 against the index's (once per process); ShardFormatError naming it."""
@@ -393,11 +446,15 @@ class TokenShards:
             )
         self._verified.add(shard)
 
-    def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
+    def _header(self, n: int) -> bytes:
+        """The ``.npy`` header of a document of ``n`` tokens."""
         want = self._headers.get(n)
         if want is None:
             want = self._headers[n] = npy_header(self.descr, (n,))
-        if bytes(head) != want:
+        return want
+
+    def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
+        if bytes(head) != self._header(n):
             raise ShardFormatError(
                 f"a document's .npy header is not that of {n} tokens of {self.dtype} (as the index records)",
                 shard=self.urls[shard],
