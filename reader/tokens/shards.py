@@ -27,9 +27,7 @@ when the shard is first read (the most recently used kept), so a plan needs only
 
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 import threading
 import zlib
 from array import array
@@ -39,38 +37,26 @@ from typing import Any
 
 import numpy as np
 
-from shardify.chunk import VAR_MAGIC
 from shardify.errors import ShardFormatError
 from shardify.jsonfiles import file_sha256
-from shardify.npy import npy_header
 from shardify.reader.io.compact import CompactShards
 from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.samplebytes import SampleBytes
 from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
 from shardify.reader.io.source import Source
+from shardify.reader.tokens.chunks import MAX_OPEN, NPY_HEADER, Chunk, ChunkLocator
 from shardify.remote import ShardFetchError, fetch_range, is_remote
 from shardify.sampletable import SampleRanges, sample_digest
-from shardify.tarfmt import BLOCK, OFFSET_STRIDE, padded_size
+from shardify.tarfmt import BLOCK
 from shardify.tarheader import header_fields
 
 __all__ = ["TokenShards", "NPY_HEADER"]
 
-NPY_HEADER = 128
-"""Bytes of a token document's ``.npy`` header (a 1-D array's is always 128)."""
-_VAR_HEAD = struct.Struct("<8sQQ")
 _MAX_SHARDS = 256
 """Shards whose document offsets are kept per process (the most recently used)."""
-_MAX_CHUNKS = 1 << 14
-"""Chunk locations kept per process."""
-_MAX_OPEN = 128
-
-_Chunk = tuple[int, str, list[int], list[int], bool]
-"""A chunk's token member: where its data begins, the chunk's key, where each document's first
-token lies from there, each document's length, and whether documents have their own header (a
-variable member)."""
 
 
-class TokenShards:
+class TokenShards(ChunkLocator):
     """The token stream of ``source``, a token split (see the module). Picklable: what a process
     opens (descriptors, offsets) is left behind and made again where it is next used."""
 
@@ -103,7 +89,7 @@ class TokenShards:
         self.urls = self.source.urls
         self._pid = os.getpid()
         self._docs: OrderedDict[int, array[int]] = OrderedDict()
-        self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        self._chunks: OrderedDict[tuple[int, int], Chunk] = OrderedDict()
         self._walk: dict[tuple[int, int], int] = {}
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._headers: dict[int, bytes] = {}
@@ -299,129 +285,6 @@ class TokenShards:
             out[at : at + k] = tokens[pos : pos + k]
             at += k
 
-    def _chunk(self, shard: int, c: int) -> _Chunk:
-        """Chunk ``c`` of ``shard``'s token member, found by walking the tar headers from the
-        nearest chunk whose offset is known, and checked against the index's lengths."""
-        with self._lock:
-            return self._find_chunk(shard, c, self.doc_offsets(shard))
-
-    def _find_chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
-        got = self._chunks.get((shard, c))
-        if got is not None:
-            self._chunks.move_to_end((shard, c))
-            return got
-        offsets = self.source.shards[shard].offsets
-        k = c - c % OFFSET_STRIDE if offsets else 0
-        start = offsets[k // OFFSET_STRIDE] if offsets else 0
-        while k < c:  # chunks whose start the index does not give: walk from the nearest one
-            known = self._walk.get((shard, k + 1))
-            if known is None:
-                found = self._chunks[(shard, k)] = self._locate(shard, k, start, cum)
-                known = found[0] + padded_size(self._member_size(self._lengths_of(shard, k, cum)))
-                self._walk[(shard, k + 1)] = known
-            k, start = k + 1, known
-        got = self._locate(shard, c, start, cum)
-        self._chunks[(shard, c)] = got
-        if len(self._chunks) > _MAX_CHUNKS:
-            self._chunks.popitem(last=False)
-            self._walk.clear()
-        return got
-
-    def _lengths_of(self, shard: int, c: int, cum: np.ndarray) -> np.ndarray:
-        n = self.chunk or 1
-        return np.diff(cum[c * n : min(c * n + n, len(cum) - 1) + 1])
-
-    def _member_size(self, lengths: np.ndarray) -> int:
-        """Bytes of a chunk's token member for documents of ``lengths``."""
-        headers = 0 if self._stacked(lengths) else NPY_HEADER * len(lengths)
-        return len(self._expected_head(lengths)) + headers + int(lengths.sum()) * int(self.dtype.itemsize)
-
-    @staticmethod
-    def _stacked(lengths: np.ndarray) -> bool:
-        return bool((lengths == lengths[0]).all())
-
-    def _expected_head(self, lengths: np.ndarray) -> bytes:
-        """The bytes before the first document's data that the writer makes for ``lengths``:
-        a stacked array's header, or a variable member's table (each document's header follows
-        in the data, counted there)."""
-        if self._stacked(lengths):
-            return npy_header(self.descr, (len(lengths), int(lengths[0])))
-        ends = np.zeros(len(lengths) + 1, dtype="<u8")
-        np.cumsum(lengths * self.dtype.itemsize + NPY_HEADER, out=ends[1:])
-        return _VAR_HEAD.pack(VAR_MAGIC, len(lengths), 0) + ends.tobytes()
-
-    def _locate(self, shard: int, c: int, start: int, cum: np.ndarray) -> _Chunk:
-        url = self.urls[shard]
-        head = self._pread(shard, start, start + BLOCK, None)
-        name, size, _, _ = header_fields(head)
-        key = name.decode("utf-8", "replace").rpartition(".chunk-keys")[0] or None
-        if not name.endswith(b".chunk-keys"):
-            raise ShardFormatError(f"chunk {c}: found member {name!r} at byte {start}, not a chunk's keys", shard=url)
-        lengths = self._lengths_of(shard, c, cum)
-        expected = self._expected_head(lengths)
-        stacked = self._stacked(lengths)
-        member = start + BLOCK + padded_size(size)
-        got = self._pread(shard, member, member + BLOCK + len(expected), key)
-        tname, tsize, _, _ = header_fields(got[:BLOCK])
-        want = self._member_size(lengths)
-        if tname != f"{key}.{self.field}".encode() or tsize != want or got[BLOCK:] != expected:
-            raise ShardFormatError(
-                f"damaged chunk: member {tname!r} of {tsize} bytes does not hold the {len(lengths)} documents of "
-                f"{int(lengths.sum())} tokens the index records ({self.field!r} of {want} bytes)",
-                shard=url,
-                key=key,
-            )
-        it = self.dtype.itemsize
-        tokens_before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        if stacked:
-            firsts = len(expected) + tokens_before * it
-        else:
-            firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
-        if not self._remote[shard]:
-            self._check_mapped(shard, key, member + BLOCK + want, None if stacked else member + BLOCK + firsts, lengths)
-        return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
-
-    def _check_mapped(
-        self, shard: int, key: str | None, end: int, firsts: np.ndarray | None, lengths: np.ndarray
-    ) -> None:
-        """A local chunk, once: its member lies within the file, and every document's ``.npy``
-        header (before ``firsts``, when the documents have their own) is the index's."""
-        raw = self._mapped(shard)[0]
-        if len(raw) < end:
-            raise ShardFormatError(
-                f"truncated: the chunk ends at byte {end}, the file at {len(raw)}", shard=self.urls[shard], key=key
-            )
-        if firsts is None:
-            return
-        heads = raw[(firsts - NPY_HEADER)[:, None] + np.arange(NPY_HEADER)]
-        want = np.frombuffer(b"".join(self._header(n) for n in lengths.tolist()), dtype=np.uint8)
-        bad = np.flatnonzero((heads != want.reshape(heads.shape)).any(axis=1))
-        if len(bad):
-            self._check_header(heads[bad[0]].tobytes(), int(lengths[bad[0]]), shard, key)  # raises, naming it
-
-    def _mapped(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """Local ``shard`` mapped into memory, as bytes and as tokens (the most recently used kept;
-        one dropped is unmapped once no array holds it)."""
-        got = self._maps.get(shard)
-        if got is not None:
-            return got
-        url = self.urls[shard]
-        try:
-            with open(local_path(url), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except (OSError, ValueError) as e:
-            raise ShardFormatError(f"cannot map the file: {e}", shard=url) from e
-        got = (
-            np.frombuffer(mapped, dtype=np.uint8),
-            np.frombuffer(mapped, dtype=self.dtype, count=size // self.dtype.itemsize),
-        )
-        with self._lock:
-            self._maps[shard] = got
-            if len(self._maps) > _MAX_OPEN:
-                self._maps.popitem(last=False)
-        return got
-
     def _check_shard(self, shard: int) -> None:
         """``shard``'s SHA-256 against the index's (once per process); ShardFormatError naming it."""
         if shard in self._verified:
@@ -446,21 +309,6 @@ class TokenShards:
             )
         self._verified.add(shard)
 
-    def _header(self, n: int) -> bytes:
-        """The ``.npy`` header of a document of ``n`` tokens."""
-        want = self._headers.get(n)
-        if want is None:
-            want = self._headers[n] = npy_header(self.descr, (n,))
-        return want
-
-    def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
-        if bytes(head) != self._header(n):
-            raise ShardFormatError(
-                f"a document's .npy header is not that of {n} tokens of {self.dtype} (as the index records)",
-                shard=self.urls[shard],
-                key=key,
-            )
-
     # -- bytes ---------------------------------------------------------------------------------
     def _pread(self, shard: int, a: int, b: int, key: str | None) -> bytes:
         url = self.urls[shard]
@@ -475,7 +323,7 @@ class TokenShards:
                 fd = self._fds.get(shard)  # (local rows are read by one thread)
                 if fd is None:
                     fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    if len(self._fds) > _MAX_OPEN:
+                    if len(self._fds) > MAX_OPEN:
                         os.close(self._fds.popitem(last=False)[1])
                 data = os.pread(fd, b - a, a)
             except OSError as e:
