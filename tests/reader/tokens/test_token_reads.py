@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 from collections import Counter
@@ -122,3 +123,59 @@ def test_verify_catches_a_token_changed_in_a_chunked_split(tmp_path: Path) -> No
     with pytest.raises(ShardFormatError, match="sha256") as e:
         _real(TokenDataset(root, seq_len=16, batch_size=4, verify=True))
     assert e.value.shard == str(shard)
+
+
+def _long_split(tmp: Path) -> tuple[Path, list[int], list[int]]:
+    """A per-sample split of long documents (up to 60 sequences of 64) between short ones."""
+    rng = np.random.default_rng(8)
+    lengths = [3000, 10, 2500, 40, 5, 3800, 20, 1]
+    docs = [rng.integers(2, 60000, size=n).tolist() for n in lengths]
+    src = tmp / "long.jsonl"
+    src.write_text("".join(json.dumps({"text": " ".join(map(str, d))}) + "\n" for d in docs))
+    out = tmp / "long"
+    convert_tokens(
+        src, out, tokenizer=tokenize, vocab_size=60000, eos=1, chunk=None, samples_per_shard=3,
+        fsync=False, progress=False, workers=1,
+    )  # fmt: skip
+    return out, [t for d in docs for t in [*d, 1]], lengths
+
+
+def test_a_long_document_is_read_whole_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, stream, _ = _long_split(tmp_path)
+    reads: list[tuple[int, int, int]] = []  # (inode, offset, bytes) of every pread
+    pread = os.pread
+
+    def counted(fd: int, n: int, at: int) -> bytes:
+        reads.append((os.fstat(fd).st_ino, at, n))
+        return pread(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", counted)
+    got = _real(TokenDataset(root, seq_len=64, batch_size=4, seed=1))
+    assert Counter(got) == Counter(stream)
+    sample_bytes = 0
+    for shard in sorted(root.glob("train-*.tar")):
+        ino = shard.stat().st_ino
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                end = m.offset_data + m.size
+                sample_bytes += end - m.offset
+                whole = sum(i == ino and at <= m.offset and at + n >= end for i, at, n in reads)
+                assert whole == 1, (shard.name, m.name, whole)  # checked once, then read by ranges
+    assert sum(n for _, _, n in reads) < 2.5 * sample_bytes  # each token about twice: checked, then its row
+
+
+def test_a_changed_token_of_a_long_document_is_caught_the_first_time(tmp_path: Path) -> None:
+    root, stream, lengths = _long_split(tmp_path)
+    at = sum(lengths[:5]) + 5  # document 5 in the stream (each document has its EOS)
+    doc5 = stream[at : at + lengths[5]]
+    shard = sorted(root.glob("train-*.tar"))[1]  # documents 3, 4, 5: 40, 5, 3800 tokens
+    _flip(shard, _member(shard, "000000005.tokens.npy") + 128 + 2 * 3000)  # token 3000 of 3800
+    grams = {tuple(doc5[i : i + 8]) for i in range(len(doc5) - 7)}
+    for seed in range(3):
+        yielded: list[dict[str, torch.Tensor]] = []
+        with pytest.raises(SampleChecksumError) as e:
+            for b in TokenDataset(root, seq_len=64, batch_size=4, seed=seed):
+                yielded.append(b)
+        assert e.value.shard == str(shard) and e.value.key == "000000005"
+        got = _real(yielded)  # the first row to touch the document found it changed: none of it was given
+        assert not grams & {tuple(got[i : i + 8]) for i in range(len(got) - 7)}
