@@ -6,23 +6,29 @@ a 1-D ``.npy`` whose header is always 128 bytes. The stream is its documents end
 in them. Each shard's document lengths (the index's ``tokens``) are turned into offsets only
 when the shard is first read (the most recently used kept), so a plan needs only the totals.
 
-- **Per-sample layout** (``chunk=None``): the documents' tar bytes come through
-  :class:`~shardify.reader.io.samplebytes.SampleBytes` (``os.pread`` locally, ranged requests
-  remotely, neighbours coalesced), each whole document checked against the index's CRC-32 (a
-  file) or SHA-256 prefix (a server): a document that does not match raises
-  :class:`~shardify.errors.SampleChecksumError` naming the shard and key.
-- **Chunked layout** (the default): where each chunk's token member lies is found once, from
-  the index's offset of every 32nd chunk, by reading the tar headers from there; the bytes of
-  a member's table (or a stacked array's header) must be exactly what the index's lengths
-  make, else :class:`~shardify.errors.ShardFormatError` names the shard and the chunk's key.
-  Then a range costs one read per chunk it touches, of just its tokens and the 128-byte
-  headers between its documents, each of which must be that document's header by the index
-  (a document whose start is read has its header checked). The format keeps no per-document
-  checksum in a chunked split: bytes changed in place inside a document's tokens go unseen,
-  unless ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming
-  reader, each shard's SHA-256 is checked against the index before its first read in a process
-  (a local file hashed whole; a remote one fetched whole, checked on arrival, then read by
-  ranges as usual).
+- **Per-sample layout** (``chunk=None``): a range costs one read per shard it touches
+  (``os.pread`` locally, a ranged request remotely), the byte offsets from the split's
+  per-sample table (:meth:`~shardify.reader.io.samplebytes.SampleBytes.ranges`). The first time
+  a process reads a document it reads it whole and checks it against the index's CRC-32 (a
+  file) or SHA-256 prefix (a server), and its member's name, size and ``.npy`` header: a
+  document that does not match raises :class:`~shardify.errors.SampleChecksumError` (or
+  ``ShardFormatError``) naming the shard and key, before any of its tokens is used. The
+  document is then marked (one bit a document, for the :data:`_MAX_SHARDS` shards most
+  recently read), and later reads of it take only the tokens they need, as ``verify=True``
+  trusts a shard once checked: a document many sequences long is read whole once per process,
+  not once per sequence; bytes changed after that check go unseen by this process.
+- **Chunked layout** (the default): where each chunk's token member lies is found once
+  (:mod:`~shardify.reader.tokens.chunks`: the member's table or stacked header checked against
+  the index's lengths; in a local file, mapped into memory, every document's header in the
+  chunk checked then too). A range then costs one read per chunk it touches (locally, slices
+  of the mapped file), of just its tokens (and remotely the 128-byte headers between its
+  documents, each checked against the index). The format keeps no per-document checksum in a
+  chunked split: bytes changed in place inside a document's tokens go unseen, unless
+  ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming reader,
+  each shard's SHA-256 is checked against the index before its first read in a process (a
+  local file hashed whole; a remote one fetched whole, checked on arrival, then read by
+  ranges as usual). A local shard file truncated while mapped ends the process (SIGBUS), as
+  any reader of a mapped file: shards are written once and never changed in place.
 """
 
 from __future__ import annotations
