@@ -206,17 +206,25 @@ class TokenShards(ChunkLocator):
         d1, s0, s1 = docs[-1], a - ends[0], b - ends[-2]
         lo = starts[d0] if fresh and fresh[0] == d0 else starts[d0] + skip + s0 * it
         hi = starts[d1 + 1] if fresh and fresh[-1] == d1 else starts[d1] + skip + s1 * it
-        raw = self._pread(shard, lo, hi, None)
+        if self._remote[shard]:
+            raw, base = self._pread(shard, lo, hi, None), lo
+            view, tokens = memoryview(raw), np.frombuffer(raw, dtype=self.dtype, count=(hi - lo) // it)
+        else:  # slices of the mapped file
+            mapped, tokens = self._mapped(shard)
+            if hi > len(mapped):
+                raise ShardFormatError(
+                    f"truncated: bytes {lo}-{hi - 1}, the file ends at {len(mapped)}", shard=self.urls[shard]
+                )
+            view, base = mapped.data, 0
         for d in fresh:
             n = ends[d - d0 + 1] - ends[d - d0]
-            self._check_sample(shard, d, memoryview(raw)[starts[d] - lo : starts[d + 1] - lo], n, table)
+            self._check_sample(shard, d, view[starts[d] - base : starts[d + 1] - base], n, table)
         at = 0
         for k, d in enumerate(docs):
             t0 = s0 if k == 0 else 0
             t1 = s1 if d == d1 else ends[k + 1] - ends[k]
-            out[at : at + t1 - t0] = np.frombuffer(
-                raw, dtype=self.dtype, count=t1 - t0, offset=starts[d] + skip + t0 * it - lo
-            )
+            pos = (starts[d] + skip + t0 * it - base) // it
+            out[at : at + t1 - t0] = tokens[pos : pos + t1 - t0]
             at += t1 - t0
         if fresh:
             with self._lock:

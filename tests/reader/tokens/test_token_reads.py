@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tarfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ import torch
 from shardify.convert import convert_tokens
 from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader import CacheOptions, TokenDataset, TokenLoader
+from shardify.reader.tokens.shards import TokenShards
 from shardify.remote import RetryPolicy
 
 
@@ -140,28 +141,39 @@ def _long_split(tmp: Path) -> tuple[Path, list[int], list[int]]:
     return out, [t for d in docs for t in [*d, 1]], lengths
 
 
-def test_a_long_document_is_read_whole_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, stream, _ = _long_split(tmp_path)
-    reads: list[tuple[int, int, int]] = []  # (inode, offset, bytes) of every pread
-    pread = os.pread
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_a_long_document_is_read_whole_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    root, stream, lengths = _long_split(tmp_path)
+    checked: Counter[tuple[int, int]] = Counter()  # documents read whole and checked, by (shard, document)
+    check = TokenShards._check_sample
 
-    def counted(fd: int, n: int, at: int) -> bytes:
-        reads.append((os.fstat(fd).st_ino, at, n))
-        return pread(fd, n, at)
+    def counted(self: TokenShards, shard: int, d: int, *args: Any) -> None:
+        checked[(shard, d)] += 1
+        check(self, shard, d, *args)
 
-    monkeypatch.setattr(os, "pread", counted)
-    got = _real(TokenDataset(root, seq_len=64, batch_size=4, seed=1))
-    assert Counter(got) == Counter(stream)
-    sample_bytes = 0
-    for shard in sorted(root.glob("train-*.tar")):
-        ino = shard.stat().st_ino
+    monkeypatch.setattr(TokenShards, "_check_sample", counted)
+    shards = sorted(root.glob("train-*.tar"))
+    sample_bytes = 0  # every document's tar header, data and padding
+    for shard in shards:
         with tarfile.open(shard) as tar:
-            for m in tar.getmembers():
-                end = m.offset_data + m.size
-                sample_bytes += end - m.offset
-                whole = sum(i == ino and at <= m.offset and at + n >= end for i, at, n in reads)
-                assert whole == 1, (shard.name, m.name, whole)  # checked once, then read by ranges
-    assert sum(n for _, _, n in reads) < 2.5 * sample_bytes  # each token about twice: checked, then its row
+            sample_bytes += sum(m.offset_data + -(-m.size // 512) * 512 - m.offset for m in tar.getmembers())
+    if where == "local":
+        got = _real(TokenDataset(root, seq_len=64, batch_size=4, seed=1))
+    else:
+        www = tmp_path / "www"
+        shutil.copytree(root, www / "long")
+        fast = CacheOptions(retry=RetryPolicy(retries=1, backoff_s=0.01))
+        with rangeserver.serve(www) as (base, behaviour):
+            ds = TokenDataset(f"{base}/long", seq_len=64, batch_size=4, seed=1, cache=fast)
+            behaviour.reset()
+            got = _real(ds)
+            sent = sum(n for p, n in behaviour.sent_by_path.items() if p.endswith(".tar"))
+        # each token about twice (its document checked whole, then its sequence), not once a sequence
+        assert sent < 2.5 * sample_bytes
+    assert Counter(got) == Counter(stream)
+    assert sorted(checked) == [(d // 3, d % 3) for d in range(len(lengths))] and set(checked.values()) == {1}
 
 
 def test_a_changed_token_of_a_long_document_is_caught_the_first_time(tmp_path: Path) -> None:
