@@ -201,8 +201,31 @@ class TokenShards(ChunkLocator):
         with self._lock:  # (SampleBytes keeps its tables for one thread)
             marks = self._checked_marks(shard)
             table = self._samples.ranges(shard)
+            fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
+            for d in fresh:  # claimed now: a row of the same batch on another thread reads only its range
+                marks[d >> 3] |= 1 << (d & 7)
+        try:
+            self._read_docs(shard, docs, fresh, table, a, b, ends, out)
+        except BaseException:
+            with self._lock:  # not checked after all
+                for d in fresh:
+                    marks[d >> 3] &= ~(1 << (d & 7))
+            raise
+
+    def _read_docs(
+        self,
+        shard: int,
+        docs: range,
+        fresh: list[int],
+        table: SampleRanges,
+        a: int,
+        b: int,
+        ends: list[int],
+        out: np.ndarray,
+    ) -> None:
+        """:meth:`_read_samples`' read: the ``fresh`` documents whole, and checked."""
+        d0 = docs[0]
         starts, it, skip = table.ends, self.dtype.itemsize, BLOCK + NPY_HEADER
-        fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
         d1, s0, s1 = docs[-1], a - ends[0], b - ends[-2]
         lo = starts[d0] if fresh and fresh[0] == d0 else starts[d0] + skip + s0 * it
         hi = starts[d1 + 1] if fresh and fresh[-1] == d1 else starts[d1] + skip + s1 * it
@@ -226,10 +249,6 @@ class TokenShards(ChunkLocator):
             pos = (starts[d] + skip + t0 * it - base) // it
             out[at : at + t1 - t0] = tokens[pos : pos + t1 - t0]
             at += t1 - t0
-        if fresh:
-            with self._lock:
-                for d in fresh:
-                    marks[d >> 3] |= 1 << (d & 7)
 
     def _checked_marks(self, shard: int) -> bytearray:
         """One bit per document of ``shard``: checked whole in this process (the shards most
