@@ -161,11 +161,12 @@ class ChunkLocator:
             )
         if firsts is None:
             return
-        heads = raw[(firsts - NPY_HEADER)[:, None] + np.arange(NPY_HEADER)]
-        want = np.frombuffer(b"".join(self._header(n) for n in lengths.tolist()), dtype=np.uint8)
-        bad = np.flatnonzero((heads != want.reshape(heads.shape)).any(axis=1))
-        if len(bad):
-            self._check_header(heads[bad[0]].tobytes(), int(lengths[bad[0]]), shard, key)  # raises, naming it
+        heads = raw[(firsts - NPY_HEADER)[:, None] + np.arange(NPY_HEADER)].tobytes()
+        known = self._headers
+        ns = lengths.tolist()
+        if heads != b"".join([known.get(n) or self._header(n) for n in ns]):
+            for i, n in enumerate(ns):  # the first that differs raises, naming the chunk
+                self._check_header(heads[i * NPY_HEADER : (i + 1) * NPY_HEADER], n, shard, key)
 
     def _mapped(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """Local ``shard`` mapped into memory, as bytes and as tokens (the most recently used kept;
