@@ -84,16 +84,21 @@ class ChunkLocator:
         while k < c:  # chunks whose start the index does not give: walk from the nearest one
             known = self._walk.get((shard, k + 1))
             if known is None:
-                found = self._chunks[(shard, k)] = self._locate(shard, k, start, cum)
-                known = found[0] + padded_size(self._member_size(self._lengths_of(shard, k, cum)))
-                self._walk[(shard, k + 1)] = known
+                found = self._chunks.get((shard, k)) or self._locate(shard, k, start, cum)
+                self._chunks[(shard, k)] = found
+                known = self._walk[(shard, k + 1)] = self._next(shard, k, found, cum)
             k, start = k + 1, known
         got = self._locate(shard, c, start, cum)
         self._chunks[(shard, c)] = got
+        self._walk[(shard, c + 1)] = self._next(shard, c, got, cum)  # (a later walk past it reads nothing)
         if len(self._chunks) > _MAX_CHUNKS:
             self._chunks.popitem(last=False)
             self._walk.clear()
         return got
+
+    def _next(self, shard: int, c: int, found: Chunk, cum: np.ndarray) -> int:
+        """Where chunk ``c + 1`` starts: past chunk ``c``'s token member."""
+        return found[0] + padded_size(self._member_size(self._lengths_of(shard, c, cum)))
 
     def _lengths_of(self, shard: int, c: int, cum: np.ndarray) -> np.ndarray:
         n = self.chunk or 1
