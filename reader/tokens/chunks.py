@@ -33,7 +33,7 @@ __all__ = ["ChunkLocator", "Chunk", "NPY_HEADER", "MAX_OPEN"]
 NPY_HEADER = 128
 """Bytes of a token document's ``.npy`` header (a 1-D array's is always 128)."""
 MAX_OPEN = 128
-"""Local shard files kept open, and kept mapped, per process (the most recently used)."""
+"""Local shard files kept open, and kept mapped, per process (the last opened)."""
 _VAR_HEAD = struct.Struct("<8sQQ")
 _MAX_CHUNKS = 1 << 14
 """Chunk locations kept per process."""
@@ -174,7 +174,7 @@ class ChunkLocator:
                 self._check_header(heads[i * NPY_HEADER : (i + 1) * NPY_HEADER], n, shard, key)
 
     def _mapped(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """Local ``shard`` mapped into memory, as bytes and as tokens (the most recently used kept;
+        """Local ``shard`` mapped into memory, as bytes and as tokens (the last MAX_OPEN mapped kept;
         one dropped is unmapped once no array holds it)."""
         got = self._maps.get(shard)
         if got is not None:

@@ -4,7 +4,7 @@ A token split (``shardify convert tokens``) stores document ``d`` as sample ``d`
 a 1-D ``.npy`` whose header is always 128 bytes. The stream is its documents end to end;
 :meth:`TokenShards.read` gives the tokens of positions ``[p, q)`` and where documents begin
 in them. Each shard's document lengths (the index's ``tokens``) are turned into offsets only
-when the shard is first read (the most recently used kept), so a plan needs only the totals.
+when the shard is first read (those of the last 256 shards kept), so a plan needs only the totals.
 
 - **Per-sample layout** (``chunk=None``): a range costs one read per shard it touches
   (``os.pread`` locally, a ranged request remotely), the byte offsets from the split's
@@ -59,7 +59,8 @@ from shardify.tarheader import header_fields
 __all__ = ["TokenShards", "NPY_HEADER"]
 
 _MAX_SHARDS = 256
-"""Shards whose document offsets are kept per process (the most recently used)."""
+"""Shards whose document offsets are kept per process (the last made), and whose checked documents are
+marked (the most recently read)."""
 
 
 class TokenShards(ChunkLocator):
@@ -175,7 +176,7 @@ class TokenShards(ChunkLocator):
         if self.verify and shard not in self._verified:
             with self._lock:
                 self._check_shard(shard)
-        cum = self._offsets(shard)
+        cum = self._docs.get(shard) or self._offsets(shard)  # (a hit: no lock, the order of loading kept)
         d0 = bisect_right(cum, a) - 1
         ends = cum[d0 : bisect_right(cum, b - 1, d0) + 1].tolist()  # the documents' first tokens, the last one's end
         if doc_starts is not None:
