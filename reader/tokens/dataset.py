@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,12 +25,12 @@ from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.options import CacheOptions
 from shardify.reader.plan.world import World, detect_world
 from shardify.reader.streams import Stream
-from shardify.reader.tokens.pack import PackOptions, RowBuffers
+from shardify.reader.tokens.pack import PackOptions, pack_batch
 from shardify.reader.tokens.plan import (
     Runs,
     Segment,
     TokenPlan,
-    batch_positions,
+    group_positions,
     rank_batches,
     remaining_runs,
     stream_tokens,
@@ -43,8 +42,6 @@ from shardify.reader.tokens.state import Resume, check_state, make_state, plan_f
 __all__ = ["TokenDataset", "TokenLoader"]
 
 Batch = dict[str, torch.Tensor]
-Row = tuple[np.ndarray, list[int]]
-"""A sequence's tokens (its inputs and the next token, when there is one) and where documents begin."""
 
 _MAPPED = 64
 """Batches whose sequences a worker maps through the keyed order at once."""
@@ -116,7 +113,11 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         """The world the current epoch's part is read under (None: not read yet, the detected one)."""
         self._requests = c.requests
         self._pool: tuple[int, DaemonPool] | None = None
-        self._tokens: np.ndarray | None = None
+        dtypes = {s.dtype for s in self.shards}
+        self._dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int64)
+        """The rows' token dtype before the cast: the streams' own, int64 when they differ."""
+        self._with_docs = self.packing.position_ids or self.packing.documents
+        self._remote = any(s.remote for s in self.shards)
         self._history: tuple[Segment, ...] = ()
 
     # -- the plan ------------------------------------------------------------------------------
@@ -184,56 +185,56 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         runs = Runs(remaining_runs(plan.units, history, batch_size=self.batch_size))
         num = rank_batches(runs.total, world=w.world, batch_size=self.batch_size)
         share = worker_share(num, worker=w.worker, workers=w.workers, skip=skip)
+        takes = [(plan.take_start(i), c) for i, c in enumerate(plan.counts)]
         for at in range(0, len(share), _MAPPED):  # the keyed order for many batches at a time
             group = share[at : at + _MAPPED]
-            positions = np.stack(
-                [batch_positions(runs, rank=w.rank, world=w.world, batch=b, batch_size=self.batch_size) for b in group]
-            )
+            positions = group_positions(runs, rank=w.rank, world=w.world, batches=group, batch_size=self.batch_size)
             real = positions >= 0
             streams = np.full(positions.shape, -1, dtype=np.int64)
             seqs = np.zeros(positions.shape, dtype=np.int64)
             streams[real], seqs[real] = plan.units_at(positions[real])
-            for b, st, sq in zip(group, streams, seqs):
-                batch = self._batch(plan, st, sq)
+            rows = cast(list[list[int]], streams.tolist()), cast(list[list[int]], seqs.tolist())
+            for b, st, sq in zip(group, *rows):
+                batch = self._batch(takes, st, sq)
                 self.taken = b + 1
                 yield batch
         self._resume = None
 
-    def _batch(self, plan: TokenPlan, streams: np.ndarray, seqs: np.ndarray) -> Batch:
-        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row); rows of remote
-        streams are read at once by this process's threads (each costs a request's latency)."""
-        rows = RowBuffers(len(streams), self.seq_len, self.packing)
-        if self._tokens is None or self._tokens.shape[0] < len(streams):
-            self._tokens = np.empty((len(streams), self.seq_len + 1), dtype=np.int64)  # reused: rows copy out
-        pairs = list(zip(streams.tolist(), seqs.tolist()))
-        remote = sum(i >= 0 and self.shards[i].remote for i, _ in pairs) > 1
-        pool = self._fetch_pool() if remote else None
+    def _batch(self, takes: list[tuple[int, int]], streams: list[int], seqs: list[int]) -> Batch:
+        """The batch of the sequences ``seqs`` of ``streams`` (-1: a padding row; ``takes``: each
+        stream's take start and count), read into one ``[B, L + 1]`` array of the streams' token
+        dtype; rows of remote streams are read at once by this process's threads (each costs a
+        request's latency)."""
+        tokens = np.empty((len(streams), self.seq_len + 1), dtype=self._dtype)
+        docs: list[list[int]] | None = [[] for _ in streams] if self._with_docs else None
         for shards in self.shards:
             shards.ready()  # in this thread, before any pool thread reads
-        read: list[Future[Row] | Row | None] = []
-        for row, (i, s) in enumerate(pairs):
-            if i < 0:
-                read.append(None)
-            elif pool is not None:
-                read.append(pool.submit(self._read_row, plan, i, s, self._tokens[row]))
-            else:
-                read.append(self._read_row(plan, i, s, self._tokens[row]))
-        for row, got in enumerate(read):
-            if got is None:
-                rows.pad(row)
-                continue
-            tokens, docs = got.result() if isinstance(got, Future) else got
-            rows.fill(row, tokens, docs)
-        return {k: torch.from_numpy(v) for k, v in rows.arrays().items()}
+        rows = [(row, i, s, None if docs is None else docs[row]) for row, (i, s) in enumerate(zip(streams, seqs))]
+        if self._remote and sum(i >= 0 and self.shards[i].remote for i in streams) > 1:
+            pool = self._fetch_pool()
+            futures = [
+                pool.submit(self._read_row, takes, i, s, tokens[row], d) if i >= 0 else None for row, i, s, d in rows
+            ]
+            read = [0 if f is None else f.result() for f in futures]
+        else:
+            read = [self._read_row(takes, i, s, tokens[row], d) if i >= 0 else 0 for row, i, s, d in rows]
+        return {k: torch.from_numpy(v) for k, v in pack_batch(tokens, read, docs, self.packing).items()}
 
-    def _read_row(self, plan: TokenPlan, i: int, s: int, out: np.ndarray) -> Row:
+    def _read_row(self, takes: list[tuple[int, int]], i: int, s: int, out: np.ndarray, docs: list[int] | None) -> int:
         """Sequence ``s`` of stream ``i`` read into ``out``: its tokens and the next one (when
-        there is one), and where documents begin in them."""
+        there is one), their number returned; where documents begin appended to ``docs``. The
+        take is read round and round from its start."""
+        start, count = takes[i]
+        shards = self.shards[i]
+        total = shards.total
         o = s * self.seq_len
-        n = min(self.seq_len + 1, plan.counts[i] - o)
-        docs: list[int] = []
-        _read_take(self.shards[i], plan.take_start(i), o, n, out, docs)
-        return out[:n], docs
+        n = min(self.seq_len + 1, count - o)
+        p, at = (start + o) % total, 0
+        while at < n:
+            k = min(n - at, total - p)
+            shards.read_ready(p, p + k, out[at : at + k], docs, at)
+            at, p = at + k, 0
+        return n
 
     def _fetch_pool(self) -> DaemonPool:
         """This process's threads for a batch's remote rows (made again after a fork)."""
@@ -242,7 +243,7 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
         return self._pool[1]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None, "_tokens": None}
+        return {**self.__dict__, "_pool": None}
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -259,17 +260,6 @@ class TokenDataset(torch.utils.data.IterableDataset[Batch]):
     def close(self) -> None:
         for s in self.shards:
             s.close()
-
-
-def _read_take(shards: TokenShards, take_start: int, o: int, n: int, out: np.ndarray, docs: list[int]) -> None:
-    """Take positions ``[o, o + n)`` of a stream (read round and round from ``take_start``) into ``out``."""
-    total = shards.total
-    p = (take_start + o) % total
-    at = 0
-    while at < n:
-        k = min(n - at, total - p)
-        shards.read(p, p + k, out[at : at + k], docs, at)
-        at, p = at + k, 0
 
 
 def _streams(source: Any, split: str | None) -> list[Stream]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PackOptions", "RowBuffers", "varlen_args"]
+__all__ = ["PackOptions", "pack_batch", "varlen_args"]
 
 
 @dataclass(frozen=True)
@@ -41,56 +41,54 @@ class PackOptions:
     """Add ``segment_ids`` and ``cu_seqlens`` for document masking (varlen attention)."""
 
 
-class RowBuffers:
-    """The arrays of one batch of ``rows`` x ``seq_len``, filled row by row."""
+def pack_batch(
+    tokens: np.ndarray, read: list[int], doc_starts: list[list[int]] | None, options: PackOptions
+) -> dict[str, np.ndarray]:
+    """A batch's arrays (see the module) from ``tokens`` ``[B, L + 1]`` (any integer dtype): row
+    ``r``'s first ``read[r]`` entries are its inputs and the next token, when there is one (0: a
+    padding row; what lies past them is never used), and ``doc_starts[r]`` where documents begin
+    in them (needed only for ``position_ids`` and ``documents``). One cast each for inputs and
+    labels; padding is written only into the rows that have it."""
+    rows, L = tokens.shape[0], tokens.shape[1] - 1
+    input_ids = tokens[:, :L].astype(np.int64)
+    labels = tokens[:, 1:].astype(np.int64)
+    num_tokens = np.minimum(np.asarray(read, dtype=np.int64), L)
+    for r, n in enumerate(read):
+        if n <= L:  # the last sequence of a take, or a padding row
+            input_ids[r, n:] = options.pad_id
+            labels[r, max(n - 1, 0) :] = options.ignore_index
+    out = {"input_ids": input_ids, "labels": labels, "num_tokens": num_tokens}
+    if options.position_ids or options.documents:
+        out.update(_segments(read, doc_starts or [[] for _ in read], rows, L, options))
+    return out
 
-    def __init__(self, rows: int, seq_len: int, options: PackOptions) -> None:
-        self.seq_len, self.options = seq_len, options
-        self.input_ids = np.empty((rows, seq_len), dtype=np.int64)  # every row filled or padded
-        self.labels = np.empty((rows, seq_len), dtype=np.int64)
-        self.num_tokens = np.zeros(rows, dtype=np.int64)
-        self.position_ids = np.tile(np.arange(seq_len, dtype=np.int64), (rows, 1)) if options.position_ids else None
-        if options.documents:
-            self.segment_ids: np.ndarray | None = np.zeros((rows, seq_len), dtype=np.int32)
-            self.cu_seqlens: np.ndarray | None = np.full((rows, seq_len + 1), seq_len, dtype=np.int32)
-            self.cu_seqlens[:, 0] = 0
-        else:
-            self.segment_ids = self.cu_seqlens = None
 
-    def fill(self, row: int, tokens: np.ndarray, doc_starts: list[int]) -> None:
-        """Row ``row`` from ``tokens`` (its inputs and the next token, when there is one) and
-        where documents begin in them."""
-        L = self.seq_len
-        read = len(tokens)
-        real = min(read, L)
-        self.input_ids[row, :real] = tokens[:real]
-        self.input_ids[row, real:] = self.options.pad_id
-        self.labels[row, : read - 1] = tokens[1:read]
-        self.labels[row, read - 1 :] = self.options.ignore_index
-        self.num_tokens[row] = real
-        if self.position_ids is None and self.segment_ids is None:
-            return
-        cuts = sorted({0, *(d for d in doc_starts if d < real)} | ({real} if real < L else set()))
-        starts = np.asarray(cuts, dtype=np.int64)
-        if self.position_ids is not None and len(cuts) > 1:
-            seg = np.repeat(np.arange(len(cuts)), np.diff(np.append(starts, L)))
-            self.position_ids[row] -= starts[seg]
-        if self.segment_ids is not None and self.cu_seqlens is not None:
-            self.segment_ids[row] = np.repeat(np.arange(len(cuts), dtype=np.int32), np.diff(np.append(starts, L)))
-            self.cu_seqlens[row, : len(cuts)] = starts
-
-    def pad(self, row: int) -> None:
-        """Row ``row`` as a padding row: no real token, every label ignored."""
-        self.input_ids[row] = self.options.pad_id
-        self.labels[row] = self.options.ignore_index
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        out = {"input_ids": self.input_ids, "labels": self.labels, "num_tokens": self.num_tokens}
-        if self.position_ids is not None:
-            out["position_ids"] = self.position_ids
-        if self.segment_ids is not None and self.cu_seqlens is not None:
-            out["segment_ids"], out["cu_seqlens"] = self.segment_ids, self.cu_seqlens
-        return out
+def _segments(
+    read: list[int], doc_starts: list[list[int]], rows: int, L: int, options: PackOptions
+) -> dict[str, np.ndarray]:
+    """``position_ids``, ``segment_ids`` and ``cu_seqlens`` of rows cut where a document begins,
+    at 0 and where the padding begins: one mark per cut, then cumulative sums along the rows."""
+    at_row: list[int] = []
+    at_col: list[int] = []
+    for r, (n, starts) in enumerate(zip(read, doc_starts)):
+        real = min(n, L)
+        cuts = sorted({0, *(d for d in starts if d < real)} | ({real} if real < L else set()))
+        at_row += [r] * len(cuts)
+        at_col += cuts
+    rr, cc = np.asarray(at_row, dtype=np.intp), np.asarray(at_col, dtype=np.intp)
+    mark = np.zeros((rows, L), dtype=np.int32)
+    mark[rr, cc] = 1
+    segment = np.cumsum(mark, axis=1, dtype=np.int32) - 1
+    out: dict[str, np.ndarray] = {}
+    if options.position_ids:
+        col = np.arange(L, dtype=np.int64)
+        start = np.maximum.accumulate(np.where(mark > 0, col, 0), axis=1)
+        out["position_ids"] = col - start
+    if options.documents:
+        cu = np.full((rows, L + 1), L, dtype=np.int32)
+        cu[rr, segment[rr, cc]] = cc
+        out["segment_ids"], out["cu_seqlens"] = segment, cu
+    return out
 
 
 def varlen_args(batch: dict[str, Any]) -> tuple[Any, int]:

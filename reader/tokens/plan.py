@@ -50,6 +50,7 @@ __all__ = [
     "rank_batches",
     "remaining_runs",
     "batch_positions",
+    "group_positions",
     "worker_share",
 ]
 
@@ -188,11 +189,17 @@ class Runs:
 def batch_positions(runs: Runs, *, rank: int, world: int, batch: int, batch_size: int) -> np.ndarray:
     """The epoch positions of the rows of batch ``batch`` of rank ``rank`` over ``runs``; -1 for
     a padding row."""
+    rows: np.ndarray = group_positions(runs, rank=rank, world=world, batches=[batch], batch_size=batch_size)[0]
+    return rows
+
+
+def group_positions(runs: Runs, *, rank: int, world: int, batches: Sequence[int], batch_size: int) -> np.ndarray:
+    """:func:`batch_positions` of each of ``batches`` at once: ``[len(batches), batch_size]``."""
     per = samples_per_rank(runs.total, world=world, drop_last=False)
-    lo = rank * per + batch * batch_size
-    rows = np.arange(lo, lo + batch_size, dtype=np.int64)
-    real = (rows < (rank + 1) * per) & (rows < runs.total) & (rows >= rank * per)
-    out = np.full(batch_size, -1, dtype=np.int64)
+    lo = rank * per + np.asarray(batches, dtype=np.int64)[:, None] * batch_size
+    rows = lo + np.arange(batch_size, dtype=np.int64)
+    real = (rows < min((rank + 1) * per, runs.total)) & (rows >= rank * per)
+    out = np.full(rows.shape, -1, dtype=np.int64)
     if real.any():
         out[real] = runs.at(rows[real])
     return out

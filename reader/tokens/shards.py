@@ -4,67 +4,66 @@ A token split (``shardify convert tokens``) stores document ``d`` as sample ``d`
 a 1-D ``.npy`` whose header is always 128 bytes. The stream is its documents end to end;
 :meth:`TokenShards.read` gives the tokens of positions ``[p, q)`` and where documents begin
 in them. Each shard's document lengths (the index's ``tokens``) are turned into offsets only
-when the shard is first read (the most recently used kept), so a plan needs only the totals.
+when the shard is first read (those of the last 256 shards kept), so a plan needs only the totals.
 
-- **Per-sample layout** (``chunk=None``): the documents' tar bytes come through
-  :class:`~shardify.reader.io.samplebytes.SampleBytes` (``os.pread`` locally, ranged requests
-  remotely, neighbours coalesced), each whole document checked against the index's CRC-32 (a
-  file) or SHA-256 prefix (a server): a document that does not match raises
-  :class:`~shardify.errors.SampleChecksumError` naming the shard and key.
-- **Chunked layout** (the default): where each chunk's token member lies is found once, from
-  the index's offset of every 32nd chunk, by reading the tar headers from there; the bytes of
-  a member's table (or a stacked array's header) must be exactly what the index's lengths
-  make, else :class:`~shardify.errors.ShardFormatError` names the shard and the chunk's key.
-  Then a range costs one read per chunk it touches, of just its tokens and the 128-byte
-  headers between its documents, each of which must be that document's header by the index
-  (a document whose start is read has its header checked). The format keeps no per-document
-  checksum in a chunked split: bytes changed in place inside a document's tokens go unseen,
-  unless ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming
-  reader, each shard's SHA-256 is checked against the index before its first read in a process
-  (a local file hashed whole; a remote one fetched whole, checked on arrival, then read by
-  ranges as usual).
+- **Per-sample layout** (``chunk=None``): a range costs one read per shard it touches
+  (``os.pread`` locally, a ranged request remotely), the byte offsets from the split's
+  per-sample table (:meth:`~shardify.reader.io.samplebytes.SampleBytes.ranges`). The first time
+  a process reads a document it reads it whole and checks it against the index's CRC-32 (a
+  file) or SHA-256 prefix (a server), and its member's name, size and ``.npy`` header: a
+  document that does not match raises :class:`~shardify.errors.SampleChecksumError` (or
+  ``ShardFormatError``) naming the shard and key, before any of its tokens is used. The
+  document is then marked (one bit a document, for the :data:`_MAX_SHARDS` shards most
+  recently read), and later reads of it take only the tokens they need, as ``verify=True``
+  trusts a shard once checked: a document many sequences long is read whole once per process,
+  not once per sequence; bytes changed after that check go unseen by this process.
+- **Chunked layout** (the default): where each chunk's token member lies is found once
+  (:mod:`~shardify.reader.tokens.chunks`: the member's table or stacked header checked against
+  the index's lengths; in a local file, mapped into memory, every document's header in the
+  chunk checked then too). A range then costs one read per chunk it touches (locally, slices
+  of the mapped file), of just its tokens (and remotely the 128-byte headers between its
+  documents, each checked against the index). The format keeps no per-document checksum in a
+  chunked split: bytes changed in place inside a document's tokens go unseen, unless
+  ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming reader,
+  each shard's SHA-256 is checked against the index before its first read in a process (a
+  local file hashed whole; a remote one fetched whole, checked on arrival, then read by
+  ranges as usual). A local shard file truncated while mapped ends the process (SIGBUS), as
+  any reader of a mapped file: shards are written once and never changed in place.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import threading
+import zlib
+from array import array
+from bisect import bisect_right
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from shardify.chunk import VAR_MAGIC
 from shardify.errors import ShardFormatError
 from shardify.jsonfiles import file_sha256
-from shardify.npy import npy_header
 from shardify.reader.io.compact import CompactShards
+from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.samplebytes import SampleBytes
 from shardify.reader.io.shardopen import is_gzip, local_path, open_shard
 from shardify.reader.io.source import Source
+from shardify.reader.tokens.chunks import MAX_OPEN, NPY_HEADER, Chunk, ChunkLocator
 from shardify.remote import ShardFetchError, fetch_range, is_remote
-from shardify.tarfmt import BLOCK, OFFSET_STRIDE, padded_size
+from shardify.sampletable import SampleRanges, sample_digest
+from shardify.tarfmt import BLOCK
 from shardify.tarheader import header_fields
 
 __all__ = ["TokenShards", "NPY_HEADER"]
 
-NPY_HEADER = 128
-"""Bytes of a token document's ``.npy`` header (a 1-D array's is always 128)."""
-_VAR_HEAD = struct.Struct("<8sQQ")
 _MAX_SHARDS = 256
-"""Shards whose document offsets are kept per process (the most recently used)."""
-_MAX_CHUNKS = 1 << 14
-"""Chunk locations kept per process."""
-_MAX_OPEN = 128
-
-_Chunk = tuple[int, str, list[int], list[int], bool]
-"""A chunk's token member: where its data begins, the chunk's key, where each document's first
-token lies from there, each document's length, and whether documents have their own header (a
-variable member)."""
+"""Shards whose document offsets are kept per process (the last made), and whose checked documents are
+marked (the most recently read)."""
 
 
-class TokenShards:
+class TokenShards(ChunkLocator):
     """The token stream of ``source``, a token split (see the module). Picklable: what a process
     opens (descriptors, offsets) is left behind and made again where it is next used."""
 
@@ -96,12 +95,17 @@ class TokenShards:
     def _reset(self) -> None:
         self.urls = self.source.urls
         self._pid = os.getpid()
-        self._docs: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        self._docs: OrderedDict[int, array[int]] = OrderedDict()
+        self._chunks: OrderedDict[tuple[int, int], Chunk] = OrderedDict()
         self._walk: dict[tuple[int, int], int] = {}
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._headers: dict[int, bytes] = {}
         self._verified: set[int] = set()
+        self._checked: OrderedDict[int, bytearray] = OrderedDict()
+        self._maps: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._starts = self.starts.tolist()
+        self._remote = [is_remote(u) for u in self.urls]
+        self._suffix = f".{self.field}".encode()
         self._samples = SampleBytes(self.source) if self.chunk is None else None
         self._lock = threading.RLock()  # the caches, when a batch's rows are read by threads (remote)
 
@@ -129,16 +133,20 @@ class TokenShards:
             self._reset()
 
     # -- the stream ----------------------------------------------------------------------------
-    def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int], base: int = 0) -> None:
+    def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int] | None, base: int = 0) -> None:
         """Tokens of stream positions ``[p, q)`` into ``out[:q - p]``; appends to ``doc_starts``
-        ``base + i`` for each ``i`` where a document begins."""
+        (unless None) ``base + i`` for each ``i`` where a document begins."""
         self.ready()
+        self.read_ready(p, q, out, doc_starts, base)
+
+    def read_ready(self, p: int, q: int, out: np.ndarray, doc_starts: list[int] | None, base: int = 0) -> None:
+        """:meth:`read` once :meth:`ready` was called in this process (a batch's rows)."""
         if not 0 <= p <= q <= self.total:
             raise ValueError(f"positions {p}..{q} should lie in the stream's 0..{self.total}")
-        shard = int(np.searchsorted(self.starts, p, side="right")) - 1
+        shard = bisect_right(self._starts, p) - 1
         at = 0
         while p < q:
-            lo, hi = int(self.starts[shard]), int(self.starts[shard + 1])
+            lo, hi = self._starts[shard], self._starts[shard + 1]
             a, b = p - lo, min(q, hi) - lo
             if b > a:
                 self._read_shard(shard, a, b, out[at : at + b - a], doc_starts, base + at)
@@ -148,165 +156,168 @@ class TokenShards:
 
     def doc_offsets(self, shard: int) -> np.ndarray:
         """Where each document of ``shard`` begins in its tokens (int64, one more: the total)."""
-        with self._lock:
-            return self._doc_offsets(shard)
+        return np.frombuffer(self._offsets(shard), dtype=np.int64)
 
-    def _doc_offsets(self, shard: int) -> np.ndarray:
+    def _offsets(self, shard: int) -> array[int]:
+        """:meth:`doc_offsets` as an array (bisected and sliced into ints at no numpy call's cost)."""
         got = self._docs.get(shard)
-        if got is not None:
-            self._docs.move_to_end(shard)
+        with self._lock:
+            if got is not None:
+                self._docs.move_to_end(shard)
+                return got
+            cum = np.zeros(self.source.shards[shard].nsamples + 1, dtype=np.int64)
+            np.cumsum(_lengths(self.source.shards[shard].tokens), out=cum[1:])
+            got = self._docs[shard] = array("q", cum.tobytes())
+            if len(self._docs) > _MAX_SHARDS:
+                self._docs.popitem(last=False)
             return got
-        got = np.zeros(self.source.shards[shard].nsamples + 1, dtype=np.int64)
-        np.cumsum(_lengths(self.source.shards[shard].tokens), out=got[1:])
-        self._docs[shard] = got
-        if len(self._docs) > _MAX_SHARDS:
-            self._docs.popitem(last=False)
-        return got
 
-    def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int], base: int) -> None:
+    def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray, doc_starts: list[int] | None, base: int) -> None:
         if self.verify and shard not in self._verified:
             with self._lock:
                 self._check_shard(shard)
-        cum = self.doc_offsets(shard)
-        d0 = int(cum.searchsorted(a, side="right")) - 1
-        d1 = int(cum.searchsorted(b - 1, side="right")) - 1
-        ends = cum[d0 : d1 + 2].tolist()  # the documents' first tokens, and the last one's end (as ints)
-        doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
+        cum = self._docs.get(shard) or self._offsets(shard)  # (a hit: no lock, the order of loading kept)
+        d0 = bisect_right(cum, a) - 1
+        ends = cum[d0 : bisect_right(cum, b - 1, d0) + 1].tolist()  # the documents' first tokens, the last one's end
+        if doc_starts is not None:
+            doc_starts.extend(base + f - a for f in ends[:-1] if f >= a)
         if self.chunk is None:
-            self._read_samples(shard, d0, d1, a, b, cum, out)
+            self._read_samples(shard, d0, a, b, ends, out)
             return
         n = self.chunk
+        d1 = d0 + len(ends) - 2
         for c in range(d0 // n, d1 // n + 1):
             j0, j1 = max(d0, c * n), min(d1, c * n + n - 1)
             first = ends[j0 - d0]
             t0 = max(a, first) - first
             t1 = min(b, ends[j1 - d0 + 1]) - ends[j1 - d0]
-            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, cum, out[max(0, first - a) :])
+            self._read_chunk(shard, c, j0 - c * n, t0, j1 - c * n, t1, out[max(0, first - a) :])
 
     # -- per-sample layout ---------------------------------------------------------------------
-    def _read_samples(self, shard: int, d0: int, d1: int, a: int, b: int, cum: np.ndarray, out: np.ndarray) -> None:
+    def _read_samples(self, shard: int, d0: int, a: int, b: int, ends: list[int], out: np.ndarray) -> None:
+        """Documents ``d0..`` (first tokens ``ends``) cut to ``[a, b)``, one read: a document is read
+        whole and checked the first time in this process (then marked), later only its tokens needed."""
         assert self._samples is not None  # noqa: S101 - set for the per-sample layout
-        with self._lock:  # (SampleBytes keeps its tables and files for one thread)
-            got = self._samples.read([(shard, d) for d in range(d0, d1 + 1)])
-        it = self.dtype.itemsize
-        for d, data in zip(range(d0, d1 + 1), got):
-            if isinstance(data, Exception):
-                raise data
-            n = int(cum[d + 1] - cum[d])
-            name, size, _, _ = header_fields(data[:BLOCK])
-            key = name.decode("utf-8", "replace").partition(".")[0]
-            if not name.endswith(f".{self.field}".encode()) or size != NPY_HEADER + n * it:
-                raise ShardFormatError(
-                    f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
-                    shard=self.urls[shard],
-                    key=key,
-                )
-            self._check_header(data[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
-            t0, t1 = max(a, int(cum[d])) - int(cum[d]), min(b, int(cum[d + 1])) - int(cum[d])
-            tokens = np.frombuffer(data, dtype=self.dtype, count=t1 - t0, offset=BLOCK + NPY_HEADER + t0 * it)
-            at = int(cum[d]) + t0 - a
-            out[at : at + t1 - t0] = tokens
+        docs = range(d0, d0 + len(ends) - 1)
+        with self._lock:  # (SampleBytes keeps its tables for one thread)
+            marks = self._checked_marks(shard)
+            table = self._samples.ranges(shard)
+            fresh = [d for d in docs if not marks[d >> 3] >> (d & 7) & 1]
+            for d in fresh:  # claimed now: a row of the same batch on another thread reads only its range
+                marks[d >> 3] |= 1 << (d & 7)
+        try:
+            self._read_docs(shard, docs, fresh, table, a, b, ends, out)
+        except BaseException:
+            with self._lock:  # not checked after all
+                for d in fresh:
+                    marks[d >> 3] &= ~(1 << (d & 7))
+            raise
 
-    # -- chunked layout ------------------------------------------------------------------------
-    def _read_chunk(
-        self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, cum: np.ndarray, out: np.ndarray
+    def _read_docs(
+        self,
+        shard: int,
+        docs: range,
+        fresh: list[int],
+        table: SampleRanges,
+        a: int,
+        b: int,
+        ends: list[int],
+        out: np.ndarray,
     ) -> None:
-        """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into ``out``."""
-        data_at, key, firsts, lengths, headers = self._chunk(shard, c, cum)
-        it = self.dtype.itemsize
-        lo = firsts[j0] + t0 * it - (NPY_HEADER if headers and t0 == 0 else 0)
-        hi = firsts[j1] + t1 * it
-        raw = self._pread(shard, data_at + lo, data_at + hi, key)
+        """:meth:`_read_samples`' read: the ``fresh`` documents whole, and checked."""
+        d0 = docs[0]
+        starts, it, skip = table.ends, self.dtype.itemsize, BLOCK + NPY_HEADER
+        d1, s0, s1 = docs[-1], a - ends[0], b - ends[-2]
+        lo = starts[d0] if fresh and fresh[0] == d0 else starts[d0] + skip + s0 * it
+        hi = starts[d1 + 1] if fresh and fresh[-1] == d1 else starts[d1] + skip + s1 * it
+        if self._remote[shard]:
+            raw, base = self._pread(shard, lo, hi, None), lo
+            view, tokens = memoryview(raw), np.frombuffer(raw, dtype=self.dtype, count=(hi - lo) // it)
+        else:  # slices of the mapped file
+            mapped, tokens = self._mapped(shard)
+            if hi > len(mapped):
+                raise ShardFormatError(
+                    f"truncated: bytes {lo}-{hi - 1}, the file ends at {len(mapped)}", shard=self.urls[shard]
+                )
+            view, base = mapped.data, 0
+        for d in fresh:
+            n = ends[d - d0 + 1] - ends[d - d0]
+            self._check_sample(shard, d, view[starts[d] - base : starts[d + 1] - base], n, table)
         at = 0
-        for j in range(j0, j1 + 1):
-            start = t0 if j == j0 else 0
-            n = lengths[j]
-            stop = t1 if j == j1 else n
-            pos = firsts[j] + start * it - lo
-            if headers and start == 0:
-                self._check_header(raw[pos - NPY_HEADER : pos], n, shard, key)
-            out[at : at + stop - start] = np.frombuffer(raw, dtype=self.dtype, count=stop - start, offset=pos)
-            at += stop - start
+        for k, d in enumerate(docs):
+            t0 = s0 if k == 0 else 0
+            t1 = s1 if d == d1 else ends[k + 1] - ends[k]
+            pos = (starts[d] + skip + t0 * it - base) // it
+            out[at : at + t1 - t0] = tokens[pos : pos + t1 - t0]
+            at += t1 - t0
 
-    def _chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
-        """Chunk ``c`` of ``shard``'s token member, found by walking the tar headers from the
-        nearest chunk whose offset is known, and checked against the index's lengths."""
-        with self._lock:
-            return self._find_chunk(shard, c, cum)
-
-    def _find_chunk(self, shard: int, c: int, cum: np.ndarray) -> _Chunk:
-        got = self._chunks.get((shard, c))
+    def _checked_marks(self, shard: int) -> bytearray:
+        """One bit per document of ``shard``: checked whole in this process (the shards most
+        recently read are kept)."""
+        got = self._checked.get(shard)
         if got is not None:
-            self._chunks.move_to_end((shard, c))
+            self._checked.move_to_end(shard)
             return got
-        offsets = self.source.shards[shard].offsets
-        k = c - c % OFFSET_STRIDE if offsets else 0
-        start = offsets[k // OFFSET_STRIDE] if offsets else 0
-        while k < c:  # chunks whose start the index does not give: walk from the nearest one
-            known = self._walk.get((shard, k + 1))
-            if known is None:
-                found = self._chunks[(shard, k)] = self._locate(shard, k, start, cum)
-                known = found[0] + padded_size(self._member_size(self._lengths_of(shard, k, cum)))
-                self._walk[(shard, k + 1)] = known
-            k, start = k + 1, known
-        got = self._locate(shard, c, start, cum)
-        self._chunks[(shard, c)] = got
-        if len(self._chunks) > _MAX_CHUNKS:
-            self._chunks.popitem(last=False)
-            self._walk.clear()
+        got = self._checked[shard] = bytearray((self.source.shards[shard].nsamples + 7) // 8)
+        if len(self._checked) > _MAX_SHARDS:
+            self._checked.popitem(last=False)
         return got
 
-    def _lengths_of(self, shard: int, c: int, cum: np.ndarray) -> np.ndarray:
-        n = self.chunk or 1
-        return np.diff(cum[c * n : min(c * n + n, len(cum) - 1) + 1])
-
-    def _member_size(self, lengths: np.ndarray) -> int:
-        """Bytes of a chunk's token member for documents of ``lengths``."""
-        headers = 0 if self._stacked(lengths) else NPY_HEADER * len(lengths)
-        return len(self._expected_head(lengths)) + headers + int(lengths.sum()) * int(self.dtype.itemsize)
-
-    @staticmethod
-    def _stacked(lengths: np.ndarray) -> bool:
-        return bool((lengths == lengths[0]).all())
-
-    def _expected_head(self, lengths: np.ndarray) -> bytes:
-        """The bytes before the first document's data that the writer makes for ``lengths``:
-        a stacked array's header, or a variable member's table (each document's header follows
-        in the data, counted there)."""
-        if self._stacked(lengths):
-            return npy_header(self.descr, (len(lengths), int(lengths[0])))
-        ends = np.zeros(len(lengths) + 1, dtype="<u8")
-        np.cumsum(lengths * self.dtype.itemsize + NPY_HEADER, out=ends[1:])
-        return _VAR_HEAD.pack(VAR_MAGIC, len(lengths), 0) + ends.tobytes()
-
-    def _locate(self, shard: int, c: int, start: int, cum: np.ndarray) -> _Chunk:
-        url = self.urls[shard]
-        head = self._pread(shard, start, start + BLOCK, None)
-        name, size, _, _ = header_fields(head)
-        key = name.decode("utf-8", "replace").rpartition(".chunk-keys")[0] or None
-        if not name.endswith(b".chunk-keys"):
-            raise ShardFormatError(f"chunk {c}: found member {name!r} at byte {start}, not a chunk's keys", shard=url)
-        lengths = self._lengths_of(shard, c, cum)
-        expected = self._expected_head(lengths)
-        stacked = self._stacked(lengths)
-        member = start + BLOCK + padded_size(size)
-        got = self._pread(shard, member, member + BLOCK + len(expected), key)
-        tname, tsize, _, _ = header_fields(got[:BLOCK])
-        want = self._member_size(lengths)
-        if tname != f"{key}.{self.field}".encode() or tsize != want or got[BLOCK:] != expected:
+    def _check_sample(self, shard: int, d: int, one: memoryview, n: int, table: SampleRanges) -> None:
+        """Document ``d``'s tar bytes ``one`` against the index: its CRC-32 (a file) or SHA-256
+        prefix (a server), then its member's name, size (``n`` tokens) and ``.npy`` header."""
+        url, remote = self.urls[shard], self._remote[shard]
+        if sample_digest(one) != table[d][2] if remote else zlib.crc32(one) != table.crcs[d]:
+            raise changed_sample(d, table.ends[d], table.ends[d + 1], url=url, key=sample_key(one), remote=remote)
+        head = bytes(one[: BLOCK + NPY_HEADER])
+        want = NPY_HEADER + n * self.dtype.itemsize
+        try:  # the name and size fields as header_fields reads them, without its call (the common case)
+            ok = int(head[124:136].split(b"\x00", 1)[0].strip(b" ") or b"0", 8) == want
+        except ValueError:  # (base-256: read below)
+            ok = False
+        if ok and head[:100].split(b"\x00", 1)[0].endswith(self._suffix) and head[BLOCK:] == self._headers.get(n):
+            return  # (a header not cached yet, or any mismatch: checked below, naming the key)
+        name, size, _, _ = header_fields(head[:BLOCK])
+        key = name.decode("utf-8", "replace").partition(".")[0]
+        if not name.endswith(self._suffix) or size != want:
             raise ShardFormatError(
-                f"damaged chunk: member {tname!r} of {tsize} bytes does not hold the {len(lengths)} documents of "
-                f"{int(lengths.sum())} tokens the index records ({self.field!r} of {want} bytes)",
+                f"document {d}: member {name!r} of {size} bytes, the index says {self.field!r} of {n} tokens",
                 shard=url,
                 key=key,
             )
+        self._check_header(one[BLOCK : BLOCK + NPY_HEADER], n, shard, key)
+
+    # -- chunked layout ------------------------------------------------------------------------
+    def _read_chunk(self, shard: int, c: int, j0: int, t0: int, j1: int, t1: int, out: np.ndarray) -> None:
+        """Tokens ``t0..`` of document ``j0`` to ``..t1`` of document ``j1`` of chunk ``c`` into
+        ``out``: one read, then one copy (or one a document, past the headers between them)."""
+        data_at, key, firsts, lengths, headers = self._chunks.get((shard, c)) or self._chunk(shard, c)
         it = self.dtype.itemsize
-        tokens_before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        if stacked:
-            firsts = len(expected) + tokens_before * it
-        else:
-            firsts = len(expected) + (np.arange(len(lengths), dtype=np.int64) + 1) * NPY_HEADER + tokens_before * it
-        return member + BLOCK, key or "", firsts.tolist(), lengths.tolist(), not stacked
+        if not self._remote[shard]:  # slices of the mapped file (its headers were checked with the chunk)
+            tokens, at = self._mapped(shard)[1], 0
+            for j in range(j0, j1 + 1):
+                s0, s1 = t0 if j == j0 else 0, t1 if j == j1 else lengths[j]
+                pos = (data_at + firsts[j]) // it + s0
+                out[at : at + s1 - s0] = tokens[pos : pos + s1 - s0]
+                at += s1 - s0
+            return
+        head = NPY_HEADER if headers and t0 == 0 else 0
+        lo = firsts[j0] + t0 * it - head
+        raw = self._pread(shard, data_at + lo, data_at + firsts[j1] + t1 * it, key)
+        if head:
+            self._check_header(raw[:NPY_HEADER], lengths[j0], shard, key)
+        if not headers or j0 == j1:  # the tokens are contiguous
+            out[: (len(raw) - head) // it] = np.frombuffer(raw, dtype=self.dtype, offset=head)
+            return
+        tokens = np.frombuffer(raw, dtype=self.dtype)
+        at, pos = lengths[j0] - t0, head // it
+        out[:at] = tokens[pos : pos + at]
+        for j in range(j0 + 1, j1 + 1):
+            pos = (firsts[j] - lo) // it
+            self._check_header(raw[pos * it - NPY_HEADER : pos * it], lengths[j], shard, key)
+            k = t1 if j == j1 else lengths[j]
+            out[at : at + k] = tokens[pos : pos + k]
+            at += k
 
     def _check_shard(self, shard: int) -> None:
         """``shard``'s SHA-256 against the index's (once per process); ShardFormatError naming it."""
@@ -332,21 +343,10 @@ class TokenShards:
             )
         self._verified.add(shard)
 
-    def _check_header(self, head: bytes | memoryview, n: int, shard: int, key: str | None) -> None:
-        want = self._headers.get(n)
-        if want is None:
-            want = self._headers[n] = npy_header(self.descr, (n,))
-        if bytes(head) != want:
-            raise ShardFormatError(
-                f"a document's .npy header is not that of {n} tokens of {self.dtype} (as the index records)",
-                shard=self.urls[shard],
-                key=key,
-            )
-
     # -- bytes ---------------------------------------------------------------------------------
     def _pread(self, shard: int, a: int, b: int, key: str | None) -> bytes:
         url = self.urls[shard]
-        if is_remote(url):
+        if self._remote[shard]:
             fetch = self.source.fetch
             try:
                 data = fetch_range(url, a, b, retry=fetch.retry, storage_options=fetch.storage_options)
@@ -357,7 +357,7 @@ class TokenShards:
                 fd = self._fds.get(shard)  # (local rows are read by one thread)
                 if fd is None:
                     fd = self._fds[shard] = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    if len(self._fds) > _MAX_OPEN:
+                    if len(self._fds) > MAX_OPEN:
                         os.close(self._fds.popitem(last=False)[1])
                 data = os.pread(fd, b - a, a)
             except OSError as e:

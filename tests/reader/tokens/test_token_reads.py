@@ -7,6 +7,7 @@ import shutil
 import tarfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import torch
 from shardify.convert import convert_tokens
 from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader import CacheOptions, TokenDataset, TokenLoader
+from shardify.reader.tokens.shards import TokenShards
 from shardify.remote import RetryPolicy
 
 
@@ -122,3 +124,72 @@ def test_verify_catches_a_token_changed_in_a_chunked_split(tmp_path: Path) -> No
     with pytest.raises(ShardFormatError, match="sha256") as e:
         _real(TokenDataset(root, seq_len=16, batch_size=4, verify=True))
     assert e.value.shard == str(shard)
+
+
+def _long_split(tmp: Path) -> tuple[Path, list[int], list[int]]:
+    """A per-sample split of long documents (up to 60 sequences of 64) between short ones."""
+    rng = np.random.default_rng(8)
+    lengths = [3000, 10, 2500, 40, 5, 3800, 20, 1]
+    docs = [rng.integers(2, 60000, size=n).tolist() for n in lengths]
+    src = tmp / "long.jsonl"
+    src.write_text("".join(json.dumps({"text": " ".join(map(str, d))}) + "\n" for d in docs))
+    out = tmp / "long"
+    convert_tokens(
+        src, out, tokenizer=tokenize, vocab_size=60000, eos=1, chunk=None, samples_per_shard=3,
+        fsync=False, progress=False, workers=1,
+    )  # fmt: skip
+    return out, [t for d in docs for t in [*d, 1]], lengths
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_a_long_document_is_read_whole_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    root, stream, lengths = _long_split(tmp_path)
+    checked: Counter[tuple[int, int]] = Counter()  # documents read whole and checked, by (shard, document)
+    check = TokenShards._check_sample
+
+    def counted(self: TokenShards, shard: int, d: int, *args: Any) -> None:
+        checked[(shard, d)] += 1
+        check(self, shard, d, *args)
+
+    monkeypatch.setattr(TokenShards, "_check_sample", counted)
+    shards = sorted(root.glob("train-*.tar"))
+    sample_bytes = 0  # every document's tar header, data and padding
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            sample_bytes += sum(m.offset_data + -(-m.size // 512) * 512 - m.offset for m in tar.getmembers())
+    if where == "local":
+        got = _real(TokenDataset(root, seq_len=64, batch_size=4, seed=1))
+    else:
+        www = tmp_path / "www"
+        shutil.copytree(root, www / "long")
+        fast = CacheOptions(retry=RetryPolicy(retries=1, backoff_s=0.01))
+        with rangeserver.serve(www) as (base, behaviour):
+            ds = TokenDataset(f"{base}/long", seq_len=64, batch_size=4, seed=1, cache=fast)
+            behaviour.reset()
+            got = _real(ds)
+            sent = sum(n for p, n in behaviour.sent_by_path.items() if p.endswith(".tar"))
+        # each token about twice (its document checked whole, then its sequence), not once a sequence
+        assert sent < 2.5 * sample_bytes
+    assert Counter(got) == Counter(stream)
+    assert sorted(checked) == [(d // 3, d % 3) for d in range(len(lengths))] and set(checked.values()) == {1}
+
+
+def test_a_changed_token_of_a_long_document_is_caught_the_first_time(tmp_path: Path) -> None:
+    root, stream, lengths = _long_split(tmp_path)
+    at = sum(lengths[:5]) + 5  # document 5 in the stream (each document has its EOS)
+    doc5 = stream[at : at + lengths[5]]
+    shard = sorted(root.glob("train-*.tar"))[1]  # documents 3, 4, 5: 40, 5, 3800 tokens
+    _flip(shard, _member(shard, "000000005.tokens.npy") + 128 + 2 * 3000)  # token 3000 of 3800
+    grams = {tuple(doc5[i : i + 8]) for i in range(len(doc5) - 7)}
+    ds = TokenDataset(root, seq_len=64, batch_size=4)
+    for epoch in range(3):  # the same process again: a document that failed its check is not trusted
+        ds.set_epoch(epoch)
+        yielded: list[dict[str, torch.Tensor]] = []
+        with pytest.raises(SampleChecksumError) as e:
+            for b in ds:
+                yielded.append(b)
+        assert e.value.shard == str(shard) and e.value.key == "000000005"
+        got = _real(yielded)  # the first row to touch the document found it changed: none of it was given
+        assert not grams & {tuple(got[i : i + 8]) for i in range(len(got) - 7)}
