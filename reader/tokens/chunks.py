@@ -58,7 +58,8 @@ class ChunkLocator:
     _headers: dict[int, bytes]
     _chunks: OrderedDict[tuple[int, int], Chunk]
     _walk: dict[tuple[int, int], int]
-    _maps: OrderedDict[int, tuple[np.ndarray, np.ndarray]]
+    _maps: OrderedDict[int, tuple[mmap.mmap | None, np.ndarray, np.ndarray]]
+    _sized: set[int]
     chunk: int | None
 
     def doc_offsets(self, shard: int) -> np.ndarray:
@@ -175,26 +176,32 @@ class ChunkLocator:
 
     def _mapped(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """Local ``shard`` mapped into memory, as bytes and as tokens (the last MAX_OPEN mapped kept;
-        one dropped is unmapped once no array holds it)."""
+        one dropped is unmapped once no array holds it). The file's size is checked at its first
+        call of a batch (``mmap.size()``, one ``fstat``): a file truncated since it was mapped is
+        mapped again at its new size, so that a read past its end is an error naming it, never a
+        fault (SIGBUS), unless it is cut during that batch's copies."""
         got = self._maps.get(shard)
-        if got is not None:
-            return got
+        if got is not None and (shard in self._sized or got[0] is None or got[0].size() == len(got[0])):
+            self._sized.add(shard)
+            return got[1], got[2]
         url = self.urls[shard]
         try:
             with open(local_path(url), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except (OSError, ValueError) as e:
             raise ShardFormatError(f"cannot map the file: {e}", shard=url) from e
-        got = (
-            np.frombuffer(mapped, dtype=np.uint8),
-            np.frombuffer(mapped, dtype=self.dtype, count=size // self.dtype.itemsize),
+        buffer = mapped if mapped is not None else b""
+        entry = (
+            mapped,
+            np.frombuffer(buffer, dtype=np.uint8),
+            np.frombuffer(buffer, dtype=self.dtype, count=size // self.dtype.itemsize),
         )
         with self._lock:
-            self._maps[shard] = got
+            self._maps[shard] = entry
             if len(self._maps) > MAX_OPEN:
                 self._maps.popitem(last=False)
-        return got
+        return entry[1], entry[2]
 
     def _header(self, n: int) -> bytes:
         """The ``.npy`` header of a document of ``n`` tokens."""

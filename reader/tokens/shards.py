@@ -27,12 +27,13 @@ when the shard is first read (those of the last 256 shards kept), so a plan need
   ``verify`` is set: then, as ``DecodeOptions(verify=True)`` does for the streaming reader,
   each shard's SHA-256 is checked against the index before its first read in a process (a
   local file hashed whole; a remote one fetched whole, checked on arrival, then read by
-  ranges as usual). A local shard file truncated while mapped ends the process (SIGBUS), as
-  any reader of a mapped file: shards are written once and never changed in place.
+  ranges as usual). A local shard is memory-mapped and its size checked once a batch: a file
+  truncated since is an error naming it, not a fault (only a cut during that batch's copy is).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import zlib
@@ -102,7 +103,8 @@ class TokenShards(ChunkLocator):
         self._headers: dict[int, bytes] = {}
         self._verified: set[int] = set()
         self._checked: OrderedDict[int, bytearray] = OrderedDict()
-        self._maps: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._maps: OrderedDict[int, tuple[mmap.mmap | None, np.ndarray, np.ndarray]] = OrderedDict()
+        self._sized: set[int] = set()  # the mapped files whose size this batch has checked
         self._starts = self.starts.tolist()
         self._remote = [is_remote(u) for u in self.urls]
         self._suffix = f".{self.field}".encode()
@@ -128,9 +130,11 @@ class TokenShards(ChunkLocator):
 
     def ready(self) -> None:
         """Make this process's own caches after a fork (the parent's files and threads are not
-        ours); call it before reading from several threads."""
+        ours); call it before reading from several threads, once a batch: the mapped files' sizes
+        are checked again at their next read."""
         if os.getpid() != self._pid:
             self._reset()
+        self._sized.clear()
 
     # -- the stream ----------------------------------------------------------------------------
     def read(self, p: int, q: int, out: np.ndarray, doc_starts: list[int] | None, base: int = 0) -> None:
@@ -295,6 +299,12 @@ class TokenShards(ChunkLocator):
         it = self.dtype.itemsize
         if not self._remote[shard]:  # slices of the mapped file (its headers were checked with the chunk)
             tokens, at = self._mapped(shard)[1], 0
+            if (data_at + firsts[j1]) // it + t1 > len(tokens):  # cut since the chunk was found
+                raise ShardFormatError(
+                    f"truncated: the file ends at byte {len(tokens) * it}, inside a chunk",
+                    shard=self.urls[shard],
+                    key=key,
+                )
             for j in range(j0, j1 + 1):
                 s0, s1 = t0 if j == j0 else 0, t1 if j == j1 else lengths[j]
                 pos = (data_at + firsts[j]) // it + s0

@@ -193,3 +193,35 @@ def test_a_changed_token_of_a_long_document_is_caught_the_first_time(tmp_path: P
         assert e.value.shard == str(shard) and e.value.key == "000000005"
         got = _real(yielded)  # the first row to touch the document found it changed: none of it was given
         assert not grams & {tuple(got[i : i + 8]) for i in range(len(got) - 7)}
+
+
+_READ_TRUNCATE_READ = """
+import os, sys
+from shardify.errors import ShardFormatError
+from shardify.reader import TokenDataset
+root, shard = sys.argv[1], sys.argv[2]
+ds = TokenDataset(root, seq_len=16, batch_size=4, shuffle=False)
+assert sum(1 for _ in ds) > 0  # every shard mapped
+os.truncate(shard, 2000)  # the same file, cut under its mapping
+try:
+    sum(1 for _ in ds)
+except ShardFormatError as e:
+    print("error", e.shard)
+"""
+
+
+@pytest.mark.parametrize("chunk", [8, None], ids=["chunked", "per-sample"])
+def test_a_shard_truncated_while_mapped_is_an_error_not_a_fault(tmp_path: Path, chunk: int | None) -> None:
+    """Read, cut a mapped shard, read again in the same process: an error naming the shard (a
+    read of the old mapping past the new end would kill the process with SIGBUS)."""
+    import subprocess
+    import sys
+
+    root, _ = _split(tmp_path, chunk)
+    shard = sorted(root.glob("train-*.tar"))[1]
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_TRUNCATE_READ, str(root), str(shard)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["error", str(shard)]
