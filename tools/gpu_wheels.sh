@@ -13,7 +13,7 @@ get() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "$@"
 }
-get simplejpeg==1.9.0 braceexpand==0.1.7 webdataset==1.0.2
+get simplejpeg==1.9.0 braceexpand==0.1.7 webdataset==1.0.2 zlib-ng==1.1.0
 if [ "${CUDA:-13}" = 12 ]; then
     get nvidia-nvimgcodec-cu12==0.9.0.20 'nvidia-nvjpeg-cu12~=12.0'
 else
