@@ -63,10 +63,42 @@ class BatchList(list[Any]):
 
 
 def collate(batch: list[Any]) -> Any:
-    """``default_collate(batch)``, in one step for a :class:`BatchList` as it was made."""
+    """``default_collate(batch)``, in one step for a :class:`BatchList` as it was made; several
+    stacked tensors come as views of one storage (:func:`one_storage`)."""
     if isinstance(batch, BatchList) and len(batch) == batch.size:
-        return batch.stacked[0] if len(batch.stacked) == 1 else list(batch.stacked)
+        return batch.stacked[0] if len(batch.stacked) == 1 else one_storage(batch.stacked)
     return default_collate(batch)
+
+
+def one_storage(columns: list[Any]) -> list[Any]:
+    """``columns`` with their tensors copied into one storage (each at an 8-byte boundary), in
+    shared memory inside a DataLoader worker: the worker sends each storage of a batch to the
+    main process as a shared-memory segment of its own (a file descriptor passed, a mapping
+    made), which costs about as much as reading a batch of small samples; one costs half of
+    two. The values, dtypes and shapes are those of ``columns``."""
+    tensors = [c for c in columns if isinstance(c, torch.Tensor) and c.device.type == "cpu"]
+    if len(tensors) < 2:
+        return columns
+    starts, total = [], 0
+    for t in tensors:
+        total = -(-total // 8) * 8
+        starts.append(total)
+        total += t.numel() * t.element_size()
+    if torch.utils.data.get_worker_info() is not None:  # as default_collate: made in shared memory
+        buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+    else:
+        buffer = torch.empty(total, dtype=torch.uint8)
+    placed = iter(starts)
+    out: list[Any] = []
+    for c in columns:
+        if isinstance(c, torch.Tensor) and c.device.type == "cpu":
+            at = next(placed)
+            view = buffer[at : at + c.numel() * c.element_size()].view(c.dtype).view(c.shape)
+            view.copy_(c)
+            out.append(view)
+        else:
+            out.append(c)
+    return out
 
 
 def sample_dict(batch: FieldBatch, j: int) -> dict[str, object]:

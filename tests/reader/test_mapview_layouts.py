@@ -81,6 +81,7 @@ def test_fixed_fields_are_decoded_as_one_batch_equal_to_default_collate(root: Pa
     x, y = ds.collate(got)
     dx, dy = default_collate([want[i] for i in order])
     assert torch.equal(x, dx) and x.dtype == torch.int16 and torch.equal(y, dy) and y.dtype == dy.dtype
+    assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # one storage: one segment to send
     ex, ey = default_collate(got)  # a DataLoader without collate_fn=ds.collate
     assert torch.equal(ex, dx) and torch.equal(ey, dy)
     keys = _streamed(root, "__key__")
@@ -165,3 +166,22 @@ def test_raw_pixel_fields_decode_as_the_streaming_reader_decodes_them(tmp_path: 
         got = {k: (x, c) for k, x, c in ds.__getitems__(list(range(len(ds))))}
         assert got.keys() == want.keys() and len(got) == 8
         assert all(torch.equal(got[k][0], want[k][0]) and got[k][1] == want[k][1] for k in got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collated_batch_crosses_from_a_worker_as_one_shared_storage(root: Path, workers: int) -> None:
+    """A worker sends each storage of a batch as a shared-memory segment of its own: the batch's
+    columns come as views of one (made in shared memory in the worker), with the values of
+    default_collate."""
+    want = _streamed(root, ("npy", "cls"))
+    ds = MapDataset(root, fields=("npy", "cls"))
+    alike = [i for i in range(N) if i % 5]  # (no json: every batch takes the batch path)
+    loader = DataLoader(ds, batch_size=8, sampler=alike, num_workers=workers, collate_fn=ds.collate)
+    seen = 0
+    for x, y in loader:
+        wx, wy = default_collate([want[i] for i in alike[seen : seen + len(y)]])
+        assert torch.equal(x, wx) and torch.equal(y, wy) and y.dtype == torch.int64
+        assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        assert x.is_shared() == (workers > 0)
+        seen += len(y)
+    assert seen == len(alike)
