@@ -71,23 +71,21 @@ def collate(batch: list[Any]) -> Any:
 
 
 def one_storage(columns: list[Any]) -> list[Any]:
-    """``columns`` with their tensors copied into one storage (each at an 8-byte boundary), in
-    shared memory inside a DataLoader worker: the worker sends each storage of a batch to the
+    """Inside a DataLoader worker, ``columns`` with their tensors copied into one storage in
+    shared memory (each at an 8-byte boundary): the worker sends each storage of a batch to the
     main process as a shared-memory segment of its own (a file descriptor passed, a mapping
     made), which costs about as much as reading a batch of small samples; one costs half of
-    two. The values, dtypes and shapes are those of ``columns``."""
+    two. The values, dtypes and shapes are those of ``columns``. Outside a worker nothing is
+    sent, and ``columns`` is returned as it is (the copy would only cost)."""
     tensors = [c for c in columns if isinstance(c, torch.Tensor) and c.device.type == "cpu"]
-    if len(tensors) < 2:
+    if len(tensors) < 2 or torch.utils.data.get_worker_info() is None:
         return columns
     starts, total = [], 0
     for t in tensors:
         total = -(-total // 8) * 8
         starts.append(total)
         total += t.numel() * t.element_size()
-    if torch.utils.data.get_worker_info() is not None:  # as default_collate: made in shared memory
-        buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
-    else:
-        buffer = torch.empty(total, dtype=torch.uint8)
+    buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))  # as default_collate
     placed = iter(starts)
     out: list[Any] = []
     for c in columns:
