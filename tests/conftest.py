@@ -25,15 +25,23 @@ from shardify.manifest import Manifest
 from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 
+_SESSION_HANDLERS = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+"""SIGTERM's and SIGINT's handlers as the session began (before any test or fixture ran)."""
+
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_kept() -> Iterator[None]:
-    """A test leaves SIGTERM and SIGINT as it found them: ``ray.init`` installs a SIGTERM handler
-    that calls ``sys.exit`` and ``ray.shutdown`` leaves it, and a later fork pool's workers,
-    inheriting it, could hang ``Pool.terminate`` (a whole suite run once did)."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    """Every test starts and ends with SIGTERM and SIGINT as the session began: ``ray.init``
+    (in a test or a module's fixture) installs a SIGTERM handler that calls ``sys.exit`` and
+    ``ray.shutdown`` leaves it; a process forked later inherits it, and a stray SIGTERM then
+    raises SystemExit in the child, which went on running the suite (a whole run once did)."""
+    _reset_signals()
     yield
-    for s, handler in saved.items():
+    _reset_signals()
+
+
+def _reset_signals() -> None:
+    for s, handler in _SESSION_HANDLERS.items():
         if signal.getsignal(s) is not handler:
             signal.signal(s, handler)
 

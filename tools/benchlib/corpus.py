@@ -58,7 +58,8 @@ __all__ = [
 def _default_sigterm() -> None:
     """A pool worker ends on the SIGTERM of ``Pool.terminate``: a handler inherited from the
     parent (``ray.init`` leaves one that calls ``sys.exit``) could keep it waiting on the pool's
-    queue lock, and ``terminate`` would wait for it for ever."""
+    queue lock, and ``terminate`` would wait for it for ever. (:func:`photos` also forks its
+    workers with the default handler, so none runs the parent's between the fork and this.)"""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -105,8 +106,12 @@ def photos(
     if not done.exists():
         per_class = -(-images // classes)
         t0 = time.perf_counter()
-        with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
-            pool.map(_photo_class, [(folder, c, per_class, quality, sizes) for c in range(classes)])
+        inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the workers are forked with the default
+        try:
+            with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
+                pool.map(_photo_class, [(folder, c, per_class, quality, sizes) for c in range(classes)])
+        finally:
+            signal.signal(signal.SIGTERM, inherited)
         done.touch()
         print(f"made {per_class * classes} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return folder
