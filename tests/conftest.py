@@ -25,6 +25,8 @@ from shardify.manifest import Manifest
 from shardify.splitindex import ShardEntry, SplitIndex
 from shardify.tarfmt import END_OF_ARCHIVE, padding, shard_name, ustar_header
 
+pytest_plugins = ["forkguard"]  # tests/forkguard.py: a forked copy of the session ends at once
+
 _SESSION_HANDLERS = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 """SIGTERM's and SIGINT's handlers as the session began (before any test or fixture ran)."""
 

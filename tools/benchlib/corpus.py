@@ -27,7 +27,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing import get_context
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +58,20 @@ __all__ = [
 ]
 
 
-def _default_sigterm() -> None:
-    """A pool worker ends on the SIGTERM of ``Pool.terminate``: a handler inherited from the
-    parent (``ray.init`` leaves one that calls ``sys.exit``) could keep it waiting on the pool's
-    queue lock, and ``terminate`` would wait for it for ever. (:func:`photos` also forks its
-    workers with the default handler, so none runs the parent's between the fork and this.)"""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+@contextmanager
+def fork_pool() -> Iterator[Pool]:
+    """A fork pool of one worker a core whose workers start with the default SIGTERM: a handler
+    the parent holds (``ray.init`` leaves one that calls ``sys.exit``) would otherwise be
+    inherited, a worker could then wait on the pool's queue lock at ``Pool.terminate`` and hang it
+    for ever, and a SIGTERM between the fork and the worker's first step would raise SystemExit in
+    a copy of the parent (under pytest: a second run of the suite). The parent holds the default
+    while it forks, so no child ever runs the parent's handler."""
+    inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            yield pool
+    finally:
+        signal.signal(signal.SIGTERM, inherited)
 
 
 def made(dataset: Path) -> bool:
@@ -106,12 +117,8 @@ def photos(
     if not done.exists():
         per_class = -(-images // classes)
         t0 = time.perf_counter()
-        inherited = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the workers are forked with the default
-        try:
-            with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
-                pool.map(_photo_class, [(folder, c, per_class, quality, sizes) for c in range(classes)])
-        finally:
-            signal.signal(signal.SIGTERM, inherited)
+        with fork_pool() as pool:
+            pool.map(_photo_class, [(folder, c, per_class, quality, sizes) for c in range(classes)])
         done.touch()
         print(f"made {per_class * classes} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return folder
@@ -186,7 +193,7 @@ def camera_dataset(data: Path, images: int) -> Path:
     folder = data / f"camera-{images}"
     done = folder.with_name(folder.name + ".done")
     if not done.exists():
-        with get_context("fork").Pool(os.cpu_count() or 1, initializer=_default_sigterm) as pool:
+        with fork_pool() as pool:
             pool.map(_camera_photo, [(folder, i) for i in range(images)])
         done.touch()
     return folder_dataset(folder, data / f"camera-{images}-shards")
