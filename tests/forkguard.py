@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-_SESSION_PID = os.getpid()
+_getpid = os.getpid  # bound now: a test may patch os.getpid to play a new process
+_SESSION_PID = _getpid()
 _CHILD_EXIT = 70
 
 
 def _end_if_forked() -> None:
-    if os.getpid() != _SESSION_PID:
+    if _getpid() != _SESSION_PID:
+        os.write(2, f"forkguard: process {_getpid()}, a fork of the test session {_SESSION_PID}, ends\n".encode())
         os._exit(_CHILD_EXIT)
 
 

@@ -180,6 +180,52 @@ def test_no_proxy_bypasses_the_proxy(www):
         assert served.gets == 2
 
 
+_SWITCH = """
+    import os
+    from shardify.remote import RetryPolicy, ShardFetchError, fetch_range
+    policy = RetryPolicy(retries=0, timeout_s=5.0)
+
+    def fetch():
+        try:
+            return "ok" if fetch_range({url!r}, 0, 50, retry=policy) == bytes(range(50)) else "wrong bytes"
+        except ShardFetchError:
+            return "ShardFetchError"
+
+    seen = [fetch()]
+    os.environ["http_proxy"] = {dead!r}
+    seen.append(fetch())
+    os.environ["no_proxy"] = "127.0.0.1"
+    seen.append(fetch())
+    del os.environ["http_proxy"], os.environ["no_proxy"]
+    seen.append(fetch())
+    print(" ".join(seen))
+"""
+
+
+def test_the_proxy_decision_follows_the_environment_as_it_changes(www):
+    """The decision is remembered per host (urllib's costs as much as a request), yet a proxy
+    set, bypassed or removed between two requests to one host is seen at the next."""
+    dead = "http://127.0.0.1:9"
+    with rangeserver.serve(www) as (base, served):
+        out = _run(_SWITCH.format(url=f"{base}/a.bin", dead=dead), {})
+        assert out.stdout.split() == ["ok", "ShardFetchError", "ok", "ok"], out.stderr
+        assert served.gets == 3
+
+
+def test_the_proxy_decision_is_made_once_per_host_and_environment(www, monkeypatch):
+    import urllib.request
+
+    calls = []
+    real = urllib.request.getproxies
+    monkeypatch.setattr(urllib.request, "getproxies", lambda: calls.append(1) or real())
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with rangeserver.serve(www) as (base, _):
+        for i in range(5):
+            assert fetch_range(f"{base}/a.bin", i, i + 10, retry=NO_RETRY) == DATA[i : i + 10]
+    assert len(calls) == 1
+
+
 def test_a_threads_connections_close_when_it_ends_without_resource_warnings(www):
     code = """
         import gc, sys, threading
