@@ -19,8 +19,9 @@ to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, w
 resident memory before and after (Linux). ``--cpu``: each reader's batches in this process
 (no workers), in samples per CPU second of the process: the cost per sample, steadier than
 wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
-``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
-``ShardedDataset`` through ``make_loader``.
+``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` (with
+``collate_fn=MapDataset.collate``, then with torch's ``default_collate``) and by ``ShardedDataset``
+through ``make_loader``.
 """
 
 from __future__ import annotations
@@ -221,7 +222,13 @@ def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 6
     # the next epoch's first batches as an epoch ends, which would take CPU from the other's epoch.
     with make_loader(stream, num_workers=workers) as streaming:
         rates = _epochs({"ShardedDataset + make_loader": streaming}, epochs, n, (3, 224, 224))
-    rates |= _epochs({"MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n, (3, 224, 224))
+    rates |= _epochs(
+        {"MapDataset + DataLoader(collate_fn=MapDataset.collate)": DataLoader(mapped, collate_fn=mapped.collate, **kw)},
+        epochs,
+        n,
+        (3, 224, 224),
+    )
+    rates |= _epochs({"MapDataset + DataLoader (default_collate)": DataLoader(mapped, **kw)}, epochs, n, (3, 224, 224))
     return {k: round(v) for k, v in rates.items()}
 
 
