@@ -179,7 +179,13 @@ def columns_in_slot(columns: Any) -> Any:
     if get_worker_info() is None or not tensors:
         return columns
     slot = _slots().take(sum(_aligned(t.nbytes) for t in tensors))
-    return columns if slot is None else _pack(columns, _Arena(slot))
+    if slot is None:
+        return columns
+    try:
+        return _pack(columns, _Arena(slot))
+    except BaseException:
+        slot.busy[0] = 0
+        raise
 
 
 def _leaf_count(obj: Any) -> int:
