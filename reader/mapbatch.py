@@ -13,7 +13,8 @@ sample at a time, from :func:`sample_dict` (each field's bytes, no tar parsing).
 A fast batch is a :class:`BatchList`: the per-sample outputs (row views of the batch array),
 which also holds each column already stacked, so :func:`collate` (``MapDataset.collate``)
 hands a ``DataLoader`` the batch in one step where ``default_collate`` would convert and stack
-each sample; for any other list it is ``default_collate``.
+each sample; for any other list it is ``default_collate``. Inside a worker either way the batch
+is made in shared memory the worker reuses (:mod:`~shardify.reader.mapslots`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
 
 from shardify.errors import ArrayFormatError
 from shardify.npy import npy_layout
 from shardify.reader.io.columns import Column, Rows, Spans
+from shardify.reader.mapslots import collate_in_slot, columns_in_slot
 
 __all__ = ["FieldBatch", "BatchList", "fast_outputs", "sample_dict", "collate"]
 
@@ -63,40 +64,12 @@ class BatchList(list[Any]):
 
 
 def collate(batch: list[Any]) -> Any:
-    """``default_collate(batch)``, in one step for a :class:`BatchList` as it was made; several
-    stacked tensors come as views of one storage (:func:`one_storage`)."""
+    """``default_collate(batch)``, in one step for a :class:`BatchList` as it was made; inside a
+    DataLoader worker the batch's tensors are made in (or copied into) one shared storage the
+    worker reuses once the main process has freed the batch (:mod:`~shardify.reader.mapslots`)."""
     if isinstance(batch, BatchList) and len(batch) == batch.size:
-        return batch.stacked[0] if len(batch.stacked) == 1 else one_storage(batch.stacked)
-    return default_collate(batch)
-
-
-def one_storage(columns: list[Any]) -> list[Any]:
-    """Inside a DataLoader worker, ``columns`` with their tensors copied into one storage in
-    shared memory (each at an 8-byte boundary): the worker sends each storage of a batch to the
-    main process as a shared-memory segment of its own (a file descriptor passed, a mapping
-    made), which costs about as much as reading a batch of small samples; one costs half of
-    two. The values, dtypes and shapes are those of ``columns``. Outside a worker nothing is
-    sent, and ``columns`` is returned as it is (the copy would only cost)."""
-    tensors = [c for c in columns if isinstance(c, torch.Tensor) and c.device.type == "cpu"]
-    if len(tensors) < 2 or torch.utils.data.get_worker_info() is None:
-        return columns
-    starts, total = [], 0
-    for t in tensors:
-        total = -(-total // 8) * 8
-        starts.append(total)
-        total += t.numel() * t.element_size()
-    buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))  # as default_collate
-    placed = iter(starts)
-    out: list[Any] = []
-    for c in columns:
-        if isinstance(c, torch.Tensor) and c.device.type == "cpu":
-            at = next(placed)
-            view = buffer[at : at + c.numel() * c.element_size()].view(c.dtype).view(c.shape)
-            view.copy_(c)
-            out.append(view)
-        else:
-            out.append(c)
-    return out
+        return columns_in_slot(batch.stacked[0] if len(batch.stacked) == 1 else batch.stacked)
+    return collate_in_slot(batch)
 
 
 def sample_dict(batch: FieldBatch, j: int) -> dict[str, object]:

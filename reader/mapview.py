@@ -164,7 +164,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
 
     collate = staticmethod(collate)
     """``DataLoader(ds, collate_fn=ds.collate)``: ``default_collate``'s batch, made in one step
-    for a batch of fields decoded together (:mod:`~shardify.reader.mapbatch`)."""
+    for a batch of fields decoded together (:mod:`~shardify.reader.mapbatch`); inside a worker,
+    made in shared memory the worker reuses once the batch is freed (:mod:`~shardify.reader.mapslots`)."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, read together (grouped by shard, remote neighbours

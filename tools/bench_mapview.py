@@ -19,15 +19,19 @@ to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, w
 resident memory before and after (Linux). ``--cpu``: each reader's batches in this process
 (no workers), in samples per CPU second of the process: the cost per sample, steadier than
 wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
-``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` and by
-``ShardedDataset`` through ``make_loader``.
+``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` (with
+``collate_fn=MapDataset.collate``, then with torch's ``default_collate``) and by ``ShardedDataset``
+through ``make_loader``; with each reader's CPU time a sample (this process and its workers,
+all epochs and the workers' start: steadier than samples/s on a loaded machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -217,12 +221,35 @@ def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 6
     stream = ShardedDataset(root, batch_size=batch_size, shuffle=True, transform=T.imagenet_train(224))
     mapped = MapDataset(root, transform=T.imagenet_train(224))
     kw: dict[str, Any] = dict(batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
+    shape = (3, 224, 224)
     # One reader's epochs after the other's, not in turns: make_loader's persistent workers make
     # the next epoch's first batches as an epoch ends, which would take CPU from the other's epoch.
+    rates, cpu_ms = {}, {}
+    name = "ShardedDataset + make_loader"
+    start = _cpu_s()
     with make_loader(stream, num_workers=workers) as streaming:
-        rates = _epochs({"ShardedDataset + make_loader": streaming}, epochs, n, (3, 224, 224))
-    rates |= _epochs({"MapDataset + DataLoader": DataLoader(mapped, **kw)}, epochs, n, (3, 224, 224))
-    return {k: round(v) for k, v in rates.items()}
+        rates |= _epochs({name: streaming}, epochs, n, shape)
+    cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
+    for name, collate in [
+        ("MapDataset + DataLoader(collate_fn=MapDataset.collate)", mapped.collate),
+        ("MapDataset + DataLoader (default_collate)", None),
+    ]:
+        start = _cpu_s()
+        loader = DataLoader(mapped, collate_fn=collate, **kw)
+        rates |= _epochs({name: loader}, epochs, n, shape)
+        del loader  # its workers stop and are waited for: their CPU time is counted
+        gc.collect()
+        cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
+    return {
+        "samples/s (best epoch)": {k: round(v) for k, v in rates.items()},
+        "CPU ms a sample (this process and its workers, all epochs)": {k: round(v, 3) for k, v in cpu_ms.items()},
+    }
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its child processes that have ended (workers stopped)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
