@@ -21,8 +21,10 @@ resident memory before and after (Linux). ``--cpu``: each reader's batches in th
 wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
 ``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` (with
 ``collate_fn=MapDataset.collate``, then with torch's ``default_collate``) and by ``ShardedDataset``
-through ``make_loader``; with each reader's CPU time a sample (this process and its workers,
-all epochs and the workers' start: steadier than samples/s on a loaded machine).
+through ``make_loader``, then by ``MapDataset`` over HTTP by ranged requests (each answer delayed
+``--http-delay-ms``; ``--http-delay-ms -1`` leaves it out); with each reader's CPU time a sample
+(this process and its workers, all epochs and the workers' start: steadier than samples/s on a
+loaded machine; over HTTP it includes the server's, a thread of this process).
 """
 
 from __future__ import annotations
@@ -204,12 +206,15 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
     return {k: round(v) for k, v in rates.items()}
 
 
-def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 64) -> dict[str, Any]:
-    """JPEG photos with ``imagenet_train(224)``: MapDataset + DataLoader against the streaming reader."""
+def photos(
+    work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 64, delay_ms: float | None = None
+) -> dict[str, Any]:
+    """JPEG photos with ``imagenet_train(224)``: MapDataset + DataLoader against the streaming
+    reader, and with ``delay_ms`` MapDataset over HTTP by ranged requests (each answer delayed)."""
     from shardify.convert.options import ConvertOptions
     from shardify.convert.synth import make_imagefolder
     from shardify.convert.write.run import convert_imagefolder
-    from shardify.reader import MapDataset, ShardedDataset, make_loader
+    from shardify.reader import CacheOptions, MapDataset, ShardedDataset, make_loader
     from shardify.reader import transforms as T
 
     root = work / f"photos-{n}"
@@ -239,6 +244,18 @@ def photos(work: Path, *, n: int, workers: int, epochs: int, batch_size: int = 6
         rates |= _epochs({name: loader}, epochs, n, shape)
         del loader  # its workers stop and are waited for: their CPU time is counted
         gc.collect()
+        cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
+    if delay_ms is not None:  # the same photos by ranged requests, the server in this process
+        name = f"MapDataset over HTTP (+{delay_ms:g} ms a request), ranged, collate_fn=MapDataset.collate"
+        start = _cpu_s()
+        with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
+            remote = MapDataset(
+                f"{base}/{root.name}", transform=T.imagenet_train(224), cache=CacheOptions(requests=batch_size)
+            )
+            loader = DataLoader(remote, collate_fn=remote.collate, **kw)
+            rates |= _epochs({name: loader}, epochs, n, shape)
+            del loader
+            gc.collect()
         cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
     return {
         "samples/s (best epoch)": {k: round(v) for k, v in rates.items()},
@@ -306,7 +323,8 @@ def main() -> None:
     work = a.dir or Path(tempfile.gettempdir()) / "shardify-bench-mapview"
     work.mkdir(parents=True, exist_ok=True)
     if a.photos:
-        print(json.dumps(photos(work, n=a.photos, workers=a.workers, epochs=a.epochs), indent=1))
+        delay = None if a.http_delay_ms < 0 else a.http_delay_ms
+        print(json.dumps(photos(work, n=a.photos, workers=a.workers, epochs=a.epochs, delay_ms=delay), indent=1))
         return
     if a.keys:
         print(json.dumps(keys(work, a.keys), indent=1))

@@ -1,0 +1,24 @@
+"""tools/bench_mapview.py runs at a tiny scale: every reader gives whole epochs of checked batches
+(the tool exits when a batch has the wrong dtype or shape, or an epoch the wrong count)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import bench_mapview  # tools/ is on pytest's pythonpath
+
+TIME_LIMIT_S = 300
+
+
+def test_photos_reports_every_reader_local_and_over_http(tmp_path: Path) -> None:
+    out = bench_mapview.photos(tmp_path, n=8, workers=2, epochs=1, batch_size=4, delay_ms=1)
+    rates = out["samples/s (best epoch)"]
+    assert len(rates) == 4 and all(v > 0 for v in rates.values())
+    assert any("over HTTP" in name for name in rates)
+    assert set(out["CPU ms a sample (this process and its workers, all epochs)"]) == set(rates)
+
+
+def test_small_samples_every_reader_and_http_both_ways(tmp_path: Path) -> None:
+    out = bench_mapview.read(tmp_path, samples=64, workers=2, batch_size=16, epochs=1, delay_ms=1)
+    assert sum("MapDataset" in name for name in out) >= 5  # local, chunked, ranged, whole: first and later
+    assert all(v > 0 for v in out.values())
