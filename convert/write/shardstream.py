@@ -175,7 +175,15 @@ class ShardStream:
         already checked). Cuts a shard first if full, as the per-sample layout would."""
         if self.chunk is None:
             raise ValueError(f"add_field is for a chunked split; {self.split!r} is per sample (chunk=None)")
-        self._gather(key, [(ext, data)], BLOCK + (len(data) + BLOCK - 1) // BLOCK * BLOCK)
+        size = BLOCK + (len(data) + BLOCK - 1) // BLOCK * BLOCK
+        if self.samples and not self.fits(size):  # _gather, inlined: called per sample
+            self.close_shard()
+        pending = self._pending
+        pending.append((key, [(ext, data)]))
+        self.samples += 1
+        self.nbytes += size
+        if len(pending) == self.chunk:
+            self._write_chunk()
 
     def _gather(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
         """Hold one sample for the chunk being gathered (the shard was cut before it as the
