@@ -158,8 +158,7 @@ class RunSpec:
     tokens: TokenInfo | None = None
     """A token split: each shard's document lengths (:attr:`Outcome.tokens`) go into the index."""
     index_keys: bool = False
-    """Every key is its item's index (``{index:09d}``): unique by construction, so the keys are
-    not kept to refuse duplicates (a dict of every key of the split, and a look-up per sample)."""
+    """Every key is its item's index (``{index:09d}``), unique: not kept to refuse duplicates."""
 
 
 def run_items(
@@ -211,13 +210,7 @@ class _Open:
 class _Run:
     """One call of :func:`convert_items` on a locked output."""
 
-    def __init__(
-        self,
-        items: Iterable[Any],
-        spec: RunSpec,
-        session: ConversionSession,
-        o: ItemsOptions,
-    ) -> None:
+    def __init__(self, items: Iterable[Any], spec: RunSpec, session: ConversionSession, o: ItemsOptions) -> None:
         self.items, self.spec, self.session, self.o = items, spec, session, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
@@ -309,8 +302,7 @@ class _Run:
     def _take_chunk(
         self, stream: ShardStream, chunk: ItemChunk, outcomes: list[Outcome], data: bytes | memoryview
     ) -> int:
-        """Write, skip or count the outcomes of one chunk, in order; return the bytes of ``data``
-        they took. A sample (the usual outcome) is written here, the rest by :meth:`_take`."""
+        """Write (here), skip or count (:meth:`_take`) a chunk's outcomes; return the bytes they took."""
         unframed, keys = self.spec.runner.unframed, None if self.spec.index_keys else self.keys
         offset = 0
         for j, got in enumerate(outcomes):
