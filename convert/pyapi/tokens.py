@@ -220,14 +220,15 @@ class TokenRunner(ChunkRunner):
         ``struct.Struct`` call and the EOS id's bytes (headers and packers kept by length: a
         third of the cost of converting the chunk's ids in numpy and slicing them out)."""
         outcomes: list[Outcome] = []
-        tail, extra = self._eos_bytes, self.eos is not None
+        tail, extra, packers, headers = self._eos_bytes, self.eos is not None, self._packers, self._headers
         for index, item, got in zip(chunk.indexes, chunk.items, ids, strict=True):
             if not (isinstance(got, list) and got):
                 outcomes.append(self._outcome(index, item, got, parts))
                 continue
             n = len(got)
-            packed = self._packer(n).pack(*got)
-            outcomes.append(self._member(index, self._header(n + extra) + packed + tail, n + extra, parts))
+            packer, header = packers.get(n), headers.get(n + extra)  # the methods' lookups, inlined
+            packed = (packer or self._packer(n)).pack(*got)
+            outcomes.append(self._member(index, (header or self._header(n + extra)) + packed + tail, n + extra, parts))
         return outcomes
 
     def _packer(self, n: int) -> struct.Struct:
