@@ -71,7 +71,7 @@ def encode_variable(values: Sequence[bytes | None]) -> bytes:
     """A variable member of ``values`` (None: the sample lacks the field)."""
     ends = np.zeros(len(values) + 1, dtype="<u8")
     absent = None in values
-    np.cumsum([0 if v is None else len(v) for v in values] if absent else list(map(len, values)), out=ends[1:])
+    np.cumsum([0 if v is None else len(v) for v in values], out=ends[1:])
     parts = [_HEAD.pack(VAR_MAGIC, len(values), _HAS_PRESENCE if absent else 0), ends.tobytes()]
     if absent:
         parts.append(bytes(0 if v is None else 1 for v in values))
