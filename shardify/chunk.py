@@ -70,8 +70,8 @@ def chunk_samples(nsamples: int, chunk: int, index: int) -> int:
 def encode_variable(values: Sequence[bytes | None]) -> bytes:
     """A variable member of ``values`` (None: the sample lacks the field)."""
     ends = np.zeros(len(values) + 1, dtype="<u8")
+    absent = None in values
     np.cumsum([0 if v is None else len(v) for v in values], out=ends[1:])
-    absent = any(v is None for v in values)
     parts = [_HEAD.pack(VAR_MAGIC, len(values), _HAS_PRESENCE if absent else 0), ends.tobytes()]
     if absent:
         parts.append(bytes(0 if v is None else 1 for v in values))
@@ -104,9 +104,12 @@ def encode_chunk(keys: Sequence[str], samples: Sequence[Sequence[tuple[str, byte
     columns: dict[str, list[bytes | None]] = {}
     for i, (key, members) in enumerate(zip(keys, samples)):
         for ext, data in members:
-            if ext == KEYS_EXT:
-                raise EncodeError(f"sample {key!r}: field {KEYS_EXT!r} is reserved in the chunked layout")
-            columns.setdefault(ext, [None] * len(keys))[i] = data
+            column = columns.get(ext)
+            if column is None:  # not setdefault: its default would be a new list per member
+                if ext == KEYS_EXT:
+                    raise EncodeError(f"sample {key!r}: field {KEYS_EXT!r} is reserved in the chunked layout")
+                column = columns[ext] = [None] * len(keys)
+            column[i] = data
     out = [(KEYS_EXT, encode_variable([k.encode("ascii") for k in keys]))]
     for ext, values in columns.items():
         stacked = _stacked(values) if ext.rpartition(".")[2] == "npy" else None

@@ -157,6 +157,8 @@ class RunSpec:
     """Put before an outcome's error in the report."""
     tokens: TokenInfo | None = None
     """A token split: each shard's document lengths (:attr:`Outcome.tokens`) go into the index."""
+    index_keys: bool = False
+    """Every key is its item's index (``{index:09d}``), unique: not kept to refuse duplicates."""
 
 
 def run_items(
@@ -208,13 +210,7 @@ class _Open:
 class _Run:
     """One call of :func:`convert_items` on a locked output."""
 
-    def __init__(
-        self,
-        items: Iterable[Any],
-        spec: RunSpec,
-        session: ConversionSession,
-        o: ItemsOptions,
-    ) -> None:
+    def __init__(self, items: Iterable[Any], spec: RunSpec, session: ConversionSession, o: ItemsOptions) -> None:
         self.items, self.spec, self.session, self.o = items, spec, session, o
         self.count = len(items) if isinstance(items, Sized) else None
         self.results: list[ShardResult] = []
@@ -256,13 +252,9 @@ class _Run:
             for chunk, out in map_ordered(
                 runner, chunks, workers=o.num_workers, engine=o.engine, ray_address=o.ray_address, limits=o.limits
             ):
-                offset = 0
-                for j, got in enumerate(out.outcomes):
-                    self.pos = chunk.start + j
-                    self._take(stream, chunk, j, got, out.data, offset)
-                    offset += got.size
+                nbytes = self._take_chunk(stream, chunk, out.outcomes, out.data)
                 stream.flush()
-                bar.set(chunk.start + len(out.outcomes), bar.nbytes + offset)
+                bar.set(chunk.start + len(out.outcomes), bar.nbytes + nbytes)
             self.pos = self._end
             session.end_stream(o.split, stream)
         except BaseException:
@@ -304,23 +296,42 @@ class _Run:
 
     def _chunks(self, source: Iterator[tuple[int, int, Any]]) -> Iterator[ItemChunk]:
         while batch := list(itertools.islice(source, self.o.chunk_size)):
-            yield ItemChunk(start=batch[0][0], indexes=tuple(b[1] for b in batch), items=tuple(b[2] for b in batch))
+            positions, indexes, items = zip(*batch)  # the columns of the batch, in one C call
+            yield ItemChunk(start=positions[0], indexes=indexes, items=items)
 
-    # -- one outcome -----------------------------------------------------------------------
-    def _take(
-        self, stream: ShardStream, chunk: ItemChunk, j: int, got: Outcome, data: bytes | memoryview, offset: int
-    ) -> None:
-        """Write, skip or count one outcome; a sample's bytes are ``data[offset:offset + got.size]``."""
+    # -- the outcomes ----------------------------------------------------------------------
+    def _take_chunk(
+        self, stream: ShardStream, chunk: ItemChunk, outcomes: list[Outcome], data: bytes | memoryview
+    ) -> int:
+        """Write (here), skip or count (:meth:`_take`) a chunk's outcomes; return the bytes they took."""
+        unframed, keys, offset = self.spec.runner.unframed, None if self.spec.index_keys else self.keys, 0
+        for j, got in enumerate(outcomes):
+            self.pos = chunk.start + j
+            key = got.key
+            if key is None or got.encode_error is not None:
+                self._take(stream, chunk, j, got)
+                continue
+            index, end = chunk.indexes[j], offset + got.size
+            if keys is not None:
+                keys.add(key, index)
+            if unframed is None:
+                stream.add_encoded(got.fields, data, offset, end)  # may finish the shard before pos
+            else:
+                stream.add_field(key, unframed, bytes(data[offset:end]))  # a copy: the slot is reused
+            offset = end
+            held = self.open
+            held.keys.append(key)
+            held.indexes.append(index)
+            held.tokens.append(got.tokens)
+            _hash_item(held.hash, chunk.items[j])
+        return offset
+
+    def _take(self, stream: ShardStream, chunk: ItemChunk, j: int, got: Outcome) -> None:
+        """Skip or count one outcome that is not a sample (or raise its encoding error)."""
         index, item = chunk.indexes[j], chunk.items[j]
         if got.encode_error is not None:
             raise EncodeError(f"item {index} ({item_repr(item)}): {got.encode_error}")
-        if got.key is not None:
-            self.keys.add(got.key, index)
-            stream.add_encoded(got.fields, data, offset, offset + got.size)  # may finish the shard before pos
-            self.open.keys.append(got.key)
-            self.open.indexes.append(index)
-            self.open.tokens.append(got.tokens)
-        elif got.error is not None or got.stopped is not None:
+        if got.error is not None or got.stopped is not None:
             reason = got.stopped or f"{self.spec.reason}{got.error}"
             noun = self.spec.noun
             if self.o.strict:
@@ -360,7 +371,8 @@ class _Run:
                 if r["start"] != (records[-1]["stop"] if records else 0):
                     break
                 for key, index in zip(r["keys"], r["indexes"], strict=True):
-                    self.keys.add(key, index)
+                    if not self.spec.index_keys:
+                        self.keys.add(key, index)
                 filtered = int(r["filtered"])
             except (ShardifyError, KeyError, TypeError, ValueError):
                 break

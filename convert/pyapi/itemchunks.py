@@ -54,7 +54,8 @@ class Outcome(NamedTuple):
     fields: tuple[str, ...] = ()
     """The sample's member extensions, sorted."""
     size: int = 0
-    """Bytes of the sample's tar members in :attr:`ChunkOut.data`."""
+    """Bytes of the sample in :attr:`ChunkOut.data`: its tar members, or the bytes of its one
+    field when the runner writes them unframed (:attr:`ChunkRunner.unframed`)."""
     error: str | None = None
     """``fn`` raised: ``"{type}: {message}"``."""
     encode_error: str | None = None
@@ -80,6 +81,12 @@ class ChunkOut(NamedTuple):
 
 class ChunkRunner:
     """Calls ``fn`` on each item of a chunk and encodes the sample; picklable if ``fn`` is."""
+
+    unframed: str | None = None
+    """None: a sample's bytes in :attr:`ChunkOut.data` are its tar members. Else every sample
+    has this one field and its bytes are the field's alone, with no tar header: for a chunked
+    split, whose writer takes the fields (not the members) of a sample, so the runner does not
+    frame what the writer would parse back."""
 
     def __init__(
         self, fn: Callable[[Any], Mapping[str, object] | None], values: ValueOptions, classes: tuple[str, ...]

@@ -43,7 +43,7 @@ class JsonlItems:
         try:
             with open(self.path, "rb") as f:
                 for number, line in enumerate(f, 1):
-                    if not line.strip():
+                    if line.isspace():  # blank (what strip() tells, without copying the line)
                         continue
                     try:
                         yield _parse_line(line, number)
@@ -56,7 +56,7 @@ class JsonlItems:
         if self._len is None:
             try:
                 with open(self.path, "rb") as f:
-                    self._len = sum(1 for line in f if line.strip())
+                    self._len = sum(1 for line in f if not line.isspace())
             except OSError as e:
                 raise InputError(f"cannot read: {e.strerror or e}", path=self.path) from e
         return self._len

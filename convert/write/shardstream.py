@@ -169,6 +169,22 @@ class ShardStream:
         self.nbytes += size
         self.fields.update(fields)
 
+    def add_field(self, key: str, ext: str, data: bytes) -> None:
+        """Append one sample of one field, chunked layout only (the bytes
+        :meth:`add_encoded` would take, without their tar header and padding, and a key
+        already checked). Cuts a shard first if full, as the per-sample layout would."""
+        if self.chunk is None:
+            raise ValueError(f"add_field is for a chunked split; {self.split!r} is per sample (chunk=None)")
+        size = BLOCK + (len(data) + BLOCK - 1) // BLOCK * BLOCK
+        if self.samples and not self.fits(size):  # _gather, inlined: called per sample
+            self.close_shard()
+        pending = self._pending
+        pending.append((key, [(ext, data)]))
+        self.samples += 1
+        self.nbytes += size
+        if len(pending) == self.chunk:
+            self._write_chunk()
+
     def _gather(self, key: str, members: list[tuple[str, bytes]], size: int) -> None:
         """Hold one sample for the chunk being gathered (the shard was cut before it as the
         per-sample layout would be); write the chunk once it holds ``chunk`` samples."""

@@ -300,10 +300,10 @@ def test_verify_checks_each_document_against_its_recorded_length(
 
     real = TokenRunner._member
 
-    def one_long(index, data, tokens, parts):  # noqa: ANN001, ANN202 - a converter that records a wrong length
-        return real(index, data, tokens + (index == 7), parts)
+    def one_long(self, index, data, tokens, parts):  # noqa: ANN001, ANN202 - a converter that records a wrong length
+        return real(self, index, data, tokens + (index == 7), parts)
 
-    monkeypatch.setattr(TokenRunner, "_member", staticmethod(one_long))
+    monkeypatch.setattr(TokenRunner, "_member", one_long)
     convert_tokens(_texts(20), tmp_path / "out", tokenizer=tokenizer_json, workers=1, **FAST)
     assert main(["verify", str(tmp_path / "out")]) == EXIT_SKIPPED
     out = capsys.readouterr().out

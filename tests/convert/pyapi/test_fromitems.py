@@ -266,6 +266,7 @@ def test_cli_python_reports_usage_and_import_errors(tmp_path: Path, monkeypatch,
     ("content", "rows", "error"),
     [
         pytest.param(b'\xef\xbb\xbf{"a": 1}\n  [2] \n\n3\r\n', [{"a": 1}, [2], 3], None, id="bom-spaces-blank-crlf"),
+        pytest.param(b"1\n \t\x0b\x0c\r\n\n2\n  ", [1, 2], None, id="whitespace-lines-and-tail"),
         pytest.param(b'{"a": 1}\n{"a": 1} x\n', None, "line 2 is not JSON: Extra data", id="extra-data"),
         pytest.param(b'{"a": 1}{"b": 2}\n', None, "line 1 is not JSON: Extra data", id="two-values"),
         pytest.param(b'1\n"\xff"\n', None, "line 2 is not JSON: 'utf-8' codec", id="not-utf8"),
@@ -282,7 +283,7 @@ def test_jsonl_rows_parse_one_value_per_line(
     path = tmp_path / "rows.jsonl"
     path.write_bytes(content)
     if error is None:
-        assert list(JsonlItems(path)) == rows
+        assert list(JsonlItems(path)) == rows and len(JsonlItems(path)) == len(rows)
     else:
         with pytest.raises(InputError, match=error):
             list(JsonlItems(path))
