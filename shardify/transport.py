@@ -14,7 +14,6 @@ comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import socket
 import ssl
@@ -39,6 +38,7 @@ from shardify.fetchcontrol import (
     urlopen,
 )
 from shardify.keepalive import TakenBody, connection, taken
+from shardify.proxies import proxied
 
 __all__ = [
     "HTTP_SCHEMES",
@@ -189,38 +189,13 @@ def http_range(
     ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
     origin = url
     for _ in range(MAX_REDIRECTS + 1):
-        if _proxied(url):
+        if proxied(url):
             return _urllib_range(url, start, stop, deadline, abort)
         got = _kept_range(url, start, stop, deadline, abort, origin if take_whole else None)
         if isinstance(got, bytes):
             return got
         url = got
     raise Permanent(f"more than {MAX_REDIRECTS} redirects (the last to {url})")
-
-
-PROXY_VARIABLES = tuple(
-    name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "request_method") for name in (base, base.upper())
-)
-"""The environment variables :func:`urllib.request.getproxies` reads for ``http(s)://`` (and CGI's
-``REQUEST_METHOD``, under which it ignores ``HTTP_PROXY``)."""
-
-_PROXIED: dict[tuple[str, str, tuple[str | None, ...]], bool] = {}
-
-
-def _proxied(url: str) -> bool:
-    """Whether urllib would send a request for ``url`` through a proxy (as the environment says).
-    Remembered per scheme, host and the values of :data:`PROXY_VARIABLES`: urllib's own answer
-    walks the whole environment (about 190 us a request, as much as the request itself)."""
-    scheme, netloc = urllib.parse.urlsplit(url)[:2]
-    env = os.environ
-    key = (scheme, netloc, tuple(env.get(name) for name in PROXY_VARIABLES))
-    found = _PROXIED.get(key)
-    if found is None:
-        found = scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(netloc)
-        if len(_PROXIED) >= 1024:
-            _PROXIED.clear()
-        _PROXIED[key] = found
-    return found
 
 
 def _range_headers(start: int, stop: int) -> dict[str, str]:
