@@ -84,3 +84,17 @@ def test_batches_kept_by_the_loop_stay_as_made(photos: Path) -> None:
     assert len(kept) == 6
     for (x, y), (wx, wy) in zip(kept, want):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def test_spawned_workers_send_batches_through_slots_too(photos: Path) -> None:
+    """A spawned worker imports the module afresh and keeps its own slots: its batches come in
+    one storage and equal the in-process ones."""
+    ds = MapDataset(photos, transform=T.imagenet_train(24), seed=5)
+    batches = [list(range(i, min(i + 4, len(ds)))) for i in range(0, len(ds), 4)]
+    loader = DataLoader(
+        ds, batch_sampler=batches, num_workers=2, collate_fn=ds.collate, multiprocessing_context="spawn"
+    )
+    for b, (x, y) in enumerate(loader):
+        wx, wy = default_collate(ds.__getitems__(batches[b]))
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+        assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # one storage: a slot
