@@ -51,6 +51,16 @@ def _ids(batches: list) -> list[list[int]]:
     return [b[:, 0].tolist() for b in batches]
 
 
+def _next_epoch_made_ahead(loader, gate: Path) -> list[list[int]]:
+    """The next iteration's batches, its first two taken while ``gate`` stands (so that they were
+    made before it closed: one from each worker), the rest after."""
+    gate.touch()  # from now on the workers can make no sample
+    it = iter(loader)
+    first = [next(it), next(it)]
+    gate.unlink()
+    return _ids(first + list(it))
+
+
 @pytest.fixture
 def setup(counting_dataset, tmp_path):
     root = counting_dataset([12, 12])
@@ -80,12 +90,8 @@ def test_the_first_batches_of_the_next_epoch_are_made_before_it_starts(setup):
     with make_loader(ds, num_workers=2, timeout=BOUND_S) as loader:
         assert _ids(list(loader)) == expected[0]
         _wait_made(log, 24 + 2 * 3)  # the epoch, then one batch per worker made ahead
-        gate.touch()  # from now on the workers can make no sample
         ds.set_epoch(1)
-        it = iter(loader)
-        first = [next(it), next(it)]  # one from each worker: made before the gate closed
-        gate.unlink()
-        assert _ids(first + list(it)) == expected[1]
+        assert _next_epoch_made_ahead(loader, gate) == expected[1]
 
 
 def test_a_loop_that_never_sets_the_epoch_gets_the_same_epoch_made_ahead(setup):
@@ -94,11 +100,7 @@ def test_a_loop_that_never_sets_the_epoch_gets_the_same_epoch_made_ahead(setup):
         assert _ids(list(loader)) == expected[0]
         assert _ids(list(loader)) == expected[0]  # epoch 0 again: epoch 1's batches made ahead are dropped
         _wait_made(log, 2 * (24 + 2 * 3))  # then epoch 0's first batches, as the loop does
-        gate.touch()
-        it = iter(loader)
-        first = [next(it), next(it)]
-        gate.unlink()
-        assert _ids(first + list(it)) == expected[0]
+        assert _next_epoch_made_ahead(loader, gate) == expected[0]
 
 
 def test_another_epoch_drops_the_work_made_ahead(setup):
@@ -118,11 +120,7 @@ def test_a_state_saved_at_the_end_of_an_epoch_goes_on_with_the_batches_made_ahea
         state = loader.state_dict()
         _wait_made(log, 24 + 2 * 3)
         loader.load_state_dict(state)  # the next iteration is epoch 1's
-        gate.touch()
-        it = iter(loader)
-        first = [next(it), next(it)]
-        gate.unlink()
-        assert _ids(first + list(it)) == expected[1]
+        assert _next_epoch_made_ahead(loader, gate) == expected[1]
 
 
 def test_a_state_in_the_middle_of_the_next_epoch_drops_the_work_made_ahead(setup):
