@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from shardify.chunk import KEYS_EXT, MemberLayout, chunk_keys, chunk_samples, head_bytes, member_layout
+from shardify.chunk import MemberLayout, chunk_samples
 from shardify.errors import ShardFormatError
+from shardify.reader.io.chunked import chunk_members
 from shardify.reader.io.columns import Column, Rows, Spans, Values
 from shardify.reader.io.mapfiles import MAX_OPEN_FILES, OpenShards
 from shardify.reader.io.source import Source
@@ -225,27 +226,17 @@ class ChunkBytes:
             raise ShardFormatError(f"holds {len(layout)} chunks, its index says more", shard=url)
         key, offset, n = layout.key(c), int(layout.offsets[c]), chunk_samples(self.source.sizes[shard], per, c)
         where = {ext: (at, size) for ext, at, size in layout.fields(c)}
-        if KEYS_EXT not in where:
-            raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=url, key=key)
-        members: dict[str, tuple[int, MemberLayout]] = {}
+
+        def read(at: int, size: int, field: str) -> bytes:
+            return self._read(shard, at, size)
+
+        keys, members, heads = chunk_members(read, where, n, self._wanted, url=url, key=key)
         small: dict[str, bytes] = {}
-        try:
-            keys = chunk_keys(self._read(shard, *where[KEYS_EXT]), n)
-            for ext, (at, size) in where.items():
-                if ext == KEYS_EXT or (self._wanted is not None and ext not in self._wanted):
-                    continue
-                head = self._read(shard, at, min(size, head_bytes(n)))
-                more = head_bytes(n, head)  # a .npy header longer than the usual
-                if more:
-                    head = self._read(shard, at, min(size, more))
-                members[ext] = (at, member_layout(head, size, n, f"field {ext!r}"))
-                start = members[ext][1].start
-                if members[ext][1].ends is not None and size <= SMALL_MEMBER:
-                    small[ext] = head[start:] if len(head) == size else self._read(shard, at + start, size - start)
-        except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
-            raise ShardFormatError(f"damaged chunk: {e}", shard=url, key=key) from e
-        if keys[0] != key:
-            raise ShardFormatError(f"damaged chunk: its first key is {keys[0]!r}", shard=url, key=key)
+        for ext, (at, m) in members.items():
+            size = where[ext][1]
+            if m.ends is not None and size <= SMALL_MEMBER:
+                head = heads[ext]
+                small[ext] = head[m.start :] if len(head) == size else self._read(shard, at + m.start, size - m.start)
         self._index[(shard, c)] = (keys, offset, members, small)
         while len(self._index) > max(1, MAX_CHUNK_SAMPLES // per):
             self._index.popitem(last=False)

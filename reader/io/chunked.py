@@ -43,7 +43,7 @@ from shardify.errors import ShardFormatError
 from shardify.reader.io.items import READ_ERRORS, Item, Lost, damage
 from shardify.reader.io.shardfile import ShardFiles, read_at
 
-__all__ = ["ChunkSlicer"]
+__all__ = ["ChunkSlicer", "chunk_members"]
 
 
 _MAX_INDEXED_SAMPLES = 1 << 18
@@ -51,6 +51,41 @@ _MAX_INDEXED_SAMPLES = 1 << 18
 
 _Index = tuple[list[str], int, dict[str, tuple[int, MemberLayout]]]
 """A chunk's keys, its byte offset, and per field the member's data offset and layout."""
+
+
+def chunk_members(
+    read: Callable[[int, int, str], bytes],
+    where: dict[str, tuple[int, int]],
+    n: int,
+    wanted: Collection[str] | None,
+    *,
+    url: str,
+    key: str,
+) -> tuple[list[str], dict[str, tuple[int, MemberLayout]], dict[str, bytes]]:
+    """The ``n`` keys of the chunk keyed ``key`` whose members lie at ``where`` (extension ->
+    ``(offset, size)``), and per field of ``wanted`` (None: all) its member's offset and layout,
+    and the bytes read from its start to find that layout; ``read(offset, size, field)`` reads.
+    A chunk without a keys member, whose members are not as the writer makes them, or whose
+    first key is not ``key``: ShardFormatError naming the shard and ``key``."""
+    if KEYS_EXT not in where:
+        raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=url, key=key)
+    members: dict[str, tuple[int, MemberLayout]] = {}
+    heads: dict[str, bytes] = {}
+    try:
+        keys = chunk_keys(read(*where[KEYS_EXT], KEYS_EXT), n)
+        for ext, (at, size) in where.items():
+            if ext == KEYS_EXT or (wanted is not None and ext not in wanted):
+                continue
+            head = read(at, min(size, head_bytes(n)), ext)
+            more = head_bytes(n, head)  # a .npy header longer than the usual
+            if more:
+                head = read(at, min(size, more), ext)
+            members[ext], heads[ext] = (at, member_layout(head, size, n, f"field {ext!r}")), head
+    except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
+        raise ShardFormatError(f"damaged chunk: {e}", shard=url, key=key) from e
+    if keys[0] != key:
+        raise ShardFormatError(f"damaged chunk: its first key is {keys[0]!r}", shard=url, key=key)
+    return keys, members, heads
 
 
 class ChunkSlicer:
@@ -141,27 +176,13 @@ class ChunkSlicer:
         key, offset, fields = found
         url = self._files.urls[shard]
         n = chunk_samples(self._sizes[shard], self._chunks[shard] or 1, c)
-        where = {ext: (at, size) for ext, at, size in fields}
-        if KEYS_EXT not in where:
-            raise ShardFormatError(f"chunk has no {KEYS_EXT!r} member (not a chunked shard?)", shard=url, key=key)
         f = self._files.open(shard)
-        wanted = self._fields
-        members: dict[str, tuple[int, MemberLayout]] = {}
-        try:
-            keys = chunk_keys(read_at(f, *where[KEYS_EXT], url=url, key=key, field=KEYS_EXT), n)
-            for ext, (at, size) in where.items():
-                if ext == KEYS_EXT or (wanted is not None and ext not in wanted):
-                    continue
-                head = read_at(f, at, min(size, head_bytes(n)), url=url, key=key, field=ext)
-                more = head_bytes(n, head)  # a .npy header longer than the usual
-                if more:
-                    head = read_at(f, at, min(size, more), url=url, key=key, field=ext)
-                layout = member_layout(head, size, n, f"field {ext!r}")
-                members[ext] = (at, layout)
-        except (ValueError, UnicodeDecodeError) as e:  # ArrayFormatError is a ValueError
-            raise ShardFormatError(f"damaged chunk: {e}", shard=url, key=key) from e
-        if keys[0] != key:
-            raise ShardFormatError(f"damaged chunk: its first key is {keys[0]!r}", shard=url, key=key)
+
+        def read(at: int, size: int, field: str) -> bytes:
+            return read_at(f, at, size, url=url, key=key, field=field)
+
+        where = {ext: (at, size) for ext, at, size in fields}
+        keys, members, _ = chunk_members(read, where, n, self._fields, url=url, key=key)
         index = (keys, offset, members)
         self._index[(shard, c)] = index
         while len(self._index) > max(1, _MAX_INDEXED_SAMPLES // (self._chunks[shard] or 1)):
