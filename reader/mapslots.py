@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
-from shardify.reader.delivery.slotwire import _map_leaves, _SlotRef
+from shardify.reader.delivery.slotwire import _capacity, _map_leaves, _SlotRef, _storage_bytes
 
 __all__ = ["collate_in_slot", "columns_in_slot", "SLOTS"]
 
@@ -45,19 +45,8 @@ _ALIGN = 64
 _BUSY = 8  # bytes of the busy word (int64) after a slot's capacity
 
 
-def _bytes(storage: torch.UntypedStorage) -> np.ndarray:
-    """The whole of ``storage`` as a uint8 array (keeping it alive)."""
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
-
-
 def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
-
-
-def _capacity(nbytes: int) -> int:
-    """``nbytes`` rounded up to within 1/8 above it (at least a page): batch sizes vary a little."""
-    step = 1 << max(12, nbytes.bit_length() - 4)
-    return max(step, -(-nbytes // step) * step)
 
 
 @dataclass(slots=True)
@@ -85,7 +74,7 @@ class _Slots:
                 self.slots.remove(free[0])  # the wrong size: the main process frees its mapping on its own
             capacity = _capacity(nbytes)
             storage = torch.UntypedStorage._new_shared(capacity + _BUSY)
-            busy = _bytes(storage)[capacity:].view(np.int64)
+            busy = _storage_bytes(storage)[capacity:].view(np.int64)
             slot = _Slot(storage, capacity, busy)
             self.slots.append(slot)
         else:
@@ -232,7 +221,7 @@ class _InSlot:
 def _received(storage: torch.UntypedStorage, capacity: int, payload: Any) -> Any:
     """The batch, over the slot's storage mapped in this process; the slot's busy word is cleared
     when the last of its tensors is freed."""
-    base = _bytes(storage)
+    base = _storage_bytes(storage)
     view = base.view()  # a new array object: its life is the life of the tensors below
     weakref.finalize(view, _free, base[capacity:].view(np.int64)).atexit = False
     whole = torch.from_numpy(view)

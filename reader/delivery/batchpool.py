@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from shardify.errors import ShardifyError
-from shardify.reader.delivery.slotwire import _inlinable, _Inline, _map_leaves, _SlotRef
+from shardify.reader.delivery.slotwire import _capacity, _inlinable, _Inline, _map_leaves, _SlotRef, _storage_bytes
 from shardify.reader.delivery.stats import MainClock
 from shardify.reader.sample.clock import CLOCK
 
@@ -59,12 +59,6 @@ INLINE_BYTES = 64 * 1024
 """Tensors up to this size (labels, lengths) travel by value inside the pickled batch."""
 
 _CHANNELS: dict[str, BatchChannel] = {}
-
-
-def _capacity(nbytes: int) -> int:
-    """``nbytes`` rounded up to within 1/8 above it (at least a page): batch sizes vary a little."""
-    step = 1 << max(12, nbytes.bit_length() - 4)
-    return max(step, -(-nbytes // step) * step)
 
 
 def _release(tokens: np.ndarray, worker: int, slot: int, token: int) -> None:
@@ -110,7 +104,7 @@ class BatchChannel:
             self._maps.clear()
 
     def _adopt(self, pool: int, slot: int, generation: int, storage: torch.UntypedStorage) -> None:
-        base = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
+        base = _storage_bytes(storage)
         with self._lock:
             self._maps[(pool, slot)] = (generation, base)
 

@@ -1,5 +1,6 @@
-"""How a batch's tensors travel from a worker's slots (:mod:`~shardify.reader.delivery.batchpool`):
-a reference into a slot, or a small tensor by value; and the walk over a batch's structure."""
+"""How a batch's tensors travel from a worker's slots (:mod:`~shardify.reader.delivery.batchpool`,
+:mod:`~shardify.reader.mapslots`): a reference into a slot, or a small tensor by value; the walk
+over a batch's structure; a slot's size and its bytes as an array."""
 
 from __future__ import annotations
 
@@ -7,9 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__: list[str] = []  # internal to batchpool
+__all__: list[str] = []  # internal to batchpool and mapslots
+
+
+def _capacity(nbytes: int) -> int:
+    """``nbytes`` rounded up to within 1/8 above it (at least a page): batch sizes vary a little."""
+    step = 1 << max(12, nbytes.bit_length() - 4)
+    return max(step, -(-nbytes // step) * step)
+
+
+def _storage_bytes(storage: torch.UntypedStorage) -> np.ndarray:
+    """The whole of ``storage`` as a uint8 array (keeping it alive)."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,)).numpy()
 
 
 @dataclass(frozen=True, slots=True)
