@@ -28,7 +28,7 @@ import torch
 
 from shardify.errors import ArrayFormatError
 from shardify.npy import npy_layout
-from shardify.reader.io.columns import Column, Rows, Spans
+from shardify.reader.io.columns import Column, Rows, Spans, uniform_rows
 from shardify.reader.mapslots import collate_in_slot, columns_in_slot
 
 __all__ = ["FieldBatch", "BatchList", "fast_outputs", "sample_dict", "collate"]
@@ -141,11 +141,8 @@ def _npy_batch(column: Column, n: int) -> np.ndarray | None:
     if fortran or dtype.hasobject or dtype.names is not None or np.any(size != offset + nbytes):
         return None
     template = np.frombuffer(head[:offset], np.uint8)
-    stride = int(at[1] - at[0]) if n > 1 else offset + nbytes
-    if stride >= offset + nbytes and np.all(np.diff(at) == stride):  # samples alike, one after another
-        block = np.lib.stride_tricks.as_strided(
-            data[first:], shape=(n, offset + nbytes), strides=(stride, 1), writeable=False
-        )
+    block = uniform_rows(data, at, offset + nbytes)  # samples alike, one after another
+    if block is not None:
         if np.any(block[:, :offset] != template):
             return None
         out = np.array(block[:, offset:])

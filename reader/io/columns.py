@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Spans", "Rows", "Values", "Column"]
+__all__ = ["Spans", "Rows", "Values", "Column", "uniform_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +55,16 @@ class Values:
 
 
 Column = Spans | Rows | Values
+
+
+def uniform_rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray | None:
+    """``data[at[j]:at[j] + width]`` for every ``j`` as one read-only ``[len(at), width]`` view,
+    when the rows start at one stride of at least ``width`` (samples alike, one after another);
+    None otherwise. ``at`` is not empty and each row lies within ``data``."""
+    stride = int(at[1] - at[0]) if len(at) > 1 else width
+    if stride < width or not np.all(np.diff(at) == stride):
+        return None
+    view: np.ndarray = np.lib.stride_tricks.as_strided(
+        data[int(at[0]) :], shape=(len(at), width), strides=(stride, 1), writeable=False
+    )
+    return view

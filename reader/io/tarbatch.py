@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardify.reader.io.columns import Spans
+from shardify.reader.io.columns import Spans, uniform_rows
 from shardify.tarfmt import BLOCK
 
 __all__ = ["TarBatch", "parse_batch"]
@@ -50,11 +50,8 @@ def _headers(data: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The first :data:`_HEAD` bytes of the headers at ``at`` (each at least a block before
     the end of ``data``), one row each: a strided view when they lie at one stride (samples
     alike), else gathered."""
-    stride = int(at[1] - at[0]) if len(at) > 1 else _HEAD
-    if stride >= _HEAD and np.all(np.diff(at) == stride):
-        view: np.ndarray = np.lib.stride_tricks.as_strided(
-            data[int(at[0]) :], shape=(len(at), _HEAD), strides=(stride, 1), writeable=False
-        )
+    view = uniform_rows(data, at, _HEAD)
+    if view is not None:
         return view
     gathered: np.ndarray = data[at[:, None] + _COLS]
     return gathered
