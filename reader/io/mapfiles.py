@@ -12,7 +12,6 @@ whole once per process), for layouts whose index has no per-sample checksums.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 from collections import OrderedDict
@@ -21,6 +20,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 from shardify.errors import ShardFormatError
+from shardify.jsonfiles import file_sha256
 from shardify.reader.io.cache import open_remote
 from shardify.reader.io.shardopen import is_gzip, local_path
 from shardify.reader.io.source import Source
@@ -114,11 +114,8 @@ class OpenShards:
         if not want:
             return
         try:
-            h = hashlib.sha256()
             f.seek(0)
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-            got = h.hexdigest()
+            got = file_sha256(f)
         except OSError as e:
             raise ShardFormatError(f"cannot read it: {e}", shard=self.urls[shard]) from e
         if got != want.lower():
