@@ -6,7 +6,8 @@ epoch, from one source or weighted ``Stream``s, its rarer options in four small 
 DataLoader with device prefetch and an exact ``state_dict``. ``transforms`` holds the built-in
 augmentations (uint8 CHW output); ``split_keys`` lists a split's sample keys in stored order.
 ``MapDataset`` is the map-style view of a split: ``ds[i]``, ``ds.get(key)`` and batched
-fetches, for any sampler. ``TokenDataset`` packs a token split's documents into fixed-length
+fetches, for any sampler; ``FetchAhead`` wraps a batch sampler so that its workers fetch
+remote batches before they are asked for. ``TokenDataset`` packs a token split's documents into fixed-length
 sequences for language-model training.
 """
 
@@ -17,6 +18,7 @@ from shardify.reader.delivery.diagnosis import LoaderStats, Measured
 from shardify.reader.delivery.loader import Loader, make_loader
 from shardify.reader.delivery.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher
 from shardify.reader.delivery.report import EpochReport
+from shardify.reader.mapahead import FetchAhead
 from shardify.reader.mapview import MapDataset
 from shardify.reader.options import (
     BatchOptions,
@@ -35,6 +37,7 @@ from shardify.reader.tokens import PackOptions, TokenDataset, TokenLoader, varle
 __all__ = [
     "ShardedDataset",
     "MapDataset",
+    "FetchAhead",
     "Stream",
     "ReadOptions",
     "BatchOptions",

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from shardify.errors import SampleError, ShardFormatError
 from shardify.reader.io.chunkbytes import ChunkBytes
@@ -37,6 +38,7 @@ from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.source import shard_columns
 from shardify.reader.io.sources import Source, SourceLike, resolve_source
 from shardify.reader.io.tarbatch import parse_batch
+from shardify.reader.mapahead import AheadBatch, batches_for_worker
 from shardify.reader.mapbatch import BatchList, FieldBatch, collate, fast_outputs, sample_dict
 from shardify.reader.options import CacheOptions, DecodeOptions
 from shardify.reader.sample.bad import Bad
@@ -106,6 +108,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self._key_path = os.fspath(key_index) if key_index is not None else None
         self._keys: KeyIndex | None = None
         self.skipped = 0
+        self._ahead_run, self._ahead_last = -1, -1  # the FetchAhead iteration seen last, its last batch fetched ahead
         self._processor = self._make_processor()
 
     def _make_processor(self) -> SampleProcessor:
@@ -147,7 +150,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
         return shard, i - int(self._starts[shard])
 
-    def _locate_many(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _locate_many(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(shards, positions)`` of each of ``indices`` (:meth:`locate`'s, at one NumPy search)."""
         i = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
@@ -171,12 +174,33 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         """The samples at ``indices``, read together (grouped by shard, remote neighbours
         coalesced and fetched concurrently) and decoded as a batch where the fields allow
         (:mod:`~shardify.reader.mapbatch`); damaged ones left out under ``on_error="skip"``."""
+        if isinstance(indices, AheadBatch):
+            self._fetch_ahead(indices)
         out = self._batch(*self._locate_many(indices), strict=False)
         if isinstance(out, BatchList):
             return out
         kept = [item for item in out if not isinstance(item, Bad)]
         self.skipped += len(out) - len(kept)
         return kept
+
+    def _fetch_ahead(self, batch: AheadBatch) -> None:
+        """Start fetching the batches of ``batch.ahead`` this process gets next (the ranged
+        samples of per-sample shards; :mod:`~shardify.reader.mapahead`), each batch once."""
+        info = get_worker_info()
+        if batch.run != self._ahead_run:
+            self._ahead_run, self._ahead_last = batch.run, batch.number
+        for number, indices in batches_for_worker(batch, info.num_workers if info is not None else 1):
+            if number <= self._ahead_last:
+                continue
+            self._ahead_last = number
+            try:
+                shards, positions = self._locate_many(indices)
+            except IndexError:
+                continue  # raised when that batch is asked for
+            if self._chunked is not None:
+                tar = self._chunked[shards] == 0
+                shards, positions = shards[tar], positions[tar]
+            self._bytes.prefetch(list(zip(shards.tolist(), positions.tolist())))
 
     def _batch(self, shards: np.ndarray, positions: np.ndarray, *, strict: bool) -> list[Any]:
         """The outputs (or :class:`Bad`) of the samples ``(shards[j], positions[j])``."""

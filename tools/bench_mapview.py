@@ -12,7 +12,8 @@ its samples turned into uint8 ``[B, 3, 32, 32]`` and int64 labels (``MapDataset.
 the others' bytes joined and viewed as one array, the lightest collate each allows); epochs
 run in turn, and each side's best epoch is printed in samples/s. ``MapDataset`` is also read over
 HTTP (tools/rangeserver.py, each answer delayed ``--http-delay-ms``): by ranged requests (one
-epoch), and fetching each shard whole into a fresh cache folder on first touch
+epoch; then with the shuffled batches drawn through ``FetchAhead``, its best epoch), and
+fetching each shard whole into a fresh cache folder on first touch
 (``CacheOptions(ranged=False, dir=...)``: its first epoch, then the best later one).
 ``--keys``: a key index of that many random keys written
 to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
@@ -22,7 +23,8 @@ wall time on a loaded machine. ``--photos``: that many 500x375 JPEGs read with
 ``transforms.imagenet_train(224)``, batches of 64, by ``MapDataset`` in a ``DataLoader`` (with
 ``collate_fn=MapDataset.collate``, then with torch's ``default_collate``) and by ``ShardedDataset``
 through ``make_loader``, then by ``MapDataset`` over HTTP by ranged requests (each answer delayed
-``--http-delay-ms``; ``--http-delay-ms -1`` leaves it out); with each reader's CPU time a sample
+``--http-delay-ms``; ``--http-delay-ms -1`` leaves it out), without and with ``FetchAhead``;
+with each reader's CPU time a sample
 (this process and its workers, all epochs and the workers' start: steadier than samples/s on a
 loaded machine; over HTTP it includes the server's, a thread of this process).
 """
@@ -45,7 +47,7 @@ import numpy as np
 import rangeserver
 import torch
 from benchlib import corpus
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 
 def _epochs(
@@ -198,6 +200,9 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
         remote = MapDataset(url, fields=fields, cache=CacheOptions(requests=batch_size))
         name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
         rates[f"{name}, ranged"] = _epochs({name: DataLoader(remote, collate_fn=coll, **kw)}, 1, samples)[name]
+        ahead = DataLoader(remote, collate_fn=coll, batch_sampler=_ahead(remote, batch_size), **_no_batch(kw))
+        rates[f"{name}, ranged, FetchAhead"] = max(_each_epoch({name: ahead}, max(2, epochs), samples)[name])
+        del ahead
         with tempfile.TemporaryDirectory(dir=work) as cache:
             whole = MapDataset(url, fields=fields, cache=CacheOptions(ranged=False, dir=cache))
             each = _each_epoch({name: DataLoader(whole, collate_fn=coll, **kw)}, max(2, epochs), samples)[name]
@@ -256,11 +261,30 @@ def photos(
             rates |= _epochs({name: loader}, epochs, n, shape)
             del loader
             gc.collect()
+            cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
+            name, start = f"{name}, FetchAhead", _cpu_s()
+            ahead = _ahead(remote, batch_size)
+            loader = DataLoader(remote, collate_fn=remote.collate, batch_sampler=ahead, **_no_batch(kw))
+            rates |= _epochs({name: loader}, epochs, n, shape)
+            del loader
+            gc.collect()
         cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
     return {
         "samples/s (best epoch)": {k: round(v) for k, v in rates.items()},
         "CPU ms a sample (this process and its workers, all epochs)": {k: round(v, 3) for k, v in cpu_ms.items()},
     }
+
+
+def _ahead(ds: Any, batch_size: int) -> Any:
+    """Shuffled batches of ``ds``, each naming the next 16 (``FetchAhead``)."""
+    from shardify.reader import FetchAhead
+
+    return FetchAhead(BatchSampler(RandomSampler(ds), batch_size, drop_last=False), ahead=16)
+
+
+def _no_batch(kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` without what a ``batch_sampler=`` replaces."""
+    return {k: v for k, v in kw.items() if k not in ("batch_size", "shuffle")}
 
 
 def _cpu_s() -> float:

@@ -11,7 +11,8 @@ fetched whole into the node's cache on first touch (checked by its SHA-256), the
 checked as a local file. The samples of one call are grouped by shard, neighbours within
 ``gap_bytes`` coalesced into one read (``remote_gap_bytes`` for a ranged shard: a request's
 latency costs more than the bytes between; up to ``max_request_bytes``), and remote requests run
-concurrently (``threads``). :meth:`SampleBytes.gather` puts a batch's samples one after another
+concurrently (``threads``); :meth:`SampleBytes.prefetch` starts a later batch's ranged requests
+early, for the read that asks for them. :meth:`SampleBytes.gather` puts a batch's samples one after another
 in one buffer (each copied straight into its place, CRC-32s compared as one array). A sample that
 does not match comes back as a :class:`~shardify.errors.SampleChecksumError` naming the shard
 and key, for its position only; a file shorter than its table is a :class:`ShardFormatError`
@@ -62,6 +63,9 @@ class Gathered:
 _MAX_TABLES = 4096
 """Shard tables kept per process (the most recently used)."""
 
+MAX_AHEAD = 1 << 16
+"""Samples fetched ahead (:meth:`SampleBytes.prefetch`) kept per process, waiting to be read."""
+
 
 class SampleBytes:
     """Checked sample bytes of ``source``'s shards by (shard, position); see the module.
@@ -96,6 +100,7 @@ class SampleBytes:
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
         self._files = OpenShards(self.source)
         self._pool: DaemonPool | None = None
+        self._ahead: OrderedDict[tuple[int, int], Future[dict[tuple[int, int], Got]]] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("source", "_threads", "_max", "_gap", "_remote_gap", "_whole")
@@ -139,18 +144,44 @@ class SampleBytes:
         return self.ranges(shard).ends[position]
 
     def read(self, wanted: Sequence[tuple[int, int]]) -> list[Got]:
-        """The bytes of each ``(shard, position)`` of ``wanted``, in that order."""
+        """The bytes of each ``(shard, position)`` of ``wanted``, in that order (those fetched
+        ahead, :meth:`prefetch`, taken from there)."""
         self._check_pid()
-        runs = self._runs(wanted)
-        remote = [r for r in runs if self._ranged(r[0])]
         got: dict[tuple[int, int], Got] = {}
+        ahead: list[tuple[tuple[int, int], Future[dict[tuple[int, int], Got]]]] = []
+        rest = list(wanted)
+        if self._ahead:
+            rest = []
+            for w in wanted:
+                future = self._ahead.pop(w, None)
+                if future is None:
+                    rest.append(w)
+                else:
+                    ahead.append((w, future))
+        runs = self._runs(rest)
+        remote = [r for r in runs if self._ranged(r[0])]
         if len(remote) > 1:
             for future in [self._pooled().submit(self._read_run, run) for run in remote]:
                 got.update(future.result())
         for run in runs:
             if len(remote) <= 1 or not self._ranged(run[0]):
                 got.update(self._read_run(run))
+        for w, future in ahead:
+            got[w] = future.result()[w]
         return [got[w] for w in wanted]
+
+    def prefetch(self, wanted: Sequence[tuple[int, int]]) -> None:
+        """Start fetching the samples of ``wanted`` read by ranged requests, for a later
+        :meth:`read` to take (up to :data:`MAX_AHEAD` samples kept; the oldest dropped). A
+        failed fetch is raised by the read that takes it, as if it were fetched then."""
+        self._check_pid()
+        new = [w for w in dict.fromkeys(wanted) if w not in self._ahead and self._ranged(w[0])]
+        for run in self._runs(new):
+            future = self._pooled().submit(self._read_run, run)
+            for p in run[1]:
+                self._ahead[(run[0], p)] = future
+        while len(self._ahead) > MAX_AHEAD:
+            self._ahead.popitem(last=False)
 
     def _runs(self, wanted: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
         """``wanted`` as runs ``(shard, sorted positions)``, each one read."""

@@ -13,12 +13,13 @@ TIME_LIMIT_S = 300
 def test_photos_reports_every_reader_local_and_over_http(tmp_path: Path) -> None:
     out = bench_mapview.photos(tmp_path, n=8, workers=2, epochs=1, batch_size=4, delay_ms=1)
     rates = out["samples/s (best epoch)"]
-    assert len(rates) == 4 and all(v > 0 for v in rates.values())
-    assert any("over HTTP" in name for name in rates)
+    assert len(rates) == 5 and all(v > 0 for v in rates.values())
+    assert sum("over HTTP" in name for name in rates) == 2 and any("FetchAhead" in name for name in rates)
     assert set(out["CPU ms a sample (this process and its workers, all epochs)"]) == set(rates)
 
 
 def test_small_samples_every_reader_and_http_both_ways(tmp_path: Path) -> None:
     out = bench_mapview.read(tmp_path, samples=64, workers=2, batch_size=16, epochs=1, delay_ms=1)
-    assert sum("MapDataset" in name for name in out) >= 5  # local, chunked, ranged, whole: first and later
+    assert sum("MapDataset" in name for name in out) == 6  # local, chunked, ranged, FetchAhead, whole: first, later
+    assert any("FetchAhead" in name for name in out)
     assert all(v > 0 for v in out.values())
