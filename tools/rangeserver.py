@@ -220,7 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(206)
         if len(ranges) == 1:
             (start, stop), body = ranges[0], chunks[0]
-            self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
+            if not (faulty and b.no_content_range):
+                self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
         else:
             pieces = []
             order = range(len(ranges) - 1, -1, -1) if b.multi_range == "shuffle" else range(len(ranges))
