@@ -41,7 +41,8 @@ Span = tuple[int, int]
 """``(start, stop)``: bytes ``start..stop-1`` of a file."""
 
 _PREFIX = len("Range: bytes=")
-_CONTENT_RANGE = re.compile(rb"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_PART_RANGE = re.compile(rb"^content-range:[ \t]*bytes[ \t]+(\d+)-(\d+)/(\d+|\*)[ \t]*\r?$", re.I | re.M)
+_PART_HEADER = re.compile(rb"^content-range:(.*)$", re.I | re.M)
 _BOUNDARY = re.compile(r';\s*boundary\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]+))', re.IGNORECASE)
 
 
@@ -129,34 +130,21 @@ def boundary_of(content_type: str | None) -> str | None:
     return re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
 
 
-def _line_end(body: bytes, pos: int) -> int:
-    """The index just past the line that starts at ``pos`` (CRLF or LF); TruncatedMultipart when
-    the body ends first."""
-    end = body.find(b"\n", pos)
+def _content_range(body: bytes, pos: int, nl: bytes) -> tuple[int, int, int | None, int]:
+    """A part's headers from ``pos`` (lines ending in ``nl``): ``(first, last, total, where its
+    bytes start)``."""
+    end = body.find(nl + nl, pos - len(nl))  # (a part without headers: the blank line at once)
     if end < 0:
         raise TruncatedMultipart("the body ends inside a part's headers")
-    return end + 1
-
-
-def _content_range(body: bytes, pos: int) -> tuple[int, int, int | None, int]:
-    """A part's headers from ``pos``: ``(first, last, total, where its bytes start)``."""
-    found: tuple[int, int, int | None] | None = None
-    while True:
-        end = _line_end(body, pos)
-        line = body[pos:end].rstrip(b"\r\n")
-        pos = end
-        if not line:
-            break
-        name, sep, value = line.partition(b":")
-        if sep and name.strip().lower() == b"content-range":
-            m = _CONTENT_RANGE.fullmatch(value.strip())
-            if m is None or int(m.group(2)) < int(m.group(1)):
-                raise MultipartError(f"a part with Content-Range {value.strip().decode('latin-1')!r}")
-            total = None if m.group(3) == b"*" else int(m.group(3))
-            found = (int(m.group(1)), int(m.group(2)), total)
-    if found is None:
-        raise MultipartError("a part without Content-Range")
-    return (*found, pos)
+    headers = body[pos:end]
+    m = _PART_RANGE.search(headers)
+    if m is None or int(m.group(2)) < int(m.group(1)):
+        found = _PART_HEADER.search(headers)
+        if found is None:
+            raise MultipartError("a part without Content-Range")
+        raise MultipartError(f"a part with Content-Range {found.group(1).strip().decode('latin-1')!r}")
+    total = None if m.group(3) == b"*" else int(m.group(3))
+    return int(m.group(1)), int(m.group(2)), total, end + 2 * len(nl)
 
 
 def parse_parts(body: bytes, boundary: str) -> list[Part]:
@@ -183,10 +171,13 @@ def parse_parts(body: bytes, boundary: str) -> list[Part]:
             return parts
         if len(body) - pos < 2:
             raise TruncatedMultipart(f"the body ends after {len(parts)} parts, without the closing boundary")
-        end = _line_end(body, pos)
-        if body[pos:end].strip(b" \t\r\n"):
+        end = body.find(b"\n", pos)
+        if end < 0:
+            raise TruncatedMultipart("the body ends after a boundary")
+        if body[pos:end].strip(b" \t\r"):
             raise MultipartError(f"boundary {boundary!r} followed by {body[pos:end][:40]!r}")
-        first, last, total, pos = _content_range(body, end)
+        nl = b"\r\n" if body[end - 1 : end] == b"\r" else b"\n"
+        first, last, total, pos = _content_range(body, end + 1, nl)
         stop = pos + last - first + 1
         if stop > len(body):
             raise TruncatedMultipart(f"the body ends inside the part of bytes {first}-{last}")
