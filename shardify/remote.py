@@ -21,6 +21,12 @@ within the policy, then refused; never are other bytes returned. Over ``http(s):
 fetch thread keeps its connection to a host for the next range (see
 :func:`~shardify.transport.http_range`).
 
+:func:`fetch_ranges` fetches many ranges of one file in one GET (``Range: bytes=a-b,c-d``,
+answered ``206 multipart/byteranges``, see :mod:`shardify.multifetch`), exactly, retried as a
+whole; a server that answers with the whole file or one range raises
+:class:`MultiRangeRefused` and its host is remembered (:func:`multi_range_ok`), so the caller
+asks it one range per request from then on.
+
 One request and its failure's kind are :mod:`shardify.transport`'s; this module retries,
 resumes and checks. The I/O that the converter (reading a dataset's own files back, ``shardify verify`` of a remote
 dataset) and the reader share, beside the format: neither side imports the other for it.

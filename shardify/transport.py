@@ -4,7 +4,8 @@
 A body (:func:`open_body`) is a GET from a byte on, over ``http(s)://`` with the standard
 library or any other scheme through fsspec; :func:`http_range` and :func:`fsspec_range`
 fetch one byte range exactly, :func:`http_range` over the calling thread's kept connection
-(:mod:`shardify.keepalive`) unless the environment names a proxy for the host. A failure
+(:mod:`shardify.keepalive`) unless the environment names a proxy for the host, as
+:func:`http_get` sends any GET whose answer a function reads. A failure
 comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 and 5xx) or
 :class:`Permanent`; :func:`classify` sorts the rest. Each request ends by its
 :class:`~shardify.fetchcontrol.Deadline` and can be stopped by an

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                         seen[name].append(took)
                 assert _grouped(url, spans) == [data[a:b] for a, b in spans]
             groups = len(split_spans(spans))
-            print(f"{args.spans} spans of {args.span_bytes} bytes in a {args.file_mib} MiB file, median of {args.rounds}")
+            what = f"{args.spans} spans of {args.span_bytes} bytes in a {args.file_mib} MiB file"
+            print(f"{what}, median of {args.rounds}")
             for name, runs in seen.items():
                 cpu = statistics.median(c for c, _ in runs)
                 wall = statistics.median(w for _, w in runs)

@@ -209,3 +209,11 @@ def test_split_spans_groups_fit_the_header_and_join_back(limit):
 def test_split_spans_refuses_a_limit_below_one_span():
     with pytest.raises(ValueError, match="max_header_bytes"):
         split_spans([(10**9, 10**10)], max_header_bytes=20)
+
+
+def test_split_spans_fills_a_group_to_the_byte():
+    spans = [(0, 10), (20, 30), (40, 50)]
+    line = len("Range: bytes=0-9,20-29,40-49")
+    assert header_bytes(spans) == line
+    assert split_spans(spans, max_header_bytes=line) == [spans]
+    assert split_spans(spans, max_header_bytes=line - 1) == [spans[:2], spans[2:]]
