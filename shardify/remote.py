@@ -21,6 +21,12 @@ within the policy, then refused; never are other bytes returned. Over ``http(s):
 fetch thread keeps its connection to a host for the next range (see
 :func:`~shardify.transport.http_range`).
 
+:func:`fetch_ranges` fetches many ranges of one file in one GET (``Range: bytes=a-b,c-d``,
+answered ``206 multipart/byteranges``, see :mod:`shardify.multifetch`), exactly, retried as a
+whole; a server that answers with the whole file or one range raises
+:class:`MultiRangeRefused` and its host is remembered (:func:`multi_range_ok`), so the caller
+asks it one range per request from then on.
+
 One request and its failure's kind are :mod:`shardify.transport`'s; this module retries,
 resumes and checks. The I/O that the converter (reading a dataset's own files back, ``shardify verify`` of a remote
 dataset) and the reader share, beside the format: neither side imports the other for it.
@@ -37,13 +43,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from shardify.errors import ShardFormatError
 from shardify.fetchcontrol import Abort, Body, Complete, Deadline, Permanent, RangeIgnored, Transient
 from shardify.keepalive import TakenBody
+from shardify.multifetch import MultiRangeIgnored, http_ranges, multi_range_ok
+from shardify.multirange import MAX_RANGE_HEADER_BYTES, check_spans, describe_spans, header_bytes, split_spans
 from shardify.transport import HTTP_SCHEMES, classify, fsspec_range, http_range, open_body
 
 __all__ = [
@@ -51,11 +59,16 @@ __all__ = [
     "RetryPolicy",
     "ShardFetchError",
     "RangeNotSupported",
+    "MultiRangeRefused",
+    "MAX_RANGE_HEADER_BYTES",
+    "multi_range_ok",
+    "split_spans",
     "is_remote",
     "join_url",
     "download",
     "fetch_bytes",
     "fetch_range",
+    "fetch_ranges",
 ]
 
 log = logging.getLogger("shardify.reader")
@@ -123,6 +136,12 @@ class RangeNotSupported(ShardFetchError):
     unread, when asked for (``take_whole``), else None."""
 
     body: Body | None = None
+
+
+class MultiRangeRefused(ShardFetchError):
+    """The server answered a request for many ranges (:func:`fetch_ranges`) with the whole file
+    or with one range: it does not serve many ranges in one request. Its host is remembered
+    (:func:`multi_range_ok` is False after); the caller fetches one range per request."""
 
 
 def is_remote(url: str) -> bool:
@@ -330,4 +349,36 @@ def fetch_range(
             )
             refused.body = e.__cause__.body
             raise refused from e.__cause__
+        raise
+
+
+def fetch_ranges(
+    url: str,
+    spans: Sequence[tuple[int, int]],
+    *,
+    retry: RetryPolicy,
+    storage_options: Mapping[str, Any] | None = None,
+    abort: Abort | None = None,
+) -> list[bytes]:
+    """Bytes ``start..stop-1`` of the file at ``url`` for each ``(start, stop)`` of ``spans``
+    (sorted, non-overlapping, non-empty: ValueError otherwise), exactly. Over ``http(s)://``
+    in one GET whose ``Range`` header fits :data:`MAX_RANGE_HEADER_BYTES` (ValueError for more
+    spans than fit: :func:`split_spans` groups them), retried as a whole like
+    :func:`fetch_range`; :class:`MultiRangeRefused` when the server does not serve many ranges
+    in one request. One span is one :func:`fetch_range`; other schemes fetch span by span."""
+    check_spans(spans)
+    if not url.startswith(HTTP_SCHEMES) or len(spans) == 1:
+        return [fetch_range(url, a, b, retry=retry, storage_options=storage_options, abort=abort) for a, b in spans]
+    if header_bytes(spans) > MAX_RANGE_HEADER_BYTES:
+        raise ValueError(f"{len(spans)} spans need a Range header over {MAX_RANGE_HEADER_BYTES} bytes: split_spans")
+    what = describe_spans(spans)
+
+    def attempt() -> list[bytes]:
+        return http_ranges(url, spans, Deadline(retry.deadline_s, retry.timeout_s), abort)
+
+    try:
+        return _retrying(url, attempt, retry=retry, what=what, abort=abort)
+    except ShardFetchError as e:
+        if isinstance(e.__cause__, MultiRangeIgnored):
+            raise MultiRangeRefused(f"cannot fetch {what}: {e.__cause__}", shard=url) from e.__cause__
         raise

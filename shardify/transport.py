@@ -4,7 +4,8 @@
 A body (:func:`open_body`) is a GET from a byte on, over ``http(s)://`` with the standard
 library or any other scheme through fsspec; :func:`http_range` and :func:`fsspec_range`
 fetch one byte range exactly, :func:`http_range` over the calling thread's kept connection
-(:mod:`shardify.keepalive`) unless the environment names a proxy for the host. A failure
+(:mod:`shardify.keepalive`) unless the environment names a proxy for the host, as
+:func:`http_get` sends any GET whose answer a function reads. A failure
 comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 and 5xx) or
 :class:`Permanent`; :func:`classify` sorts the rest. Each request ends by its
 :class:`~shardify.fetchcontrol.Deadline` and can be stopped by an
@@ -13,6 +14,7 @@ comes out as :class:`Transient` (a reset, a timeout, a truncated body, HTTP 429 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import re
 import socket
@@ -20,8 +22,8 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 from shardify import __version__
 from shardify.fetchcontrol import (
@@ -47,6 +49,9 @@ __all__ = [
     "open_body",
     "classify",
     "http_range",
+    "http_get",
+    "Check",
+    "range_headers",
     "fsspec_range",
 ]
 
@@ -57,6 +62,8 @@ MAX_REDIRECTS = 5
 DRAIN_BYTES = 64 << 10  # read of a redirect's or an error's body; a longer one closes the connection
 IGNORED = "the server ignores Range (it answered 200 with the whole file)"
 PERMANENT_OS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+T = TypeVar("T")
+Check = Callable[[http.client.HTTPResponse, Deadline, socket.socket | None], T]  # reads an answer (http_get)
 
 
 class HttpBody:
@@ -180,38 +187,57 @@ def http_range(
     """Bytes ``start..stop-1`` of ``url`` in one ranged GET, exactly, or Transient/Permanent
     (:class:`RangeIgnored` when the server answers with the whole file; with ``take_whole``
     it carries that answer's body, unread, for the caller to use and close), by ``deadline``;
-    ``abort`` stops it from another thread.
+    ``abort`` stops it from another thread. How the GET is made: :func:`http_get`."""
+    check = functools.partial(_checked_range, start, stop)
+    return http_get(url, range_headers(f"bytes={start}-{stop - 1}"), check, deadline, abort, take_whole=take_whole)
+
+
+def http_get(
+    url: str,
+    headers: dict[str, str],
+    check: Check[T],
+    deadline: Deadline,
+    abort: Abort | None = None,
+    *,
+    take_whole: bool = False,
+) -> T:
+    """What ``check(answer, deadline, socket)`` makes of the answer to one GET of ``url`` with
+    ``headers`` (it reads the body), or Transient/Permanent; a redirect, a status of 400 or more
+    and (with ``take_whole``) a 200 are dealt with before ``check`` is called.
 
     Over the calling thread's kept connection to the host (:mod:`shardify.keepalive`): one the
-    server closed since its last answer is reopened once, not counted as a failure. Redirects
-    are followed with a new request, at most :data:`MAX_REDIRECTS`, to ``http(s)://`` only, and
-    not remembered. A host reached through a proxy (``http_proxy``, ``https_proxy``,
+    server closed since its last answer is reopened once, not counted as a failure; the
+    connection is kept only when ``check`` returned and the answer was read to its end.
+    Redirects are followed with a new request, at most :data:`MAX_REDIRECTS`, to ``http(s)://``
+    only, and not remembered. A host reached through a proxy (``http_proxy``, ``https_proxy``,
     ``no_proxy``) is asked through :mod:`urllib.request`, without a kept connection."""
     origin = url
     for _ in range(MAX_REDIRECTS + 1):
         if proxied(url):
-            return _urllib_range(url, start, stop, deadline, abort)
-        got = _kept_range(url, start, stop, deadline, abort, origin if take_whole else None)
-        if isinstance(got, bytes):
+            return _urllib_get(url, headers, check, deadline, abort)
+        got = _kept_get(url, headers, check, deadline, abort, origin if take_whole else None)
+        if not isinstance(got, _Redirect):
             return got
-        url = got
+        url = got.url
     raise Permanent(f"more than {MAX_REDIRECTS} redirects (the last to {url})")
 
 
-def _range_headers(start: int, stop: int) -> dict[str, str]:
-    return {
-        "Accept-Encoding": "identity",
-        "User-Agent": f"shardify/{__version__}",
-        "Range": f"bytes={start}-{stop - 1}",
-    }
+class _Redirect(NamedTuple):
+    url: str
 
 
-def _kept_range(
-    url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None, take_as: str | None
-) -> bytes | str:
-    """The bytes, or the URL a redirect points to; the connection is kept only when the whole
-    answer was read and right. A 200 is :class:`RangeIgnored`, with ``take_as`` (a URL) its
-    body handed over as the whole of that URL, the request left open."""
+def range_headers(ranges: str) -> dict[str, str]:
+    """The headers of a GET of ``Range: {ranges}`` (no compression: the ranges are of the file's bytes)."""
+    return {"Accept-Encoding": "identity", "User-Agent": f"shardify/{__version__}", "Range": ranges}
+
+
+def _kept_get(
+    url: str, headers: dict[str, str], check: Check[T], deadline: Deadline, abort: Abort | None, take_as: str | None
+) -> T | _Redirect:
+    """What ``check`` makes of the answer, or the URL a redirect points to; the connection is
+    kept only when the whole answer was read and right. With ``take_as`` (a URL), a 200 is
+    :class:`RangeIgnored` with its body handed over as the whole of that URL, the request left
+    open."""
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -223,17 +249,17 @@ def _kept_range(
     conn = connection(parts.scheme, parts.hostname or "", port, deadline.timeout())
     keep = handed = False
     try:
-        resp = _send(conn, target, _range_headers(start, stop), deadline, abort)
+        resp = _send(conn, target, headers, deadline, abort)
         if resp.status == 200 and take_as is not None:
             handed = True
             raise RangeIgnored(IGNORED, body=TakenBody(take_as, resp, deadline, conn.sock, conn.close))
         if resp.status in REDIRECTS:
             keep = _drain(resp)
-            return _redirect_target(url, resp.getheader("Location"))
+            return _Redirect(_redirect_target(url, resp.getheader("Location")))
         if resp.status >= 400:
             _drain(resp)
             raise http_status_error(resp.status, resp.reason, resp.headers, 0)
-        data = _checked_range(resp, start, stop, deadline, conn.sock)
+        data = check(resp, deadline, conn.sock)
         keep = resp.isclosed() and not resp.will_close
         return data
     except (Transient, Permanent, Complete):
@@ -254,11 +280,7 @@ def _kept_range(
 
 
 def _send(
-    conn: http.client.HTTPConnection,
-    target: str,
-    headers: dict[str, str],
-    deadline: Deadline,
-    abort: Abort | None,
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], deadline: Deadline, abort: Abort | None
 ) -> http.client.HTTPResponse:
     """The answer's status and headers; a kept connection the server closed is reopened once.
     Its socket is watched by ``deadline`` and ``abort`` from the moment it is connected."""
@@ -273,11 +295,7 @@ def _send(
 
 
 def _request(
-    conn: http.client.HTTPConnection,
-    target: str,
-    headers: dict[str, str],
-    deadline: Deadline,
-    abort: Abort | None,
+    conn: http.client.HTTPConnection, target: str, headers: dict[str, str], deadline: Deadline, abort: Abort | None
 ) -> http.client.HTTPResponse:
     if conn.sock is None:
         conn.connect()
@@ -304,25 +322,24 @@ def _redirect_target(url: str, location: str | None) -> str:
     return target
 
 
-def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Abort | None) -> bytes:
-    """Like :func:`http_range` through :mod:`urllib.request` (its proxies and redirects)."""
+def _urllib_get(url: str, headers: dict[str, str], check: Check[T], deadline: Deadline, abort: Abort | None) -> T:
+    """Like :func:`_kept_get` through :mod:`urllib.request` (its proxies and redirects)."""
     try:
-        resp = urlopen(urllib.request.Request(url, headers=_range_headers(start, stop)), deadline, abort)
+        resp = urlopen(urllib.request.Request(url, headers=headers), deadline, abort)
     except urllib.error.HTTPError as e:
         e.close()
         deadline.done()
         raise http_error(e, 0) from e
-    except (Transient, Permanent):
+    except BaseException as e:
         deadline.done()
-        raise
-    except Exception as e:
-        deadline.done()
+        if isinstance(e, (Transient, Permanent)) or not isinstance(e, Exception):
+            raise
         raise classify(e) from e
     sock = sock_of(resp)
     if abort is not None:
         abort.watch(sock)
     try:
-        return _checked_range(resp, start, stop, deadline, sock)
+        return check(resp, deadline, sock)
     except (Transient, Permanent, Complete):
         raise
     except Exception as e:
@@ -335,7 +352,7 @@ def _urllib_range(url: str, start: int, stop: int, deadline: Deadline, abort: Ab
 
 
 def _checked_range(
-    resp: http.client.HTTPResponse, start: int, stop: int, deadline: Deadline, sock: socket.socket | None
+    start: int, stop: int, resp: http.client.HTTPResponse, deadline: Deadline, sock: socket.socket | None
 ) -> bytes:
     """The body of an answer to ``Range: bytes=start-(stop-1)``: exactly those bytes, or
     Transient/Permanent (read one byte past them, so that a chunked body is read to its end).

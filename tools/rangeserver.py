@@ -1,5 +1,6 @@
 """A small HTTP server for tests and benchmarks, on 127.0.0.1: serves a folder with ``Range``
-support (``bytes=a-b`` and ``bytes=a-``), counts the requests, connections and body bytes it
+support (``bytes=a-b`` and ``bytes=a-``; many ranges ``bytes=a-b,c-d`` answered with a
+``206 multipart/byteranges`` body, or as ``multi_range`` says), counts the requests, connections and body bytes it
 sends, can misbehave on purpose (ignore Range, answer a shorter range, drop the connection
 mid-body, close it after every answer, send a wrong or no Content-Range, trickle the body,
 stall after the headers or part of the body, trickle the status line and headers, answer an
@@ -25,6 +26,9 @@ from urllib.parse import unquote, urlsplit
 __all__ = ["Behaviour", "serve"]
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+_ONE = re.compile(r"\s*(\d+)-(\d*)\s*")
+BOUNDARY = "rangeserver-3d6f0a1c9b"
+MULTI_RANGE = ("answer", "whole", "first", "merge", "coalesce", "shuffle")
 
 
 @dataclass
@@ -48,6 +52,13 @@ class Behaviour:
     no_length: bool = False  # no Content-Length (the body ends when the connection closes)
     no_content_range: bool = False  # answer 206 without Content-Range
     html_200: bool = False  # answer 200 with an HTML error page
+    # a request for many ranges: "answer" (multipart/byteranges), "whole" (200 with the whole file),
+    # "first" (a single-part 206 of the first range), "merge" (a single-part 206 from the first
+    # range's start to the last's end), "coalesce" (multipart, ranges less than coalesce_gap bytes
+    # apart merged into one part), "shuffle" (multipart, parts in reverse order); not a fault
+    multi_range: str = "answer"
+    coalesce_gap: int = 4096
+    part_lies: int = 0  # a multipart part's Content-Range claims this many bytes more than it holds
     fault_paths: tuple[str, ...] = ()  # faults only for paths ending so (empty: all)
     clean_paths: tuple[str, ...] = ()  # never faults for paths ending so
     stopped: threading.Event = field(default_factory=threading.Event)  # set when the server stops
@@ -146,6 +157,10 @@ class _Handler(BaseHTTPRequestHandler):
         if faulty and (b.error_status or b.html_200):
             self._error(b)
             return
+        many = _many_ranges(self.headers.get("Range", ""), total) if m is None else None
+        if many is not None and len(many) > 1 and not (faulty and b.ignore_range):
+            self._many(b, path, rel, total, many, faulty)
+            return
         if m is None or (faulty and b.ignore_range):
             status, start, stop = 200, 0, total
         else:
@@ -166,6 +181,11 @@ class _Handler(BaseHTTPRequestHandler):
             shift = b.wrong_range if faulty else 0
             self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
         self._end_headers(b)
+        self._body(b, rel, body, faulty)
+
+    def _body(self, b: Behaviour, rel: str, body: bytes, faulty: bool) -> None:
+        """Send ``body`` (after the body faults when ``faulty``), counted; the GET stops counting
+        as active before its last byte."""
         if faulty:
             body = self._faulty_body(b, body)
         self.wfile.write(body[:-1])
@@ -176,6 +196,65 @@ class _Handler(BaseHTTPRequestHandler):
         self._finished(b)
         if body:
             self.wfile.write(body[-1:])
+
+    def _many(
+        self, b: Behaviour, path: Path, rel: str, total: int, ranges: list[tuple[int, int]], faulty: bool
+    ) -> None:
+        """The answer to a request for many ranges, as ``b.multi_range`` says; the bytes read
+        from one open file, a seek and a read per range."""
+        if b.multi_range == "whole":
+            self._whole(b, path, rel, total)
+            return
+        if b.multi_range == "first":
+            ranges = ranges[:1]
+        elif b.multi_range == "merge":
+            ranges = [(ranges[0][0], max(stop for _, stop in ranges))]
+        elif b.multi_range == "coalesce":
+            ranges = _coalesced(ranges, b.coalesce_gap)
+        with open(path, "rb") as f:
+            chunks = []
+            for start, stop in ranges:
+                f.seek(start)
+                chunks.append(f.read(stop - start))
+        shift = b.wrong_range if faulty else 0
+        self.send_response(206)
+        if len(ranges) == 1:
+            (start, stop), body = ranges[0], chunks[0]
+            if not (faulty and b.no_content_range):
+                self.send_header("Content-Range", f"bytes {start + shift}-{stop - 1 + shift}/{total}")
+        else:
+            pieces = []
+            order = range(len(ranges) - 1, -1, -1) if b.multi_range == "shuffle" else range(len(ranges))
+            for i in order:
+                (start, stop), data = ranges[i], chunks[i]
+                last = stop - 1 + shift + (b.part_lies if faulty else 0)
+                head = f"--{BOUNDARY}\r\nContent-Type: application/x-tar\r\n"
+                head += f"Content-Range: bytes {start + shift}-{last}/{total}\r\n\r\n"
+                pieces += [head.encode(), data, b"\r\n"]
+            body = b"".join([*pieces, f"--{BOUNDARY}--\r\n".encode()])
+            self.send_header("Content-Type", f"multipart/byteranges; boundary={BOUNDARY}")
+        if not (faulty and b.no_length):
+            self.send_header("Content-Length", str(len(body)))
+        else:
+            self.close_connection = True
+        self._end_headers(b)
+        self._body(b, rel, body, faulty)
+
+    def _whole(self, b: Behaviour, path: Path, rel: str, total: int) -> None:
+        """200 with the whole file, sent a chunk at a time and counted as sent (a client that
+        closes the connection stops it)."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(total))
+        self._end_headers(b)
+        with b.lock:
+            b.gets += 1
+        self._finished(b)
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 16):
+                self.wfile.write(chunk)
+                with b.lock:
+                    b.sent += len(chunk)
+                    b.sent_by_path[rel] = b.sent_by_path.get(rel, 0) + len(chunk)
 
     def _error(self, b: Behaviour) -> None:
         """An error status (with Retry-After) or an HTML page with 200, instead of the file."""
@@ -234,6 +313,34 @@ class _Handler(BaseHTTPRequestHandler):
         head = b"".join(self._headers_buffer) + b"\r\n"  # type: ignore[attr-defined]
         self._headers_buffer = []  # type: ignore[attr-defined]
         self._trickle(b, head, b.header_bps)
+
+
+def _many_ranges(header: str, total: int) -> list[tuple[int, int]] | None:
+    """The ``(start, stop)`` ranges of ``Range: bytes=a-b,c-d,...`` that the file holds (ends
+    clipped to its size, in the order asked); None when the header is not such a list."""
+    if not header.startswith("bytes="):
+        return None
+    ranges = []
+    for spec in header[len("bytes=") :].split(","):
+        m = _ONE.fullmatch(spec)
+        if m is None:
+            return None
+        start = int(m.group(1))
+        stop = min(total, int(m.group(2)) + 1 if m.group(2) else total)
+        if start < stop:
+            ranges.append((start, stop))
+    return ranges
+
+
+def _coalesced(ranges: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """``ranges`` (sorted) with those less than ``gap`` bytes apart merged into one."""
+    out = [ranges[0]]
+    for start, stop in ranges[1:]:
+        if start - out[-1][1] < gap:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
 
 
 class _Server(ThreadingHTTPServer):
