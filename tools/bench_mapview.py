@@ -26,7 +26,7 @@ through ``make_loader``, then by ``MapDataset`` over HTTP by ranged requests (ea
 ``--http-delay-ms``; ``--http-delay-ms -1`` leaves it out), without and with ``FetchAhead``;
 with each reader's CPU time a sample
 (this process and its workers, all epochs and the workers' start: steadier than samples/s on a
-loaded machine; over HTTP it includes the server's, a thread of this process).
+loaded machine; over HTTP it includes the server's, a process of its own started and ended with it).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
         for name, (ds, c) in sets.items()
     }
     rates = _epochs(loaders, epochs, samples)
-    with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
+    with rangeserver.serve_process(work, delay_s=delay_ms / 1000) as base:
         url, coll = f"{base}/{root.name}", MapDataset.collate
         remote = MapDataset(url, fields=fields, cache=CacheOptions(requests=batch_size))
         name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
@@ -250,25 +250,21 @@ def photos(
         del loader  # its workers stop and are waited for: their CPU time is counted
         gc.collect()
         cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
-    if delay_ms is not None:  # the same photos by ranged requests, the server in this process
-        name = f"MapDataset over HTTP (+{delay_ms:g} ms a request), ranged, collate_fn=MapDataset.collate"
-        start = _cpu_s()
-        with rangeserver.serve(work, rangeserver.Behaviour(delay_s=delay_ms / 1000)) as (base, _):
-            remote = MapDataset(
-                f"{base}/{root.name}", transform=T.imagenet_train(224), cache=CacheOptions(requests=batch_size)
-            )
-            loader = DataLoader(remote, collate_fn=remote.collate, **kw)
-            rates |= _epochs({name: loader}, epochs, n, shape)
-            del loader
-            gc.collect()
-            cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
-            name, start = f"{name}, FetchAhead", _cpu_s()
-            ahead = _ahead(remote, batch_size)
-            loader = DataLoader(remote, collate_fn=remote.collate, batch_sampler=ahead, **_no_batch(kw))
-            rates |= _epochs({name: loader}, epochs, n, shape)
-            del loader
-            gc.collect()
-        cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3
+    if delay_ms is not None:  # the same photos by ranged requests, the server a process of its own
+        for ahead in (False, True):
+            name = f"MapDataset over HTTP (+{delay_ms:g} ms a request), ranged, collate_fn=MapDataset.collate"
+            name += ", FetchAhead" if ahead else ""
+            start = _cpu_s()
+            with rangeserver.serve_process(work, delay_s=delay_ms / 1000) as base:
+                remote = MapDataset(
+                    f"{base}/{root.name}", transform=T.imagenet_train(224), cache=CacheOptions(requests=batch_size)
+                )
+                how = {"batch_sampler": _ahead(remote, batch_size), **_no_batch(kw)} if ahead else kw
+                loader = DataLoader(remote, collate_fn=remote.collate, **how)
+                rates |= _epochs({name: loader}, epochs, n, shape)
+                del loader
+                gc.collect()
+            cpu_ms[name] = (_cpu_s() - start) / (n * epochs) * 1e3  # (the server's process has ended: counted)
     return {
         "samples/s (best epoch)": {k: round(v) for k, v in rates.items()},
         "CPU ms a sample (this process and its workers, all epochs)": {k: round(v, 3) for k, v in cpu_ms.items()},

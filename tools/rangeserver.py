@@ -11,6 +11,7 @@ every path) and none of ``clean_paths``."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -27,6 +28,7 @@ __all__ = ["Behaviour", "serve"]
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 _ONE = re.compile(r"\s*(\d+)-(\d*)\s*")
+_LIST = re.compile(r"\s*\d+-\d*\s*(?:,\s*\d+-\d*\s*)*")
 BOUNDARY = "rangeserver-3d6f0a1c9b"
 MULTI_RANGE = ("answer", "whole", "first", "merge", "coalesce", "shuffle")
 
@@ -188,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
         as active before its last byte."""
         if faulty:
             body = self._faulty_body(b, body)
-        self.wfile.write(body[:-1])
+        self.wfile.write(memoryview(body)[:-1])
         with b.lock:
             b.sent += len(body)
             b.gets += 1
@@ -201,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, b: Behaviour, path: Path, rel: str, total: int, ranges: list[tuple[int, int]], faulty: bool
     ) -> None:
         """The answer to a request for many ranges, as ``b.multi_range`` says; the bytes read
-        from one open file, a seek and a read per range."""
+        from one open file, a ``pread`` per range."""
         if b.multi_range == "whole":
             self._whole(b, path, rel, total)
             return
@@ -211,11 +213,9 @@ class _Handler(BaseHTTPRequestHandler):
             ranges = [(ranges[0][0], max(stop for _, stop in ranges))]
         elif b.multi_range == "coalesce":
             ranges = _coalesced(ranges, b.coalesce_gap)
-        with open(path, "rb") as f:
-            chunks = []
-            for start, stop in ranges:
-                f.seek(start)
-                chunks.append(f.read(stop - start))
+        with open(path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            chunks = [os.pread(fd, stop - start, start) for start, stop in ranges]
         shift = b.wrong_range if faulty else 0
         self.send_response(206)
         if len(ranges) == 1:
@@ -225,12 +225,11 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             pieces = []
             order = range(len(ranges) - 1, -1, -1) if b.multi_range == "shuffle" else range(len(ranges))
+            head = f"--{BOUNDARY}\r\nContent-Type: application/x-tar\r\nContent-Range: bytes ".encode()
+            lies = b.part_lies if faulty else 0
             for i in order:
                 (start, stop), data = ranges[i], chunks[i]
-                last = stop - 1 + shift + (b.part_lies if faulty else 0)
-                head = f"--{BOUNDARY}\r\nContent-Type: application/x-tar\r\n"
-                head += f"Content-Range: bytes {start + shift}-{last}/{total}\r\n\r\n"
-                pieces += [head.encode(), data, b"\r\n"]
+                pieces += [head, b"%d-%d/%d\r\n\r\n" % (start + shift, stop - 1 + shift + lies, total), data, b"\r\n"]
             body = b"".join([*pieces, f"--{BOUNDARY}--\r\n".encode()])
             self.send_header("Content-Type", f"multipart/byteranges; boundary={BOUNDARY}")
         if not (faulty and b.no_length):
@@ -318,15 +317,11 @@ class _Handler(BaseHTTPRequestHandler):
 def _many_ranges(header: str, total: int) -> list[tuple[int, int]] | None:
     """The ``(start, stop)`` ranges of ``Range: bytes=a-b,c-d,...`` that the file holds (ends
     clipped to its size, in the order asked); None when the header is not such a list."""
-    if not header.startswith("bytes="):
+    if not header.startswith("bytes=") or _LIST.fullmatch(header, len("bytes=")) is None:
         return None
     ranges = []
-    for spec in header[len("bytes=") :].split(","):
-        m = _ONE.fullmatch(spec)
-        if m is None:
-            return None
-        start = int(m.group(1))
-        stop = min(total, int(m.group(2)) + 1 if m.group(2) else total)
+    for a, b in _ONE.findall(header, len("bytes=")):
+        start, stop = int(a), min(total, int(b) + 1 if b else total)
         if start < stop:
             ranges.append((start, stop))
     return ranges
@@ -372,6 +367,31 @@ def serve(root: str | Path, behaviour: Behaviour | None = None) -> Iterator[tupl
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=10)
+
+
+@contextmanager
+def serve_process(root: str | Path, *, delay_s: float = 0.0) -> Iterator[str]:
+    """The base URL of a server for the files under ``root`` in a process of its own (as a real
+    server would be: its work does not share this process's interpreter lock), each answer
+    delayed ``delay_s``; stopped on exit."""
+    import subprocess
+
+    argv = [sys.executable, __file__, str(root), "--delay-ms", str(delay_s * 1000)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        base = proc.stdout.readline().strip()
+        if not base.startswith("http://"):
+            raise RuntimeError(f"rangeserver did not start: {base!r}")
+        yield base
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,13 +39,27 @@ from shardify.reader.io.shardfile import Table
 from shardify.reader.io.shardopen import is_gzip
 from shardify.reader.io.source import Source
 from shardify.reader.io.tablesetup import sample_tables
-from shardify.remote import ShardFetchError, fetch_range, is_remote
+from shardify.remote import (
+    MultiRangeRefused,
+    ShardFetchError,
+    fetch_range,
+    fetch_ranges,
+    is_remote,
+    multi_range_ok,
+    split_spans,
+)
 from shardify.sampletable import SampleRanges, sample_digest
 
 __all__ = ["SampleBytes", "Got", "Gathered"]
 
 Got = bytes | SampleChecksumError
 """A sample's checked tar bytes, or why they do not match the index."""
+Reads = dict[tuple[int, int], Got]
+"""Samples read, by ``(shard, position)``."""
+Run = tuple[int, list[int]]
+"""``(shard, sorted positions)``: samples read as one range."""
+Task = tuple[Callable[..., Reads], tuple[Any, ...], list[Run]]
+"""A request: its function, its arguments and the runs it reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,10 @@ class Gathered:
 
 _MAX_TABLES = 4096
 """Shard tables kept per process (the most recently used)."""
+
+MULTI_RANGE_GAP_BYTES = 4 << 10
+"""Neighbours closer than this are one range of a multi-range request (a range costs its part's
+headers, about 100 bytes, and their parse)."""
 
 MAX_AHEAD = 1 << 16
 """Samples fetched ahead (:meth:`SampleBytes.prefetch`) kept per process, waiting to be read."""
@@ -100,7 +118,7 @@ class SampleBytes:
         self._ranges: OrderedDict[int, SampleRanges] = OrderedDict()
         self._files = OpenShards(self.source)
         self._pool: DaemonPool | None = None
-        self._ahead: OrderedDict[tuple[int, int], Future[dict[tuple[int, int], Got]]] = OrderedDict()
+        self._ahead: OrderedDict[tuple[int, int], Future[Reads]] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("source", "_threads", "_max", "_gap", "_remote_gap", "_whole")
@@ -148,7 +166,7 @@ class SampleBytes:
         ahead, :meth:`prefetch`, taken from there)."""
         self._check_pid()
         got: dict[tuple[int, int], Got] = {}
-        ahead: list[tuple[tuple[int, int], Future[dict[tuple[int, int], Got]]]] = []
+        ahead: dict[Future[Reads], None] = {}  # (in order, each once)
         rest = list(wanted)
         if self._ahead:
             rest = []
@@ -157,17 +175,20 @@ class SampleBytes:
                 if future is None:
                     rest.append(w)
                 else:
-                    ahead.append((w, future))
+                    ahead[future] = None
         runs = self._runs(rest)
-        remote = [r for r in runs if self._ranged(r[0])]
-        if len(remote) > 1:
-            for future in [self._pooled().submit(self._read_run, run) for run in remote]:
+        tasks = self._remote_tasks([r for r in runs if self._ranged(r[0])])
+        if len(tasks) > 1:
+            for future in [self._pooled().submit(fn, *args) for fn, args, _ in tasks]:
                 got.update(future.result())
+        elif tasks:
+            fn, args, _ = tasks[0]
+            got.update(fn(*args))
         for run in runs:
-            if len(remote) <= 1 or not self._ranged(run[0]):
+            if not self._ranged(run[0]):
                 got.update(self._read_run(run))
-        for w, future in ahead:
-            got[w] = future.result()[w]
+        for future in ahead:
+            got.update(future.result())
         return [got[w] for w in wanted]
 
     def prefetch(self, wanted: Sequence[tuple[int, int]]) -> None:
@@ -176,35 +197,92 @@ class SampleBytes:
         failed fetch is raised by the read that takes it, as if it were fetched then."""
         self._check_pid()
         new = [w for w in dict.fromkeys(wanted) if w not in self._ahead and self._ranged(w[0])]
-        for run in self._runs(new):
-            future = self._pooled().submit(self._read_run, run)
-            for p in run[1]:
-                self._ahead[(run[0], p)] = future
+        for fn, args, runs in self._remote_tasks(self._runs(new)):
+            future = self._pooled().submit(fn, *args)
+            for shard, positions in runs:
+                for p in positions:
+                    self._ahead[(shard, p)] = future
         while len(self._ahead) > MAX_AHEAD:
             self._ahead.popitem(last=False)
 
-    def _runs(self, wanted: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    def _runs(self, wanted: Sequence[tuple[int, int]]) -> list[Run]:
         """``wanted`` as runs ``(shard, sorted positions)``, each one read."""
-        runs: list[tuple[int, list[int]]] = []
-        for shard, pos in sorted(set(wanted)):
-            ends = self.ranges(shard).ends
-            if runs and runs[-1][0] == shard:
-                first, last = runs[-1][1][0], runs[-1][1][-1]
-                gap = self._remote_gap if self._ranged(shard) else self._gap
-                if ends[pos] - ends[last + 1] <= gap and ends[pos + 1] - ends[first] <= self._max:
-                    runs[-1][1].append(pos)
-                    continue
-            runs.append((shard, [pos]))
+        runs: list[Run] = []
+        shard, gap, top = -1, 0, self._max
+        ends: Sequence[int] = ()
+        for s, pos in sorted(set(wanted)):
+            if s != shard:
+                shard, ends = s, self.ranges(s).ends
+                gap = self._gap if not self._ranged(s) else self._remote_gap_of(s)
+                runs.append((s, [pos]))
+                continue
+            mine = runs[-1][1]
+            if ends[pos] - ends[mine[-1] + 1] <= gap and ends[pos + 1] - ends[mine[0]] <= top:
+                mine.append(pos)
+            else:
+                runs.append((s, [pos]))
         return runs
 
-    def _read_run(self, run: tuple[int, list[int]]) -> dict[tuple[int, int], Got]:
+    def _remote_gap_of(self, shard: int) -> int:
+        """The gap up to which a ranged shard's samples are read as one range: small where one
+        request carries many ranges (a range costs its part's headers), else ``remote_gap_bytes``
+        (a range costs a request)."""
+        return min(self._remote_gap, MULTI_RANGE_GAP_BYTES) if multi_range_ok(self.urls[shard]) else self._remote_gap
+
+    def _remote_tasks(self, runs: list[Run]) -> list[Task]:
+        """The requests of ranged ``runs`` as ``(function, args)``: one multi-range request for
+        the runs of one shard whose host serves them (as many as one ``Range`` header holds),
+        else one request a run."""
+        tasks: list[Task] = []
+        by_shard: dict[int, list[Run]] = {}
+        for run in runs:
+            by_shard.setdefault(run[0], []).append(run)
+        for shard, mine in by_shard.items():
+            if len(mine) == 1 or not multi_range_ok(self.urls[shard]):
+                tasks += [(self._read_run, (run,), [run]) for run in mine]
+                continue
+            ends = self.ranges(shard).ends
+            at = 0
+            for group in split_spans([(ends[r[1][0]], ends[r[1][-1] + 1]) for r in mine]):
+                some = mine[at : at + len(group)]
+                tasks.append((self._read_runs, (shard, some), some))
+                at += len(group)
+        return tasks
+
+    def _read_run(self, run: Run) -> Reads:
         shard, positions = run
         ranges = self._ranges.get(shard) or self.ranges(shard)  # (a pool thread: loaded by _runs)
         url = self.urls[shard]
         a, b = ranges.ends[positions[0]], ranges.ends[positions[-1] + 1]
         remote = self._ranged(shard)
         data = self._fetch(url, a, b) if remote else self._pread(shard, url, a, b)
-        out: dict[tuple[int, int], Got] = {}
+        out: Reads = {}
+        self._check(shard, positions, data, a, out, remote=remote)
+        return out
+
+    def _read_runs(self, shard: int, runs: list[Run]) -> Reads:
+        """The ranged ``runs`` of ``shard`` in one multi-range request (one request a run when
+        its host refuses that: asked so once, then remembered)."""
+        ranges = self._ranges.get(shard) or self.ranges(shard)
+        url = self.urls[shard]
+        spans = [(ranges.ends[r[1][0]], ranges.ends[r[1][-1] + 1]) for r in runs]
+        fetch = self.source.fetch
+        try:
+            datas = fetch_ranges(url, spans, retry=fetch.retry, storage_options=fetch.storage_options)
+        except MultiRangeRefused:
+            datas = [self._fetch(url, a, b) for a, b in spans]
+        except ShardFetchError as e:
+            raise ShardFormatError(f"cannot fetch {len(spans)} ranges: {e.reason}", shard=url) from e
+        out: Reads = {}
+        for run, data, (a, _) in zip(runs, datas, spans):
+            self._check(shard, run[1], data, a, out, remote=True)
+        return out
+
+    def _check(self, shard: int, positions: list[int], data: bytes, a: int, out: Reads, *, remote: bool) -> None:
+        """The samples ``positions`` of ``shard`` out of ``data`` (its bytes from ``a``) into
+        ``out``, each checked: against its SHA-256 prefix when ``remote``, else its CRC-32."""
+        ranges = self._ranges.get(shard) or self.ranges(shard)
+        url = self.urls[shard]
         view = memoryview(data)
         for p in positions:
             s, e = ranges.ends[p], ranges.ends[p + 1]
@@ -214,7 +292,6 @@ class SampleBytes:
                 out[(shard, p)] = bytes(one)
             else:
                 out[(shard, p)] = changed_sample(p, s, e, url=url, key=sample_key(one), remote=remote)
-        return out
 
     def _fetch(self, url: str, a: int, b: int) -> bytes:
         fetch = self.source.fetch

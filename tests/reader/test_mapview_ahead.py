@@ -178,3 +178,43 @@ def test_a_fetch_ahead_that_fails_is_raised_by_the_batch_that_asks_for_it(tmp_pa
         with pytest.raises(ShardFormatError) as e:
             ds.__getitems__(_batch([20], 1, []))
         assert e.value.shard == url and "404" in str(e.value)
+
+
+def test_over_http_a_batch_is_one_multi_range_request_a_shard(root: Path, stored: list) -> None:
+    with rangeserver.serve(root.parent) as (base, behaviour):
+        ds = MapDataset(f"{base}/{root.name}", fields=FIELDS, cache=CacheOptions(retry=FAST))
+        ds.__getitems__([0])  # the index and tables
+        scattered = list(range(0, N, 4))  # every fourth sample: further apart than a multi-range request joins
+        behaviour.reset()
+        assert [tuple(s) for s in ds.__getitems__(scattered)] == [stored[i] for i in scattered]
+        shards = {ds.locate(i)[0] for i in scattered}
+        assert behaviour.gets == len(shards), "one GET for each shard's samples"
+        sent = behaviour.sent
+        wanted = sum(len(ds._bytes.read([ds.locate(i)])[0]) for i in scattered)
+        assert sent < wanted * 1.3, "only the samples' bytes, not the gaps between them"
+
+
+def test_over_http_a_server_that_refuses_many_ranges_is_asked_one_range_a_request(root: Path, stored: list) -> None:
+    with rangeserver.serve(root.parent, rangeserver.Behaviour(multi_range="whole")) as (base, behaviour):
+        ds = MapDataset(f"{base}/{root.name}", fields=FIELDS, cache=CacheOptions(retry=FAST))
+        ds.__getitems__([0])
+        apart = [1, 7]  # two samples of shard 0, further apart than a multi-range request joins
+        behaviour.reset()
+        assert [tuple(s) for s in ds.__getitems__(apart)] == [stored[i] for i in apart]
+        assert behaviour.gets == 1 + len(apart), "refused once, then a request a range"
+        behaviour.reset()
+        assert [tuple(s) for s in ds.__getitems__(apart)] == [stored[i] for i in apart]
+        assert behaviour.gets == 1, "the refusal remembered: neighbours joined as for one range a request"
+
+
+def test_a_damaged_sample_in_a_multi_range_answer_names_shard_and_key(tmp_path: Path, stored: list) -> None:
+    copy = _damaged(tmp_path, stored, 10)
+    with rangeserver.serve(copy.parent) as (base, behaviour):
+        url = f"{base}/{copy.name}"
+        ds = MapDataset(url, fields=FIELDS, cache=CacheOptions(retry=FAST))
+        ds.__getitems__([0])
+        behaviour.reset()
+        with pytest.raises(SampleChecksumError) as e:
+            ds.__getitems__([8, 10, 12, 14])
+        assert behaviour.gets == 1
+        assert e.value.key == stored[10][0] and e.value.shard == f"{url}/{Path(ds.source.urls[1]).name}"
