@@ -29,6 +29,8 @@ import urllib.request
 from email.message import Message
 from typing import Any, Protocol
 
+from shardify.proxies import proxy_values
+
 __all__ = [
     "Body",
     "Transient",
@@ -349,7 +351,20 @@ class _HttpRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-_opener: urllib.request.OpenerDirector | None = None
+_OPENERS: dict[tuple[object, ...], urllib.request.OpenerDirector] = {}
+"""urllib openers by the values of the proxy variables they were built under (an opener's
+proxies are read from the environment when it is built)."""
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """The opener for the proxy variables' values now."""
+    key = proxy_values()
+    opener = _OPENERS.get(key)
+    if opener is None:
+        if len(_OPENERS) >= 16:
+            _OPENERS.clear()
+        opener = _OPENERS[key] = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler, _HttpRedirects)
+    return opener
 
 
 def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None) -> http.client.HTTPResponse:
@@ -357,12 +372,10 @@ def urlopen(req: urllib.request.Request, deadline: Deadline, abort: Abort | None
     watched by ``deadline`` and ``abort`` from the moment it connects: status line and
     headers are bound by the deadline too. Its failures are raised as they come, except one
     cut short by the deadline: Transient saying so."""
-    global _opener
-    if _opener is None:
-        _opener = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler, _HttpRedirects)
+    opener = _opener()
     _opening.deadline, _opening.abort = deadline, abort
     try:
-        resp: http.client.HTTPResponse = _opener.open(req, timeout=deadline.timeout())
+        resp: http.client.HTTPResponse = opener.open(req, timeout=deadline.timeout())
         return resp
     except urllib.error.HTTPError:
         raise

@@ -13,7 +13,7 @@ import os
 import urllib.parse
 import urllib.request
 
-__all__ = ["PROXY_VARIABLES", "proxied"]
+__all__ = ["PROXY_VARIABLES", "proxied", "proxy_values"]
 
 PROXY_VARIABLES = tuple(
     name
@@ -26,7 +26,7 @@ PROXY_VARIABLES = tuple(
 _PROXIED: dict[tuple[str, str, tuple[object, ...]], bool] = {}
 
 
-def _proxy_values() -> tuple[object, ...]:
+def proxy_values() -> tuple[object, ...]:
     """The values of :data:`PROXY_VARIABLES` now (None for those unset): read from the mapping
     ``os.environ`` keeps (its keys encoded as it encodes them), not through ``os.environ.get``,
     which encodes each name and decodes each value (~1 us a variable)."""
@@ -47,7 +47,7 @@ def proxied(url: str) -> bool:
     """Whether urllib would send a request for ``url`` through a proxy (as the environment says).
     Remembered per scheme, host and the values of :data:`PROXY_VARIABLES` (see the module)."""
     scheme, netloc = urllib.parse.urlsplit(url)[:2]
-    key = (scheme, netloc, _proxy_values())
+    key = (scheme, netloc, proxy_values())
     found = _PROXIED.get(key)
     if found is None:
         found = scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(netloc)

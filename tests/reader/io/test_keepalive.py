@@ -212,6 +212,25 @@ def test_the_proxy_decision_follows_the_environment_as_it_changes(www):
         assert served.gets == 3
 
 
+_MOVE = """
+    import os
+    from shardify.remote import RetryPolicy, fetch_range
+    policy = RetryPolicy(retries=0, timeout_s=5.0)
+    for proxy in ({first!r}, {second!r}):
+        os.environ["http_proxy"] = proxy
+        assert fetch_range("http://shards.invalid/a.bin", 0, 50, retry=policy) == bytes(range(50))
+    print("ok")
+"""
+
+
+def test_a_proxy_moved_to_another_address_is_used_at_the_next_request(www):
+    """urllib reads the proxies when its opener is built: one opener per proxy setting."""
+    with rangeserver.serve(www) as (first, one), rangeserver.serve(www) as (second, two):
+        out = _run(_MOVE.format(first=first, second=second), {})
+        assert out.stdout.strip() == "ok", out.stderr
+        assert (one.paths, two.paths) == (["a.bin"], ["a.bin"])
+
+
 def test_the_proxy_decision_is_made_once_per_host_and_environment(www, monkeypatch):
     import urllib.request
 

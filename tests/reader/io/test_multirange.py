@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import rangeserver  # tools/rangeserver.py (pytest's pythonpath holds tools/)
 
-from shardify import fetchcontrol
 from shardify.fetchcontrol import Abort
 from shardify.keepalive import close_connections
 from shardify.remote import (
@@ -49,11 +48,9 @@ def _fresh_connections():
 
 @pytest.fixture
 def proxy_env(monkeypatch):
-    """Sets ``http_proxy`` for the test: urllib's opener, which reads the proxies once per
-    process, is made anew for it."""
+    """Sets ``http_proxy`` for the test."""
     for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(fetchcontrol, "_opener", None)
     return lambda proxy: monkeypatch.setenv("http_proxy", proxy)
 
 
