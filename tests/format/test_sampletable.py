@@ -7,6 +7,8 @@ import hashlib
 import os
 import zlib
 
+import pytest
+
 from shardify.sampletable import DIGEST_BYTES, RECORD, SampleTable, TableBuilder, sample_digest
 
 
@@ -30,3 +32,12 @@ def test_the_table_holds_each_sample_s_length_crc32_and_sha256_whatever_the_writ
     ]
     assert list(ranges.ends) == [0, 1024, 2560, 3072, 7168]
     assert list(ranges.crcs) == [zlib.crc32(s) for s in samples]  # what a reader compares, as ints
+
+
+@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 4093, 4094, 4095, 5120, 65535, 65536, 65537, 300_000])
+def test_sample_digest_is_the_sha256_prefix_whatever_the_size(n: int) -> None:
+    """Small samples are hashed in pieces (keeping the interpreter lock): the same digest."""
+    data = os.urandom(n)
+    want = hashlib.sha256(data).digest()[:16]
+    assert sample_digest(data) == want == sample_digest(memoryview(data))
+    assert sample_digest(memoryview(b"x" + data)[1:]) == want

@@ -20,6 +20,9 @@ def test_photos_reports_every_reader_local_and_over_http(tmp_path: Path) -> None
 
 def test_small_samples_every_reader_and_http_both_ways(tmp_path: Path) -> None:
     out = bench_mapview.read(tmp_path, samples=64, workers=2, batch_size=16, epochs=1, delay_ms=1)
-    assert sum("MapDataset" in name for name in out) == 6  # local, chunked, ranged, FetchAhead, whole: first, later
-    assert any("FetchAhead" in name for name in out)
-    assert all(v > 0 for v in out.values())
+    rates = out["samples/s"]
+    assert sum("MapDataset" in name for name in rates) == 6  # local, chunked, ranged, FetchAhead, whole: first, later
+    assert any("FetchAhead" in name for name in rates)
+    assert all(v > 0 for v in rates.values())
+    cpu = out["CPU us a sample over HTTP with FetchAhead (all its epochs)"]
+    assert set(cpu) == {"main process", "workers", "server"} and all(v > 0 for v in cpu.values())
