@@ -35,6 +35,7 @@ from shardify.errors import SampleChecksumError, ShardFormatError
 from shardify.reader.io.fetchpool import DaemonPool
 from shardify.reader.io.items import changed_sample, sample_key
 from shardify.reader.io.mapfiles import OpenShards, gzip_refused
+from shardify.reader.io.rangeplan import Run, request_groups, sample_runs
 from shardify.reader.io.shardfile import Table
 from shardify.reader.io.shardopen import is_gzip
 from shardify.reader.io.source import Source
@@ -46,7 +47,6 @@ from shardify.remote import (
     fetch_ranges,
     is_remote,
     multi_range_ok,
-    split_spans,
 )
 from shardify.sampletable import SampleRanges, sample_digest
 
@@ -56,8 +56,6 @@ Got = bytes | SampleChecksumError
 """A sample's checked tar bytes, or why they do not match the index."""
 Reads = dict[tuple[int, int], Got]
 """Samples read, by ``(shard, position)``."""
-Run = tuple[int, list[int]]
-"""``(shard, sorted positions)``: samples read as one range."""
 Task = tuple[Callable[..., Reads], tuple[Any, ...], list[Run]]
 """A request: its function, its arguments and the runs it reads."""
 
@@ -206,47 +204,25 @@ class SampleBytes:
             self._ahead.popitem(last=False)
 
     def _runs(self, wanted: Sequence[tuple[int, int]]) -> list[Run]:
-        """``wanted`` as runs ``(shard, sorted positions)``, each one read."""
-        runs: list[Run] = []
-        shard, gap, top = -1, 0, self._max
-        ends: Sequence[int] = ()
-        for s, pos in sorted(set(wanted)):
-            if s != shard:
-                shard, ends = s, self.ranges(s).ends
-                gap = self._gap if not self._ranged(s) else self._remote_gap_of(s)
-                runs.append((s, [pos]))
-                continue
-            mine = runs[-1][1]
-            if ends[pos] - ends[mine[-1] + 1] <= gap and ends[pos + 1] - ends[mine[0]] <= top:
-                mine.append(pos)
-            else:
-                runs.append((s, [pos]))
-        return runs
+        """``wanted`` as runs ``(shard, sorted positions)``, each one read (:func:`sample_runs`)."""
+        return sample_runs(wanted, lambda s: self.ranges(s).ends, self._gap_of, self._max)
 
-    def _remote_gap_of(self, shard: int) -> int:
-        """The gap up to which a ranged shard's samples are read as one range: small where one
-        request carries many ranges (a range costs its part's headers), else ``remote_gap_bytes``
-        (a range costs a request)."""
+    def _gap_of(self, shard: int) -> int:
+        """The gap up to which samples of ``shard`` are read as one range: ``gap_bytes`` locally;
+        remotely small where one request carries many ranges (a range costs its part's
+        headers), else ``remote_gap_bytes`` (a range costs a request)."""
+        if not self._ranged(shard):
+            return self._gap
         return min(self._remote_gap, MULTI_RANGE_GAP_BYTES) if multi_range_ok(self.urls[shard]) else self._remote_gap
 
     def _remote_tasks(self, runs: list[Run]) -> list[Task]:
-        """The requests of ranged ``runs`` as ``(function, args)``: one multi-range request for
-        the runs of one shard whose host serves them (as many as one ``Range`` header holds),
-        else one request a run."""
+        """The requests of ranged ``runs`` (:func:`request_groups`), as ``(function, args, runs)``."""
         tasks: list[Task] = []
-        by_shard: dict[int, list[Run]] = {}
-        for run in runs:
-            by_shard.setdefault(run[0], []).append(run)
-        for shard, mine in by_shard.items():
-            if len(mine) == 1 or not multi_range_ok(self.urls[shard]):
-                tasks += [(self._read_run, (run,), [run]) for run in mine]
-                continue
-            ends = self.ranges(shard).ends
-            at = 0
-            for group in split_spans([(ends[r[1][0]], ends[r[1][-1] + 1]) for r in mine]):
-                some = mine[at : at + len(group)]
-                tasks.append((self._read_runs, (shard, some), some))
-                at += len(group)
+        for group in request_groups(runs, lambda s: self.ranges(s).ends, lambda s: multi_range_ok(self.urls[s])):
+            if len(group) == 1:
+                tasks.append((self._read_run, (group[0],), group))
+            else:
+                tasks.append((self._read_runs, (group[0][0], group), group))
         return tasks
 
     def _read_run(self, run: Run) -> Reads:
