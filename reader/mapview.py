@@ -5,8 +5,9 @@
 a batch in one call). A batch's samples are read together: a per-sample shard's by the split
 index's per-sample table (:mod:`~shardify.reader.io.samplebytes`: copied out of a memory map
 locally, ranged requests remotely, coalesced and concurrent, or the shard fetched whole with
-``CacheOptions(ranged=False)``; every sample checked), their headers parsed at once
-(:mod:`~shardify.reader.io.tarbatch`); a chunked shard's as rows of their chunks
+``CacheOptions(ranged=False)``; every sample checked; batches drawn through
+:class:`~shardify.reader.mapahead.FetchAhead` fetched before they are asked for), their
+headers parsed at once (:mod:`~shardify.reader.io.tarbatch`); a chunked shard's as rows of their chunks
 (:mod:`~shardify.reader.io.chunkbytes`). Without ``transform=`` and ``map=``, fixed ``.npy``
 fields and labels are decoded for the whole batch (:mod:`~shardify.reader.mapbatch`); anything
 else is decoded and transformed by the streaming reader's
