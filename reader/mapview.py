@@ -17,7 +17,8 @@ augmentation for the same (seed, epoch, key) (:meth:`MapDataset.set_epoch`). Any
 ``BatchSampler``); a worker gets the resolved source and options, opening its own files.
 
 Keys: :mod:`~shardify.reader.io.keyindex`, built on the first ``get`` (in memory, 16 bytes a
-sample) or kept in the file ``key_index=`` (built there once, then memory-mapped).
+sample) or kept in the file ``key_index=`` (built there once in bounded memory, then
+memory-mapped).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.utils.data import get_worker_info
 from shardify.errors import SampleError, ShardFormatError
 from shardify.reader.io.chunkbytes import ChunkBytes
 from shardify.reader.io.items import sample_key
-from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_index
+from shardify.reader.io.keyindex import KeyIndex, build_key_index, load_key_index, split_key_list, write_key_file
 from shardify.reader.io.samplebytes import Got, SampleBytes
 from shardify.reader.io.sampleparse import parse_sample
 from shardify.reader.io.source import shard_columns
@@ -292,11 +293,11 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         path = self._key_path
         if path is not None and os.path.exists(path):
             return load_key_index(path, nsamples=len(self))
-        index = build_key_index(split_key_list(self._bytes, self._chunk_bytes))
-        if path is not None:
-            write_key_index(index, path)
-            return load_key_index(path, nsamples=len(self))
-        return index
+        keys = split_key_list(self._bytes, self._chunk_bytes)
+        if path is None:
+            return build_key_index(keys)
+        write_key_file(keys, path, nsamples=len(self))  # (in bounded memory, whatever the split's size)
+        return load_key_index(path, nsamples=len(self))
 
     def _read(self, where: tuple[int, int]) -> bytes:
         got = self._bytes.read([where])[0]

@@ -1,7 +1,8 @@
 """Random access, map-style: MapDataset against wids, HF datasets (Arrow) and Lance, and key lookups.
 
     python tools/bench_mapview.py [--samples 20000] [--workers 2] [--batch-size 256] [--epochs 3]
-                                  [--http-delay-ms 20] [--keys 100000000] [--photos 800] [--cpu] [--dir DIR]
+                                  [--http-delay-ms 20] [--keys 100000000] [--build-keys 20000000]
+                                  [--photos 800] [--cpu] [--dir DIR]
 
 Writes (once per folder) ``--samples`` random 3x32x32 uint8 arrays with a label
 (``benchlib.corpus.arrays``) as a shardify split (per-sample, and chunked by 256), as an Arrow
@@ -15,6 +16,8 @@ HTTP (tools/rangeserver.py, each answer delayed ``--http-delay-ms``): by ranged 
 epoch; then with the shuffled batches drawn through ``FetchAhead``, its best epoch), and
 fetching each shard whole into a fresh cache folder on first touch
 (``CacheOptions(ranged=False, dir=...)``: its first epoch, then the best later one).
+``--build-keys``: a key index of that many generated keys written in bounded memory
+(``write_key_file``), then in memory, each in a fresh process: seconds and peak memory added.
 ``--keys``: a key index of that many random keys written
 to a file (once), then 10,000 ``candidates`` lookups timed in a fresh process, with its private
 resident memory before and after (Linux). ``--cpu``: each reader's batches in this process
@@ -341,6 +344,33 @@ def keys(work: Path, n: int, lookups: int = 10_000) -> dict[str, Any]:
     }
 
 
+def build_keys(work: Path, n: int) -> dict[str, Any]:
+    """A key index of ``n`` generated keys written as ``MapDataset(key_index=...)`` writes it
+    (``write_key_file``: buckets on disk), then by the in-memory build, each in a fresh process:
+    seconds and peak resident memory added."""
+    with get_context("spawn").Pool(1) as pool:
+        disk = pool.apply(_build_keys, (str(work), n, True))
+    with get_context("spawn").Pool(1) as pool:
+        memory = pool.apply(_build_keys, (str(work), n, False))
+    return {"keys": n, "write_key_file (bounded memory)": disk, "in memory (build_key_index)": memory}
+
+
+def _build_keys(work: str, n: int, bounded: bool) -> dict[str, float]:
+    from shardify.reader.io.keyindex import build_key_index, write_key_file, write_key_index
+
+    keys = (f"shard-{i // 10000:06d}/sample-{i:010d}" for i in range(n))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=work) as d:
+        if bounded:
+            write_key_file(keys, f"{d}/k", nsamples=n)
+        else:
+            write_key_index(build_key_index(keys), f"{d}/k")
+    took = time.perf_counter() - start
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return {"seconds": round(took, 1), "peak_rss_added_mb": round(peak)}
+
+
 def _rss() -> dict[str, int]:
     """This process's resident MB: private (``RssAnon``) and file pages mapped (``RssFile``:
     the page cache's, shared with every process mapping the file, dropped under pressure)."""
@@ -357,6 +387,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--http-delay-ms", type=float, default=20.0)
     p.add_argument("--keys", type=int, default=0, help="only the key lookup figure, at this many keys")
+    p.add_argument("--build-keys", type=int, default=0, help="only the key index build, at this many keys")
     p.add_argument("--photos", type=int, default=0, help="only the JPEG figure, with this many photos")
     p.add_argument("--cpu", action="store_true", help="only each reader's samples per CPU second, in one process")
     p.add_argument("--dir", type=Path, default=None)
@@ -366,6 +397,9 @@ def main() -> None:
     if a.photos:
         delay = None if a.http_delay_ms < 0 else a.http_delay_ms
         print(json.dumps(photos(work, n=a.photos, workers=a.workers, epochs=a.epochs, delay_ms=delay), indent=1))
+        return
+    if a.build_keys:
+        print(json.dumps(build_keys(work, a.build_keys), indent=1))
         return
     if a.keys:
         print(json.dumps(keys(work, a.keys), indent=1))

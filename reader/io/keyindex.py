@@ -3,9 +3,11 @@
 A :class:`KeyIndex` is two sorted columns: each key's 64-bit hash (BLAKE2b) and the sample's
 global index in stored order, 16 bytes a sample, nothing else. :meth:`KeyIndex.candidates`
 binary-searches the hashes (a hash shared by two keys gives both; the caller reads the sample
-and compares its key). :func:`write_key_index` builds it once from a split's shards (each
+and compares its key). :func:`build_key_index` builds it in memory from a split's keys (each
 sample's key is the name in its first tar header, read where the per-sample table says it
-starts) and writes it as one file, through a temporary file and ``os.replace``;
+starts: :func:`split_key_list`) and :func:`write_key_index` writes it as one file, through a
+temporary file and ``os.replace``; :func:`write_key_file` writes the same file in bounded
+memory (buckets by hash on disk, each sorted alone), for a split of any size;
 :func:`load_key_index` memory-maps it, so a process touches only the pages its searches do
 (about 27 of 4 KiB for 10^8 keys) and processes on a node share them.
 
@@ -16,11 +18,15 @@ ascending), then ``n`` indices (``<u8``).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,10 +35,21 @@ from shardify.reader.io.chunkbytes import ChunkBytes
 from shardify.reader.io.items import sample_key
 from shardify.reader.io.samplebytes import SampleBytes
 
-__all__ = ["KeyIndex", "key_hash", "split_key_list", "build_key_index", "write_key_index", "load_key_index"]
+__all__ = [
+    "KeyIndex",
+    "key_hash",
+    "split_key_list",
+    "build_key_index",
+    "write_key_index",
+    "write_key_file",
+    "load_key_index",
+]
 
 MAGIC = b"SHKEYIX1"
 _HEAD = struct.Struct("<8sQ")
+_RECORD = np.dtype([("hash", "<u8"), ("index", "<u8")])
+BUCKET_BYTES = 64 << 20
+"""About the most memory one bucket of :func:`write_key_file` takes when it is sorted."""
 
 
 def key_hash(key: str) -> int:
@@ -101,6 +118,73 @@ def write_key_index(index: KeyIndex, path: str | os.PathLike[str]) -> None:
         f.write(np.ascontiguousarray(index.hashes, dtype="<u8").tobytes())
         f.write(np.ascontiguousarray(index.indices, dtype="<u8").tobytes())
     os.replace(tmp, path)
+
+
+def write_key_file(
+    keys: Iterable[str],
+    path: str | os.PathLike[str],
+    *,
+    nsamples: int,
+    bucket_bytes: int = BUCKET_BYTES,
+    block: int = 1 << 20,
+) -> None:
+    """Write the key index of ``keys`` (``nsamples`` of them; sample ``i`` has the ``i``-th) to
+    ``path`` in bounded memory: the file :func:`write_key_index` writes for
+    ``build_key_index(keys)``, byte for byte. The keys are hashed ``block`` at a time and each
+    ``(hash, index)`` appended to the bucket of its hash's top bits (files in a temporary
+    folder beside ``path``), as many buckets as keep one within about ``bucket_bytes``; each
+    bucket is then sorted alone and written in place (the hashes are uniform, so the buckets
+    are even). ValueError when ``keys`` holds another number of keys than ``nsamples``."""
+    path = Path(path)
+    bits = max(0, math.ceil(math.log2(max(1, nsamples * 16 / bucket_bytes))))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
+        buckets = [open(os.path.join(work, f"{b}"), "wb") for b in range(1 << bits)]  # noqa: SIM115 - closed below
+        try:
+            n = _spill(iter(keys), buckets, bits, block)
+        finally:
+            for f in buckets:
+                f.close()
+        if n != nsamples:
+            raise ValueError(f"{n} keys for a split of {nsamples} samples")
+        try:
+            with open(tmp, "wb") as out:
+                out.write(_HEAD.pack(MAGIC, n))
+                at = 0
+                for b in range(1 << bits):
+                    records = np.fromfile(os.path.join(work, f"{b}"), dtype=_RECORD)
+                    records = records[np.argsort(records["hash"], kind="stable")]  # (ties: stored order)
+                    out.seek(_HEAD.size + 8 * at)
+                    out.write(records["hash"].tobytes())
+                    out.seek(_HEAD.size + 8 * (n + at))
+                    out.write(records["index"].tobytes())
+                    at += len(records)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _spill(keys: Iterator[str], buckets: Sequence[BinaryIO], bits: int, block: int) -> int:
+    """Append ``(hash, index)`` of each of ``keys`` to the bucket of its hash's top ``bits``,
+    ``block`` keys at a time; the number of keys."""
+    n = 0
+    while True:
+        hashes = np.fromiter((key_hash(k) for k in itertools.islice(keys, block)), dtype="<u8")
+        if not len(hashes):
+            return n
+        records = np.empty(len(hashes), dtype=_RECORD)
+        records["hash"], records["index"] = hashes, np.arange(n, n + len(hashes), dtype="<u8")
+        n += len(hashes)
+        if bits == 0:
+            buckets[0].write(records.tobytes())
+            continue
+        which = hashes >> np.uint64(64 - bits)
+        order = np.argsort(which, kind="stable")
+        records, which = records[order], which[order]
+        cuts = np.flatnonzero(np.diff(which)) + 1
+        for part in np.split(records, cuts):
+            buckets[int(part["hash"][0] >> np.uint64(64 - bits))].write(part.tobytes())
 
 
 def load_key_index(path: str | os.PathLike[str], *, nsamples: int) -> KeyIndex:

@@ -26,3 +26,9 @@ def test_small_samples_every_reader_and_http_both_ways(tmp_path: Path) -> None:
     assert all(v > 0 for v in rates.values())
     cpu = out["CPU us a sample over HTTP with FetchAhead (all its epochs)"]
     assert set(cpu) == {"main process", "workers", "server"} and all(v > 0 for v in cpu.values())
+
+
+def test_key_index_build_both_ways(tmp_path: Path) -> None:
+    out = bench_mapview.build_keys(tmp_path, 1000)
+    assert out["keys"] == 1000 and len(out) == 3
+    assert all(set(v) == {"seconds", "peak_rss_added_mb"} for k, v in out.items() if k != "keys")
