@@ -41,3 +41,32 @@ def test_sample_digest_is_the_sha256_prefix_whatever_the_size(n: int) -> None:
     want = hashlib.sha256(data).digest()[:16]
     assert sample_digest(data) == want == sample_digest(memoryview(data))
     assert sample_digest(memoryview(b"x" + data)[1:]) == want
+
+
+@pytest.mark.parametrize("n", [2048, 3000, 4093, 5120, 65536])
+def test_a_small_sample_is_never_handed_to_hashlib_whole_enough_to_let_go_of_the_lock(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hashlib releases the interpreter lock for 2,048 bytes or more at once: a sample up to
+    64 KiB reaches it in pieces below that, so a fetch thread checking it keeps the lock."""
+    from shardify import sampletable
+
+    fed: list[int] = []
+    real = hashlib.sha256
+
+    class Recording:
+        def __init__(self, data: memoryview) -> None:
+            self._h = real(data)
+            fed.append(len(data))
+
+        def update(self, data: memoryview) -> None:
+            self._h.update(data)
+            fed.append(len(data))
+
+        def digest(self) -> bytes:
+            return self._h.digest()
+
+    monkeypatch.setattr(sampletable.hashlib, "sha256", Recording)
+    data = os.urandom(n)
+    assert sample_digest(data) == hashlib.new("sha256", data).digest()[:DIGEST_BYTES]
+    assert sum(fed) == n and max(fed) < 2048
