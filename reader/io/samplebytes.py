@@ -233,7 +233,7 @@ class SampleBytes:
         remote = self._ranged(shard)
         data = self._fetch(url, a, b) if remote else self._pread(shard, url, a, b)
         out: Reads = {}
-        self._check(shard, positions, data, a, out, remote=remote)
+        _check(ranges, url, shard, positions, data, a, out, remote=remote)
         return out
 
     def _read_runs(self, shard: int, runs: list[Run]) -> Reads:
@@ -251,24 +251,8 @@ class SampleBytes:
             raise ShardFormatError(f"cannot fetch {len(spans)} ranges: {e.reason}", shard=url) from e
         out: Reads = {}
         for run, data, (a, _) in zip(runs, datas, spans):
-            self._check(shard, run[1], data, a, out, remote=True)
+            _check(ranges, url, shard, run[1], data, a, out, remote=True)
         return out
-
-    def _check(self, shard: int, positions: list[int], data: bytes, a: int, out: Reads, *, remote: bool) -> None:
-        """The samples ``positions`` of ``shard`` out of ``data`` (its bytes from ``a``) into
-        ``out``, each checked: against its SHA-256 prefix when ``remote``, else its CRC-32."""
-        ranges = self._ranges.get(shard) or self.ranges(shard)
-        url = self.urls[shard]
-        view = memoryview(data)
-        ends, whole = ranges.ends, len(positions) == 1 and type(data) is bytes  # (one sample: its bytes as they are)
-        for p in positions:
-            s, e = ends[p], ends[p + 1]
-            one = view[s - a : e - a]
-            ok = sample_digest(one) == ranges.digest(p) if remote else crc32(one) == ranges.crcs[p]
-            if ok:
-                out[(shard, p)] = data if whole and e - s == len(data) else bytes(one)
-            else:
-                out[(shard, p)] = changed_sample(p, s, e, url=url, key=sample_key(one), remote=remote)
 
     def _fetch(self, url: str, a: int, b: int) -> bytes:
         fetch = self.source.fetch
@@ -367,6 +351,24 @@ class SampleBytes:
             if self._pool is not None:
                 self._pool.shutdown()
         self._reset()
+
+
+def _check(
+    ranges: SampleRanges, url: str, shard: int, positions: list[int], data: bytes, a: int, out: Reads, *, remote: bool
+) -> None:
+    """The samples ``positions`` of ``shard`` (table ``ranges``, at ``url``) out of ``data``
+    (its bytes from ``a``) into ``out``, each checked: against its SHA-256 prefix when
+    ``remote``, else its CRC-32."""
+    view = memoryview(data)
+    ends, whole = ranges.ends, len(positions) == 1 and type(data) is bytes  # (one sample: its bytes as they are)
+    for p in positions:
+        s, e = ends[p], ends[p + 1]
+        one = view[s - a : e - a]
+        ok = sample_digest(one) == ranges.digest(p) if remote else crc32(one) == ranges.crcs[p]
+        if ok:
+            out[(shard, p)] = data if whole and e - s == len(data) else bytes(one)
+        else:
+            out[(shard, p)] = changed_sample(p, s, e, url=url, key=sample_key(one), remote=remote)
 
 
 def _truncated(url: str, a: int, b: int, got: int) -> ShardFormatError:
