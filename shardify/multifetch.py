@@ -29,7 +29,7 @@ from shardify.multirange import (
     parse_parts,
     range_header,
 )
-from shardify.transport import CONTENT_RANGE, HTTP_SCHEMES, http_get, range_headers
+from shardify.transport import CONTENT_RANGE, HTTP_SCHEMES, checked_range, http_get, range_headers
 
 __all__ = ["MultiRangeIgnored", "http_ranges", "multi_range_ok", "PART_OVERHEAD_BYTES"]
 
@@ -129,14 +129,7 @@ def _one_part(
     first, last = int(m.group(1)), int(m.group(2))
     if first > spans[0][0] or last < spans[-1][1] - 1:
         raise MultiRangeIgnored(f"asked for many ranges, the server answered one, Content-Range {found!r}")
-    n = last - first + 1
-    length = resp.headers.get("Content-Length")
-    if length is not None and length.strip() != str(n):
-        raise Permanent(f"Content-Range {found!r} with Content-Length {length}")
-    data = read_timed(resp, n + 1, deadline, sock)
-    if len(data) != n:
-        raise Transient(f"received {'more than' if len(data) > n else len(data)} of the {n} bytes of {found!r}")
-    view = memoryview(data)
+    view = memoryview(checked_range(first, last + 1, resp, deadline, sock))  # (read and checked as any one range)
     return [bytes(view[a - first : b - first]) for a, b in spans]
 
 

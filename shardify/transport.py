@@ -52,6 +52,7 @@ __all__ = [
     "http_get",
     "Check",
     "range_headers",
+    "checked_range",
     "fsspec_range",
 ]
 
@@ -188,7 +189,7 @@ def http_range(
     (:class:`RangeIgnored` when the server answers with the whole file; with ``take_whole``
     it carries that answer's body, unread, for the caller to use and close), by ``deadline``;
     ``abort`` stops it from another thread. How the GET is made: :func:`http_get`."""
-    check = functools.partial(_checked_range, start, stop)
+    check = functools.partial(checked_range, start, stop)
     return http_get(url, range_headers(f"bytes={start}-{stop - 1}"), check, deadline, abort, take_whole=take_whole)
 
 
@@ -351,7 +352,7 @@ def _urllib_get(url: str, headers: dict[str, str], check: Check[T], deadline: De
         resp.close()
 
 
-def _checked_range(
+def checked_range(
     start: int, stop: int, resp: http.client.HTTPResponse, deadline: Deadline, sock: socket.socket | None
 ) -> bytes:
     """The body of an answer to ``Range: bytes=start-(stop-1)``: exactly those bytes, or
@@ -376,7 +377,9 @@ def _checked_range(
         raise
     except Exception as e:
         raise classify(e) from e
-    if len(data) != stop - start:
+    if len(data) > stop - start:
+        raise Transient(f"received more than the {stop - start} bytes of Content-Range {found!r}")
+    if len(data) < stop - start:
         raise Transient(f"connection closed after {len(data)} of {stop - start} bytes")
     return data
 
